@@ -1,0 +1,163 @@
+#include "checkpoint/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "core/errors.h"
+#include "core/files.h"
+#include "model/gpt_model.h"
+#include "optim/adamw.h"
+
+namespace megatron {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kFormatVersion = 1;
+const char* kTracker = "latest_checkpointed_iteration.txt";
+
+std::vector<at::Generator> generators() {
+  std::vector<at::Generator> gens = {at::detail::getDefaultCPUGenerator()};
+  if (at::hasCUDA()) gens.push_back(at::globalContext().defaultGenerator(at::Device(at::kCUDA, 0)));
+  return gens;
+}
+
+nlohmann::json model_summary(const ModelConfig& m) {
+  return {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"ffn_hidden_size", m.ffn_hidden_size},
+          {"num_attention_heads", m.num_attention_heads}, {"num_query_groups", m.num_query_groups},
+          {"kv_channels", m.kv_channels}, {"padded_vocab_size", m.padded_vocab_size},
+          {"normalization", m.normalization}, {"swiglu", m.swiglu},
+          {"position_embedding_type", m.position_embedding_type},
+          {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights}};
+}
+
+}  // namespace
+
+std::string iteration_directory(const std::string& save_dir, int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
+  return (fs::path(save_dir) / name).string();
+}
+
+void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+                     const AdamW& optimizer, const Config& config) {
+  make_directories(save_dir);
+  const std::string final_dir = iteration_directory(save_dir, progress.iteration);
+  const std::string tmp_dir = temporary_name(final_dir);
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  make_directories(tmp_dir);
+
+  std::vector<SafetensorsEntry> weights;
+  for (const auto& p : model.named_parameters()) weights.push_back({p.key(), p.value()});
+  save_safetensors(tmp_dir + "/model.safetensors", weights, {{"format", "megatron.cpp"}});
+
+  std::vector<SafetensorsEntry> optim;
+  for (const auto& t : optimizer.state()) optim.push_back({t.name, t.tensor});
+  save_safetensors(tmp_dir + "/optimizer.safetensors", optim);
+
+  std::vector<SafetensorsEntry> rng;
+  auto gens = generators();
+  for (size_t i = 0; i < gens.size(); ++i) rng.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
+  save_safetensors(tmp_dir + "/rng.safetensors", rng);
+
+  nlohmann::json state = {{"format_version", kFormatVersion},
+                          {"iteration", progress.iteration},
+                          {"consumed_train_samples", progress.consumed_train_samples},
+                          {"consumed_valid_samples", progress.consumed_valid_samples},
+                          {"skipped_iterations", progress.skipped_iterations},
+                          {"nan_iterations", progress.nan_iterations},
+                          {"model", model_summary(config.model)},
+                          {"bf16", config.train.bf16}};
+  write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
+  fsync_path(tmp_dir);
+
+  // Replace an older checkpoint of the same iteration only once the new one is complete.
+  if (fs::exists(final_dir)) {
+    const std::string old = final_dir + ".old-" + std::to_string(::getpid());
+    fs::rename(final_dir, old);
+    fs::rename(tmp_dir, final_dir);
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(tmp_dir, final_dir);
+  }
+  fsync_path(save_dir);
+  write_file_atomic((fs::path(save_dir) / kTracker).string(), std::to_string(progress.iteration) + "\n");
+}
+
+std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
+                                                const Config& config) {
+  const std::string tracker = (fs::path(load_dir) / kTracker).string();
+  if (!fs::exists(tracker)) {
+    std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
+    return std::nullopt;
+  }
+  const std::string text = read_file(tracker);
+  char* end = nullptr;
+  const long long iteration = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || iteration < 0) {
+    throw UserError(tracker + ": expected an iteration number, found '" + text + "'");
+  }
+  const std::string dir = iteration_directory(load_dir, iteration);
+  if (!fs::is_directory(dir)) throw UserError(tracker + " names iteration " + std::to_string(iteration) + " but " + dir + " does not exist");
+
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(read_file(dir + "/state.json"));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(dir + "/state.json is corrupt: " + e.what());
+  }
+  if (state.value("format_version", 0) != kFormatVersion) {
+    throw UserError(dir + "/state.json: unsupported checkpoint format version " + state.value("format_version", nlohmann::json()).dump());
+  }
+  const nlohmann::json expected = model_summary(config.model);
+  if (state["model"] != expected) {
+    throw UserError(dir + ": the checkpoint's model (" + state["model"].dump() + ") differs from the configured one (" +
+                    expected.dump() + "); use the same model flags as the run that saved it");
+  }
+
+  {
+    at::NoGradGuard no_grad;
+    SafetensorsFile weights(dir + "/model.safetensors");
+    for (auto& p : model.named_parameters()) {
+      at::Tensor saved = weights.view(p.key());
+      if (!saved.sizes().equals(p.value().sizes())) {
+        throw UserError(weights.path() + ": tensor '" + p.key() + "' has shape " + c10::str(saved.sizes()) +
+                        ", the model expects " + c10::str(p.value().sizes()));
+      }
+      p.value().copy_(saved);
+    }
+  }
+  if (config.train.no_load_optim) {
+    optimizer.reset_from_model();
+  } else {
+    SafetensorsFile optim(dir + "/optimizer.safetensors");
+    std::vector<NamedTensor> tensors;
+    for (const auto& name : optim.names()) tensors.push_back({name, optim.view(name)});
+    optimizer.load_state(tensors, /*load_moments=*/true);
+  }
+  if (!config.train.no_load_rng) {
+    SafetensorsFile rng(dir + "/rng.safetensors");
+    auto gens = generators();
+    for (size_t i = 0; i < gens.size(); ++i) {
+      const char* name = i == 0 ? "cpu" : "cuda";
+      if (rng.contains(name)) gens[i].set_state(rng.load(name));
+    }
+  }
+  TrainingProgress progress;
+  progress.iteration = state.at("iteration").get<int64_t>();
+  progress.consumed_train_samples = state.at("consumed_train_samples").get<int64_t>();
+  progress.consumed_valid_samples = state.at("consumed_valid_samples").get<int64_t>();
+  progress.skipped_iterations = state.value("skipped_iterations", int64_t(0));
+  progress.nan_iterations = state.value("nan_iterations", int64_t(0));
+  std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));
+  return progress;
+}
+
+}  // namespace megatron

@@ -1,0 +1,45 @@
+// Training checkpoints of a single process: model weights, optimizer state (fp32 masters and
+// Adam moments), RNG states and the training position, in safetensors files plus a JSON file.
+//
+//   <save>/iter_0000100/model.safetensors      parameters under Megatron-Core names
+//   <save>/iter_0000100/optimizer.safetensors  "<param>.master|exp_avg|exp_avg_sq", "step"
+//   <save>/iter_0000100/rng.safetensors        generator states
+//   <save>/iter_0000100/state.json             iteration, consumed samples, counters, config
+//   <save>/latest_checkpointed_iteration.txt   written last
+//
+// An iteration directory is assembled under a temporary name and renamed when complete; the
+// tracker file is replaced atomically afterwards, so a crash never leaves a partial checkpoint
+// under a final name and the previous checkpoint stays loadable.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/config.h"
+
+namespace megatron {
+
+class GPTModel;
+class AdamW;
+
+struct TrainingProgress {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  int64_t skipped_iterations = 0;
+  int64_t nan_iterations = 0;
+};
+
+std::string iteration_directory(const std::string& save_dir, int64_t iteration);
+
+void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+                     const AdamW& optimizer, const Config& config);
+
+// Loads the latest checkpoint under `load_dir` into model and optimizer (and the RNGs unless
+// --no-load-rng). Returns nothing, after saying so, when the directory has no checkpoint yet
+// (as Megatron, a fresh start); throws UserError on a missing, truncated or mismatching one.
+std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
+                                                const Config& config);
+
+}  // namespace megatron

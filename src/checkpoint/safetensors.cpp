@@ -1,0 +1,193 @@
+#include "checkpoint/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+#include "core/files.h"
+
+namespace megatron {
+namespace {
+
+const std::vector<std::pair<std::string, at::ScalarType>>& dtype_names() {
+  static const std::vector<std::pair<std::string, at::ScalarType>> names = {
+      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+      {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+      {"U8", at::kByte},    {"BOOL", at::kBool}};
+  return names;
+}
+
+std::string dtype_name(at::ScalarType t) {
+  for (const auto& [name, type] : dtype_names()) {
+    if (type == t) return name;
+  }
+  TORCH_CHECK(false, "safetensors: unsupported dtype ", t);
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw UserError("writing " + path + " failed: " + std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> cpu;
+  size_t offset = 0;
+  for (const auto& e : tensors) {
+    at::Tensor t = e.tensor.detach().to(at::kCPU).contiguous();
+    const size_t bytes = t.numel() * t.element_size();
+    header[e.name] = {{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    cpu.push_back(std::move(t));
+  }
+  std::string json = header.dump();
+  json.resize((json.size() + 7) / 8 * 8, ' ');  // the data section starts 8-byte aligned
+  const uint64_t n = json.size();
+
+  const std::string tmp = temporary_name(path);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw UserError("cannot write " + tmp + ": " + std::strerror(errno));
+  try {
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    write_all(fd, len, 8, tmp);
+    write_all(fd, json.data(), json.size(), tmp);
+    for (const auto& t : cpu) write_all(fd, t.data_ptr(), t.numel() * t.element_size(), tmp);
+    if (::fsync(fd) != 0) throw UserError("fsync of " + tmp + " failed: " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw UserError("cannot rename " + tmp + " to " + path + ": " + std::strerror(err));
+  }
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw UserError("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  size_ = static_cast<size_t>(st.st_size);
+  auto fail = [&](const std::string& what) -> UserError {
+    return UserError(path + ": not a valid safetensors file (" + what + "); it may be truncated or corrupt");
+  };
+  if (size_ < 8) {
+    ::close(fd);
+    throw fail("shorter than its 8-byte header length");
+  }
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    throw UserError("cannot map " + path + ": " + std::strerror(errno));
+  }
+  try {
+    const auto* bytes = static_cast<const unsigned char*>(map_);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t(bytes[i]) << (8 * i);
+    if (n > size_ - 8) throw fail("header length " + std::to_string(n) + " exceeds the file size");
+    data_start_ = 8 + n;
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + n));
+    } catch (const nlohmann::json::exception& e) {
+      throw fail(std::string("header is not JSON: ") + e.what());
+    }
+    if (!header.is_object()) throw fail("header is not a JSON object");
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+          if (!m.value().is_string()) throw fail("metadata values must be strings");
+          metadata_[m.key()] = m.value().get<std::string>();
+        }
+        continue;
+      }
+      const auto& v = it.value();
+      if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
+        throw fail("entry '" + it.key() + "' lacks dtype, shape or data_offsets");
+      }
+      Info info{};
+      const std::string dt = v["dtype"].get<std::string>();
+      auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](const auto& p) { return p.first == dt; });
+      if (found == dtype_names().end()) throw fail("tensor '" + it.key() + "' has unsupported dtype " + dt);
+      info.dtype = found->second;
+      info.shape = v["shape"].get<std::vector<int64_t>>();
+      auto offsets = v["data_offsets"].get<std::vector<size_t>>();
+      if (offsets.size() != 2 || offsets[0] > offsets[1]) throw fail("tensor '" + it.key() + "' has bad data_offsets");
+      info.begin = offsets[0];
+      info.end = offsets[1];
+      int64_t numel = 1;
+      for (int64_t d : info.shape) {
+        if (d < 0) throw fail("tensor '" + it.key() + "' has a negative dimension");
+        numel *= d;
+      }
+      if (info.end - info.begin != size_t(numel) * c10::elementSize(info.dtype)) {
+        throw fail("tensor '" + it.key() + "' byte range does not match its shape and dtype");
+      }
+      if (data_start_ + info.end > size_) {
+        throw fail("tensor '" + it.key() + "' ends at byte " + std::to_string(data_start_ + info.end) + " but the file has " +
+                   std::to_string(size_));
+      }
+      ranges.emplace_back(info.begin, info.end);
+      infos_[it.key()] = info;
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      if (ranges[i].first < ranges[i - 1].second) throw fail("tensor byte ranges overlap");
+    }
+    // File order = order of the data, which is what writers and readers expect to iterate.
+    std::vector<std::pair<size_t, std::string>> by_offset;
+    for (const auto& [name, info] : infos_) by_offset.emplace_back(info.begin, name);
+    std::sort(by_offset.begin(), by_offset.end());
+    for (auto& p : by_offset) order_.push_back(p.second);
+  } catch (...) {
+    ::munmap(map_, size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+std::vector<std::string> SafetensorsFile::names() const { return order_; }
+
+bool SafetensorsFile::contains(const std::string& name) const { return infos_.count(name) > 0; }
+
+at::Tensor SafetensorsFile::view(const std::string& name) const {
+  auto it = infos_.find(name);
+  if (it == infos_.end()) throw UserError(path_ + ": has no tensor named '" + name + "'");
+  const Info& info = it->second;
+  void* data = static_cast<char*>(map_) + data_start_ + info.begin;
+  return at::from_blob(data, info.shape, at::TensorOptions().dtype(info.dtype));
+}
+
+}  // namespace megatron

@@ -1,0 +1,57 @@
+// The safetensors format (huggingface/safetensors): u64 little-endian header length N, N bytes
+// of JSON ({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}),
+// then the tensors' bytes, little-endian, C order, back to back.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace megatron {
+
+struct SafetensorsEntry {
+  std::string name;
+  at::Tensor tensor;
+};
+
+// Writes `tensors` (any device; copied to CPU) to `path` atomically (temp name, fsync, rename).
+void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// A memory-mapped safetensors file. The header is fully validated on open (offsets inside the
+// file, sizes matching shapes and dtypes, no overlaps); errors are UserErrors naming the file.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  // in file order
+  bool contains(const std::string& name) const;
+  // A CPU tensor viewing the mapping (valid while this object lives); UserError if absent.
+  at::Tensor view(const std::string& name) const;
+  // An owned copy.
+  at::Tensor load(const std::string& name) const { return view(name).clone(); }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  struct Info {
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    size_t begin, end;  // relative to the data section
+  };
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  size_t data_start_ = 0;
+  std::vector<std::string> order_;
+  std::map<std::string, Info> infos_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace megatron

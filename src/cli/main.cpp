@@ -1,0 +1,71 @@
+// `megatron <subcommand> [flags]`: dispatch, top-level help, and the one place user errors
+// become "error: ..." on stderr with exit status 2.
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+
+#include "cli/commands.h"
+#include "core/errors.h"
+
+namespace {
+
+struct Subcommand {
+  std::function<int(const megatron::cli::Args&)> run;  // empty: not available in this build yet
+  const char* summary;
+  const char* arrives_with;                            // which piece of work brings it
+};
+
+const std::map<std::string, Subcommand>& subcommands() {
+  static const std::map<std::string, Subcommand> table = {
+      {"train", {megatron::cli::train, "pre-train or fine-tune a model", ""}},
+      {"launch", {nullptr, "start N ranks of a subcommand (like torchrun)", "distributed training"}},
+      {"preprocess", {nullptr, "turn JSONL into Megatron .bin/.idx datasets", "the data pipeline"}},
+      {"convert", {nullptr, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
+      {"generate", {nullptr, "sample text from a checkpoint", "the data pipeline (generation)"}},
+      {"eval", {nullptr, "evaluate a checkpoint on a dataset", "evaluation"}},
+      {"plan", {nullptr, "plan a parallel layout for a cluster", "the planner"}},
+      {"version", {megatron::cli::version, "print the version and the LibTorch it runs on", ""}},
+  };
+  return table;
+}
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out, "usage: megatron <subcommand> [flags]   (megatron <subcommand> --help for its flags)\n\nsubcommands:\n");
+  for (const auto& [name, sub] : subcommands()) {
+    std::fprintf(out, "  %-11s %s%s\n", name.c_str(), sub.summary, sub.run ? "" : " (not yet available)");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    print_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  auto it = subcommands().find(name);
+  if (it == subcommands().end()) {
+    std::fprintf(stderr, "error: unknown subcommand '%s'\n", name.c_str());
+    print_usage(stderr);
+    return 2;
+  }
+  const megatron::cli::Args args(argv + 2, argv + argc);
+  if (!it->second.run) {
+    std::fprintf(stderr, "error: `megatron %s` (%s) is not yet available in this build; it arrives with %s.\n",
+                 name.c_str(), it->second.summary, it->second.arrives_with);
+    return 2;
+  }
+  try {
+    return it->second.run(args);
+  } catch (const megatron::UserError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "internal error: %s\n", e.what_without_backtrace());
+    return 1;
+  }
+}

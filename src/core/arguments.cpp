@@ -1,0 +1,443 @@
+// One table binds each Megatron flag to a Config field; the command line and YAML recipes are
+// both read through it, so a key means the same thing in either place.
+#include "core/arguments.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+#include <type_traits>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "core/errors.h"
+#include "model/families.h"
+
+namespace megatron {
+namespace {
+
+enum class Kind { Int, Int64, Double, Bool, NegatedBool, String, StringList };
+
+struct Flag {
+  std::string name;  // without leading dashes
+  Kind kind;
+  void* target;
+  std::string help;
+};
+
+// The flags of `megatron train`, bound to one Config. `--config` and `--model-family` are
+// handled before the table because they change what the defaults are.
+std::vector<Flag> train_flags(Config& c) {
+  ModelConfig& m = c.model;
+  TrainConfig& t = c.train;
+  DataConfig& d = c.data;
+  ParallelConfig& p = c.parallel;
+  return {
+      // model
+      {"num-layers", Kind::Int, &m.num_layers, "number of transformer layers"},
+      {"hidden-size", Kind::Int, &m.hidden_size, "transformer hidden size"},
+      {"ffn-hidden-size", Kind::Int, &m.ffn_hidden_size, "MLP hidden size (default 4h; with --swiglu 2/3 of that, rounded up to 64)"},
+      {"num-attention-heads", Kind::Int, &m.num_attention_heads, "number of attention heads"},
+      {"group-query-attention", Kind::Bool, &m.group_query_attention, "use grouped-query attention"},
+      {"num-query-groups", Kind::Int, &m.num_query_groups, "number of key/value groups with --group-query-attention"},
+      {"kv-channels", Kind::Int, &m.kv_channels, "head dimension (default hidden-size / num-attention-heads)"},
+      {"seq-length", Kind::Int, &m.seq_length, "sequence length of a training sample"},
+      {"max-position-embeddings", Kind::Int, &m.max_position_embeddings, "maximum sequence length the position embedding covers (default seq-length)"},
+      {"vocab-size", Kind::Int, &m.vocab_size, "vocabulary size (NullTokenizer)"},
+      {"make-vocab-size-divisible-by", Kind::Int, &m.make_vocab_size_divisible_by, "pad the vocabulary to a multiple of this (times TP)"},
+      {"normalization", Kind::String, &m.normalization, "LayerNorm or RMSNorm"},
+      {"norm-epsilon", Kind::Double, &m.norm_epsilon, "epsilon of the norms"},
+      {"swiglu", Kind::Bool, &m.swiglu, "SwiGLU MLP (linear_fc1 = [gate; up])"},
+      {"disable-bias-linear", Kind::NegatedBool, &m.add_bias_linear, "no biases in linear layers"},
+      {"add-qkv-bias", Kind::Bool, &m.add_qkv_bias, "bias on the QKV projection even with --disable-bias-linear (Qwen2)"},
+      {"qk-layernorm", Kind::Bool, &m.qk_layernorm, "per-head norm on queries and keys (Qwen3)"},
+      {"position-embedding-type", Kind::String, &m.position_embedding_type, "learned_absolute, rope or none"},
+      {"rotary-base", Kind::Double, &m.rotary_base, "RoPE base (theta)"},
+      {"rotary-percent", Kind::Double, &m.rotary_percent, "fraction of the head dimension RoPE rotates"},
+      {"use-rope-scaling", Kind::Bool, &m.use_rope_scaling, "Llama 3.1 RoPE frequency scaling"},
+      {"rope-scaling-factor", Kind::Double, &m.rope_scaling_factor, "Llama 3.1 RoPE scaling factor"},
+      {"untie-embeddings-and-output-weights", Kind::Bool, &m.untie_embeddings_and_output_weights, "separate output layer weight"},
+      {"init-method-std", Kind::Double, &m.init_method_std, "standard deviation of the weight init"},
+      {"hidden-dropout", Kind::Double, &m.hidden_dropout, "dropout after attention and MLP"},
+      {"attention-dropout", Kind::Double, &m.attention_dropout, "dropout on attention probabilities"},
+      // parallelism (multi-process layouts arrive with the distributed issue)
+      {"tensor-model-parallel-size", Kind::Int, &p.tensor_model_parallel_size, "tensor-parallel size"},
+      {"pipeline-model-parallel-size", Kind::Int, &p.pipeline_model_parallel_size, "pipeline-parallel size"},
+      {"context-parallel-size", Kind::Int, &p.context_parallel_size, "context-parallel size"},
+      {"expert-model-parallel-size", Kind::Int, &p.expert_model_parallel_size, "expert-parallel size"},
+      {"sequence-parallel", Kind::Bool, &p.sequence_parallel, "sequence parallelism (with TP)"},
+      {"use-distributed-optimizer", Kind::Bool, &p.use_distributed_optimizer, "shard optimizer state over data-parallel ranks"},
+      // data
+      {"data-path", Kind::StringList, &d.data_path, "indexed dataset prefix(es): PREFIX or W1 PREFIX1 W2 PREFIX2 ..."},
+      {"split", Kind::String, &d.split, "train,valid,test proportions"},
+      {"mock-data", Kind::Bool, &d.mock_data, "synthetic data instead of --data-path"},
+      {"tokenizer-type", Kind::String, &d.tokenizer_type, "NullTokenizer (others come with the data pipeline)"},
+      {"tokenizer-model", Kind::String, &d.tokenizer_model, "tokenizer file or directory"},
+      // training
+      {"micro-batch-size", Kind::Int, &t.micro_batch_size, "samples per micro-batch"},
+      {"global-batch-size", Kind::Int, &t.global_batch_size, "samples per iteration (gradient accumulation fills it)"},
+      {"train-iters", Kind::Int64, &t.train_iters, "iterations to train"},
+      {"lr", Kind::Double, &t.lr, "peak learning rate"},
+      {"min-lr", Kind::Double, &t.min_lr, "learning rate floor of the decay"},
+      {"lr-decay-style", Kind::String, &t.lr_decay_style, "constant, linear, cosine, inverse-square-root or WSD"},
+      {"lr-warmup-iters", Kind::Int64, &t.lr_warmup_iters, "linear warm-up iterations"},
+      {"lr-warmup-init", Kind::Double, &t.lr_warmup_init, "learning rate at the start of warm-up"},
+      {"lr-decay-iters", Kind::Int64, &t.lr_decay_iters, "iterations of the decay (default train-iters)"},
+      {"lr-wsd-decay-style", Kind::String, &t.lr_wsd_decay_style, "WSD's final decay: linear, cosine, exponential or minus_sqrt"},
+      {"lr-wsd-decay-iters", Kind::Int64, &t.lr_wsd_decay_iters, "length of WSD's final decay"},
+      {"weight-decay", Kind::Double, &t.weight_decay, "AdamW weight decay (not on norms and biases)"},
+      {"adam-beta1", Kind::Double, &t.adam_beta1, "Adam beta1"},
+      {"adam-beta2", Kind::Double, &t.adam_beta2, "Adam beta2"},
+      {"adam-eps", Kind::Double, &t.adam_eps, "Adam epsilon"},
+      {"clip-grad", Kind::Double, &t.clip_grad, "clip gradients to this global L2 norm (0: off)"},
+      {"bf16", Kind::Bool, &t.bf16, "bf16 parameters and activations, fp32 master weights and gradients"},
+      {"seed", Kind::Int64, &t.seed, "random seed"},
+      {"log-interval", Kind::Int64, &t.log_interval, "iterations between log lines"},
+      {"eval-interval", Kind::Int64, &t.eval_interval, "iterations between validations"},
+      {"eval-iters", Kind::Int64, &t.eval_iters, "iterations of one validation"},
+      {"tensorboard-dir", Kind::String, &t.tensorboard_dir, "write TensorBoard event files here"},
+      {"save", Kind::String, &t.save, "checkpoint directory to save to"},
+      {"load", Kind::String, &t.load, "checkpoint directory to resume from"},
+      {"save-interval", Kind::Int64, &t.save_interval, "iterations between checkpoints"},
+      {"exit-interval", Kind::Int64, &t.exit_interval, "stop after an iteration divisible by this (saving first)"},
+      {"no-load-optim", Kind::Bool, &t.no_load_optim, "do not load optimizer state"},
+      {"no-load-rng", Kind::Bool, &t.no_load_rng, "do not load RNG state"},
+      {"device", Kind::String, &t.device, "auto, cpu or cuda"},
+      {"cpu-threads", Kind::Int, &t.cpu_threads, "intra-op threads on CPU (default: one per core)"},
+      {"peak-tflops", Kind::Double, &t.peak_tflops, "peak TFLOP/s per device for MFU (default 989 on CUDA)"},
+  };
+}
+
+const Flag* find_flag(const std::vector<Flag>& flags, std::string name) {
+  for (auto& ch : name) {
+    if (ch == '_') ch = '-';  // recipes may spell keys with underscores
+  }
+  for (const auto& f : flags) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+std::string suggest(const std::vector<Flag>& flags, const std::string& name) {
+  // Nearest flag by shared prefix: good enough to catch typos like --num-layer.
+  size_t best = 0;
+  std::string best_name;
+  for (const auto& f : flags) {
+    size_t k = 0;
+    while (k < f.name.size() && k < name.size() && f.name[k] == name[k]) ++k;
+    if (k > best) best = k, best_name = f.name;
+  }
+  return best >= 4 ? " (did you mean --" + best_name + "?)" : "";
+}
+
+template <typename T>
+T parse_number(const std::string& where, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  T value{};
+  if constexpr (std::is_floating_point_v<T>) {
+    value = std::strtod(text.c_str(), &end);
+  } else {
+    long long v = std::strtoll(text.c_str(), &end, 10);
+    if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) errno = ERANGE;
+    value = static_cast<T>(v);
+  }
+  if (text.empty() || end == nullptr || *end != '\0' || errno == ERANGE) {
+    throw UserError(where + ": expected " + (std::is_floating_point_v<T> ? "a number" : "an integer") +
+                    ", got '" + text + "'");
+  }
+  return value;
+}
+
+bool parse_bool(const std::string& where, const std::string& text) {
+  if (text == "true" || text == "True" || text == "1" || text == "yes") return true;
+  if (text == "false" || text == "False" || text == "0" || text == "no") return false;
+  throw UserError(where + ": expected true or false, got '" + text + "'");
+}
+
+// Stores one value into the field; `where` names the flag or recipe key for errors.
+void assign(const Flag& f, const std::string& where, const std::vector<std::string>& values) {
+  auto single = [&]() -> const std::string& {
+    if (values.size() != 1) throw UserError(where + ": expects exactly one value");
+    return values[0];
+  };
+  switch (f.kind) {
+    case Kind::Int: *static_cast<int*>(f.target) = parse_number<int>(where, single()); break;
+    case Kind::Int64: *static_cast<int64_t*>(f.target) = parse_number<int64_t>(where, single()); break;
+    case Kind::Double: *static_cast<double*>(f.target) = parse_number<double>(where, single()); break;
+    case Kind::String: *static_cast<std::string*>(f.target) = single(); break;
+    case Kind::Bool: *static_cast<bool*>(f.target) = parse_bool(where, single()); break;
+    case Kind::NegatedBool: *static_cast<bool*>(f.target) = !parse_bool(where, single()); break;
+    case Kind::StringList:
+      if (values.empty()) throw UserError(where + ": expects at least one value");
+      *static_cast<std::vector<std::string>*>(f.target) = values;
+      break;
+  }
+}
+
+std::vector<std::string> yaml_values(const YAML::Node& node, const std::string& where) {
+  std::vector<std::string> out;
+  if (node.IsScalar()) {
+    out.push_back(node.Scalar());
+  } else if (node.IsSequence()) {
+    for (const auto& item : node) {
+      if (!item.IsScalar()) throw UserError(where + ": list items must be plain values");
+      out.push_back(item.Scalar());
+    }
+  } else {
+    throw UserError(where + ": expected a value or a list of values");
+  }
+  return out;
+}
+
+struct SplitArgs {
+  std::string config_path;
+  std::string family;
+  std::vector<std::pair<std::string, std::vector<std::string>>> flags;  // name -> values, in order
+};
+
+// Groups argv into (flag, values) pairs: a flag's values are the following non-flag words.
+SplitArgs split_args(const std::vector<std::string>& args) {
+  SplitArgs out;
+  for (size_t i = 0; i < args.size();) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2) {
+      throw UserError("unexpected argument '" + a + "': flags start with -- (see megatron train --help)");
+    }
+    std::string name = a.substr(2);
+    std::vector<std::string> values;
+    auto eq = name.find('=');
+    if (eq != std::string::npos) {
+      values.push_back(name.substr(eq + 1));
+      name = name.substr(0, eq);
+    }
+    ++i;
+    // A negative number is a value, not a flag.
+    while (eq == std::string::npos && i < args.size() &&
+           (args[i].rfind("--", 0) != 0 || args[i].size() == 2)) {
+      values.push_back(args[i++]);
+    }
+    if (name == "config" || name == "model-family") {
+      if (values.size() != 1) throw UserError("--" + name + ": expects exactly one value");
+      (name == "config" ? out.config_path : out.family) = values[0];
+    } else {
+      out.flags.emplace_back(name, values);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Config parse_train_arguments(const std::vector<std::string>& args) {
+  Config config;
+  auto flags = train_flags(config);
+  SplitArgs split = split_args(args);
+
+  YAML::Node recipe;
+  if (!split.config_path.empty()) {
+    try {
+      recipe = YAML::LoadFile(split.config_path);
+    } catch (const YAML::BadFile&) {
+      throw UserError("--config: cannot read '" + split.config_path + "': check the path");
+    } catch (const YAML::Exception& e) {
+      throw UserError(split.config_path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+    }
+    if (!recipe.IsMap() && !recipe.IsNull()) {
+      throw UserError(split.config_path + ": a recipe is a mapping of flag names to values");
+    }
+    if (recipe.IsMap() && recipe["model-family"] && split.family.empty()) {
+      split.family = recipe["model-family"].Scalar();
+    }
+  }
+  if (!split.family.empty()) apply_model_family(split.family, config.model);
+
+  if (recipe.IsMap()) {
+    for (const auto& kv : recipe) {
+      const std::string key = kv.first.Scalar();
+      const std::string where = split.config_path + ":" + std::to_string(kv.first.Mark().line + 1) + ": key '" + key + "'";
+      if (key == "model-family") continue;
+      const Flag* f = find_flag(flags, key);
+      if (f == nullptr) throw UserError(where + " is not a known setting" + suggest(flags, key));
+      auto values = yaml_values(kv.second, where);
+      assign(*f, where, values);
+    }
+  }
+
+  for (const auto& [name, values] : split.flags) {
+    const Flag* f = find_flag(flags, name);
+    if (f == nullptr || name.find('_') != std::string::npos) {
+      throw UserError("unknown flag --" + name + suggest(flags, name) + "; see megatron train --help");
+    }
+    const std::string where = "--" + name;
+    if ((f->kind == Kind::Bool || f->kind == Kind::NegatedBool) && values.empty()) {
+      assign(*f, where, {"true"});
+    } else {
+      assign(*f, where, values);
+    }
+  }
+  return config;
+}
+
+void finalize_config(Config& c, int world_size) {
+  ModelConfig& m = c.model;
+  TrainConfig& t = c.train;
+  ParallelConfig& p = c.parallel;
+  DataConfig& d = c.data;
+  auto require_positive = [](const char* flag, int64_t v) {
+    if (v <= 0) throw UserError(std::string("--") + flag + " is required and must be positive (got " + std::to_string(v) + ")");
+  };
+  require_positive("num-layers", m.num_layers);
+  require_positive("hidden-size", m.hidden_size);
+  require_positive("num-attention-heads", m.num_attention_heads);
+  require_positive("seq-length", m.seq_length);
+  require_positive("micro-batch-size", t.micro_batch_size);
+  require_positive("train-iters", t.train_iters);
+
+  if (m.kv_channels == 0) {
+    if (m.hidden_size % m.num_attention_heads != 0) {
+      throw UserError("--hidden-size " + std::to_string(m.hidden_size) + " is not divisible by --num-attention-heads " +
+                      std::to_string(m.num_attention_heads) + ": change one of them or set --kv-channels");
+    }
+    m.kv_channels = m.hidden_size / m.num_attention_heads;
+  }
+  if (!m.group_query_attention) {
+    if (m.num_query_groups != 0 && m.num_query_groups != m.num_attention_heads) {
+      throw UserError("--num-query-groups needs --group-query-attention");
+    }
+    m.num_query_groups = m.num_attention_heads;
+  } else if (m.num_query_groups <= 0) {
+    throw UserError("--group-query-attention needs --num-query-groups");
+  }
+  if (m.num_attention_heads % m.num_query_groups != 0) {
+    throw UserError("--num-attention-heads " + std::to_string(m.num_attention_heads) +
+                    " is not divisible by --num-query-groups " + std::to_string(m.num_query_groups));
+  }
+  if (m.ffn_hidden_size == 0) {
+    // Megatron: 4h, and for SwiGLU 2/3 of that rounded up to a multiple of 64.
+    m.ffn_hidden_size = m.swiglu ? ((4 * m.hidden_size * 2 / 3 + 63) / 64) * 64 : 4 * m.hidden_size;
+  }
+  if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
+  if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&
+      m.position_embedding_type != "none") {
+    throw UserError("--position-embedding-type must be learned_absolute, rope or none (got '" + m.position_embedding_type + "')");
+  }
+  if (m.position_embedding_type == "learned_absolute" && m.seq_length > m.max_position_embeddings) {
+    throw UserError("--seq-length " + std::to_string(m.seq_length) + " exceeds --max-position-embeddings " +
+                    std::to_string(m.max_position_embeddings));
+  }
+  if (m.position_embedding_type == "rope" && (m.rotary_percent <= 0.0 || m.rotary_percent > 1.0 ||
+                                             static_cast<int>(m.kv_channels * m.rotary_percent) % 2 != 0)) {
+    throw UserError("--rotary-percent must be in (0, 1] and rotate an even number of head channels");
+  }
+  if (m.normalization != "LayerNorm" && m.normalization != "RMSNorm") {
+    throw UserError("--normalization must be LayerNorm or RMSNorm (got '" + m.normalization + "')");
+  }
+  for (auto [flag, v] : {std::pair<const char*, double>{"hidden-dropout", m.hidden_dropout},
+                         {"attention-dropout", m.attention_dropout}}) {
+    if (v < 0.0 || v >= 1.0) throw UserError(std::string("--") + flag + " must be in [0, 1)");
+  }
+
+  // Data and vocabulary.
+  if (d.mock_data && !d.data_path.empty()) {
+    throw UserError("--mock-data and --data-path contradict each other: pass one of them");
+  }
+  if (!d.mock_data && d.data_path.empty()) throw UserError("pass --data-path PREFIX or --mock-data");
+  if (d.tokenizer_type.empty()) d.tokenizer_type = "NullTokenizer";
+  if (d.tokenizer_type != "NullTokenizer") {
+    throw UserError("--tokenizer-type " + d.tokenizer_type +
+                    " is not available yet in this build; use NullTokenizer with --vocab-size");
+  }
+  if (m.vocab_size <= 0) throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");
+  // Megatron's NullTokenizer appends its end-of-document id after the vocabulary.
+  const int64_t tokenizer_vocab = m.vocab_size + 1;
+  const int64_t multiple = int64_t(m.make_vocab_size_divisible_by) * p.tensor_model_parallel_size;
+  if (multiple <= 0) throw UserError("--make-vocab-size-divisible-by must be positive");
+  m.padded_vocab_size = static_cast<int>((tokenizer_vocab + multiple - 1) / multiple * multiple);
+
+  // Parallel layout.
+  for (auto [flag, v] : {std::pair<const char*, int>{"tensor-model-parallel-size", p.tensor_model_parallel_size},
+                         {"pipeline-model-parallel-size", p.pipeline_model_parallel_size},
+                         {"context-parallel-size", p.context_parallel_size},
+                         {"expert-model-parallel-size", p.expert_model_parallel_size}}) {
+    if (v < 1) throw UserError(std::string("--") + flag + " must be at least 1");
+  }
+  const int model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
+  if (world_size % model_parallel != 0) {
+    throw UserError("world size " + std::to_string(world_size) + " is not divisible by tensor x pipeline x context parallel size " +
+                    std::to_string(model_parallel));
+  }
+  p.data_parallel_size = world_size / model_parallel;
+  if (p.sequence_parallel && p.tensor_model_parallel_size == 1) p.sequence_parallel = false;  // as Megatron
+
+  // Batches.
+  const int64_t per_step = int64_t(t.micro_batch_size) * p.data_parallel_size;
+  if (t.global_batch_size == 0) t.global_batch_size = static_cast<int>(per_step);
+  if (t.global_batch_size % per_step != 0) {
+    throw UserError("--global-batch-size " + std::to_string(t.global_batch_size) + " is not divisible by --micro-batch-size " +
+                    std::to_string(t.micro_batch_size) + " x data-parallel size " + std::to_string(p.data_parallel_size) +
+                    ": make it a multiple of " + std::to_string(per_step));
+  }
+
+  // Learning rate.
+  if (t.lr <= 0.0) throw UserError("--lr is required and must be positive");
+  if (t.min_lr < 0.0 || t.min_lr > t.lr) throw UserError("--min-lr must be between 0 and --lr");
+  if (t.lr_decay_iters == 0) t.lr_decay_iters = t.train_iters;
+  static const char* styles[] = {"constant", "linear", "cosine", "inverse-square-root", "WSD"};
+  if (std::find(std::begin(styles), std::end(styles), t.lr_decay_style) == std::end(styles)) {
+    throw UserError("--lr-decay-style must be constant, linear, cosine, inverse-square-root or WSD (got '" + t.lr_decay_style + "')");
+  }
+  if (t.lr_warmup_iters < 0 || (t.lr_decay_style != "constant" && t.lr_decay_style != "inverse-square-root" &&
+                                t.lr_warmup_iters > t.lr_decay_iters)) {
+    throw UserError("--lr-warmup-iters must be between 0 and --lr-decay-iters (" + std::to_string(t.lr_decay_iters) + ")");
+  }
+  if (t.lr_decay_style == "WSD") {
+    static const char* wsd[] = {"linear", "cosine", "exponential", "minus_sqrt"};
+    if (std::find(std::begin(wsd), std::end(wsd), t.lr_wsd_decay_style) == std::end(wsd)) {
+      throw UserError("--lr-wsd-decay-style must be linear, cosine, exponential or minus_sqrt");
+    }
+    if (t.lr_wsd_decay_iters <= 0 || t.lr_wsd_decay_iters > t.lr_decay_iters - t.lr_warmup_iters) {
+      throw UserError("--lr-decay-style WSD needs --lr-wsd-decay-iters in (0, lr-decay-iters - lr-warmup-iters]");
+    }
+  }
+  if (t.clip_grad < 0.0) throw UserError("--clip-grad must be >= 0");
+  if (t.adam_beta1 < 0 || t.adam_beta1 >= 1 || t.adam_beta2 < 0 || t.adam_beta2 >= 1) {
+    throw UserError("--adam-beta1 and --adam-beta2 must be in [0, 1)");
+  }
+
+  // Logging and checkpoints.
+  if (t.log_interval <= 0) throw UserError("--log-interval must be positive");
+  if (t.eval_interval < 0 || t.eval_iters < 0) throw UserError("--eval-interval and --eval-iters must be >= 0");
+  if (t.save_interval < 0 || t.exit_interval < 0) throw UserError("--save-interval and --exit-interval must be >= 0");
+  if (t.save_interval > 0 && t.save.empty()) throw UserError("--save-interval needs --save DIR");
+  if (t.device != "auto" && t.device != "cpu" && t.device != "cuda") {
+    throw UserError("--device must be auto, cpu or cuda (got '" + t.device + "')");
+  }
+  if (t.cpu_threads < 0) throw UserError("--cpu-threads must be >= 0");
+}
+
+std::string train_help() {
+  Config defaults;
+  auto flags = train_flags(defaults);
+  std::ostringstream out;
+  out << "usage: megatron train [--config recipe.yaml] [--model-family NAME] [flags]\n\n"
+         "Trains a GPT-style model. Flags take Megatron-LM's names; a recipe takes the same keys\n"
+         "without the dashes, and flags given here override it.\n\n"
+         "  --config FILE                     YAML recipe\n"
+         "  --model-family NAME               preset:";
+  for (const auto& name : known_model_families()) out << " " << name;
+  out << "\n";
+  for (const auto& f : flags) {
+    std::string left = "  --" + f.name;
+    if (f.kind != Kind::Bool && f.kind != Kind::NegatedBool) left += f.kind == Kind::StringList ? " V..." : " V";
+    if (left.size() < 36) left.resize(36, ' ');
+    out << left << " " << f.help << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace megatron

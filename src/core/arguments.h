@@ -1,0 +1,24 @@
+// Command-line flags and YAML recipes -> Config. Flag names are Megatron-LM's; a recipe
+// (`--config recipe.yaml`) takes the same keys without the leading dashes. Precedence, lowest
+// first: Megatron defaults, the model-family preset, the recipe, the command line.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace megatron {
+
+// Parses `megatron train` arguments (argv after the subcommand). Throws UserError naming the
+// flag, the recipe key or the file on any unknown flag, bad value or contradiction.
+Config parse_train_arguments(const std::vector<std::string>& args);
+
+// Fills derived fields (ffn size, head dim, padded vocab, ...) and rejects contradictory
+// settings. `world_size` is the number of ranks taking part (1 for a single process).
+void finalize_config(Config& config, int world_size);
+
+// The `megatron train --help` text: every flag with its default and meaning.
+std::string train_help();
+
+}  // namespace megatron

@@ -1,0 +1,117 @@
+// The configuration structs every part of the trainer reads. Field names follow Megatron-LM's
+// argument names (flag `--num-layers` -> `num_layers`); defaults are Megatron's defaults.
+// Filled by core/arguments.cpp from flags and YAML, then validated and completed there.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megatron {
+
+struct ModelConfig {
+  int num_layers = 0;
+  int hidden_size = 0;
+  int ffn_hidden_size = 0;       // 0: derived (4h, or Megatron's SwiGLU rule)
+  int num_attention_heads = 0;
+  bool group_query_attention = false;
+  int num_query_groups = 0;      // 0: = num_attention_heads (multi-head attention)
+  int kv_channels = 0;           // head dim; 0: hidden_size / num_attention_heads
+  int seq_length = 0;
+  int max_position_embeddings = 0;
+
+  int vocab_size = 0;            // tokenizer vocabulary (before padding)
+  int make_vocab_size_divisible_by = 128;
+  int padded_vocab_size = 0;     // derived: vocab padded as Megatron does
+
+  std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
+  double norm_epsilon = 1e-5;
+  bool swiglu = false;
+  bool add_bias_linear = true;   // --disable-bias-linear clears it
+  bool add_qkv_bias = false;     // Qwen2: bias on linear_qkv only
+  bool qk_layernorm = false;     // Qwen3: per-head RMSNorm on q and k
+
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
+  double rotary_base = 10000.0;
+  double rotary_percent = 1.0;
+  bool use_rope_scaling = false;      // Llama 3.1 frequency scaling
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int rope_original_max_position_embeddings = 8192;
+
+  bool untie_embeddings_and_output_weights = false;
+  double init_method_std = 0.02;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+
+  int head_dim() const { return kv_channels; }
+  int query_groups() const { return num_query_groups; }
+};
+
+struct ParallelConfig {
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+  int context_parallel_size = 1;
+  int expert_model_parallel_size = 1;
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  int data_parallel_size = 1;    // derived: world / (tp * pp * cp)
+};
+
+struct DataConfig {
+  std::vector<std::string> data_path;   // prefixes of .bin/.idx (optionally weighted)
+  std::string split = "969, 30, 1";
+  bool mock_data = false;
+  std::string tokenizer_type;           // NullTokenizer here; others come with the data pipeline
+  std::string tokenizer_model;
+};
+
+struct TrainConfig {
+  int micro_batch_size = 1;
+  int global_batch_size = 0;     // 0: micro_batch_size * data_parallel_size
+  int64_t train_iters = 0;
+
+  double lr = 0.0;
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";  // constant | linear | cosine | inverse-square-root | WSD
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_iters = 0;    // 0: = train_iters
+  double lr_warmup_init = 0.0;
+  std::string lr_wsd_decay_style = "exponential";  // linear | cosine | exponential | minus_sqrt
+  int64_t lr_wsd_decay_iters = 0;
+
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;
+
+  bool bf16 = false;
+  int64_t seed = 1234;
+
+  int64_t log_interval = 100;
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  std::string tensorboard_dir;
+
+  std::string save;
+  std::string load;
+  int64_t save_interval = 0;
+  int64_t exit_interval = 0;
+  bool no_load_optim = false;
+  bool no_load_rng = false;
+
+  std::string device = "auto";   // auto | cpu | cuda
+  int cpu_threads = 0;           // 0: one per core
+  double peak_tflops = 0.0;      // MFU denominator; 0: 989 on CUDA (H100/H200 dense bf16), none on CPU
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  DataConfig data;
+  TrainConfig train;
+};
+
+}  // namespace megatron

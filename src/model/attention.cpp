@@ -1,0 +1,53 @@
+#include "model/attention.h"
+
+#include <ATen/ATen.h>
+
+namespace megatron {
+
+SelfAttention::SelfAttention(const ModelConfig& c)
+    : heads_(c.num_attention_heads),
+      groups_(c.num_query_groups),
+      head_dim_(c.kv_channels),
+      attention_dropout_(c.attention_dropout),
+      norm_epsilon_(c.norm_epsilon),
+      norm_kind_(norm_kind_from_name(c.normalization)) {
+  const int64_t qkv_out = (heads_ + 2 * groups_) * head_dim_;
+  linear_qkv = register_module("linear_qkv", std::make_shared<LayerNormLinear>(
+      c.hidden_size, qkv_out, c.add_bias_linear || c.add_qkv_bias, norm_kind_, c.norm_epsilon));
+  linear_proj = register_module("linear_proj", std::make_shared<Linear>(heads_ * head_dim_, c.hidden_size, c.add_bias_linear));
+  if (c.qk_layernorm) {
+    // Megatron names these q_layernorm.weight / k_layernorm.weight; submodules keep the names.
+    auto q = register_module("q_layernorm", std::make_shared<torch::nn::Module>());
+    auto k = register_module("k_layernorm", std::make_shared<torch::nn::Module>());
+    q_layernorm_weight = q->register_parameter("weight", at::ones({head_dim_}));
+    k_layernorm_weight = k->register_parameter("weight", at::ones({head_dim_}));
+  }
+}
+
+at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* rope) {
+  const int64_t s = hidden.size(0), b = hidden.size(1);
+  const int64_t per_group = heads_ / groups_;
+  // Per group: its query heads, then one key head, then one value head.
+  at::Tensor qkv = linear_qkv->forward(hidden).view({s, b, groups_, (per_group + 2) * head_dim_});
+  auto parts = qkv.split_with_sizes({per_group * head_dim_, head_dim_, head_dim_}, -1);
+  at::Tensor q = parts[0].reshape({s, b, heads_, head_dim_});   // [s, b, H, d]
+  at::Tensor k = parts[1];                                        // [s, b, G, d]
+  at::Tensor v = parts[2];                                        // [s, b, G, d]
+  if (q_layernorm_weight.defined()) {
+    q = apply_norm(q, q_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
+    k = apply_norm(k, k_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
+  }
+  if (rope != nullptr) {
+    q = apply_rope(q, *rope);
+    k = apply_rope(k, *rope);
+  }
+  // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
+  at::Tensor out = at::scaled_dot_product_attention(
+      q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}), /*attn_mask=*/{},
+      is_training() ? attention_dropout_ : 0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
+      /*enable_gqa=*/groups_ != heads_);                          // [b, H, s, d]
+  out = out.permute({2, 0, 1, 3}).reshape({s, b, heads_ * head_dim_});  // [s, b, H*d]
+  return linear_proj->forward(out);                                      // [s, b, h]
+}
+
+}  // namespace megatron

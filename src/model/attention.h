@@ -1,0 +1,35 @@
+// Self-attention: fused QKV projection in Megatron's per-query-group layout, optional per-head
+// q/k norm (Qwen3), RoPE, causal scaled-dot-product attention (GQA without repeating K/V),
+// output projection.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "core/config.h"
+#include "model/linear.h"
+#include "model/rope.h"
+
+namespace megatron {
+
+class SelfAttention : public torch::nn::Module {
+ public:
+  explicit SelfAttention(const ModelConfig& config);
+
+  // hidden: [s, b, h] (already residual input; the norm is inside linear_qkv) -> [s, b, h]
+  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope);
+
+  std::shared_ptr<LayerNormLinear> linear_qkv;  // weight [(H + 2G) * d, h]
+  std::shared_ptr<Linear> linear_proj;          // weight [h, H * d]
+  at::Tensor q_layernorm_weight;                // [d] (qk_layernorm only)
+  at::Tensor k_layernorm_weight;                // [d]
+
+ private:
+  int64_t heads_, groups_, head_dim_;
+  double attention_dropout_;
+  double norm_epsilon_;
+  NormKind norm_kind_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,107 @@
+#include "model/gpt_model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+namespace megatron {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+GPTModel::GPTModel(const ModelConfig& c) : config_(c) {
+  auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>());
+  auto word = embedding->register_module("word_embeddings", std::make_shared<torch::nn::Module>());
+  word_embeddings = word->register_parameter("weight", at::empty({c.padded_vocab_size, c.hidden_size}));
+  if (c.position_embedding_type == "learned_absolute") {
+    auto pos = embedding->register_module("position_embeddings", std::make_shared<torch::nn::Module>());
+    position_embeddings = pos->register_parameter("weight", at::empty({c.max_position_embeddings, c.hidden_size}));
+  }
+  auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>());
+  layers = decoder->register_module("layers", torch::nn::ModuleList());
+  for (int i = 0; i < c.num_layers; ++i) layers->push_back(std::make_shared<TransformerLayer>(c));
+  auto final_norm = decoder->register_module("final_layernorm", std::make_shared<torch::nn::Module>());
+  final_layernorm_weight = final_norm->register_parameter("weight", at::ones({c.hidden_size}));
+  if (norm_kind_from_name(c.normalization) == NormKind::LayerNorm) {
+    final_layernorm_bias = final_norm->register_parameter("bias", at::zeros({c.hidden_size}));
+  }
+  if (c.untie_embeddings_and_output_weights) {
+    auto out = register_module("output_layer", std::make_shared<torch::nn::Module>());
+    output_layer_weight = out->register_parameter("weight", at::empty({c.padded_vocab_size, c.hidden_size}));
+  }
+}
+
+void GPTModel::initialize(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double std = config_.init_method_std;
+  const double output_std = std / std::sqrt(2.0 * config_.num_layers);
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    at::Tensor value;
+    if (name.find("layer_norm_weight") != std::string::npos || name.find("layernorm") != std::string::npos) {
+      value = ends_with(name, "bias") ? at::zeros(p.sizes()) : at::ones(p.sizes());
+    } else if (ends_with(name, "bias")) {
+      value = at::zeros(p.sizes());
+    } else {
+      const bool into_residual = ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight");
+      value = at::empty(p.sizes(), at::kFloat).normal_(0.0, into_residual ? output_std : std, gen);
+    }
+    p.copy_(value);
+  }
+}
+
+const RopeTables* GPTModel::rope_for(int64_t seq_len, const at::Device& device) {
+  if (config_.position_embedding_type != "rope") return nullptr;
+  if (!rope_ || rope_->cos.size(0) < seq_len || rope_->cos.device() != device) {
+    rope_ = make_rope_tables(config_, std::max<int64_t>(seq_len, config_.seq_length), device);
+  }
+  return &*rope_;
+}
+
+at::Tensor GPTModel::forward(const at::Tensor& tokens) {
+  const int64_t s = tokens.size(1);
+  at::Tensor hidden = at::embedding(word_embeddings, tokens.t());             // [s, b, h]
+  if (position_embeddings.defined()) {
+    at::Tensor positions = at::arange(s, tokens.options());
+    hidden = hidden + at::embedding(position_embeddings, positions).unsqueeze(1);
+  }
+  hidden = at::dropout(hidden, config_.hidden_dropout, is_training());
+  const RopeTables* rope = rope_for(s, tokens.device());
+  for (const auto& module : *layers) {
+    hidden = module->as<TransformerLayer>()->forward(hidden, rope);
+  }
+  hidden = apply_norm(hidden, final_layernorm_weight, final_layernorm_bias,
+                      norm_kind_from_name(config_.normalization), config_.norm_epsilon);
+  const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
+  return at::linear(hidden, out_weight);                                       // [s, b, V]
+}
+
+at::Tensor GPTModel::token_losses(const Batch& batch) {
+  at::Tensor logits = forward(batch.tokens);                                   // [s, b, V]
+  const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
+  // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
+  at::Tensor losses = at::cross_entropy_loss(logits.to(at::kFloat).view({s * b, v}), batch.labels.t().reshape({s * b}),
+                                             /*weight=*/{}, at::Reduction::None);
+  return losses.view({s, b}).t();                                              // [b, s]
+}
+
+at::Tensor GPTModel::loss(const Batch& batch) {
+  at::Tensor losses = token_losses(batch);
+  at::Tensor mask = batch.loss_mask.to(at::kFloat);
+  return (losses * mask).sum() / mask.sum().clamp_min(1.0);
+}
+
+int64_t GPTModel::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace megatron

@@ -1,0 +1,61 @@
+// The GPT model of Megatron-Core: vocab embedding -> decoder layers -> final norm -> output
+// layer, activations [s, b, h]. Parameter names match Megatron-Core's
+// (`embedding.word_embeddings.weight`, `decoder.layers.0.self_attention.linear_qkv.weight`, ...).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <memory>
+#include <optional>
+
+#include "core/config.h"
+#include "model/norm.h"
+#include "model/rope.h"
+#include "model/transformer_layer.h"
+
+namespace megatron {
+
+// One micro-batch, batch-first as the data loader yields it.
+struct Batch {
+  at::Tensor tokens;     // [b, s] int64
+  at::Tensor labels;     // [b, s] int64
+  at::Tensor loss_mask;  // [b, s] float
+};
+
+class GPTModel : public torch::nn::Module {
+ public:
+  explicit GPTModel(const ModelConfig& config);
+
+  // Megatron's initialisation, drawn from `seed` in parameter order: normal(0, std) for weights,
+  // std / sqrt(2 * num_layers) for the projections into the residual stream, ones / zeros for
+  // norms and biases. Runs on CPU in fp32 so every device and dtype starts from the same values.
+  void initialize(uint64_t seed);
+
+  // tokens [b, s] -> logits [s, b, V] in the parameters' dtype.
+  at::Tensor forward(const at::Tensor& tokens);
+
+  // Per-token cross entropy (fp32), [b, s].
+  at::Tensor token_losses(const Batch& batch);
+
+  // Mean loss over the tokens the mask selects.
+  at::Tensor loss(const Batch& batch);
+
+  int64_t num_parameters() const;
+  const ModelConfig& config() const { return config_; }
+
+  at::Tensor word_embeddings;       // [V, h]
+  at::Tensor position_embeddings;   // [max_pos, h] (learned_absolute only)
+  torch::nn::ModuleList layers;
+  at::Tensor final_layernorm_weight;  // [h]
+  at::Tensor final_layernorm_bias;    // [h] LayerNorm only
+  at::Tensor output_layer_weight;     // [V, h] when untied
+
+ private:
+  const RopeTables* rope_for(int64_t seq_len, const at::Device& device);
+
+  ModelConfig config_;
+  std::optional<RopeTables> rope_;
+};
+
+}  // namespace megatron

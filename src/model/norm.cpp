@@ -1,0 +1,25 @@
+#include "model/norm.h"
+
+#include <ATen/ATen.h>
+
+namespace megatron {
+
+NormKind norm_kind_from_name(const std::string& name) {
+  return name == "RMSNorm" ? NormKind::RMSNorm : NormKind::LayerNorm;
+}
+
+at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
+                      double eps) {
+  at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor normed;
+  if (kind == NormKind::RMSNorm) {
+    normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  } else {
+    normed = at::layer_norm(x32, {x.size(-1)}, /*weight=*/{}, /*bias=*/{}, eps);
+  }
+  at::Tensor out = normed.to(x.scalar_type()) * weight;
+  if (bias.defined()) out = out + bias;
+  return out;
+}
+
+}  // namespace megatron

@@ -1,0 +1,20 @@
+// LayerNorm / RMSNorm as used in front of attention and MLP and at the end of the decoder.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace megatron {
+
+enum class NormKind { LayerNorm, RMSNorm };
+
+NormKind norm_kind_from_name(const std::string& name);
+
+// x: [..., h]; weight, bias: [h] (bias undefined for RMSNorm). Statistics are computed in fp32
+// whatever x's dtype, then the result is cast back to x's dtype and scaled (as HF Llama and
+// Transformer Engine do).
+at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
+                      double eps);
+
+}  // namespace megatron

@@ -1,0 +1,25 @@
+// Rotary position embeddings (rotate-half form, as Megatron-Core and HF Llama), with
+// --rotary-percent and Llama 3.1 frequency scaling.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "core/config.h"
+
+namespace megatron {
+
+// cos/sin tables for positions 0..seq_len-1, each [seq_len, 1, 1, rot_dim] in fp32.
+struct RopeTables {
+  at::Tensor cos;  // [s, 1, 1, rot_dim]
+  at::Tensor sin;  // [s, 1, 1, rot_dim]
+};
+
+// Inverse frequencies [rot_dim / 2] in fp32, Llama 3.1 scaling applied when configured.
+at::Tensor rope_inverse_frequencies(const ModelConfig& config);
+
+RopeTables make_rope_tables(const ModelConfig& config, int64_t seq_len, const at::Device& device);
+
+// x: [s, b, n, d]; rotates the first rot_dim channels of each head, passes the rest through.
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& tables);
+
+}  // namespace megatron

@@ -1,0 +1,18 @@
+#include "model/transformer_layer.h"
+
+#include <ATen/ATen.h>
+
+namespace megatron {
+
+TransformerLayer::TransformerLayer(const ModelConfig& c) : hidden_dropout_(c.hidden_dropout) {
+  self_attention = register_module("self_attention", std::make_shared<SelfAttention>(c));
+  mlp = register_module("mlp", std::make_shared<MLP>(c));
+}
+
+at::Tensor TransformerLayer::forward(const at::Tensor& hidden, const RopeTables* rope) {
+  const bool train = is_training();
+  at::Tensor x = hidden + at::dropout(self_attention->forward(hidden, rope), hidden_dropout_, train);
+  return x + at::dropout(mlp->forward(x), hidden_dropout_, train);
+}
+
+}  // namespace megatron

@@ -1,0 +1,26 @@
+// One decoder layer, pre-norm: x + dropout(attn(norm(x))), then + dropout(mlp(norm(.))).
+// The norms live inside linear_qkv and linear_fc1 (Megatron-Core's TE layout and names).
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "model/attention.h"
+#include "model/mlp.h"
+
+namespace megatron {
+
+class TransformerLayer : public torch::nn::Module {
+ public:
+  explicit TransformerLayer(const ModelConfig& config);
+  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope);  // [s, b, h] -> [s, b, h]
+
+  std::shared_ptr<SelfAttention> self_attention;
+  std::shared_ptr<MLP> mlp;
+
+ private:
+  double hidden_dropout_;
+};
+
+}  // namespace megatron

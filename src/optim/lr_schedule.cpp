@@ -1,0 +1,42 @@
+#include "optim/lr_schedule.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace megatron {
+
+LearningRateSchedule::LearningRateSchedule(const TrainConfig& config) : c_(config) {}
+
+double LearningRateSchedule::at(int64_t step) const {
+  const double max_lr = c_.lr, min_lr = c_.min_lr;
+  const int64_t warmup = c_.lr_warmup_iters, decay = c_.lr_decay_iters;
+  if (warmup > 0 && step <= warmup) {
+    return c_.lr_warmup_init + (max_lr - c_.lr_warmup_init) * double(step) / double(warmup);
+  }
+  if (c_.lr_decay_style == "constant") return max_lr;
+  if (c_.lr_decay_style == "inverse-square-root") {
+    const double w = std::max<int64_t>(warmup, 1), n = std::max<int64_t>(step, 1);
+    return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(n));
+  }
+  if (step > decay) return min_lr;
+  const double ratio = double(step - warmup) / double(decay - warmup);
+  double coeff = 1.0;
+  if (c_.lr_decay_style == "linear") {
+    coeff = 1.0 - ratio;
+  } else if (c_.lr_decay_style == "cosine") {
+    coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0);
+  } else {  // WSD: stable at max_lr, then the final decay over lr_wsd_decay_iters
+    const int64_t anneal_start = decay - c_.lr_wsd_decay_iters;
+    if (step > anneal_start) {
+      const double r = double(step - anneal_start) / double(c_.lr_wsd_decay_iters);
+      const std::string& s = c_.lr_wsd_decay_style;
+      if (s == "linear") coeff = 1.0 - r;
+      else if (s == "cosine") coeff = 0.5 * (std::cos(M_PI * r) + 1.0);
+      else if (s == "exponential") coeff = 2.0 * std::pow(0.5, r) - 1.0;
+      else coeff = 1.0 - std::sqrt(r);  // minus_sqrt
+    }
+  }
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
+}  // namespace megatron

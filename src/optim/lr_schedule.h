@@ -1,0 +1,23 @@
+// Learning-rate schedules, as Megatron's OptimizerParamScheduler computes them: linear warm-up
+// from --lr-warmup-init, then constant, linear, cosine, inverse-square-root or WSD decay to
+// --min-lr over --lr-decay-iters.
+#pragma once
+
+#include <cstdint>
+
+#include "core/config.h"
+
+namespace megatron {
+
+class LearningRateSchedule {
+ public:
+  explicit LearningRateSchedule(const TrainConfig& config);
+
+  // The learning rate after `iterations` completed optimizer steps.
+  double at(int64_t iterations) const;
+
+ private:
+  TrainConfig c_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,45 @@
+#include "train/log_line.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace megatron {
+namespace {
+
+template <typename... T>
+void append(std::string& out, const char* format, T... values) {
+  char buffer[256];
+  std::snprintf(buffer, sizeof(buffer), format, values...);
+  out += buffer;
+}
+
+}  // namespace
+
+std::string format_iteration_log(const IterationLog& l) {
+  std::string s;
+  append(s, " iteration %8lld/%8lld |", (long long)l.iteration, (long long)l.train_iters);
+  append(s, " consumed samples: %12lld |", (long long)l.consumed_samples);
+  append(s, " elapsed time per iteration (ms): %.1f |", l.elapsed_ms_per_iteration);
+  append(s, " throughput per GPU (TFLOP/s/GPU): %.1f |", l.tflops_per_device);
+  append(s, " throughput (tokens/s/GPU): %.1f |", l.tokens_per_second_per_device);
+  if (l.mfu_percent >= 0) append(s, " MFU: %.1f%% |", l.mfu_percent);
+  append(s, " learning rate: %.6E |", l.learning_rate);
+  append(s, " global batch size: %5lld |", (long long)l.global_batch_size);
+  append(s, " lm loss: %.6E |", l.lm_loss);
+  append(s, " loss scale: %.1f |", l.loss_scale);
+  append(s, " grad norm: %.3f |", l.grad_norm);
+  append(s, " number of skipped iterations: %3lld |", (long long)l.skipped_iterations);
+  append(s, " number of nan iterations: %3lld |", (long long)l.nan_iterations);
+  return s;
+}
+
+std::string format_validation_log(const std::string& label, int64_t iteration, double loss) {
+  std::string body;
+  append(body, " %s loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | ", label.c_str(),
+         (long long)iteration, loss, std::exp(std::min(20.0, loss)));
+  const std::string rule(body.size() + 1, '-');
+  return rule + "\n" + body + "\n" + rule;
+}
+
+}  // namespace megatron

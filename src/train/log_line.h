@@ -1,0 +1,37 @@
+// Megatron-shaped log lines, so the log parsers users already have keep working.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace megatron {
+
+struct IterationLog {
+  int64_t iteration = 0;
+  int64_t train_iters = 0;
+  int64_t consumed_samples = 0;
+  double elapsed_ms_per_iteration = 0;
+  double tflops_per_device = 0;
+  double tokens_per_second_per_device = 0;
+  double mfu_percent = -1;  // < 0: not reported (no known peak for the device)
+  double learning_rate = 0;
+  int64_t global_batch_size = 0;
+  double lm_loss = 0;
+  double loss_scale = 1.0;
+  double grad_norm = 0;
+  int64_t skipped_iterations = 0;
+  int64_t nan_iterations = 0;
+};
+
+// " iteration       10/     100 | consumed samples:          320 | elapsed time per iteration
+// (ms): 812.3 | throughput per GPU (TFLOP/s/GPU): 1.2 | throughput (tokens/s/GPU): 512.0 |
+// MFU: 40.1% | learning rate: 3.000000E-04 | global batch size:    32 | lm loss: 7.123456E+00 |
+// loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan
+// iterations:   0 |" (one line)
+std::string format_iteration_log(const IterationLog& log);
+
+// Megatron's validation block: a dashed rule, " validation loss at iteration N | lm loss value:
+// X | lm loss PPL: Y | ", a dashed rule.
+std::string format_validation_log(const std::string& label, int64_t iteration, double loss);
+
+}  // namespace megatron
