@@ -20,14 +20,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}" >&2
 fi
 
-hash=$(sha256sum requirements.txt | cut -c1-12)
-venv="${MEGATRON_VENV:-$HOME/.cache/megatron.cpp/venv-$hash}"
-if [ ! -f "$venv/.complete" ]; then
-  echo "setup: creating $venv (PyTorch wheel + test references; several GB, first time only)" >&2
+# The venv is keyed by the torch pin (the large part); a marker keyed by the whole file says
+# whether the other pins are installed, so adding a test reference only installs that package.
+torch_hash=$(grep -E '^torch==' requirements.txt | sha256sum | cut -c1-12)
+all_hash=$(sha256sum requirements.txt | cut -c1-12)
+venv="${MEGATRON_VENV:-$HOME/.cache/megatron.cpp/venv-$torch_hash}"
+if [ ! -f "$venv/.complete-$all_hash" ]; then
+  echo "setup: installing requirements.txt into $venv (the PyTorch wheel is several GB the first time)" >&2
   mkdir -p "$(dirname "$venv")"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip >&2
-  "$venv/bin/pip" install -q -r requirements.txt >&2
-  touch "$venv/.complete"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r requirements.txt >&2
+  rm -f "$venv"/.complete-*
+  touch "$venv/.complete-$all_hash"
 fi
 echo "$venv"
