@@ -87,14 +87,14 @@ at::Tensor GPTModel::token_losses(const Batch& batch) {
   at::Tensor logits = forward(batch.tokens);                                   // [s, b, V]
   const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
   // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
-  at::Tensor losses = at::cross_entropy_loss(logits.to(at::kFloat).view({s * b, v}), batch.labels.t().reshape({s * b}),
+  at::Tensor losses = at::cross_entropy_loss(logits.to(at_least_fp32(logits.scalar_type())).view({s * b, v}), batch.labels.t().reshape({s * b}),
                                              /*weight=*/{}, at::Reduction::None);
   return losses.view({s, b}).t();                                              // [b, s]
 }
 
 at::Tensor GPTModel::loss(const Batch& batch) {
   at::Tensor losses = token_losses(batch);
-  at::Tensor mask = batch.loss_mask.to(at::kFloat);
+  at::Tensor mask = batch.loss_mask.to(losses.scalar_type());
   return (losses * mask).sum() / mask.sum().clamp_min(1.0);
 }
 

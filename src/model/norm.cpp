@@ -8,9 +8,11 @@ NormKind norm_kind_from_name(const std::string& name) {
   return name == "RMSNorm" ? NormKind::RMSNorm : NormKind::LayerNorm;
 }
 
+at::ScalarType at_least_fp32(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
 at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
                       double eps) {
-  at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor x32 = x.to(at_least_fp32(x.scalar_type()));
   at::Tensor normed;
   if (kind == NormKind::RMSNorm) {
     normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);

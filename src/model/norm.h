@@ -14,6 +14,9 @@ NormKind norm_kind_from_name(const std::string& name);
 // x: [..., h]; weight, bias: [h] (bias undefined for RMSNorm). Statistics are computed in fp32
 // whatever x's dtype, then the result is cast back to x's dtype and scaled (as HF Llama and
 // Transformer Engine do).
+// fp32 for 16-bit inputs, the input's own type otherwise (fp64 stays fp64 for gradient checks).
+at::ScalarType at_least_fp32(at::ScalarType t);
+
 at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
                       double eps);
 

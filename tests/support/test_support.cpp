@@ -1,0 +1,83 @@
+#include "support/test_support.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+namespace megatron::test {
+namespace fs = std::filesystem;
+
+std::string source_dir() {
+#ifdef MEGATRON_SOURCE_DIR
+  return MEGATRON_SOURCE_DIR;
+#else
+  const char* env = std::getenv("MEGATRON_SOURCE_DIR");
+  return env ? env : ".";
+#endif
+}
+
+std::string megatron_binary() {
+#ifdef MEGATRON_BINARY
+  return MEGATRON_BINARY;
+#else
+  return source_dir() + "/build/megatron";
+#endif
+}
+
+std::string venv_python() {
+  if (const char* env = std::getenv("MEGATRON_VENV"); env != nullptr && *env != '\0') {
+    return std::string(env) + "/bin/python";
+  }
+  const char* home = std::getenv("HOME");
+  const fs::path cache = fs::path(home ? home : "/root") / ".cache/megatron.cpp";
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(cache, ec)) {
+    if (entry.path().filename().string().rfind("venv-", 0) == 0 && fs::exists(entry.path() / "bin/python")) {
+      found.push_back((entry.path() / "bin/python").string());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found.empty() ? "" : found.front();
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed: " + command);
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+CommandResult run_megatron(const std::vector<std::string>& args) {
+  std::string command = shell_quote(megatron_binary());
+  for (const auto& a : args) command += " " + shell_quote(a);
+  return run_command(command);
+}
+
+TempDir::TempDir() {
+  std::string pattern = (fs::temp_directory_path() / "megatron-test-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+}  // namespace megatron::test

@@ -1,0 +1,41 @@
+// Shared helpers for the tests: where the sources, the binary and the reference Python venv
+// are, temporary directories, and running commands with their output captured.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace megatron::test {
+
+std::string source_dir();       // the repository root
+std::string megatron_binary();  // the built `megatron`
+// The venv's python (torch, transformers, tokenizers, megatron-core): $MEGATRON_VENV, else the
+// first ~/.cache/megatron.cpp/venv-*. Empty if there is none; tests then fail, never skip.
+std::string venv_python();
+
+std::string shell_quote(const std::string& s);
+
+struct CommandResult {
+  int status = -1;     // exit status, or 128 + signal
+  std::string output;  // stdout and stderr together
+};
+CommandResult run_command(const std::string& command);
+
+// `megatron <args>` with output captured.
+CommandResult run_megatron(const std::vector<std::string>& args);
+
+// A fresh directory under the system temp dir, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace megatron::test
