@@ -100,6 +100,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"eval-interval", Kind::Int64, &t.eval_interval, "iterations between validations"},
       {"eval-iters", Kind::Int64, &t.eval_iters, "iterations of one validation"},
       {"tensorboard-dir", Kind::String, &t.tensorboard_dir, "write TensorBoard event files here"},
+      {"metrics-jsonl", Kind::String, &t.metrics_jsonl, "append one JSON line per iteration (exact loss, grad norm, lr) to this file"},
       {"save", Kind::String, &t.save, "checkpoint directory to save to"},
       {"load", Kind::String, &t.load, "checkpoint directory to resume from"},
       {"save-interval", Kind::Int64, &t.save_interval, "iterations between checkpoints"},

@@ -94,6 +94,7 @@ struct TrainConfig {
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   std::string tensorboard_dir;
+  std::string metrics_jsonl;     // one JSON line per iteration with exact loss / grad norm / lr
 
   std::string save;
   std::string load;

@@ -51,6 +51,11 @@ double flops_per_token(const ModelConfig& m, int64_t parameters) {
 class Trainer {
  public:
   explicit Trainer(const Config& c) : c_(c), t_(c.train), schedule_(c.train), device_(pick_device(c.train)) {}
+  ~Trainer() {
+    if (metrics_ != nullptr) std::fclose(metrics_);
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   int run();
 
@@ -67,6 +72,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
   int64_t last_saved_ = -1;
 
@@ -112,6 +118,10 @@ int Trainer::run() {
     }
   }
   if (!t_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(t_.tensorboard_dir);
+  if (!t_.metrics_jsonl.empty()) {
+    metrics_ = std::fopen(t_.metrics_jsonl.c_str(), "a");
+    if (metrics_ == nullptr) throw UserError("--metrics-jsonl: cannot open " + t_.metrics_jsonl + " for appending");
+  }
 
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
@@ -143,6 +153,14 @@ int Trainer::run() {
     ++interval_iterations_;
     ++progress_.iteration;
     progress_.consumed_train_samples += t_.global_batch_size;
+    if (metrics_ != nullptr) {
+      // %a prints doubles exactly, so runs can be compared bit for bit.
+      std::fprintf(metrics_, "{\"iteration\": %lld, \"lm_loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
+                             "\"lm_loss_hex\": \"%a\"}\n",
+                   static_cast<long long>(progress_.iteration), loss_value, grad_norm, schedule_.at(progress_.iteration - 1),
+                   loss_value);
+      std::fflush(metrics_);
+    }
 
     if (progress_.iteration % t_.log_interval == 0) log_iteration(grad_norm);
     if (t_.eval_interval > 0 && t_.eval_iters > 0 && valid_data_ && progress_.iteration % t_.eval_interval == 0) {

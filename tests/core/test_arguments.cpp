@@ -1,0 +1,140 @@
+// Flags and recipes: Megatron names parse into the config, recipes and flags combine with flags
+// winning, and every kind of bad input is a UserError that names the flag or file:line.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/arguments.h"
+#include "core/errors.h"
+#include "support/test_support.h"
+
+namespace megatron {
+namespace {
+
+std::vector<std::string> base_flags() {
+  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+          "--micro-batch-size", "2", "--train-iters", "10", "--lr", "1e-3", "--mock-data", "--vocab-size", "100"};
+}
+
+Config parse(std::vector<std::string> extra, int world = 1) {
+  auto args = base_flags();
+  args.insert(args.end(), extra.begin(), extra.end());
+  Config c = parse_train_arguments(args);
+  finalize_config(c, world);
+  return c;
+}
+
+// The error message of parsing `extra`, which must fail.
+std::string error_of(std::vector<std::string> extra, int world = 1) {
+  try {
+    parse(extra, world);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UserError";
+  return "";
+}
+
+TEST(Arguments, MegatronFlagsAndDerivedValues) {
+  Config c = parse({"--swiglu", "--group-query-attention", "--num-query-groups", "2", "--disable-bias-linear",
+                    "--normalization", "RMSNorm", "--global-batch-size", "8", "--lr-decay-style", "cosine"});
+  EXPECT_EQ(c.model.kv_channels, 16);
+  EXPECT_EQ(c.model.ffn_hidden_size, 192);  // 4h * 2/3 = 170.7 -> rounded up to 64s
+  EXPECT_EQ(c.model.num_query_groups, 2);
+  EXPECT_FALSE(c.model.add_bias_linear);
+  EXPECT_EQ(c.model.padded_vocab_size, 128);  // 100 + EOD, padded to 128
+  EXPECT_EQ(c.model.max_position_embeddings, 32);
+  EXPECT_EQ(c.train.lr_decay_iters, 10);
+  EXPECT_EQ(c.train.global_batch_size, 8);
+  Config d = parse({});
+  EXPECT_EQ(d.model.num_query_groups, 4);
+  EXPECT_EQ(d.train.global_batch_size, 2);
+  EXPECT_DOUBLE_EQ(d.model.hidden_dropout, 0.1);  // Megatron's default
+}
+
+TEST(Arguments, RecipeThenFlagsOverride) {
+  test::TempDir dir;
+  std::ofstream(dir / "r.yaml") << "model-family: qwen3\nnum_layers: 7\nhidden-size: 64\nlr: 2.0e-4\ndata-path: [a, b]\n";
+  Config c = parse_train_arguments({"--config", dir / "r.yaml", "--num-layers", "3"});
+  EXPECT_EQ(c.model.num_layers, 3);  // the flag wins
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_DOUBLE_EQ(c.train.lr, 2e-4);
+  EXPECT_TRUE(c.model.qk_layernorm);  // from the family preset
+  EXPECT_EQ(c.data.data_path, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(Arguments, UnknownFlagIsNamedWithSuggestion) {
+  const std::string e = error_of({"--num-layer", "2"});
+  EXPECT_NE(e.find("unknown flag --num-layer"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean --num-layers"), std::string::npos) << e;
+}
+
+TEST(Arguments, WrongTypesAreNamed) {
+  EXPECT_NE(error_of({"--hidden-size", "big"}).find("--hidden-size: expected an integer, got 'big'"), std::string::npos);
+  EXPECT_NE(error_of({"--lr", "fast"}).find("--lr: expected a number"), std::string::npos);
+  EXPECT_NE(error_of({"--num-layers", "1", "2"}).find("--num-layers: expects exactly one value"), std::string::npos);
+}
+
+TEST(Arguments, ContradictionsAreNamed) {
+  EXPECT_NE(error_of({"--hidden-size", "66"}).find("--hidden-size 66 is not divisible by --num-attention-heads 4"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--global-batch-size", "5"}).find("--global-batch-size 5 is not divisible by --micro-batch-size 2"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--group-query-attention", "--num-query-groups", "3"}).find("not divisible by --num-query-groups 3"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--data-path", "x"}).find("--mock-data and --data-path contradict"), std::string::npos);
+  EXPECT_NE(error_of({"--min-lr", "1"}).find("--min-lr"), std::string::npos);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "2"}).find("world size 1 is not divisible"), std::string::npos);
+  EXPECT_NE(error_of({"--lr-decay-style", "step"}).find("--lr-decay-style must be"), std::string::npos);
+  EXPECT_NE(error_of({"--save-interval", "5"}).find("--save-interval needs --save"), std::string::npos);
+  EXPECT_NE(error_of({"--position-embedding-type", "learned_absolute", "--max-position-embeddings", "16"})
+                .find("--seq-length 32 exceeds --max-position-embeddings 16"),
+            std::string::npos);
+}
+
+TEST(Arguments, MissingRequiredFlag) {
+  try {
+    Config c = parse_train_arguments({"--num-layers", "2"});
+    finalize_config(c, 1);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--hidden-size is required"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Arguments, BadRecipesNameFileAndLine) {
+  test::TempDir dir;
+  std::ofstream(dir / "unknown.yaml") << "num-layers: 2\nhiden-size: 64\n";
+  std::ofstream(dir / "type.yaml") << "num-layers: two\n";
+  std::ofstream(dir / "broken.yaml") << "num-layers: [2\n";
+  auto message = [](const std::string& path) {
+    try {
+      parse_train_arguments({"--config", path});
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string unknown = message(dir / "unknown.yaml");
+  EXPECT_NE(unknown.find("unknown.yaml:2: key 'hiden-size' is not a known setting"), std::string::npos) << unknown;
+  EXPECT_NE(message(dir / "type.yaml").find("type.yaml:1: key 'num-layers': expected an integer"), std::string::npos);
+  EXPECT_NE(message(dir / "broken.yaml").find("invalid YAML"), std::string::npos);
+  EXPECT_NE(message(dir / "missing.yaml").find("cannot read"), std::string::npos);
+  EXPECT_THROW(parse_train_arguments({"--model-family", "gpt5"}), UserError);
+}
+
+TEST(Arguments, CommandLineReportsErrorsWithStatus2) {
+  auto r = test::run_megatron({"train", "--bogus-flag", "1"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("error: unknown flag --bogus-flag"), std::string::npos) << r.output;
+  auto help = test::run_megatron({"train", "--help"});
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.output.find("--tensor-model-parallel-size"), std::string::npos);
+  auto later = test::run_megatron({"plan"});
+  EXPECT_EQ(later.status, 2);
+  EXPECT_NE(later.output.find("not yet available"), std::string::npos);
+  EXPECT_EQ(test::run_megatron({"nonsense"}).status, 2);
+}
+
+}  // namespace
+}  // namespace megatron

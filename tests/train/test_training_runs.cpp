@@ -1,0 +1,173 @@
+// End-to-end runs of `megatron train` on the tiny CPU recipe: the loss falls (fp32 and bf16),
+// the same command gives bitwise-identical losses, a run stopped and resumed prints exactly
+// the uninterrupted run's losses and ends with identical weights, SIGTERM saves and exits 0,
+// SIGKILL during saves never leaves an unloadable checkpoint, and TensorBoard reads our events.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "support/test_support.h"
+
+namespace megatron {
+namespace {
+namespace fs = std::filesystem;
+
+std::vector<std::string> tiny(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
+                                   "--cpu-threads", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<double> logged_losses(const std::string& output) {
+  std::vector<double> losses;
+  std::regex pattern(R"(\| lm loss: ([0-9.E+-]+) \|)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    losses.push_back(std::stod((*it)[1]));
+  }
+  return losses;
+}
+
+std::vector<std::string> file_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class LossFalls : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LossFalls, FiftyIterationsOnMockData) {
+  std::vector<std::string> extra = {"--train-iters", "50", "--log-interval", "5"};
+  if (GetParam()) extra.push_back("--bf16");
+  auto run = test::run_megatron(tiny(extra));
+  ASSERT_EQ(run.status, 0) << run.output;
+  auto losses = logged_losses(run.output);
+  ASSERT_EQ(losses.size(), 10u) << run.output;
+  EXPECT_GT(losses.front(), 5.0);
+  EXPECT_LT(losses.back(), losses.front() - 2.5) << run.output;
+  EXPECT_NE(run.output.find("validation loss at iteration 50"), std::string::npos);
+  EXPECT_NE(run.output.find(" iteration       50/      50 | consumed samples:          400 |"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precision, LossFalls, ::testing::Values(false, true));
+
+TEST(TrainingRuns, SameCommandTwiceIsBitwiseIdentical) {
+  test::TempDir dir;
+  for (const char* name : {"a.jsonl", "b.jsonl"}) {
+    auto run = test::run_megatron(tiny({"--train-iters", "8", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
+                                        "--cpu-threads", "2", "--metrics-jsonl", dir / name}));
+    ASSERT_EQ(run.status, 0) << run.output;
+  }
+  auto a = file_lines(dir / "a.jsonl"), b = file_lines(dir / "b.jsonl");
+  ASSERT_EQ(a.size(), 8u);
+  EXPECT_EQ(a, b);
+}
+
+TEST(TrainingRuns, ResumeEqualsUninterrupted) {
+  test::TempDir dir;
+  // Dropout on, so resuming must restore the RNG state too; bf16 so the fp32 masters must be restored.
+  const std::vector<std::string> common = {"--train-iters", "12", "--hidden-dropout", "0.1", "--attention-dropout",
+                                           "0.1", "--bf16", "--log-interval", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return tiny(args);
+  };
+  auto full = test::run_megatron(with({"--save", dir / "full", "--metrics-jsonl", dir / "full.jsonl"}));
+  ASSERT_EQ(full.status, 0) << full.output;
+  auto first = test::run_megatron(with({"--save", dir / "ckpt", "--exit-interval", "5", "--metrics-jsonl", dir / "resumed.jsonl"}));
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_EQ(file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt"), "5\n");
+  auto second = test::run_megatron(with({"--load", dir / "ckpt", "--save", dir / "ckpt", "--metrics-jsonl", dir / "resumed.jsonl"}));
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("loaded checkpoint"), std::string::npos);
+
+  auto expected = file_lines(dir / "full.jsonl"), got = file_lines(dir / "resumed.jsonl");
+  ASSERT_EQ(expected.size(), 12u);
+  EXPECT_EQ(got, expected);
+  // Identical weights and optimizer state at the end.
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_EQ(file_bytes(dir / (std::string("full/iter_0000012/") + file)),
+              file_bytes(dir / (std::string("ckpt/iter_0000012/") + file)))
+        << file;
+  }
+}
+
+TEST(TrainingRuns, SigtermFinishesTheStepSavesAndExitsZero) {
+  test::TempDir dir;
+  std::string command = test::shell_quote(test::megatron_binary());
+  for (const auto& a : tiny({"--train-iters", "100000", "--log-interval", "1", "--save", dir / "ckpt"})) {
+    command += " " + test::shell_quote(a);
+  }
+  const std::string log = dir / "log";
+  auto r = test::run_command("(" + command + " > " + log + " 2>&1 & pid=$!; for i in $(seq 600); do grep -q 'iteration' " +
+                             log + " && break; sleep 0.1; done; kill -TERM $pid; wait $pid; echo status=$?)");
+  EXPECT_NE(r.output.find("status=0"), std::string::npos) << r.output << file_bytes(log);
+  EXPECT_NE(file_bytes(log).find("received signal 15"), std::string::npos) << file_bytes(log);
+  const std::string latest = file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt");
+  ASSERT_FALSE(latest.empty());
+  EXPECT_TRUE(fs::is_directory(dir / ("ckpt/iter_" + std::string(7 - (latest.size() - 1), '0') + latest.substr(0, latest.size() - 1))));
+}
+
+TEST(TrainingRuns, SigkillDuringSavesLeavesALoadableCheckpoint) {
+  test::TempDir dir;
+  std::string command = test::shell_quote(test::megatron_binary());
+  for (const auto& a : tiny({"--train-iters", "100000", "--save", dir / "ckpt", "--save-interval", "1"})) {
+    command += " " + test::shell_quote(a);
+  }
+  for (int trial = 0; trial < 5; ++trial) {
+    // Kill at a different moment each time; saves happen every iteration, so most kills land in one.
+    const std::string delay = std::to_string(1.0 + 0.137 * trial);
+    test::run_command("(" + command + " > /dev/null 2>&1 & pid=$!; sleep " + delay + "; kill -KILL $pid; wait $pid)");
+    const std::string latest = file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt");
+    ASSERT_FALSE(latest.empty()) << "trial " << trial;
+    const int iteration = std::stoi(latest);
+    auto load = test::run_megatron(tiny({"--load", dir / "ckpt", "--train-iters", std::to_string(iteration + 1),
+                                         "--log-interval", "1"}));
+    ASSERT_EQ(load.status, 0) << "trial " << trial << ": " << load.output;
+    EXPECT_NE(load.output.find("loaded checkpoint"), std::string::npos);
+    for (const auto& entry : fs::directory_iterator(dir / "ckpt")) {
+      const std::string name = entry.path().filename().string();
+      if (name.find(".tmp-") == std::string::npos && entry.is_directory()) {
+        EXPECT_TRUE(fs::exists(entry.path() / "state.json")) << "partial checkpoint under a final name: " << name;
+      }
+    }
+  }
+}
+
+TEST(TrainingRuns, CorruptCheckpointIsRefusedNamingTheFile) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_megatron(tiny({"--train-iters", "2", "--lr-warmup-iters", "1", "--save", dir / "ckpt"})).status, 0);
+  const std::string model = dir / "ckpt/iter_0000002/model.safetensors";
+  fs::resize_file(model, fs::file_size(model) / 2);
+  auto load = test::run_megatron(tiny({"--train-iters", "3", "--load", dir / "ckpt"}));
+  EXPECT_EQ(load.status, 2);
+  EXPECT_NE(load.output.find("error: " + model), std::string::npos) << load.output;
+  EXPECT_NE(load.output.find("truncated or corrupt"), std::string::npos) << load.output;
+}
+
+TEST(TrainingRuns, TensorBoardReadsTheEvents) {
+  test::TempDir dir;
+  auto run = test::run_megatron(tiny({"--train-iters", "6", "--log-interval", "2", "--tensorboard-dir", dir / "tb"}));
+  ASSERT_EQ(run.status, 0) << run.output;
+  const std::string python = test::venv_python();
+  ASSERT_FALSE(python.empty());
+  auto read = test::run_command(test::shell_quote(python) + " " +
+                                test::shell_quote(test::source_dir() + "/tests/train/read_tensorboard.py") + " " +
+                                test::shell_quote(dir / "tb"));
+  ASSERT_EQ(read.status, 0) << read.output;
+  for (const char* line : {"lm loss 2 ", "lm loss 6 ", "learning-rate 4 ", "grad-norm 2 ", "throughput (tokens/s/GPU) 6 "}) {
+    EXPECT_NE(read.output.find(line), std::string::npos) << line << " missing in:\n" << read.output;
+  }
+}
+
+}  // namespace
+}  // namespace megatron
