@@ -148,7 +148,7 @@ TEST(TrainingRuns, CorruptCheckpointIsRefusedNamingTheFile) {
   ASSERT_EQ(test::run_megatron(tiny({"--train-iters", "2", "--lr-warmup-iters", "1", "--save", dir / "ckpt"})).status, 0);
   const std::string model = dir / "ckpt/iter_0000002/model.safetensors";
   fs::resize_file(model, fs::file_size(model) / 2);
-  auto load = test::run_megatron(tiny({"--train-iters", "3", "--load", dir / "ckpt"}));
+  auto load = test::run_megatron(tiny({"--train-iters", "3", "--lr-warmup-iters", "1", "--load", dir / "ckpt"}));
   EXPECT_EQ(load.status, 2);
   EXPECT_NE(load.output.find("error: " + model), std::string::npos) << load.output;
   EXPECT_NE(load.output.find("truncated or corrupt"), std::string::npos) << load.output;
