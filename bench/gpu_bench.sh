@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The single-GPU benchmark: megatron.cpp on the reference shape (Llama 1.1B: hidden 2048,
+# 22 layers, 32 heads, 4 query groups, ffn 5632, vocab 32000, seq 2048, micro-batch 4, bf16)
+# next to the HF transformers baseline (eager and torch.compile), same machine, same call.
+#   bash bench/gpu_bench.sh MEGATRON_BINARY PYTHON HF_BASELINE_SCRIPT
+set -uo pipefail
+bin=$1; py=$2; baseline=$3
+iters=${BENCH_ITERS:-30}
+ours=$("$bin" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 2>&1 | tee /dev/stderr | grep " iteration" | tail -1)
+eager=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --iters 10 2>&1 | tail -1)
+compiled=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --compile --iters 10 2>&1 | tail -1)
+echo "$eager"; echo "$compiled"
+ours_tok=$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$ours")
+ours_mfu=$(sed -n 's/.*MFU: \([0-9.]*\)%.*/\1/p' <<< "$ours")
+ours_tflops=$(sed -n 's/.*TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$ours")
+eager_tok=$(sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<< "$eager")
+compiled_tok=$(sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<< "$compiled")
+printf '\n| system | tokens/s/GPU | TFLOP/s/GPU | MFU | ratio vs eager | ratio vs compile |\n|---|---|---|---|---|---|\n'
+printf '| megatron.cpp | %s | %s | %s%% | %.2f | %.2f |\n' "$ours_tok" "$ours_tflops" "$ours_mfu" \
+  "$(echo "$ours_tok / $eager_tok" | bc -l)" "$(echo "$ours_tok / $compiled_tok" | bc -l)"
+printf '| HF eager | %s | | (see line above) | 1.00 | |\n| HF torch.compile | %s | | (see line above) | | 1.00 |\n' "$eager_tok" "$compiled_tok"

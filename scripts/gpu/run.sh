@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool), from the repository root, with .gpu carried:
+#   bash scripts/gpu/run.sh [bench|test|all]
+# Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
+# machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
+set -uo pipefail
+what=${1:-all}
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PATH=/usr/local/cuda/bin:$PATH
+py=/opt/torch/.venv/bin/python3; [ -x "$py" ] || py=python3
+torch_root=$($py -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "torch: $($py -c 'import torch; print(torch.__version__, torch.cuda.device_count(), "GPUs")')"
+
+start=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
+  || { tail -40 "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+
+if [ "$what" = test ] || [ "$what" = all ]; then
+  (cd build-gpu && ctest -j 8 --timeout 600 > "$out/ctest.log" 2>&1); tail -15 "$out/ctest.log"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  bash bench/gpu_bench.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/bench.log"
+fi
