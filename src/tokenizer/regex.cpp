@@ -81,8 +81,13 @@ void Regex::for_each_match(std::string_view text,
   while (pos <= text.size()) {
     int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), pos, 0, st.data,
                                           st.context)
-                        : pcre2_match(impl_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
-                                      st.data, st.context);
+                        : PCRE2_ERROR_JIT_STACKLIMIT;
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+      // No JIT, or a pathological input outgrew the JIT stack: the interpreter keeps its
+      // backtracking state on the heap.
+      rc = pcre2_match(impl_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                       st.data, st.context);
+    }
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0) {
       PCRE2_UCHAR message[256];

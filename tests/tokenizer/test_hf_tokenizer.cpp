@@ -2,6 +2,7 @@
 // 0.23.3 and transformers: identical ids with and without special tokens, identical decoding,
 // decode(encode(x)) == x, and tokenizer_config.json's BOS/EOS handling.
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -143,6 +144,40 @@ TEST(HfTokenizer, KnownIdsAndLookups) {
   EXPECT_EQ(llama3->encode("a\xFF" "b", false), llama3->encode("a\xEF\xBF\xBD" "b", false));
   // Unknown ids are skipped when decoding.
   EXPECT_EQ(llama3->decode({9906, 1 << 30, 1917}), "Hello world");
+}
+
+// The word cache is shared between threads: concurrent encodes must give the serial ids.
+TEST(HfTokenizer, ConcurrentEncodesMatchSerial) {
+  ASSERT_FALSE(npm_dir().empty());
+  auto tok = make_tokenizer("HuggingFaceTokenizer", npm_dir() + "/tokenizer-qwen3/models", "", "", 0);
+  std::vector<std::string> texts = corpus_texts(5);
+  for (auto& t : random_texts(200, 7)) texts.push_back(t);
+  std::vector<std::vector<int64_t>> serial;
+  for (const auto& t : texts) serial.push_back(tok->encode(t, false));
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          size_t j = (i * 7 + static_cast<size_t>(k) * 13) % texts.size();
+          if (tok->encode(texts[j], false) != serial[j]) ++mismatches[static_cast<size_t>(k)];
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+}
+
+// Huge whitespace and letter runs: no regex stack overflow, exact round trip.
+TEST(HfTokenizer, LongRunsRoundTrip) {
+  ASSERT_FALSE(npm_dir().empty());
+  auto tok = make_tokenizer("HuggingFaceTokenizer", npm_dir() + "/tokenizer-llama3/models", "", "", 0);
+  for (const std::string& s : {std::string(300000, ' ') + "x", std::string(200000, 'a'),
+                               std::string(100000, '\n') + "y", std::string(60000, '7')}) {
+    EXPECT_EQ(tok->decode(tok->encode(s, false)), s);
+  }
 }
 
 }  // namespace
