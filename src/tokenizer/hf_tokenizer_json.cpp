@@ -147,7 +147,7 @@ std::unique_ptr<BpeModel> read_bpe(const json& model, bool byte_level) {
 }  // namespace
 
 std::unique_ptr<HfTokenizer> load_tokenizer_json(const std::string& path) {
-  std::string file = path, config_file;
+  std::string file = path;
   if (is_directory(path)) {
     file = path + "/tokenizer.json";
     if (!is_file(file)) {
@@ -160,8 +160,10 @@ std::unique_ptr<HfTokenizer> load_tokenizer_json(const std::string& path) {
                     ": no such file or directory; pass a directory holding tokenizer.json or the "
                     "tokenizer.json file itself");
   }
-  std::string dir = file.substr(0, file.find_last_of('/') == std::string::npos ? 0 : file.find_last_of('/'));
-  config_file = (dir.empty() ? "" : dir + "/") + "tokenizer_config.json";
+  // tokenizer_config.json sits next to tokenizer.json, whichever of the two paths was given.
+  const size_t slash = file.find_last_of('/');
+  const std::string config_file =
+      (slash == std::string::npos ? std::string() : file.substr(0, slash + 1)) + "tokenizer_config.json";
 
   json j = parse_json(file, "a HF tokenizers tokenizer.json");
   HfParts parts;
