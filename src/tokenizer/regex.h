@@ -1,0 +1,38 @@
+// A compiled PCRE2 pattern with Unicode semantics (UTF + UCP), JIT-compiled when the library
+// allows, used by the pre-tokenizers to split text the way HF tokenizers' Oniguruma regexes
+// do. Matching is thread-safe: match data and JIT stacks are per thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace megatron::tok {
+
+class Regex {
+ public:
+  // Throws std::invalid_argument with PCRE2's message (the caller adds where it came from).
+  explicit Regex(const std::string& pattern);
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Calls on_match(begin, end) for every non-overlapping match in text (valid UTF-8), left to
+  // right; an empty match advances by one code point, as Rust's find_iter.
+  void for_each_match(std::string_view text,
+                      const std::function<void(size_t, size_t)>& on_match) const;
+
+  // PCRE2 syntax differs from Oniguruma's in places; this rewrites HF's patterns so they mean
+  // the same (see regex.cpp).
+  static std::string translate_oniguruma(const std::string& pattern);
+  // A literal string as a pattern.
+  static std::string escape(std::string_view literal);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace megatron::tok
