@@ -134,6 +134,7 @@ def main():
                 continue
             fields = [x.strip() for x in line.split(" | ")]
             if fields[0] == "gpt":
+                print(f"megatron_reference_indices.py: case {fields[1]}", file=sys.stderr)
                 gpt_case(fields[1:], out_dir)
             elif fields[0] == "numpy":
                 numpy_case(fields[1:], out_dir)

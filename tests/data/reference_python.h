@@ -62,18 +62,24 @@ inline std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// Runs tests/data/<script> with args in the venv; a failure is a test failure, never a skip.
-inline void run_reference_script(const std::string& script_name, const std::string& args) {
+// Runs tests/data/<script> with args in the venv. Returns "" on success, else why it failed, for
+// the caller to assert on in every test (a failed reference fails the tests, never skips them;
+// gtest would skip a suite whose SetUpTestSuite asserted).
+inline std::string run_reference_script(const std::string& script_name, const std::string& args) {
   const std::string python = venv_python();
-  ASSERT_FALSE(python.empty()) << "no Python venv for the reference check: set MEGATRON_VENV or create "
-                                  "~/.cache/megatron.cpp/venv-* from the project's requirements (numpy, "
-                                  "torch, megatron-core)";
-  ASSERT_TRUE(path_exists(python)) << python << " does not exist; set MEGATRON_VENV to the project venv";
+  if (python.empty()) {
+    return "no Python venv for the reference check: set MEGATRON_VENV or create "
+           "~/.cache/megatron.cpp/venv-* from the project's requirements (numpy, torch, megatron-core)";
+  }
+  if (!path_exists(python)) return python + " does not exist; set MEGATRON_VENV to the project venv";
   const std::string script = source_dir() + "/tests/data/" + script_name;
-  ASSERT_TRUE(path_exists(script)) << script << " not found; build with -DMEGATRON_SOURCE_DIR=<repo> or set "
-                                      "MEGATRON_SOURCE_DIR to the repository root";
+  if (!path_exists(script)) {
+    return script + " not found; build with -DMEGATRON_SOURCE_DIR=<repo> or set MEGATRON_SOURCE_DIR to the "
+                    "repository root";
+  }
   const std::string cmd = shell_quote(python) + " " + shell_quote(script) + " " + args + " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "reference script failed: " << cmd;
+  if (std::system(cmd.c_str()) != 0) return "reference script failed (output above): " + cmd;
+  return "";
 }
 
 inline std::string make_temp_dir(const std::string& tag) {

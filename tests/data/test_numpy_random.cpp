@@ -32,14 +32,18 @@ class NumpyRandomTest : public ::testing::Test {
     for (uint64_t m : kMaxes) maxes += std::to_string(m) + " ";
     const std::string spec = dir_ + "/spec.txt";
     std::ofstream(spec) << "numpy | np | " << seeds << " | " << lengths << " | " << maxes << "\n";
-    reference::run_reference_script("megatron_reference_indices.py",
-                                    reference::shell_quote(spec) + " " + reference::shell_quote(dir_));
+    setup_error_ = reference::run_reference_script("megatron_reference_indices.py",
+                                                   reference::shell_quote(spec) + " " + reference::shell_quote(dir_));
   }
+  // A failed reference run fails every test instead of skipping it.
+  void SetUp() override { ASSERT_EQ(setup_error_, ""); }
   static void TearDownTestSuite() { reference::remove_tree(dir_); }
 
   static NpyArray load(const std::string& name) { return NpyArray::map_file(dir_ + "/" + name); }
+  static std::string setup_error_;
   static std::string dir_;
 };
+std::string NumpyRandomTest::setup_error_;
 std::string NumpyRandomTest::dir_;
 
 TEST_F(NumpyRandomTest, IntegerSeedStateMatchesNumpy) {
