@@ -1,0 +1,31 @@
+// Builds the trainer's GPT sample sources from its options; see gpt_sample_source.h.
+#include "data/gpt_sample_source.h"
+
+namespace megatron {
+
+GPTDataOptions gpt_data_options(const Config& c, const std::string& data_cache_path) {
+  GPTDataOptions o;
+  o.data_path = c.data.data_path;
+  o.split = c.data.split;
+  o.seq_length = c.model.seq_length;
+  o.seed = c.train.seed;
+  o.data_cache_path = data_cache_path;
+  o.train_iters = c.train.train_iters;
+  o.global_batch_size = c.train.global_batch_size;
+  o.eval_interval = c.train.eval_interval;
+  o.eval_iters = c.train.eval_iters;
+  return o;
+}
+
+std::unique_ptr<SampleSource> make_gpt_sample_source(const GPTDataOptions& o, Split split) {
+  const auto sizes = megatron_split_num_samples(o.train_iters, o.global_batch_size, o.eval_interval, o.eval_iters);
+  GPTDatasetConfig config;
+  config.seq_length = o.seq_length;
+  config.seed = o.seed;
+  config.cache_dir = o.data_cache_path;
+  auto dataset = build_gpt_split_dataset(o.data_path, o.split, split, sizes[static_cast<size_t>(split)], config);
+  if (!dataset || dataset->size() == 0) return nullptr;
+  return std::make_unique<GPTSampleSource>(std::move(dataset));
+}
+
+}  // namespace megatron
