@@ -5,8 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .gpu && mkdir -p .gpu/deps/include .gpu/deps/lib
-cp -r /usr/include/yaml-cpp /usr/include/nlohmann /usr/include/gloo .gpu/deps/include/
-cp /usr/lib/x86_64-linux-gnu/libyaml-cpp.a .gpu/deps/lib/
+cp -r /usr/include/yaml-cpp /usr/include/nlohmann /usr/include/gloo /usr/include/pcre2*.h /usr/include/utf8proc.h \
+      /usr/include/sentencepiece_*.h .gpu/deps/include/
+lib=/usr/lib/x86_64-linux-gnu
+cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a .gpu/deps/lib/
+# SentencePiece ships no static library; its two shared ones need nothing beyond libc/libstdc++.
+cp -L $lib/libsentencepiece.so.0 $lib/libsentencepiece_train.so.0 .gpu/deps/lib/
+ln -s libsentencepiece.so.0 .gpu/deps/lib/libsentencepiece.so
+ln -s libsentencepiece_train.so.0 .gpu/deps/lib/libsentencepiece_train.so
 cp -r /usr/src/googletest .gpu/deps/googletest
 cp ../shared/bench/hf_baseline.py .gpu/
 du -sh .gpu

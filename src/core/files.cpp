@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -31,31 +32,33 @@ void make_directories(const std::string& path) {
   if (ec) throw UserError("cannot create directory " + path + ": " + ec.message());
 }
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  const std::string tmp = temporary_name(path);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw UserError("cannot write " + tmp + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw UserError("writing " + tmp + " failed: " + std::strerror(err));
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError("cannot create " + tmp + ": " + std::strerror(errno));
+  bool ok = true;
+  for (std::string_view piece : pieces) {
+    const char* p = piece.data();
+    size_t n = piece.size();
+    while (ok && n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      ok = w >= 0;
+      if (ok) p += w, n -= static_cast<size_t>(w);
     }
-    done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
+  ok = ok && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
     ::unlink(tmp.c_str());
     throw UserError("writing " + tmp + " failed: " + std::strerror(err));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
+    const int rename_err = errno;
     ::unlink(tmp.c_str());
-    throw UserError("cannot rename " + tmp + " to " + path + ": " + std::strerror(err));
+    throw UserError("cannot rename " + tmp + " to " + path + ": " + std::strerror(rename_err));
   }
   std::string dir = std::filesystem::path(path).parent_path().string();
   fsync_path(dir.empty() ? "." : dir);

@@ -3,11 +3,18 @@
 // leaves either the old file or the complete new one, never a half-written file.
 #pragma once
 
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 namespace megatron {
 
-void write_file_atomic(const std::string& path, const std::string& contents);
+// Writes the concatenation of `pieces` to `path`. The temporary name is unique per process and
+// call (O_EXCL), so ranks or threads writing the same file never share one.
+void write_file_atomic(const std::string& path, std::initializer_list<std::string_view> pieces);
+inline void write_file_atomic(const std::string& path, const std::string& contents) {
+  write_file_atomic(path, {std::string_view(contents)});
+}
 std::string read_file(const std::string& path);  // UserError naming the path if unreadable
 void fsync_path(const std::string& path);         // a file or a directory
 void make_directories(const std::string& path);   // mkdir -p; UserError on failure

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "core/errors.h"
+#include "core/files.h"
 
 namespace megatron {
 namespace {
@@ -147,7 +148,7 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<GPTDataset>> datasets
     write_npy_atomic(base + "-dataset_index.npy", NpyDType::kInt16, dataset_index_.shape(), dataset_index_.bytes());
     write_npy_atomic(base + "-dataset_sample_index.npy", NpyDType::kInt64, dataset_sample_index_.shape(),
                      dataset_sample_index_.bytes());
-    write_file_atomic(base + "-description.txt", {}, description_.data(), description_.size());
+    write_file_atomic(base + "-description.txt", description_);
   } catch (const std::exception& e) {
     throw UserError(std::string("cannot write the blend index cache: ") + e.what() +
                     "; pass --data-cache-path with a writable directory");

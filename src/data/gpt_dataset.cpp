@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "core/files.h"
 
 namespace megatron {
 namespace {
@@ -325,7 +326,7 @@ void GPTDataset::build() {
       write_npy_atomic(cache_path(suffix), array->dtype(), array->shape(), array->bytes());
     }
     // The description goes last: it marks the cache complete.
-    write_file_atomic(cache_path("description.txt"), {}, description_.data(), description_.size());
+    write_file_atomic(cache_path("description.txt"), description_);
   } catch (const std::exception& e) {
     throw UserError(std::string("cannot write the dataset index cache: ") + e.what() +
                     "; pass --data-cache-path with a writable directory");

@@ -1,6 +1,8 @@
 // .npy writing (numpy.save's exact bytes) and memory-mapped reading; see npy_file.h.
 #include "data/npy_file.h"
 
+#include "core/files.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -172,62 +174,12 @@ std::vector<unsigned char> npy_header(NpyDType dtype, const std::vector<size_t>&
   return out;
 }
 
-void write_file_atomic(const std::string& path, const std::vector<unsigned char>& head, const void* data,
-                       size_t data_bytes) {
-  // Unique per process and call, so ranks building the same cache never share a temporary.
-  static std::atomic<uint64_t> counter{0};
-  std::random_device rd;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-                          std::to_string(rd());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(os_error("cannot create", tmp));
-  auto write_all = [&](const unsigned char* p, size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::write(fd, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return false;
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    return true;
-  };
-  const bool ok = write_all(head.data(), head.size()) &&
-                  write_all(static_cast<const unsigned char*>(data), data_bytes) && ::fsync(fd) == 0;
-  const std::string err = ok ? "" : os_error("cannot write", tmp);
-  ::close(fd);
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string msg = os_error("cannot rename " + tmp + " to", path);
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(msg);
-  }
-}
-
 void write_npy_atomic(const std::string& path, NpyDType dtype, const std::vector<size_t>& shape, const void* data) {
   size_t n = 1;
   for (size_t d : shape) n *= d;
-  write_file_atomic(path, npy_header(dtype, shape), data, n * npy_itemsize(dtype));
-}
-
-void make_directories(const std::string& path) {
-  if (path.empty()) return;
-  for (size_t p = 1; p <= path.size(); ++p) {
-    if (p == path.size() || path[p] == '/') {
-      const std::string prefix = path.substr(0, p);
-      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-        throw std::runtime_error(os_error("cannot create directory", prefix));
-      }
-    }
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw std::runtime_error(path + " exists but is not a directory");
-  }
+  const std::vector<unsigned char> head = npy_header(dtype, shape);
+  write_file_atomic(path, {std::string_view(reinterpret_cast<const char*>(head.data()), head.size()),
+                           std::string_view(static_cast<const char*>(data), n * npy_itemsize(dtype))});
 }
 
 }  // namespace megatron

@@ -62,13 +62,6 @@ class NpyArray {
 // numpy.save's bytes for an array: format 1.0 header, padded to 64 bytes like numpy's.
 std::vector<unsigned char> npy_header(NpyDType dtype, const std::vector<size_t>& shape);
 
-// Writes header + data to `path` atomically: a unique temporary in the same directory, fsync,
-// rename. Throws std::runtime_error with the OS error on failure.
-void write_file_atomic(const std::string& path, const std::vector<unsigned char>& head, const void* data,
-                       size_t data_bytes);
 void write_npy_atomic(const std::string& path, NpyDType dtype, const std::vector<size_t>& shape, const void* data);
-
-// Creates a directory and its parents (like mkdir -p); throws std::runtime_error on failure.
-void make_directories(const std::string& path);
 
 }  // namespace megatron
