@@ -16,6 +16,7 @@
 
 #include "core/errors.h"
 #include "model/families.h"
+#include "tokenizer/tokenizer.h"
 
 namespace megatron {
 namespace {
@@ -75,8 +76,14 @@ std::vector<Flag> train_flags(Config& c) {
       {"data-path", Kind::StringList, &d.data_path, "indexed dataset prefix(es): PREFIX or W1 PREFIX1 W2 PREFIX2 ..."},
       {"split", Kind::String, &d.split, "train,valid,test proportions"},
       {"mock-data", Kind::Bool, &d.mock_data, "synthetic data instead of --data-path"},
-      {"tokenizer-type", Kind::String, &d.tokenizer_type, "NullTokenizer (others come with the data pipeline)"},
-      {"tokenizer-model", Kind::String, &d.tokenizer_model, "tokenizer file or directory"},
+      {"data-cache-path", Kind::String, &d.data_cache_path, "directory for the dataset index caches"},
+      {"reset-position-ids", Kind::Bool, &d.reset_position_ids, "restart position ids after each end-of-document"},
+      {"reset-attention-mask", Kind::Bool, &d.reset_attention_mask, "no attention across end-of-document"},
+      {"eod-mask-loss", Kind::Bool, &d.eod_mask_loss, "no loss on predictions from an end-of-document token"},
+      {"tokenizer-type", Kind::String, &d.tokenizer_type, "HuggingFaceTokenizer, GPT2BPETokenizer, SentencePieceTokenizer or NullTokenizer"},
+      {"tokenizer-model", Kind::String, &d.tokenizer_model, "tokenizer.json (or its directory) or a SentencePiece .model"},
+      {"vocab-file", Kind::String, &d.vocab_file, "GPT-2 vocab.json"},
+      {"merge-file", Kind::String, &d.merge_file, "GPT-2 merges.txt"},
       // training
       {"micro-batch-size", Kind::Int, &t.micro_batch_size, "samples per micro-batch"},
       {"global-batch-size", Kind::Int, &t.global_batch_size, "samples per iteration (gradient accumulation fills it)"},
@@ -234,6 +241,14 @@ SplitArgs split_args(const std::vector<std::string>& args) {
 
 }  // namespace
 
+TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
+                             const std::string& merge_file, int64_t null_vocab_size) {
+  auto tokenizer = make_tokenizer(type, model, vocab_file, merge_file, null_vocab_size);
+  auto eod = tokenizer->eod_id();
+  if (!eod) throw UserError("--tokenizer-model " + model + ": the tokenizer has no end-of-document (EOS) token");
+  return {tokenizer->vocab_size(), *eod};
+}
+
 Config parse_train_arguments(const std::vector<std::string>& args) {
   Config config;
   auto flags = train_flags(config);
@@ -349,13 +364,13 @@ void finalize_config(Config& c, int world_size) {
   }
   if (!d.mock_data && d.data_path.empty()) throw UserError("pass --data-path PREFIX or --mock-data");
   if (d.tokenizer_type.empty()) d.tokenizer_type = "NullTokenizer";
-  if (d.tokenizer_type != "NullTokenizer") {
-    throw UserError("--tokenizer-type " + d.tokenizer_type +
-                    " is not available yet in this build; use NullTokenizer with --vocab-size");
+  if (d.tokenizer_type == "NullTokenizer" && m.vocab_size <= 0) {
+    throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");
   }
-  if (m.vocab_size <= 0) throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");
-  // Megatron's NullTokenizer appends its end-of-document id after the vocabulary.
-  const int64_t tokenizer_vocab = m.vocab_size + 1;
+  const TokenizerInfo info = tokenizer_info(d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merge_file, m.vocab_size);
+  m.vocab_size = static_cast<int>(info.vocab_size);
+  d.eod_id = info.eod_id;
+  const int64_t tokenizer_vocab = m.vocab_size;
   const int64_t multiple = int64_t(m.make_vocab_size_divisible_by) * p.tensor_model_parallel_size;
   if (multiple <= 0) throw UserError("--make-vocab-size-divisible-by must be positive");
   m.padded_vocab_size = static_cast<int>((tokenizer_vocab + multiple - 1) / multiple * multiple);

@@ -18,6 +18,14 @@ Config parse_train_arguments(const std::vector<std::string>& args);
 // settings. `world_size` is the number of ranks taking part (1 for a single process).
 void finalize_config(Config& config, int world_size);
 
+// Vocabulary size (ids the embedding needs) and end-of-document id of the configured tokenizer.
+struct TokenizerInfo {
+  int64_t vocab_size;
+  int64_t eod_id;
+};
+TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
+                             const std::string& merge_file, int64_t null_vocab_size);
+
 // The `megatron train --help` text: every flag with its default and meaning.
 std::string train_help();
 

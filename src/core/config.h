@@ -63,8 +63,15 @@ struct DataConfig {
   std::vector<std::string> data_path;   // prefixes of .bin/.idx (optionally weighted)
   std::string split = "969, 30, 1";
   bool mock_data = false;
-  std::string tokenizer_type;           // NullTokenizer here; others come with the data pipeline
+  std::string data_cache_path;          // where GPTDataset index caches go ("": next to the data)
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  std::string tokenizer_type;           // HuggingFaceTokenizer | GPT2BPETokenizer | SentencePieceTokenizer | NullTokenizer
   std::string tokenizer_model;
+  std::string vocab_file;
+  std::string merge_file;
+  int64_t eod_id = -1;                  // derived from the tokenizer
 };
 
 struct TrainConfig {

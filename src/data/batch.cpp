@@ -2,28 +2,57 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "core/errors.h"
 
 namespace megatron {
 
+LtorOptions ltor_options(const Config& c) {
+  LtorOptions o;
+  o.eod = c.data.eod_id;
+  o.reset_position_ids = c.data.reset_position_ids;
+  o.reset_attention_mask = c.data.reset_attention_mask;
+  o.eod_mask_loss = c.data.eod_mask_loss;
+  return o;
+}
+
 Batch make_batch(const SampleSource& source, int64_t first, int64_t micro_batch, int64_t seq_length,
-                 int64_t vocab_size) {
-  at::Tensor text = at::empty({micro_batch, seq_length + 1}, at::kLong);  // [b, s + 1]
+                 int64_t vocab_size, const LtorOptions& options) {
+  const int64_t s = seq_length;
+  at::Tensor tokens = at::empty({micro_batch, s}, at::kLong);      // [b, s]
+  at::Tensor labels = at::empty({micro_batch, s}, at::kLong);      // [b, s]
+  at::Tensor loss_mask = at::empty({micro_batch, s}, at::kFloat);  // [b, s]
+  at::Tensor positions = at::empty({micro_batch, s}, at::kLong);   // [b, s]
+  at::Tensor mask;                                                 // [b, 1, s, s]
+  if (options.reset_attention_mask) mask = at::zeros({micro_batch, 1, s, s}, at::kBool);
+  std::vector<int64_t> text(static_cast<size_t>(s + 1));
   for (int64_t i = 0; i < micro_batch; ++i) {
-    int64_t* row = text[i].data_ptr<int64_t>();
-    source.sample(first + i, row);
-    for (int64_t k = 0; k <= seq_length; ++k) {
-      if (row[k] < 0 || row[k] >= vocab_size) {
+    source.sample(first + i, text.data());
+    for (int64_t k = 0; k <= s; ++k) {
+      if (text[k] < 0 || text[k] >= vocab_size) {
         throw UserError(source.describe() + ": sample " + std::to_string(first + i) + " holds token id " +
-                        std::to_string(row[k]) + ", outside the model's vocabulary of " + std::to_string(vocab_size) +
-                        ": set --vocab-size to the tokenizer's vocabulary");
+                        std::to_string(text[k]) + ", outside the model's vocabulary of " + std::to_string(vocab_size) +
+                        ": use the tokenizer the data was made with");
+      }
+    }
+    LtorSample sample = make_ltor_sample(text.data(), s, options);
+    std::copy(sample.tokens.begin(), sample.tokens.end(), tokens[i].data_ptr<int64_t>());
+    std::copy(sample.labels.begin(), sample.labels.end(), labels[i].data_ptr<int64_t>());
+    std::copy(sample.loss_mask.begin(), sample.loss_mask.end(), loss_mask[i].data_ptr<float>());
+    std::copy(sample.position_ids.begin(), sample.position_ids.end(), positions[i].data_ptr<int64_t>());
+    if (mask.defined()) {
+      // Causal attention within each document of the sample.
+      bool* m = mask[i][0].data_ptr<bool>();
+      for (size_t d = 0; d + 1 < sample.cu_seqlens.size(); ++d) {
+        for (int64_t q = sample.cu_seqlens[d]; q < sample.cu_seqlens[d + 1]; ++q) {
+          for (int64_t k = sample.cu_seqlens[d]; k <= q; ++k) m[q * s + k] = true;
+        }
       }
     }
   }
-  Batch batch;
-  batch.tokens = text.narrow(1, 0, seq_length).contiguous();   // [b, s]
-  batch.labels = text.narrow(1, 1, seq_length).contiguous();   // [b, s]
-  batch.loss_mask = at::ones({micro_batch, seq_length}, at::kFloat);
+  Batch batch{tokens, labels, loss_mask, {}, mask};
+  if (options.reset_position_ids) batch.position_ids = positions;
   return batch;
 }
 

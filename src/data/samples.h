@@ -2,9 +2,8 @@
 // shifted by one) addressed by a global sample index, so the data position of a run is just
 // the number of samples consumed and a resumed run sees exactly the samples it would have.
 //
-// Sources here: --mock-data (synthetic documents) and one indexed dataset read as a plain token
-// stream over the documents of its train / valid / test split. Megatron's full GPTDataset
-// (shuffled document, sample and shuffle indices, blending) belongs to the data pipeline.
+// Sources: --mock-data (synthetic documents, here) and --data-path (Megatron's GPTDataset and
+// blending, in gpt_sample_source.h).
 #pragma once
 
 #include <cstdint>
@@ -26,13 +25,7 @@ class SampleSource {
   virtual std::string describe() const = 0;
 };
 
-// Megatron's split string ("969,30,1") as fractions summing to one; throws UserError if invalid.
-std::vector<double> parse_split(const std::string& split);
-
-// Document range [begin, end) of `split` among `num_documents`, as Megatron rounds it.
-std::pair<int64_t, int64_t> split_document_range(const std::vector<double>& fractions, Split split,
-                                                 int64_t num_documents);
-
+// The source of one split; nullptr when the split is empty (no validation / test data).
 std::unique_ptr<SampleSource> make_sample_source(const Config& config, Split split);
 
 }  // namespace megatron

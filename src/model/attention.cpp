@@ -24,7 +24,7 @@ SelfAttention::SelfAttention(const ModelConfig& c)
   }
 }
 
-at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* rope) {
+at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask) {
   const int64_t s = hidden.size(0), b = hidden.size(1);
   const int64_t per_group = heads_ / groups_;
   // Per group: its query heads, then one key head, then one value head.
@@ -43,8 +43,9 @@ at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* ro
   }
   // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
   at::Tensor out = at::scaled_dot_product_attention(
-      q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}), /*attn_mask=*/{},
-      is_training() ? attention_dropout_ : 0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
+      q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}),
+      attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt,
+      is_training() ? attention_dropout_ : 0.0, /*is_causal=*/!attention_mask.defined(), /*scale=*/std::nullopt,
       /*enable_gqa=*/groups_ != heads_);                          // [b, H, s, d]
   out = out.permute({2, 0, 1, 3}).reshape({s, b, heads_ * head_dim_});  // [s, b, H*d]
   return linear_proj->forward(out);                                      // [s, b, h]

@@ -18,7 +18,8 @@ class SelfAttention : public torch::nn::Module {
   explicit SelfAttention(const ModelConfig& config);
 
   // hidden: [s, b, h] (already residual input; the norm is inside linear_qkv) -> [s, b, h]
-  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope);
+  // attention_mask: [b, 1, s, s] bool, true = may attend; undefined = causal.
+  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});
 
   std::shared_ptr<LayerNormLinear> linear_qkv;  // weight [(H + 2G) * d, h]
   std::shared_ptr<Linear> linear_proj;          // weight [h, H * d]

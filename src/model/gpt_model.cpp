@@ -65,17 +65,23 @@ const RopeTables* GPTModel::rope_for(int64_t seq_len, const at::Device& device) 
   return &*rope_;
 }
 
-at::Tensor GPTModel::forward(const at::Tensor& tokens) {
+at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask) {
   const int64_t s = tokens.size(1);
   at::Tensor hidden = at::embedding(word_embeddings, tokens.t());             // [s, b, h]
   if (position_embeddings.defined()) {
-    at::Tensor positions = at::arange(s, tokens.options());
-    hidden = hidden + at::embedding(position_embeddings, positions).unsqueeze(1);
+    hidden = position_ids.defined()
+                 ? hidden + at::embedding(position_embeddings, position_ids.t())                   // [s, b, h]
+                 : hidden + at::embedding(position_embeddings, at::arange(s, tokens.options())).unsqueeze(1);
   }
   hidden = at::dropout(hidden, config_.hidden_dropout, is_training());
-  const RopeTables* rope = rope_for(s, tokens.device());
+  const RopeTables* tables = rope_for(s, tokens.device());
+  std::optional<RopeTables> gathered;  // per-sample positions: the tables' rows for them
+  if (tables != nullptr && position_ids.defined()) {
+    gathered = gather_rope_tables(*tables, position_ids);
+    tables = &*gathered;
+  }
   for (const auto& module : *layers) {
-    hidden = module->as<TransformerLayer>()->forward(hidden, rope);
+    hidden = module->as<TransformerLayer>()->forward(hidden, tables, attention_mask);
   }
   hidden = apply_norm(hidden, final_layernorm_weight, final_layernorm_bias,
                       norm_kind_from_name(config_.normalization), config_.norm_epsilon);
@@ -84,7 +90,7 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens) {
 }
 
 at::Tensor GPTModel::token_losses(const Batch& batch) {
-  at::Tensor logits = forward(batch.tokens);                                   // [s, b, V]
+  at::Tensor logits = forward(batch.tokens, batch.position_ids, batch.attention_mask);  // [s, b, V]
   const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
   // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
   at::Tensor losses = at::cross_entropy_loss(logits.to(at_least_fp32(logits.scalar_type())).view({s * b, v}), batch.labels.t().reshape({s * b}),

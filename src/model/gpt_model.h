@@ -18,9 +18,11 @@ namespace megatron {
 
 // One micro-batch, batch-first as the data loader yields it.
 struct Batch {
-  at::Tensor tokens;     // [b, s] int64
-  at::Tensor labels;     // [b, s] int64
-  at::Tensor loss_mask;  // [b, s] float
+  at::Tensor tokens;          // [b, s] int64
+  at::Tensor labels;          // [b, s] int64
+  at::Tensor loss_mask;       // [b, s] float
+  at::Tensor position_ids;    // [b, s] int64; undefined: 0..s-1 for every sample
+  at::Tensor attention_mask;  // [b, 1, s, s] bool, true = may attend; undefined: plain causal
 };
 
 class GPTModel : public torch::nn::Module {
@@ -32,8 +34,10 @@ class GPTModel : public torch::nn::Module {
   // norms and biases. Runs on CPU in fp32 so every device and dtype starts from the same values.
   void initialize(uint64_t seed);
 
-  // tokens [b, s] -> logits [s, b, V] in the parameters' dtype.
-  at::Tensor forward(const at::Tensor& tokens);
+  // tokens [b, s] -> logits [s, b, V] in the parameters' dtype. position_ids [b, s] and
+  // attention_mask [b, 1, s, s] (true = attend) are optional, as in Batch.
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids = {},
+                     const at::Tensor& attention_mask = {});
 
   // Per-token cross entropy (fp32), [b, s].
   at::Tensor token_losses(const Batch& batch);

@@ -34,6 +34,11 @@ RopeTables make_rope_tables(const ModelConfig& c, int64_t seq_len, const at::Dev
   return {emb.cos().to(device), emb.sin().to(device)};
 }
 
+RopeTables gather_rope_tables(const RopeTables& t, const at::Tensor& position_ids) {
+  at::Tensor index = position_ids.t();                                      // [s, b]
+  return {t.cos.squeeze(1).index({index}), t.sin.squeeze(1).index({index})};  // [s, b, 1, rot]
+}
+
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& t) {
   const int64_t rot_dim = t.cos.size(-1);
   const int64_t seq = x.size(0);

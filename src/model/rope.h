@@ -8,16 +8,20 @@
 
 namespace megatron {
 
-// cos/sin tables for positions 0..seq_len-1, each [seq_len, 1, 1, rot_dim] in fp32.
+// cos/sin tables for positions 0..seq_len-1, each [seq_len, 1, 1, rot_dim] in fp32, or, after
+// gather_rope_tables, for each sample's own positions: [s, b, 1, rot_dim].
 struct RopeTables {
-  at::Tensor cos;  // [s, 1, 1, rot_dim]
-  at::Tensor sin;  // [s, 1, 1, rot_dim]
+  at::Tensor cos;  // [s, 1, 1, rot_dim] or [s, b, 1, rot_dim]
+  at::Tensor sin;
 };
 
 // Inverse frequencies [rot_dim / 2] in fp32, Llama 3.1 scaling applied when configured.
 at::Tensor rope_inverse_frequencies(const ModelConfig& config);
 
 RopeTables make_rope_tables(const ModelConfig& config, int64_t seq_len, const at::Device& device);
+
+// Rows of `tables` for position_ids [b, s] (positions restarting per packed document).
+RopeTables gather_rope_tables(const RopeTables& tables, const at::Tensor& position_ids);
 
 // x: [s, b, n, d]; rotates the first rot_dim channels of each head, passes the rest through.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& tables);

@@ -9,9 +9,9 @@ TransformerLayer::TransformerLayer(const ModelConfig& c) : hidden_dropout_(c.hid
   mlp = register_module("mlp", std::make_shared<MLP>(c));
 }
 
-at::Tensor TransformerLayer::forward(const at::Tensor& hidden, const RopeTables* rope) {
+at::Tensor TransformerLayer::forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask) {
   const bool train = is_training();
-  at::Tensor x = hidden + at::dropout(self_attention->forward(hidden, rope), hidden_dropout_, train);
+  at::Tensor x = hidden + at::dropout(self_attention->forward(hidden, rope, attention_mask), hidden_dropout_, train);
   return x + at::dropout(mlp->forward(x), hidden_dropout_, train);
 }
 

@@ -14,7 +14,8 @@ namespace megatron {
 class TransformerLayer : public torch::nn::Module {
  public:
   explicit TransformerLayer(const ModelConfig& config);
-  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope);  // [s, b, h] -> [s, b, h]
+  // attention_mask: [b, 1, s, s] bool (true = attend) or undefined for plain causal attention.
+  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]
 
   std::shared_ptr<SelfAttention> self_attention;
   std::shared_ptr<MLP> mlp;

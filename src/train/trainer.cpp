@@ -39,7 +39,8 @@ at::Device pick_device(const TrainConfig& t) {
 
 Batch to_device(Batch b, const at::Device& device) {
   if (device.is_cpu()) return b;
-  return {b.tokens.to(device, /*non_blocking=*/true), b.labels.to(device, true), b.loss_mask.to(device, true)};
+  auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(device, /*non_blocking=*/true) : t; };
+  return {move(b.tokens), move(b.labels), move(b.loss_mask), move(b.position_ids), move(b.attention_mask)};
 }
 
 // Model FLOPs per token as the baseline counts them: 6 per parameter (forward + backward) plus
@@ -50,7 +51,8 @@ double flops_per_token(const ModelConfig& m, int64_t parameters) {
 
 class Trainer {
  public:
-  explicit Trainer(const Config& c) : c_(c), t_(c.train), schedule_(c.train), device_(pick_device(c.train)) {}
+  explicit Trainer(const Config& c)
+      : c_(c), t_(c.train), schedule_(c.train), device_(pick_device(c.train)), ltor_(ltor_options(c)) {}
   ~Trainer() {
     if (metrics_ != nullptr) std::fclose(metrics_);
   }
@@ -68,6 +70,7 @@ class Trainer {
   const TrainConfig& t_;
   LearningRateSchedule schedule_;
   at::Device device_;
+  LtorOptions ltor_;
   std::unique_ptr<GPTModel> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
@@ -134,7 +137,7 @@ int Trainer::run() {
     at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
     for (int64_t k = 0; k < micro_batches; ++k) {
       const int64_t first = progress_.consumed_train_samples + k * t_.micro_batch_size;
-      Batch batch = to_device(make_batch(*train_data_, first, t_.micro_batch_size, m.seq_length, m.padded_vocab_size), device_);
+      Batch batch = to_device(make_batch(*train_data_, first, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_), device_);
       at::Tensor loss = model_->loss(batch) / double(micro_batches);
       loss.backward();
       optimizer_->accumulate_grads();
@@ -228,7 +231,7 @@ double Trainer::evaluate() {
   at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
   for (int64_t i = 0; i < t_.eval_iters * micro_batches; ++i) {
     Batch batch = to_device(make_batch(*valid_data_, progress_.consumed_valid_samples, t_.micro_batch_size, m.seq_length,
-                                       m.padded_vocab_size), device_);
+                                       m.vocab_size, ltor_), device_);
     progress_.consumed_valid_samples += t_.micro_batch_size;
     total += model_->loss(batch).to(at::kDouble);
   }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <regex>
 
+#include "data/indexed_dataset.h"
 #include "support/test_support.h"
 
 namespace megatron {
@@ -15,8 +16,9 @@ namespace {
 namespace fs = std::filesystem;
 
 std::vector<std::string> tiny(std::vector<std::string> extra) {
+  // The CPU guarantees (bitwise determinism and resume) are what these runs check, on any machine.
   std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1"};
+                                   "--cpu-threads", "1", "--device", "cpu"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -167,6 +169,49 @@ TEST(TrainingRuns, TensorBoardReadsTheEvents) {
   for (const char* line : {"lm loss 2 ", "lm loss 6 ", "learning-rate 4 ", "grad-norm 2 ", "throughput (tokens/s/GPU) 6 "}) {
     EXPECT_NE(read.output.find(line), std::string::npos) << line << " missing in:\n" << read.output;
   }
+}
+
+TEST(TrainingRuns, TrainsOnAnIndexedDatasetWithMegatronSampling) {
+  test::TempDir dir;
+  {
+    // Documents of consecutive ids (learnable), ids below the NullTokenizer's vocabulary of 256.
+    IndexedDatasetBuilder builder(dir / "corpus_text_document", TokenDType::kUInt16);
+    for (int64_t d = 0; d < 400; ++d) {
+      std::vector<int64_t> doc;
+      for (int64_t k = 0; k < 20 + d % 37; ++k) doc.push_back((d * 7 + k) % 250);
+      doc.push_back(255);  // end of document
+      builder.add_document(doc.data(), doc.size());
+    }
+    builder.finalize();
+  }
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{}, std::vector<std::string>{"--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"}}) {
+    std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--cpu-threads", "1",
+                                     "--device", "cpu", "--data-path", dir / "corpus_text_document", "--vocab-size", "255", "--split", "90,10,0",
+                                     "--data-cache-path", dir / "cache", "--train-iters", "30", "--log-interval", "10",
+                                     "--eval-interval", "30"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto run = test::run_megatron(args);
+    ASSERT_EQ(run.status, 0) << run.output;
+    auto losses = logged_losses(run.output);
+    ASSERT_EQ(losses.size(), 3u) << run.output;
+    EXPECT_LT(losses.back(), losses.front() - 1.0) << run.output;
+    EXPECT_NE(run.output.find("validation loss at iteration 30"), std::string::npos) << run.output;
+  }
+}
+
+TEST(TrainingRuns, TokenIdsBeyondTheVocabularyAreAnError) {
+  test::TempDir dir;
+  {
+    IndexedDatasetBuilder builder(dir / "big_ids", TokenDType::kInt32);
+    std::vector<int64_t> doc(300, 5000);
+    builder.add_document(doc.data(), doc.size());
+    builder.finalize();
+  }
+  auto run = test::run_megatron({"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--data-path",
+                                 dir / "big_ids", "--split", "1,0,0", "--data-cache-path", dir / "cache", "--train-iters", "6"});
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("holds token id 5000, outside the model's vocabulary"), std::string::npos) << run.output;
 }
 
 }  // namespace
