@@ -16,6 +16,7 @@ ours_tflops=$(sed -n 's/.*TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$ours")
 eager_tok=$(sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<< "$eager")
 compiled_tok=$(sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<< "$compiled")
 printf '\n| system | tokens/s/GPU | TFLOP/s/GPU | MFU | ratio vs eager | ratio vs compile |\n|---|---|---|---|---|---|\n'
-printf '| megatron.cpp | %s | %s | %s%% | %.2f | %.2f |\n' "$ours_tok" "$ours_tflops" "$ours_mfu" \
-  "$(echo "$ours_tok / $eager_tok" | bc -l)" "$(echo "$ours_tok / $compiled_tok" | bc -l)"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+printf '| megatron.cpp | %s | %s | %s%% | %s | %s |\n' "$ours_tok" "$ours_tflops" "$ours_mfu" \
+  "$(ratio "$ours_tok" "$eager_tok")" "$(ratio "$ours_tok" "$compiled_tok")"
 printf '| HF eager | %s | | (see line above) | 1.00 | |\n| HF torch.compile | %s | | (see line above) | | 1.00 |\n' "$eager_tok" "$compiled_tok"
