@@ -1,0 +1,82 @@
+// The model on CUDA against the same model on CPU (run on the GPU machine by scripts/gpu/run.sh;
+// without a CUDA device these tests report a skip, never a pass).
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <gtest/gtest.h>
+
+#include "model/gpt_model.h"
+#include "support/test_support.h"
+
+namespace megatron {
+namespace {
+
+ModelConfig small_llama() {
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 128;
+  c.num_attention_heads = 8;
+  c.num_query_groups = 2;
+  c.kv_channels = 16;
+  c.ffn_hidden_size = 256;
+  c.seq_length = 64;
+  c.max_position_embeddings = 64;
+  c.vocab_size = c.padded_vocab_size = 512;
+  c.normalization = "RMSNorm";
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.position_embedding_type = "rope";
+  c.untie_embeddings_and_output_weights = true;
+  c.hidden_dropout = c.attention_dropout = 0.0;
+  return c;
+}
+
+double relative(const at::Tensor& a, const at::Tensor& b) {
+  return ((a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).norm() / b.cpu().to(at::kDouble).norm()).item<double>();
+}
+
+TEST(CudaParity, LossAndGradientsMatchCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const ModelConfig c = small_llama();
+  GPTModel cpu(c), gpu(c);
+  cpu.initialize(11);
+  gpu.initialize(11);
+  gpu.to(at::Device(at::kCUDA, 0));
+  Batch batch{at::randint(0, c.vocab_size, {4, c.seq_length}), at::randint(0, c.vocab_size, {4, c.seq_length}),
+              at::ones({4, c.seq_length})};
+  Batch on_gpu{batch.tokens.cuda(), batch.labels.cuda(), batch.loss_mask.cuda()};
+  at::Tensor loss_cpu = cpu.loss(batch), loss_gpu = gpu.loss(on_gpu);
+  loss_cpu.backward();
+  loss_gpu.backward();
+  EXPECT_NEAR(loss_cpu.item<double>(), loss_gpu.item<double>(), 1e-4);
+  auto pc = cpu.named_parameters(), pg = gpu.named_parameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    EXPECT_LE(relative(pg[i].value().grad(), pc[i].value().grad()), 1e-3) << pc[i].key();
+  }
+}
+
+TEST(CudaParity, Bf16LossCloseToFp32) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  const ModelConfig c = small_llama();
+  GPTModel fp32(c), bf16(c);
+  fp32.initialize(3);
+  bf16.initialize(3);
+  fp32.to(at::Device(at::kCUDA, 0));
+  bf16.to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  Batch batch{at::randint(0, c.vocab_size, {4, c.seq_length}).cuda(), at::randint(0, c.vocab_size, {4, c.seq_length}).cuda(),
+              at::ones({4, c.seq_length}).cuda()};
+  at::NoGradGuard no_grad;
+  EXPECT_NEAR(fp32.loss(batch).item<double>(), bf16.loss(batch).item<double>(), 2e-2);
+}
+
+TEST(CudaParity, TrainingOnCudaLowersTheLoss) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  auto run = test::run_megatron({"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
+                                 "--device", "cuda", "--bf16", "--train-iters", "50", "--log-interval", "10"});
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("on cuda:0"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("validation loss at iteration 50"), std::string::npos) << run.output;
+}
+
+}  // namespace
+}  // namespace megatron
