@@ -11,5 +11,8 @@ using Args = std::vector<std::string>;
 
 int train(const Args& args);
 int version(const Args& args);
+int launch(const Args& args);
+// Hidden (not in the help): prints the parsed LaunchEnv and misbehaves on request, for tests.
+int print_env(const Args& args);
 
 }  // namespace megatron::cli

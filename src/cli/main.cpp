@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -21,13 +22,15 @@ struct Subcommand {
 const std::map<std::string, Subcommand>& subcommands() {
   static const std::map<std::string, Subcommand> table = {
       {"train", {megatron::cli::train, "pre-train or fine-tune a model", ""}},
-      {"launch", {nullptr, "start N ranks of a subcommand (like torchrun)", "distributed training"}},
+      {"launch", {megatron::cli::launch, "start N ranks of a subcommand (like torchrun)", ""}},
       {"preprocess", {nullptr, "turn JSONL into Megatron .bin/.idx datasets", "the data pipeline"}},
       {"convert", {nullptr, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
       {"generate", {nullptr, "sample text from a checkpoint", "the data pipeline (generation)"}},
       {"eval", {nullptr, "evaluate a checkpoint on a dataset", "evaluation"}},
       {"plan", {nullptr, "plan a parallel layout for a cluster", "the planner"}},
       {"version", {megatron::cli::version, "print the version and the LibTorch it runs on", ""}},
+      // Names starting with '_' are for tests and never listed.
+      {"_print-env", {megatron::cli::print_env, "print the parsed launch environment", ""}},
   };
   return table;
 }
@@ -35,6 +38,7 @@ const std::map<std::string, Subcommand>& subcommands() {
 void print_usage(std::FILE* out) {
   std::fprintf(out, "usage: megatron <subcommand> [flags]   (megatron <subcommand> --help for its flags)\n\nsubcommands:\n");
   for (const auto& [name, sub] : subcommands()) {
+    if (name.front() == '_') continue;
     std::fprintf(out, "  %-11s %s%s\n", name.c_str(), sub.summary, sub.run ? "" : " (not yet available)");
   }
 }
@@ -42,6 +46,9 @@ void print_usage(std::FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under `megatron launch` stdout is a pipe, which stdio would block-buffer: lines would
+  // arrive late and be lost when a rank is stopped.
+  if (std::getenv("MEGATRON_LINE_BUFFERED") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -66,6 +73,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "internal error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {  // e.g. a failed fork or pipe in the launcher
+    std::fprintf(stderr, "internal error: %s\n", e.what());
     return 1;
   }
 }

@@ -1,0 +1,41 @@
+// Where this process sits in a distributed job, read from the environment its launcher left:
+// `megatron launch` or torchrun (RANK, WORLD_SIZE, ...), Slurm's srun (SLURM_PROCID, ...), or
+// nothing at all (a single process). Rendezvous and ParallelState start from this.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace megatron::dist {
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;        // rank among the processes on this node
+  int local_world_size = 1;  // processes on this node
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single";  // which variables it came from: "torchrun", "slurm" or "single"
+};
+
+// Reads, in this order, torchrun's / `megatron launch`'s variables (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), then Slurm's (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE, the node list),
+// else a single process. Throws UserError naming the variable on a malformed or inconsistent
+// value (e.g. RANK not below WORLD_SIZE).
+LaunchEnv launch_env_from_environment();
+
+// Slurm's compressed host lists: "node[01-04,07],gpu5" -> node01 node02 node03 node04 node07
+// gpu5. Zero padding follows the range's first bound; several bracket groups in one name
+// multiply out. Throws UserError (naming `variable`) on malformed lists.
+std::vector<std::string> expand_slurm_nodelist(const std::string& list,
+                                               const std::string& variable = "SLURM_JOB_NODELIST");
+
+// Slurm's per-node task counts, "4(x2),3" -> {4, 4, 3}. Throws UserError naming `variable`.
+std::vector<int> parse_slurm_tasks_per_node(const std::string& value,
+                                            const std::string& variable = "SLURM_TASKS_PER_NODE");
+
+// One line describing `env`, as `megatron _print-env` and the logs show it.
+std::string describe(const LaunchEnv& env);
+
+}  // namespace megatron::dist

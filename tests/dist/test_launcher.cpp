@@ -1,0 +1,291 @@
+// `megatron launch` with real processes (the hidden `megatron _print-env` as the ranks):
+// environment per rank, output prefixes, failure propagation, signal forwarding, flag errors.
+// Wall-clock bounds here are generous sanity limits ("stops within seconds, not after the
+// ranks' 60 s sleep"), not performance assertions.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "support/test_support.h"
+
+namespace megatron::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::vector<std::string> launch_args(std::vector<std::string> launch_flags, const std::vector<std::string>& rank_args) {
+  std::vector<std::string> args = {"launch"};
+  args.insert(args.end(), launch_flags.begin(), launch_flags.end());
+  args.push_back("_print-env");
+  args.insert(args.end(), rank_args.begin(), rank_args.end());
+  return args;
+}
+
+std::string env_line(int rank, int world, int local_rank, int local_world, const std::string& addr, int port) {
+  return "env rank=" + std::to_string(rank) + " world_size=" + std::to_string(world) +
+         " local_rank=" + std::to_string(local_rank) + " local_world_size=" + std::to_string(local_world) +
+         " master_addr=" + addr + " master_port=" + std::to_string(port) + " source=torchrun";
+}
+
+// The pids the ranks printed ("... pid=123"), to check afterwards that none survived.
+// (The failure report repeats lines, hence a set.)
+std::set<pid_t> printed_pids(const std::string& output, const std::string& key = " pid=") {
+  std::set<pid_t> pids;
+  for (size_t at = output.find(key); at != std::string::npos; at = output.find(key, at + 1)) {
+    pids.insert(static_cast<pid_t>(std::stol(output.substr(at + key.size()))));
+  }
+  return pids;
+}
+
+// Gone, or a zombie waiting for a reaper that is not us: either way it runs no more.
+bool process_gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+bool eventually_gone(pid_t pid) {
+  const auto start = Clock::now();
+  while (!process_gone(pid)) {
+    if (seconds_since(start) > 10) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The launcher in the background with its output in a file, so the test can signal it.
+class BackgroundLaunch {
+ public:
+  BackgroundLaunch(const std::vector<std::string>& args, const std::string& output_path) : output_(output_path) {
+    std::vector<std::string> argv_storage = {megatron_binary()};
+    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_storage) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      FILE* out = std::fopen(output_.c_str(), "w");
+      if (out == nullptr) ::_exit(126);
+      ::dup2(::fileno(out), 1);
+      ::dup2(::fileno(out), 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~BackgroundLaunch() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string output() const { return read_file(output_); }
+
+  bool wait_for_output(const std::string& what, size_t times, double timeout_s) const {
+    const auto start = Clock::now();
+    while (count(output(), what) < times) {
+      if (seconds_since(start) > timeout_s) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return true;
+  }
+
+  // The exit status as run_command reports it (128 + signal when killed), or -1 on timeout.
+  int wait(double timeout_s) {
+    const auto start = Clock::now();
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (seconds_since(start) > timeout_s) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  std::string output_;
+  pid_t pid_ = -1;
+};
+
+TEST(Launcher, EveryRankGetsItsEnvironmentAndPrefix) {
+  const auto r = run_megatron(launch_args({"--nproc-per-node", "3"}, {"--stderr-message", "hello from stderr"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_NE(r.output.find(prefix + env_line(rank, 3, rank, 3, "127.0.0.1", 29500)), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(prefix + "hello from stderr\n"), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(count(r.output, "env rank="), 3u) << r.output;
+}
+
+TEST(Launcher, SecondNodeRanksFollowTheNodeRank) {
+  // Only the environment is checked, so no other node has to exist.
+  const auto r = run_megatron(launch_args({"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+                                           "--master-addr", "10.1.2.3", "--master-port", "12345"},
+                                          {}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 2] " + env_line(2, 4, 0, 2, "10.1.2.3", 12345)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 3] " + env_line(3, 4, 1, 2, "10.1.2.3", 12345)), std::string::npos) << r.output;
+}
+
+TEST(Launcher, PortZeroPicksOneFreePortSharedByAllRanks) {
+  const auto r = run_megatron(launch_args({"--nproc-per-node=2", "--master_port=0"}, {}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("master_port=(\\d+)"))) << r.output;
+  const int port = std::stoi(m[1]);
+  EXPECT_GT(port, 0);
+  EXPECT_NE(port, 29500);
+  EXPECT_EQ(count(r.output, "master_port=" + std::to_string(port) + " "), 2u) << r.output;
+}
+
+TEST(Launcher, LogDirAndUnprefixedRankZero) {
+  TempDir dir;
+  const auto r = run_megatron(launch_args({"--nproc-per-node", "2", "--log-dir", dir / "logs", "--no-prefix-rank0"},
+                                          {"--lines", "2"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("[rank 0]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nline 2 of rank 0\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] line 2 of rank 1\n"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = read_file(dir / ("logs/rank_" + std::to_string(rank) + ".log"));
+    EXPECT_NE(log.find(env_line(rank, 2, rank, 2, "127.0.0.1", 29500)), std::string::npos) << log;
+    EXPECT_NE(log.find("line 2 of rank " + std::to_string(rank) + "\n"), std::string::npos) << log;
+    EXPECT_EQ(log.find("[rank"), std::string::npos) << log;
+  }
+}
+
+TEST(Launcher, FailingRankStopsTheJobAndIsNamed) {
+  const auto start = Clock::now();
+  const auto r = run_megatron(launch_args(
+      {"--nproc-per-node", "3"},
+      {"--fail-rank", "1", "--exit-code", "3", "--lines", "30", "--sleep-rank", "0,2", "--seconds", "60"}));
+  EXPECT_LT(seconds_since(start), 20.0) << "the sleeping ranks were not stopped\n" << r.output;
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("launch: rank 1 (local rank 1, pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(") exited with status 3\n"), std::string::npos) << r.output;
+  // The report repeats the failed rank's last ten lines, and only those.
+  const size_t report = r.output.find("launch: last 10 lines of rank 1:\n");
+  ASSERT_NE(report, std::string::npos) << r.output;
+  const std::string tail = r.output.substr(report);
+  EXPECT_NE(tail.find("  line 22 of rank 1\n"), std::string::npos) << tail;
+  EXPECT_NE(tail.find("  line 30 of rank 1\n"), std::string::npos) << tail;
+  EXPECT_NE(tail.find("  rank 1: failing on purpose with exit code 3\n"), std::string::npos) << tail;
+  EXPECT_EQ(tail.find("line 21 of rank 1"), std::string::npos) << tail;
+  for (pid_t pid : printed_pids(r.output)) EXPECT_TRUE(process_gone(pid)) << "pid " << pid << "\n" << r.output;
+}
+
+TEST(Launcher, RankKilledByASignalIsReportedWithTheSignal) {
+  const auto r = run_megatron(launch_args({"--nproc-per-node", "2"},
+                                          {"--fail-rank", "0", "--fail-signal", std::to_string(SIGABRT),
+                                           "--sleep-rank", "1", "--seconds", "60"}));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("launch: rank 0 (local rank 0, pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by SIGABRT"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, StoppingARankAlsoStopsItsDescendants) {
+  // Each rank forks a sleeping grandchild it never waits for; the launcher signals whole
+  // process groups, so those go too.
+  TempDir dir;
+  BackgroundLaunch launch(
+      launch_args({"--nproc-per-node", "2"}, {"--spawn-grandchild", "--sleep-rank", "all", "--seconds", "60"}),
+      dir / "out.txt");
+  ASSERT_TRUE(launch.wait_for_output("grandchild pid=", 2, 30)) << launch.output();
+  const auto grandchildren = printed_pids(launch.output(), "grandchild pid=");
+  ASSERT_EQ(grandchildren.size(), 2u) << launch.output();
+  ASSERT_EQ(::kill(launch.pid(), SIGTERM), 0);
+  EXPECT_EQ(launch.wait(20), 128 + SIGTERM) << launch.output();
+  for (pid_t pid : grandchildren) EXPECT_TRUE(eventually_gone(pid)) << "grandchild " << pid << " survived";
+}
+
+TEST(Launcher, SigtermIsForwardedToTheRanks) {
+  TempDir dir;
+  BackgroundLaunch launch(launch_args({"--nproc-per-node", "2"}, {"--sleep-rank", "all", "--seconds", "60"}),
+                          dir / "out.txt");
+  ASSERT_TRUE(launch.wait_for_output("env rank=", 2, 30)) << launch.output();
+  const auto ranks = printed_pids(launch.output());
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(::kill(launch.pid(), SIGTERM), 0);
+  EXPECT_EQ(launch.wait(20), 128 + SIGTERM) << launch.output();
+  EXPECT_NE(launch.output().find("launch: received SIGTERM; forwarding it to all ranks"), std::string::npos);
+  for (pid_t pid : ranks) EXPECT_TRUE(eventually_gone(pid)) << "rank pid " << pid << " survived";
+}
+
+TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheTimeout) {
+  TempDir dir;
+  BackgroundLaunch launch(launch_args({"--nproc-per-node", "2", "--kill-timeout", "1"},
+                                      {"--sleep-rank", "all", "--seconds", "60", "--ignore-sigterm"}),
+                          dir / "out.txt");
+  ASSERT_TRUE(launch.wait_for_output("env rank=", 2, 30)) << launch.output();
+  const auto ranks = printed_pids(launch.output());
+  ASSERT_EQ(::kill(launch.pid(), SIGTERM), 0);
+  EXPECT_EQ(launch.wait(20), 128 + SIGTERM) << launch.output();
+  EXPECT_NE(launch.output().find("sending SIGKILL"), std::string::npos) << launch.output();
+  for (pid_t pid : ranks) EXPECT_TRUE(eventually_gone(pid)) << "rank pid " << pid << " survived";
+}
+
+TEST(Launcher, BadFlagsAreNamedErrors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"launch", "_print-env"}, "--nproc-per-node is required"},
+      {{"launch", "--nproc-per-node", "2"}, "no subcommand to launch"},
+      {{"launch", "--nproc-per-node", "0", "_print-env"}, "--nproc-per-node must be at least 1"},
+      {{"launch", "--nproc-per-node", "two", "_print-env"}, "--nproc-per-node expects an integer"},
+      {{"launch", "--nproc-per-node"}, "--nproc-per-node expects a value"},
+      {{"launch", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "_print-env"},
+       "--node-rank 2 is not in [0, --nnodes 2)"},
+      {{"launch", "--nproc-per-node", "2", "--nnodes", "2", "_print-env"}, "needs --node-rank"},
+      {{"launch", "--nproc-per-node", "2", "--master-port", "65536", "_print-env"}, "--master-port 65536 is not a TCP port"},
+      {{"launch", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", "0", "_print-env"},
+       "--master-port 0"},
+      {{"launch", "--nproc-per-node", "2", "--nnodes", "1:4", "_print-env"}, "elastic"},
+      {{"launch", "--nproc-per-node", "2", "--frobnicate", "_print-env"}, "unknown flag --frobnicate"},
+      {{"launch", "--nproc-per-node", "2", "--kill-timeout", "-1", "_print-env"}, "--kill-timeout expects"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = run_megatron(args);
+    EXPECT_EQ(r.status, 2) << args.back() << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << "expected '" << message << "' in:\n" << r.output;
+  }
+}
+
+TEST(Launcher, HelpDescribesFlagsAndPrintEnvStaysHidden) {
+  const auto help = run_megatron({"launch", "--help"});
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.output.find("--nproc-per-node"), std::string::npos) << help.output;
+  const auto top = run_megatron({"--help"});
+  EXPECT_NE(top.output.find("launch"), std::string::npos) << top.output;
+  EXPECT_EQ(top.output.find("_print-env"), std::string::npos) << top.output;
+}
+
+}  // namespace
+}  // namespace megatron::test
