@@ -325,8 +325,6 @@ TEST(Preprocess, LateFailureLeavesNoFilesAndNamesTheLine) {
 }
 
 TEST(Preprocess, MergeEqualsPreprocessingTheConcatenation) {
-  const Reference& ref = reference(false);  // shares the fetched tokenizer; the data is our own
-  ASSERT_EQ(ref.error, "");
   test::TempDir dir;
   const std::string text = parity_jsonl();
   std::vector<std::string> parts(3);
