@@ -8,7 +8,8 @@ rm -rf .gpu && mkdir -p .gpu/deps/include .gpu/deps/lib
 cp -r /usr/include/yaml-cpp /usr/include/nlohmann /usr/include/gloo /usr/include/pcre2*.h /usr/include/utf8proc.h \
       /usr/include/sentencepiece_*.h .gpu/deps/include/
 lib=/usr/lib/x86_64-linux-gnu
-cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a .gpu/deps/lib/
+cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a $lib/libz.a .gpu/deps/lib/
+cp /usr/include/zlib.h /usr/include/zconf.h .gpu/deps/include/
 # SentencePiece ships no static library; its two shared ones need nothing beyond libc/libstdc++.
 cp -L $lib/libsentencepiece.so.0 $lib/libsentencepiece_train.so.0 .gpu/deps/lib/
 ln -s libsentencepiece.so.0 .gpu/deps/lib/libsentencepiece.so

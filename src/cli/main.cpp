@@ -23,7 +23,7 @@ const std::map<std::string, Subcommand>& subcommands() {
   static const std::map<std::string, Subcommand> table = {
       {"train", {megatron::cli::train, "pre-train or fine-tune a model", ""}},
       {"launch", {megatron::cli::launch, "start N ranks of a subcommand (like torchrun)", ""}},
-      {"preprocess", {nullptr, "turn JSONL into Megatron .bin/.idx datasets", "the data pipeline"}},
+      {"preprocess", {megatron::cli::preprocess, "turn JSONL into Megatron .bin/.idx datasets", ""}},
       {"convert", {nullptr, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
       {"generate", {nullptr, "sample text from a checkpoint", "the data pipeline (generation)"}},
       {"eval", {nullptr, "evaluate a checkpoint on a dataset", "evaluation"}},
