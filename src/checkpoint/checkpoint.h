@@ -12,6 +12,8 @@
 // under a final name and the previous checkpoint stays loadable.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,6 +34,13 @@ struct TrainingProgress {
 };
 
 std::string iteration_directory(const std::string& save_dir, int64_t iteration);
+
+// The iteration directory latest_checkpointed_iteration.txt names, or "" without a tracker.
+std::string latest_checkpoint_directory(const std::string& load_dir);
+// state.json of an iteration directory (format version checked).
+nlohmann::json read_checkpoint_state(const std::string& iteration_dir);
+// The model weights of an iteration directory, shapes checked.
+void load_model_weights(const std::string& iteration_dir, GPTModel& model);
 
 void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
                      const AdamW& optimizer, const Config& config);

@@ -25,7 +25,7 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"launch", {megatron::cli::launch, "start N ranks of a subcommand (like torchrun)", ""}},
       {"preprocess", {megatron::cli::preprocess, "turn JSONL into Megatron .bin/.idx datasets", ""}},
       {"convert", {nullptr, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
-      {"generate", {nullptr, "sample text from a checkpoint", "the data pipeline (generation)"}},
+      {"generate", {megatron::cli::generate, "sample text from a checkpoint", ""}},
       {"eval", {nullptr, "evaluate a checkpoint on a dataset", "evaluation"}},
       {"plan", {nullptr, "plan a parallel layout for a cluster", "the planner"}},
       {"version", {megatron::cli::version, "print the version and the LibTorch it runs on", ""}},

@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <vector>
-
 #include "core/errors.h"
 
 namespace megatron {
@@ -26,17 +24,19 @@ Batch make_batch(const SampleSource& source, int64_t first, int64_t micro_batch,
   at::Tensor positions = at::empty({micro_batch, s}, at::kLong);   // [b, s]
   at::Tensor mask;                                                 // [b, 1, s, s]
   if (options.reset_attention_mask) mask = at::zeros({micro_batch, 1, s, s}, at::kBool);
-  std::vector<int64_t> text(static_cast<size_t>(s + 1));
+  const bool packed = source.packed();
+  if (packed && !mask.defined()) mask = at::zeros({micro_batch, 1, s, s}, at::kBool);
   for (int64_t i = 0; i < micro_batch; ++i) {
-    source.sample(first + i, text.data());
-    for (int64_t k = 0; k <= s; ++k) {
-      if (text[k] < 0 || text[k] >= vocab_size) {
-        throw UserError(source.describe() + ": sample " + std::to_string(first + i) + " holds token id " +
-                        std::to_string(text[k]) + ", outside the model's vocabulary of " + std::to_string(vocab_size) +
-                        ": use the tokenizer the data was made with");
+    LtorSample sample = source.ltor_sample(first + i, s, options);
+    for (int64_t k = 0; k < s; ++k) {
+      for (int64_t id : {sample.tokens[k], sample.labels[k]}) {
+        if (id < 0 || id >= vocab_size) {
+          throw UserError(source.describe() + ": sample " + std::to_string(first + i) + " holds token id " +
+                          std::to_string(id) + ", outside the model's vocabulary of " + std::to_string(vocab_size) +
+                          ": use the tokenizer the data was made with");
+        }
       }
     }
-    LtorSample sample = make_ltor_sample(text.data(), s, options);
     std::copy(sample.tokens.begin(), sample.tokens.end(), tokens[i].data_ptr<int64_t>());
     std::copy(sample.labels.begin(), sample.labels.end(), labels[i].data_ptr<int64_t>());
     std::copy(sample.loss_mask.begin(), sample.loss_mask.end(), loss_mask[i].data_ptr<float>());
@@ -52,7 +52,7 @@ Batch make_batch(const SampleSource& source, int64_t first, int64_t micro_batch,
     }
   }
   Batch batch{tokens, labels, loss_mask, {}, mask};
-  if (options.reset_position_ids) batch.position_ids = positions;
+  if (options.reset_position_ids || packed) batch.position_ids = positions;
   return batch;
 }
 

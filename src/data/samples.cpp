@@ -1,5 +1,7 @@
 #include "data/samples.h"
 
+#include <vector>
+
 #include "data/gpt_sample_source.h"
 
 namespace megatron {
@@ -41,6 +43,12 @@ class MockSamples : public SampleSource {
 };
 
 }  // namespace
+
+LtorSample SampleSource::ltor_sample(int64_t index, int64_t seq_length, const LtorOptions& options) const {
+  std::vector<int64_t> text(static_cast<size_t>(seq_length + 1));
+  sample(index, text.data());
+  return make_ltor_sample(text.data(), seq_length, options);
+}
 
 std::unique_ptr<SampleSource> make_sample_source(const Config& c, Split split) {
   const int64_t eod = c.data.eod_id;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "data/ltor_masks.h"
 
 namespace megatron {
 
@@ -23,6 +24,12 @@ class SampleSource {
   // Writes seq_length + 1 token ids of sample `index` (any index >= 0; sources wrap around).
   virtual void sample(int64_t index, int64_t* out) const = 0;
   virtual std::string describe() const = 0;
+  // Inputs, labels, loss mask, positions and document boundaries of sample `index`. By default
+  // Megatron's left-to-right rules over sample(); sources with their own masks (packed SFT
+  // data) override it.
+  virtual LtorSample ltor_sample(int64_t index, int64_t seq_length, const LtorOptions& options) const;
+  // Whether samples carry their own per-document positions and boundaries (packed sequences).
+  virtual bool packed() const { return false; }
 };
 
 // The source of one split; nullptr when the split is empty (no validation / test data).

@@ -1,0 +1,86 @@
+#include "core/config_json.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+
+namespace megatron {
+namespace {
+
+// One list of (name, member) pairs drives both directions, so they cannot drift apart.
+template <typename Visit>
+void visit_model(ModelConfig& m, Visit&& v) {
+  v("num_layers", m.num_layers);
+  v("hidden_size", m.hidden_size);
+  v("ffn_hidden_size", m.ffn_hidden_size);
+  v("num_attention_heads", m.num_attention_heads);
+  v("group_query_attention", m.group_query_attention);
+  v("num_query_groups", m.num_query_groups);
+  v("kv_channels", m.kv_channels);
+  v("seq_length", m.seq_length);
+  v("max_position_embeddings", m.max_position_embeddings);
+  v("vocab_size", m.vocab_size);
+  v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  v("padded_vocab_size", m.padded_vocab_size);
+  v("normalization", m.normalization);
+  v("norm_epsilon", m.norm_epsilon);
+  v("swiglu", m.swiglu);
+  v("add_bias_linear", m.add_bias_linear);
+  v("add_qkv_bias", m.add_qkv_bias);
+  v("qk_layernorm", m.qk_layernorm);
+  v("position_embedding_type", m.position_embedding_type);
+  v("rotary_base", m.rotary_base);
+  v("rotary_percent", m.rotary_percent);
+  v("use_rope_scaling", m.use_rope_scaling);
+  v("rope_scaling_factor", m.rope_scaling_factor);
+  v("rope_low_freq_factor", m.rope_low_freq_factor);
+  v("rope_high_freq_factor", m.rope_high_freq_factor);
+  v("rope_original_max_position_embeddings", m.rope_original_max_position_embeddings);
+  v("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
+  v("init_method_std", m.init_method_std);
+  v("hidden_dropout", m.hidden_dropout);
+  v("attention_dropout", m.attention_dropout);
+}
+
+template <typename Visit>
+void visit_tokenizer(DataConfig& d, Visit&& v) {
+  v("tokenizer_type", d.tokenizer_type);
+  v("tokenizer_model", d.tokenizer_model);
+  v("vocab_file", d.vocab_file);
+  v("merge_file", d.merge_file);
+  v("eod_id", d.eod_id);
+}
+
+template <typename T>
+void read_key(const nlohmann::json& j, const char* key, T& into) {
+  if (!j.contains(key)) throw UserError(std::string("checkpoint config lacks '") + key + "'");
+  into = j.at(key).get<T>();
+}
+
+}  // namespace
+
+nlohmann::json model_config_to_json(const ModelConfig& model) {
+  ModelConfig m = model;
+  nlohmann::json j;
+  visit_model(m, [&](const char* key, auto& value) { j[key] = value; });
+  return j;
+}
+
+ModelConfig model_config_from_json(const nlohmann::json& j) {
+  ModelConfig m;
+  visit_model(m, [&](const char* key, auto& value) { read_key(j, key, value); });
+  return m;
+}
+
+nlohmann::json tokenizer_config_to_json(const DataConfig& data) {
+  DataConfig d = data;
+  nlohmann::json j;
+  visit_tokenizer(d, [&](const char* key, auto& value) { j[key] = value; });
+  return j;
+}
+
+void tokenizer_config_from_json(const nlohmann::json& j, DataConfig& data) {
+  visit_tokenizer(data, [&](const char* key, auto& value) { read_key(j, key, value); });
+}
+
+}  // namespace megatron
