@@ -1,6 +1,6 @@
 // `megatron preprocess`: Megatron-LM's tools/preprocess_data.py (JSONL -> .bin/.idx) and, with
-// --merge, tools/merge_datasets.py, under their flag names. Parsing and reporting only; the
-// work is in data/preprocess.
+// --merge, tools/merge_datasets.py, under their flag names; with --sft, chat JSONL -> a packed SFT
+// dataset. Parsing and reporting only; the work is in data/preprocess and data/sft_preprocess.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -11,11 +11,13 @@
 #include "cli/commands.h"
 #include "core/errors.h"
 #include "data/preprocess.h"
+#include "data/sft_preprocess.h"
 
 namespace megatron::cli {
 namespace {
 
 const char* const kHelp = R"(usage: megatron preprocess --input FILE.jsonl[.gz] --output-prefix P --tokenizer-type T [flags]
+       megatron preprocess --sft --seq-length N --input CHAT.jsonl --output-prefix P --tokenizer-type T [flags]
        megatron preprocess --merge --input P1 [P2 ...] --output-prefix P
 
 Tokenizes JSONL (one JSON object per line) into Megatron indexed datasets
@@ -44,6 +46,21 @@ runtime:
   --skip-bad-lines          skip lines that are not valid UTF-8 / JSON objects / lack a key or have a
                             non-string value, count them and list the first few; default: stop at
                             the first one with an error naming file:line
+supervised fine-tuning (--sft): chat conversations -> a packed, pre-tokenized SFT dataset
+  --sft                     each line is one conversation: {"messages": [{"role": "system|user|assistant",
+                            "content": "..."}]} (OpenAI) or {"conversations": [{"from": "system|human|gpt",
+                            "value": "..."}]} (ShareGPT). Lines without one, with another role, non-string
+                            content, no messages or no assistant turn are bad lines (see --skip-bad-lines)
+  --chat-template T         chatml, qwen3 (ChatML + Qwen3's <think> block), llama3, or auto (default:
+                            llama3 / chatml from the tokenizer's special tokens)
+  --seq-length N            training sequence length: conversations are packed, first-fit-decreasing,
+                            into packs of at most N + 1 tokens, each kept whole
+  --drop-long-samples       drop conversations longer than N + 1 tokens (default: keep their first
+                            N + 1 tokens; either way they are counted and reported)
+  Writes P_input_ids_document.bin/.idx (one document per pack, one sequence per conversation),
+  P_loss_mask_document.bin/.idx (uint8, same layout: 1 on assistant content and its end-of-turn
+  token) and P_sft.json (template, seq_length, counts); docs/formats.md has the details.
+  --json-keys, --append-eod and --tokenizer-hf-include-special-tokens do not apply.
 merge (Megatron's tools/merge_datasets.py):
   --merge                   concatenate the datasets given to --input (prefixes, or directories
                             holding .bin/.idx pairs, taken in name order) into --output-prefix
@@ -73,6 +90,42 @@ int64_t integer_of(const std::string& flag, const std::string& value) {
   return v;
 }
 
+void report_lines(const std::string& input, const PreprocessStats& stats) {
+  if (stats.empty_lines > 0) {
+    std::fprintf(stderr, "preprocess: skipped %llu blank lines\n",
+                 static_cast<unsigned long long>(stats.empty_lines));
+  }
+  if (stats.bad_lines > 0) {
+    std::fprintf(stderr, "preprocess: skipped %llu bad lines (--skip-bad-lines); the first %zu:\n",
+                 static_cast<unsigned long long>(stats.bad_lines), stats.first_bad_lines.size());
+    for (const BadLine& bad : stats.first_bad_lines) {
+      std::fprintf(stderr, "  %s:%llu: %s\n", input.c_str(), static_cast<unsigned long long>(bad.line),
+                   bad.reason.c_str());
+    }
+  }
+}
+
+int report_sft(const SftPreprocessOptions& opt, const SftPreprocessStats& s) {
+  report_lines(opt.base.input, s.lines);
+  const auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+  const double capacity = static_cast<double>(s.packs) * static_cast<double>(opt.seq_length + 1);
+  std::fprintf(stderr,
+               "preprocess --sft: template %s | %llu conversations -> %llu packs of <= %lld tokens | "
+               "%llu tokens, %llu trained | %.1f%% padding\n",
+               s.chat_template.c_str(), u(s.samples), u(s.packs), static_cast<long long>(opt.seq_length + 1),
+               u(s.tokens), u(s.trained_tokens),
+               capacity > 0 ? 100.0 * (1.0 - static_cast<double>(s.tokens) / capacity) : 0.0);
+  if (s.truncated + s.dropped_long + s.dropped_untrained > 0) {
+    std::fprintf(stderr,
+                 "preprocess --sft: longer than --seq-length + 1: %llu truncated, %llu dropped "
+                 "(--drop-long-samples), %llu dropped (nothing left to train after truncation)\n",
+                 u(s.truncated), u(s.dropped_long), u(s.dropped_untrained));
+  }
+  for (const std::string& out : s.outputs) std::fprintf(stderr, "preprocess: wrote %s.bin/.idx\n", out.c_str());
+  std::fprintf(stderr, "preprocess: wrote %s\n", sft_metadata_path(opt.base.output_prefix).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int preprocess(const Args& args) {
@@ -80,7 +133,8 @@ int preprocess(const Args& args) {
   std::vector<std::string> inputs;
   std::string tokenizer_type, tokenizer_model, vocab_file, merge_file;
   int64_t vocab_size = 0;
-  bool merge = false, workers_given = false;
+  bool merge = false, workers_given = false, sft = false, json_keys_given = false;
+  SftPreprocessOptions sft_opt;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -90,6 +144,7 @@ int preprocess(const Args& args) {
       inputs = values_of(args, &i, a, true);
     } else if (a == "--json-keys") {
       opt.json_keys = values_of(args, &i, a, true);
+      json_keys_given = true;
     } else if (a == "--output-prefix") {
       opt.output_prefix = values_of(args, &i, a, false)[0];
     } else if (a == "--tokenizer-type") {
@@ -118,6 +173,15 @@ int preprocess(const Args& args) {
       opt.skip_bad_lines = true;
     } else if (a == "--merge") {
       merge = true;
+    } else if (a == "--sft") {
+      sft = true;
+    } else if (a == "--chat-template") {
+      sft_opt.chat_template = values_of(args, &i, a, false)[0];
+    } else if (a == "--seq-length") {
+      sft_opt.seq_length = integer_of(a, values_of(args, &i, a, false)[0]);
+      if (sft_opt.seq_length < 1) throw UserError("--seq-length must be at least 1");
+    } else if (a == "--drop-long-samples") {
+      sft_opt.long_samples = SftLongSamples::kDrop;
     } else if (a == "--split-sentences" || a == "--keep-newlines" || a == "--lang") {
       throw UserError(a + " is not supported: megatron preprocess does no NLTK sentence splitting. "
                       "Split the text beforehand and give each document as a list of strings "
@@ -132,6 +196,7 @@ int preprocess(const Args& args) {
   if (inputs.empty()) throw UserError("--input is required");
   if (opt.output_prefix.empty()) throw UserError("--output-prefix is required");
 
+  if (merge && sft) throw UserError("--merge and --sft do not go together");
   if (merge) {
     const std::vector<std::string> merged = merge_datasets(inputs, opt.output_prefix);
     std::fprintf(stderr, "preprocess --merge: %zu datasets -> %s.bin/.idx\n", merged.size(),
@@ -147,19 +212,19 @@ int preprocess(const Args& args) {
   if (!workers_given) opt.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   auto tokenizer = make_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size);
-  const PreprocessStats stats = preprocess_jsonl(opt, *tokenizer);
-  if (stats.empty_lines > 0) {
-    std::fprintf(stderr, "preprocess: skipped %llu blank lines\n",
-                 static_cast<unsigned long long>(stats.empty_lines));
-  }
-  if (stats.bad_lines > 0) {
-    std::fprintf(stderr, "preprocess: skipped %llu bad lines (--skip-bad-lines); the first %zu:\n",
-                 static_cast<unsigned long long>(stats.bad_lines), stats.first_bad_lines.size());
-    for (const BadLine& bad : stats.first_bad_lines) {
-      std::fprintf(stderr, "  %s:%llu: %s\n", opt.input.c_str(), static_cast<unsigned long long>(bad.line),
-                   bad.reason.c_str());
+  if (sft) {
+    if (json_keys_given || opt.append_eod || opt.include_special_tokens) {
+      throw UserError("--sft: --json-keys, --append-eod and --tokenizer-hf-include-special-tokens do not apply "
+                      "(the chat template decides every special token)");
     }
+    sft_opt.base = opt;
+    return report_sft(sft_opt, preprocess_sft(sft_opt, *tokenizer));
   }
+  if (sft_opt.seq_length > 0 || sft_opt.chat_template != "auto" || sft_opt.long_samples != SftLongSamples::kTruncate) {
+    throw UserError("--seq-length, --chat-template and --drop-long-samples need --sft");
+  }
+  const PreprocessStats stats = preprocess_jsonl(opt, *tokenizer);
+  report_lines(opt.input, stats);
   for (const std::string& out : stats.outputs) std::fprintf(stderr, "preprocess: wrote %s.bin/.idx\n", out.c_str());
   return 0;
 }

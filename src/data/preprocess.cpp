@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "core/errors.h"
@@ -48,10 +49,10 @@ bool is_blank(std::string_view s) {
   return s.find_first_not_of(" \t\r") == std::string_view::npos;
 }
 
-EncodedBatch encode_batch(const LineBatch& batch, const PreprocessOptions& opt, const Tokenizer& tok) {
+EncodedBatch encode_batch(const LineBatch& batch, size_t num_outputs, const LineEncoder& encode) {
   EncodedBatch out;
   out.bytes = batch.bytes;
-  out.keys.resize(opt.json_keys.size());
+  out.keys.resize(num_outputs);
   std::vector<std::vector<int64_t>> tokens;
   std::vector<std::vector<int32_t>> sentences;
   std::string_view text = batch.text;
@@ -66,8 +67,7 @@ EncodedBatch encode_batch(const LineBatch& batch, const PreprocessOptions& opt, 
       ++out.empty_lines;
       continue;
     }
-    std::string why = encode_jsonl_line(line, opt.json_keys, tok, opt.include_special_tokens,
-                                        opt.append_eod, &tokens, &sentences);
+    std::string why = encode(line, &tokens, &sentences);
     if (!why.empty()) {
       out.bad.push_back({line_no, std::move(why)});
       continue;
@@ -114,8 +114,8 @@ std::string format_duration(double seconds) {
 // every thread, so an exception on the writer side unwinds cleanly.
 class Pipeline {
  public:
-  Pipeline(LineBatchReader& reader, const PreprocessOptions& opt, const Tokenizer& tok)
-      : reader_(reader), opt_(opt), tok_(tok),
+  Pipeline(LineBatchReader& reader, const PreprocessOptions& opt, size_t num_outputs, const LineEncoder& encode)
+      : reader_(reader), num_outputs_(num_outputs), encode_(encode),
         max_in_flight_(4 * static_cast<uint64_t>(opt.workers) + 4) {
     threads_.emplace_back([this] { read_loop(); });
     for (int i = 0; i < opt.workers; ++i) threads_.emplace_back([this] { work_loop(); });
@@ -196,7 +196,7 @@ class Pipeline {
           item = std::move(work_.front());
           work_.pop_front();
         }
-        EncodedBatch encoded = encode_batch(item.second, opt_, tok_);
+        EncodedBatch encoded = encode_batch(item.second, num_outputs_, encode_);
         {
           std::lock_guard<std::mutex> lock(mu_);
           results_.emplace(item.first, std::move(encoded));
@@ -209,8 +209,8 @@ class Pipeline {
   }
 
   LineBatchReader& reader_;
-  const PreprocessOptions& opt_;
-  const Tokenizer& tok_;
+  const size_t num_outputs_;
+  const LineEncoder& encode_;
   const uint64_t max_in_flight_;  // batches read but not yet written: bounds memory
 
   std::mutex mu_;
@@ -288,20 +288,35 @@ PreprocessStats preprocess_jsonl(const PreprocessOptions& opt, const Tokenizer& 
     throw UserError("--append-eod: this tokenizer has no end-of-document token (no EOS); drop the flag "
                     "or use a tokenizer whose tokenizer_config.json names an eos_token");
   }
-  LineBatchReader reader(opt.input, kBatchBytes);  // opens (and checks) the input first
-  make_directories(parent_dir(opt.output_prefix));
-
   const TokenDType dtype = token_dtype_for_vocab(tokenizer.vocab_size());
+  std::vector<LineOutput> outputs;
+  for (const std::string& key : opt.json_keys) {
+    outputs.push_back({preprocess_output_prefix(opt.output_prefix, key), dtype});
+  }
+  return preprocess_lines(opt, outputs, [&](std::string_view line, std::vector<std::vector<int64_t>>* tokens,
+                                            std::vector<std::vector<int32_t>>* sentences) {
+    return encode_jsonl_line(line, opt.json_keys, tokenizer, opt.include_special_tokens, opt.append_eod, tokens,
+                             sentences);
+  });
+}
+
+PreprocessStats preprocess_lines(const PreprocessOptions& opt, const std::vector<LineOutput>& outputs,
+                                 const LineEncoder& encode) {
+  if (outputs.empty()) throw std::invalid_argument("preprocess_lines: no outputs");
+  if (opt.workers < 1) throw UserError("--workers must be at least 1");
+  LineBatchReader reader(opt.input, kBatchBytes);  // opens (and checks) the input first
+  for (const LineOutput& out : outputs) make_directories(parent_dir(out.prefix));
+
   PreprocessStats stats;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
-  for (const std::string& key : opt.json_keys) {
-    stats.outputs.push_back(preprocess_output_prefix(opt.output_prefix, key));
-    builders.push_back(std::make_unique<IndexedDatasetBuilder>(stats.outputs.back(), dtype));
+  for (const LineOutput& out : outputs) {
+    stats.outputs.push_back(out.prefix);
+    builders.push_back(std::make_unique<IndexedDatasetBuilder>(out.prefix, out.dtype));
   }
 
   Progress progress(opt.progress, reader.total_bytes());
   {
-    Pipeline pipeline(reader, opt, tokenizer);
+    Pipeline pipeline(reader, opt, builders.size(), encode);
     EncodedBatch batch;
     while (pipeline.next(&batch)) {
       if (!batch.bad.empty()) {

@@ -8,12 +8,16 @@
 // of batches between reader and writer is bounded, so memory does not grow with the corpus.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "data/indexed_dataset.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megatron {
@@ -51,6 +55,21 @@ struct PreprocessStats {
 // {prefix}_{key}_document: Megatron's output naming without --split-sentences.
 std::string preprocess_output_prefix(const std::string& prefix, const std::string& key);
 
+// The pipeline under preprocess_jsonl, for other line formats (SFT conversations): `encode` turns
+// one non-blank line into per-output sequences exactly as encode_jsonl_line does (tokens[k] and
+// sentences[k] for outputs[k]; "" or why the line is bad) and is called from several threads at
+// once. Each line becomes one document in every output. Uses input, workers, log_interval,
+// skip_bad_lines and progress from `options`; bad lines, blank lines, progress, errors and the
+// all-or-nothing rename behave as in preprocess_jsonl.
+using LineEncoder = std::function<std::string(std::string_view line, std::vector<std::vector<int64_t>>* tokens,
+                                              std::vector<std::vector<int32_t>>* sentences)>;
+struct LineOutput {
+  std::string prefix;  // dataset path prefix (.bin/.idx)
+  TokenDType dtype;
+};
+PreprocessStats preprocess_lines(const PreprocessOptions& options, const std::vector<LineOutput>& outputs,
+                                 const LineEncoder& encode);
+
 // Runs the whole conversion. Throws UserError for bad flags, unreadable input, or (without
 // skip_bad_lines) the first bad line, as "<file>:<line>: <reason>". Output files appear under
 // their final names only when every dataset is complete; on any error none are left behind.
@@ -70,5 +89,11 @@ std::string encode_jsonl_line(std::string_view line, const std::vector<std::stri
                               const Tokenizer& tokenizer, bool include_special_tokens,
                               bool append_eod, std::vector<std::vector<int64_t>>* tokens,
                               std::vector<std::vector<int32_t>>* sentences);
+
+// The first checks of every JSONL line: strict UTF-8, valid JSON, an object. Returns "" and fills
+// `doc`, or why the line is bad (the texts preprocess reports).
+std::string parse_jsonl_object(std::string_view line, nlohmann::json* doc);
+// "a string", "a list", "null", ... for messages about a value of the wrong type.
+const char* json_type_name(const nlohmann::json& value);
 
 }  // namespace megatron

@@ -54,15 +54,6 @@ std::string utf8_error(std::string_view s) {
   return "";
 }
 
-const char* json_type(const nlohmann::json& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "a list";
-  return "an object";
-}
-
 // nlohmann's message without its "[json.exception.parse_error.101] parse error at line 1, "
 // prefix: the line is already named, the column is what helps.
 std::string parse_error_text(const char* what) {
@@ -76,20 +67,34 @@ std::string parse_error_text(const char* what) {
 
 }  // namespace
 
+const char* json_type_name(const nlohmann::json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "a list";
+  return "an object";
+}
+
+std::string parse_jsonl_object(std::string_view line, nlohmann::json* doc) {
+  if (std::string why = utf8_error(line); !why.empty()) return why;
+  try {
+    *doc = nlohmann::json::parse(line.begin(), line.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    return "invalid JSON: " + parse_error_text(e.what());
+  }
+  if (!doc->is_object()) return std::string("not a JSON object but ") + json_type_name(*doc);
+  return "";
+}
+
 std::string encode_jsonl_line(std::string_view line, const std::vector<std::string>& json_keys,
                               const Tokenizer& tokenizer, bool include_special_tokens,
                               bool append_eod, std::vector<std::vector<int64_t>>* tokens,
                               std::vector<std::vector<int32_t>>* sentences) {
   tokens->assign(json_keys.size(), {});
   sentences->assign(json_keys.size(), {});
-  if (std::string why = utf8_error(line); !why.empty()) return why;
   nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(line.begin(), line.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    return "invalid JSON: " + parse_error_text(e.what());
-  }
-  if (!doc.is_object()) return std::string("not a JSON object but ") + json_type(doc);
+  if (std::string why = parse_jsonl_object(line, &doc); !why.empty()) return why;
 
   std::optional<int64_t> eod;
   if (append_eod) {
@@ -107,13 +112,13 @@ std::string encode_jsonl_line(std::string_view line, const std::vector<std::stri
       for (size_t j = 0; j < it->size(); ++j) {
         const nlohmann::json& element = (*it)[j];
         if (!element.is_string()) {
-          return "key \"" + key + "\": list element " + std::to_string(j) + " is " + json_type(element) +
+          return "key \"" + key + "\": list element " + std::to_string(j) + " is " + json_type_name(element) +
                  ", expected a string";
         }
         texts.push_back(element.get_ptr<const std::string*>());
       }
     } else {
-      return "key \"" + key + "\" is " + json_type(*it) + ", expected a string (or a list of strings)";
+      return "key \"" + key + "\" is " + json_type_name(*it) + ", expected a string (or a list of strings)";
     }
     std::vector<int64_t>& out = (*tokens)[k];
     std::vector<int32_t>& lens = (*sentences)[k];
