@@ -108,7 +108,6 @@ int generate(const Args& args) {
   std::fprintf(stderr, "> %s: %zu prompt tokens, sampling %s\n", dir.c_str(), prompt.size(),
                o.greedy ? "greedily" : "with temperature / top-k / top-p");
   std::fputs(values["--prompt"].c_str(), stdout);
-  if (data.tokenizer_type == "NullTokenizer") std::fputs(" ", stdout);  // ids are space-separated text
   // Decode prompt + continuation each time and print what is new: tokenizers that drop a
   // leading space (SentencePiece) and characters split across tokens then come out right.
   std::vector<int64_t> all = prompt;

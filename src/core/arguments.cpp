@@ -76,6 +76,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"data-path", Kind::StringList, &d.data_path, "indexed dataset prefix(es): PREFIX or W1 PREFIX1 W2 PREFIX2 ..."},
       {"split", Kind::String, &d.split, "train,valid,test proportions"},
       {"mock-data", Kind::Bool, &d.mock_data, "synthetic data instead of --data-path"},
+      {"sft", Kind::Bool, &d.sft, "supervised fine-tuning on a packed dataset from `megatron preprocess --sft`"},
       {"data-cache-path", Kind::String, &d.data_cache_path, "directory for the dataset index caches"},
       {"reset-position-ids", Kind::Bool, &d.reset_position_ids, "restart position ids after each end-of-document"},
       {"reset-attention-mask", Kind::Bool, &d.reset_attention_mask, "no attention across end-of-document"},
@@ -363,6 +364,7 @@ void finalize_config(Config& c, int world_size) {
     throw UserError("--mock-data and --data-path contradict each other: pass one of them");
   }
   if (!d.mock_data && d.data_path.empty()) throw UserError("pass --data-path PREFIX or --mock-data");
+  if (d.sft && d.mock_data) throw UserError("--sft trains on a packed dataset: pass --data-path, not --mock-data");
   if (d.tokenizer_type.empty()) d.tokenizer_type = "NullTokenizer";
   if (d.tokenizer_type == "NullTokenizer" && m.vocab_size <= 0) {
     throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");

@@ -63,6 +63,7 @@ struct DataConfig {
   std::vector<std::string> data_path;   // prefixes of .bin/.idx (optionally weighted)
   std::string split = "969, 30, 1";
   bool mock_data = false;
+  bool sft = false;                     // --data-path is a packed SFT dataset (preprocess --sft)
   std::string data_cache_path;          // where GPTDataset index caches go ("": next to the data)
   bool reset_position_ids = false;
   bool reset_attention_mask = false;

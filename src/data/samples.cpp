@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "data/gpt_sample_source.h"
+#include "data/sft_samples.h"
 
 namespace megatron {
 namespace {
@@ -57,6 +58,7 @@ std::unique_ptr<SampleSource> make_sample_source(const Config& c, Split split) {
     const uint64_t seed = static_cast<uint64_t>(c.train.seed) * 3 + static_cast<uint64_t>(split);
     return std::make_unique<MockSamples>(seed, c.model.vocab_size, eod, c.model.seq_length);
   }
+  if (c.data.sft) return make_sft_sample_source(c, split);
   return make_gpt_sample_source(gpt_data_options(c, c.data.data_cache_path), split);
 }
 

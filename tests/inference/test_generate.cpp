@@ -34,10 +34,16 @@ TEST(Sampling, GreedyTopKTopPAndTemperature) {
   std::set<int64_t> seen;
   for (int i = 0; i < 300; ++i) seen.insert(sample_next_token(logits, top3, gen));
   EXPECT_EQ(seen, (std::set<int64_t>{1, 2, 4}));
+  // softmax probabilities: id 1 0.369, id 4 0.334, id 2 0.224, id 0 0.055, id 3 0.018.
   SamplingOptions p90;
-  p90.top_p = 0.9;  // softmax: ids 1, 4, 2 hold about 0.88 together, id 0 completes 0.9
+  p90.top_p = 0.9;  // ids 1, 4 hold 0.703 < 0.9, so id 2 joins; with it 0.926 >= 0.9: no more
   seen.clear();
   for (int i = 0; i < 400; ++i) seen.insert(sample_next_token(logits, p90, gen));
+  EXPECT_EQ(seen, (std::set<int64_t>{1, 2, 4}));
+  SamplingOptions p95;
+  p95.top_p = 0.95;  // 0.926 < 0.95 lets id 0 in; then 0.982: id 3 stays out
+  seen.clear();
+  for (int i = 0; i < 600; ++i) seen.insert(sample_next_token(logits, p95, gen));
   EXPECT_EQ(seen, (std::set<int64_t>{0, 1, 2, 4}));
 }
 
