@@ -4,6 +4,10 @@ SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+# Hash paths relative to the checkout and ignore the build directory's location, so a fresh
+# clone elsewhere (CI) reuses the compile cache of an earlier build.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := true
 
 .PHONY: setup configure build test demo clean
 

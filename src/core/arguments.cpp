@@ -431,7 +431,6 @@ void finalize_config(Config& c, int world_size) {
   if (t.log_interval <= 0) throw UserError("--log-interval must be positive");
   if (t.eval_interval < 0 || t.eval_iters < 0) throw UserError("--eval-interval and --eval-iters must be >= 0");
   if (t.save_interval < 0 || t.exit_interval < 0) throw UserError("--save-interval and --exit-interval must be >= 0");
-  if (t.save_interval > 0 && t.save.empty()) throw UserError("--save-interval needs --save DIR");
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda") {
     throw UserError("--device must be auto, cpu or cuda (got '" + t.device + "')");
   }

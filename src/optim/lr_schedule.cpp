@@ -14,11 +14,11 @@ double LearningRateSchedule::at(int64_t step) const {
     return c_.lr_warmup_init + (max_lr - c_.lr_warmup_init) * double(step) / double(warmup);
   }
   if (c_.lr_decay_style == "constant") return max_lr;
+  if (step > decay) return min_lr;
   if (c_.lr_decay_style == "inverse-square-root") {
     const double w = std::max<int64_t>(warmup, 1), n = std::max<int64_t>(step, 1);
     return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(n));
   }
-  if (step > decay) return min_lr;
   const double ratio = double(step - warmup) / double(decay - warmup);
   double coeff = 1.0;
   if (c_.lr_decay_style == "linear") {

@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/errors.h"
 #include "data/batch.h"
+#include "data/prefetcher.h"
 #include "data/samples.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
@@ -74,6 +75,7 @@ class Trainer {
   std::unique_ptr<GPTModel> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
+  std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
@@ -106,6 +108,11 @@ int Trainer::run() {
 
   train_data_ = make_sample_source(c_, Split::Train);
   valid_data_ = make_sample_source(c_, Split::Valid);
+  train_batches_ = std::make_unique<BatchPrefetcher>(
+      [this](int64_t first) {
+        return make_batch(*train_data_, first, t_.micro_batch_size, c_.model.seq_length, c_.model.vocab_size, ltor_);
+      },
+      t_.micro_batch_size);
 
   std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
@@ -137,7 +144,7 @@ int Trainer::run() {
     at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
     for (int64_t k = 0; k < micro_batches; ++k) {
       const int64_t first = progress_.consumed_train_samples + k * t_.micro_batch_size;
-      Batch batch = to_device(make_batch(*train_data_, first, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_), device_);
+      Batch batch = to_device(train_batches_->get(first), device_);
       at::Tensor loss = model_->loss(batch) / double(micro_batches);
       loss.backward();
       optimizer_->accumulate_grads();

@@ -3,6 +3,8 @@
 // A missing venv fails the test; it never skips it.
 #pragma once
 
+#include "support/test_support.h"
+
 #include <dirent.h>
 #include <glob.h>
 #include <sys/stat.h>
@@ -21,46 +23,11 @@ namespace reference {
 
 inline bool path_exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
-inline std::string source_dir() {
-#ifdef MEGATRON_SOURCE_DIR
-  return MEGATRON_SOURCE_DIR;
-#else
-  const char* env = std::getenv("MEGATRON_SOURCE_DIR");
-  return env != nullptr ? env : ".";
-#endif
-}
+inline std::string source_dir() { return test::source_dir(); }
 
-// $MEGATRON_VENV when set and non-empty (CTest passes an empty one when unconfigured), else the
-// first ~/.cache/megatron.cpp/venv-* holding megatron-core, else the first venv-* at all.
-inline std::string venv_python() {
-  const char* env = std::getenv("MEGATRON_VENV");
-  if (env != nullptr && *env != '\0') return std::string(env) + "/bin/python";
-  const char* home = std::getenv("HOME");
-  if (home == nullptr) return "";
-  std::string first, with_megatron;
-  glob_t g;
-  const std::string pattern = std::string(home) + "/.cache/megatron.cpp/venv-*";
-  if (::glob(pattern.c_str(), GLOB_ONLYDIR, nullptr, &g) == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) {
-      const std::string venv = g.gl_pathv[i];
-      if (first.empty()) first = venv;
-      glob_t m;
-      const std::string probe = venv + "/lib/python*/site-packages/megatron/core/datasets";
-      const bool has = ::glob(probe.c_str(), GLOB_ONLYDIR, nullptr, &m) == 0 && m.gl_pathc > 0;
-      ::globfree(&m);
-      if (has && with_megatron.empty()) with_megatron = venv;
-    }
-  }
-  ::globfree(&g);
-  const std::string venv = with_megatron.empty() ? first : with_megatron;
-  return venv.empty() ? "" : venv + "/bin/python";
-}
+inline std::string venv_python() { return test::venv_python(); }
 
-inline std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+inline std::string shell_quote(const std::string& s) { return test::shell_quote(s); }
 
 // Runs tests/data/<script> with args in the venv. Returns "" on success, else why it failed, for
 // the caller to assert on in every test (a failed reference fails the tests, never skips them;

@@ -16,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/test_support.h"
+
 #include "core/errors.h"
 #include "data/indexed_dataset.h"
 
@@ -338,35 +340,9 @@ TEST_F(IndexedDatasetTest, MergeEqualsDirectBuild) {
 
 // ---- Cross-check against numpy (the way Megatron-LM writes datasets) ------------------------
 
-std::string source_dir() {
-#ifdef MEGATRON_SOURCE_DIR
-  return MEGATRON_SOURCE_DIR;
-#else
-  const char* env = std::getenv("MEGATRON_SOURCE_DIR");
-  return env != nullptr ? env : "";
-#endif
-}
-
-// $MEGATRON_VENV, else the project venv under ~/.cache/megatron.cpp; "" if there is none.
-std::string venv_python() {
-  if (const char* env = std::getenv("MEGATRON_VENV")) return std::string(env) + "/bin/python";
-  const char* home = std::getenv("HOME");
-  if (home == nullptr) return "";
-  glob_t g;
-  std::string pattern = std::string(home) + "/.cache/megatron.cpp/venv-*";
-  std::string found;
-  if (::glob(pattern.c_str(), GLOB_ONLYDIR, nullptr, &g) == 0 && g.gl_pathc > 0) {
-    found = std::string(g.gl_pathv[0]) + "/bin/python";
-  }
-  ::globfree(&g);
-  return found;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using test::source_dir;
+using test::venv_python;
+std::string quote(const std::string& s) { return test::shell_quote(s); }
 
 // Runs make_indexed_reference.py with `args`; fails the test (never skips) if it cannot run.
 void run_reference(const std::string& args) {

@@ -3,6 +3,8 @@
 // reference_ids.py, and the test texts (multilingual, code, special tokens, random Unicode).
 #pragma once
 
+#include "support/test_support.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,32 +30,11 @@ inline bool path_exists(const std::string& p) {
 
 // $MEGATRON_VENV, else the first ~/.cache/megatron.cpp/venv-* holding bin/python; "" if none.
 inline std::string find_venv() {
-  if (const char* env = std::getenv("MEGATRON_VENV"); env != nullptr && *env != '\0') return env;
-  const char* home = std::getenv("HOME");
-  if (home == nullptr) return "";
-  namespace fs = std::filesystem;
-  fs::path root = fs::path(home) / ".cache" / "megatron.cpp";
-  std::vector<std::string> venvs;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind("venv-", 0) == 0 && fs::exists(entry.path() / "bin" / "python")) {
-      venvs.push_back(entry.path().string());
-    }
-  }
-  std::sort(venvs.begin(), venvs.end());
-  return venvs.empty() ? "" : venvs.front();
+  const std::string python = test::venv_python();  // <venv>/bin/python
+  return python.empty() ? "" : python.substr(0, python.size() - std::string("/bin/python").size());
 }
 
-// The build defines MEGATRON_SOURCE_DIR; a hand-compiled test can export it or run from the root.
-inline std::string source_dir() {
-#ifdef MEGATRON_SOURCE_DIR
-  return MEGATRON_SOURCE_DIR;
-#else
-  if (const char* env = std::getenv("MEGATRON_SOURCE_DIR"); env != nullptr && *env != '\0') return env;
-  return ".";
-#endif
-}
+inline std::string source_dir() { return test::source_dir(); }
 
 inline std::string run_command(const std::string& cmd, int* status) {
   std::string out;

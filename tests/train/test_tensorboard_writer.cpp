@@ -3,6 +3,8 @@
 #include "train/tensorboard_writer.h"
 
 #include <gtest/gtest.h>
+
+#include "support/test_support.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,45 +94,14 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using test::shell_quote;
 
-// $MEGATRON_VENV, else the first ~/.cache/megatron.cpp/venv-* holding bin/python; "" if none.
 std::string find_venv() {
-  if (const char* env = std::getenv("MEGATRON_VENV"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  const char* home = std::getenv("HOME");
-  if (home == nullptr) return "";
-  const fs::path cache = fs::path(home) / ".cache" / "megatron.cpp";
-  std::error_code ec;
-  std::vector<std::string> venvs;
-  for (const auto& entry : fs::directory_iterator(cache, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("venv-", 0) == 0 && fs::exists(entry.path() / "bin" / "python")) {
-      venvs.push_back(entry.path().string());
-    }
-  }
-  std::sort(venvs.begin(), venvs.end());
-  return venvs.empty() ? "" : venvs.front();
+  const std::string python = test::venv_python();  // <venv>/bin/python
+  return python.empty() ? "" : python.substr(0, python.size() - std::string("/bin/python").size());
 }
 
-// The build defines MEGATRON_SOURCE_DIR; a hand-compiled test can use the env var or run
-// from the repository root.
-std::string find_source_dir() {
-#ifdef MEGATRON_SOURCE_DIR
-  return MEGATRON_SOURCE_DIR;
-#else
-  if (const char* env = std::getenv("MEGATRON_SOURCE_DIR"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  if (fs::exists("tests/train/read_tensorboard.py")) return fs::current_path().string();
-  return "";
-#endif
-}
+std::string find_source_dir() { return test::source_dir(); }
 
 TEST(TensorBoardCrc32c, KnownVectors) {
   EXPECT_EQ(crc_of(""), 0x00000000u);

@@ -1,0 +1,38 @@
+// Every recipe in examples/ parses and passes the configuration checks (model recipes that
+// name a real tokenizer are checked with the NullTokenizer and the vocabulary they would have).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/arguments.h"
+#include "support/test_support.h"
+
+namespace megatron {
+namespace {
+
+TEST(Recipes, EveryExampleIsValid) {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(test::source_dir() + "/examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    Config c = parse_train_arguments({"--config", entry.path().string(), "--mock-data", "--tokenizer-type",
+                                      "NullTokenizer", "--vocab-size", "128255"});
+    EXPECT_NO_THROW(finalize_config(c, 1)) << entry.path();
+    EXPECT_GT(c.model.num_layers, 0) << entry.path();
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+}
+
+TEST(Recipes, Llama3And8BShapes) {
+  Config c = parse_train_arguments({"--config", test::source_dir() + "/examples/llama3-8b.yaml", "--mock-data",
+                                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"});
+  finalize_config(c, 1);
+  EXPECT_EQ(c.model.padded_vocab_size, 128256);
+  EXPECT_EQ(c.model.kv_channels, 128);
+  EXPECT_EQ(c.model.num_query_groups, 8);
+  EXPECT_TRUE(c.model.swiglu);
+  EXPECT_EQ(c.model.normalization, "RMSNorm");
+}
+
+}  // namespace
+}  // namespace megatron
