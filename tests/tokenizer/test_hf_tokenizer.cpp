@@ -23,6 +23,9 @@ struct Model {
   bool nfc;
 };
 
+// Shown by gtest and ctest instead of the struct's bytes.
+void PrintTo(const Model& model, std::ostream* os) { *os << model.name; }
+
 std::vector<std::string> all_texts() {
   std::vector<std::string> texts = handwritten_texts();
   for (auto& t : random_texts(400, 1234)) texts.push_back(t);
