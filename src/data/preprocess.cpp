@@ -3,7 +3,7 @@
 #include "data/preprocess.h"
 
 #include <dirent.h>
-#include <sys/stat.h>
+#include <filesystem>
 
 #include <algorithm>
 #include <chrono>
@@ -261,14 +261,15 @@ std::string parent_dir(const std::string& prefix) {
   return slash == 0 ? "/" : prefix.substr(0, slash);
 }
 
+// std::filesystem's checks, without exceptions: an unreadable path is simply "not one".
 bool is_directory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
 }
 
 bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Reading tokenizer.json (+ tokenizer_config.json) into an HfTokenizer. Every problem with the
 // files is a UserError naming the file and saying what to do.
-#include <sys/stat.h>
+#include <filesystem>
 
 #include <fstream>
 #include <sstream>
@@ -17,14 +17,15 @@ namespace {
 
 using nlohmann::json;
 
+// std::filesystem's checks, without exceptions: an unreadable path is simply "not one".
 bool is_directory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
 }
 
 bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
 }
 
 std::string read_whole(const std::string& path) {
