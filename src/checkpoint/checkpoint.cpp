@@ -38,7 +38,27 @@ nlohmann::json model_summary(const ModelConfig& m) {
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights}};
 }
 
+nlohmann::json layout_summary(const Config& c, const dist::ParallelState& ps) {
+  return {{"tensor_model_parallel_size", ps.tp.size()},
+          {"pipeline_model_parallel_size", ps.pp.size()},
+          {"data_parallel_size", ps.dp.size()},
+          {"use_distributed_optimizer", c.parallel.use_distributed_optimizer}};
+}
+
 }  // namespace
+
+std::string checkpoint_file(const std::string& kind, const dist::ParallelState& ps, bool distributed_optimizer) {
+  if (ps.world_size == 1) return kind + ".safetensors";
+  char name[96];
+  if (kind == "rng") {
+    std::snprintf(name, sizeof(name), "rng_rank%05d.safetensors", ps.rank);
+  } else if (kind == "optimizer" && distributed_optimizer) {
+    std::snprintf(name, sizeof(name), "optimizer_tp%02d_pp%03d_dp%03d.safetensors", ps.tp.rank(), ps.pp.rank(), ps.dp.rank());
+  } else {
+    std::snprintf(name, sizeof(name), "%s_tp%02d_pp%03d.safetensors", kind.c_str(), ps.tp.rank(), ps.pp.rank());
+  }
+  return name;
+}
 
 std::string iteration_directory(const std::string& save_dir, int64_t iteration) {
   char name[32];
@@ -47,26 +67,42 @@ std::string iteration_directory(const std::string& save_dir, int64_t iteration) 
 }
 
 void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
-                     const AdamW& optimizer, const Config& config) {
-  make_directories(save_dir);
+                     const AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
+  const bool leader = ps.rank == 0;
+  const bool distributed_optimizer = config.parallel.use_distributed_optimizer;
   const std::string final_dir = iteration_directory(save_dir, progress.iteration);
-  const std::string tmp_dir = temporary_name(final_dir);
+  // Every rank writes into the same temporary directory, so its name cannot hold a pid.
+  const std::string tmp_dir = ps.world_size == 1 ? temporary_name(final_dir) : final_dir + ".tmp";
   std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  make_directories(tmp_dir);
+  if (leader) {
+    make_directories(save_dir);
+    fs::remove_all(tmp_dir, ec);
+    make_directories(tmp_dir);
+  }
+  ps.world.barrier();
 
-  std::vector<SafetensorsEntry> weights;
-  for (const auto& p : model.named_parameters()) weights.push_back({p.key(), p.value()});
-  save_safetensors(tmp_dir + "/model.safetensors", weights, {{"format", "megatron.cpp"}});
-
-  std::vector<SafetensorsEntry> optim;
-  for (const auto& t : optimizer.state()) optim.push_back({t.name, t.tensor});
-  save_safetensors(tmp_dir + "/optimizer.safetensors", optim);
-
+  if (ps.dp.rank() == 0) {
+    std::vector<SafetensorsEntry> weights;
+    for (const auto& p : model.named_parameters()) weights.push_back({p.key(), p.value()});
+    save_safetensors(tmp_dir + "/" + checkpoint_file("model", ps, distributed_optimizer), weights,
+                     {{"format", "megatron.cpp"},
+                      {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
+                      {"tensor_parallel_size", std::to_string(ps.tp.size())}});
+  }
+  if (ps.dp.rank() == 0 || distributed_optimizer) {
+    std::vector<SafetensorsEntry> optim;
+    for (const auto& t : optimizer.state()) optim.push_back({t.name, t.tensor});
+    save_safetensors(tmp_dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer), optim);
+  }
   std::vector<SafetensorsEntry> rng;
   auto gens = generators();
   for (size_t i = 0; i < gens.size(); ++i) rng.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
-  save_safetensors(tmp_dir + "/rng.safetensors", rng);
+  save_safetensors(tmp_dir + "/" + checkpoint_file("rng", ps, distributed_optimizer), rng);
+  ps.world.barrier();  // every part is written (and fsynced) before the directory is published
+  if (!leader) {
+    ps.world.barrier();
+    return;
+  }
 
   nlohmann::json state = {{"format_version", kFormatVersion},
                           {"iteration", progress.iteration},
@@ -77,6 +113,7 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
                           {"model", model_summary(config.model)},
                           {"model_config", model_config_to_json(config.model)},
                           {"tokenizer", tokenizer_config_to_json(config.data)},
+                          {"parallel", layout_summary(config, ps)},
                           {"bf16", config.train.bf16}};
   write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
   fsync_path(tmp_dir);
@@ -92,6 +129,7 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   }
   fsync_path(save_dir);
   write_file_atomic((fs::path(save_dir) / kTracker).string(), std::to_string(progress.iteration) + "\n");
+  ps.world.barrier();
 }
 
 std::string latest_checkpoint_directory(const std::string& load_dir) {
@@ -121,9 +159,9 @@ nlohmann::json read_checkpoint_state(const std::string& dir) {
   return state;
 }
 
-void load_model_weights(const std::string& dir, GPTModel& model) {
+void load_model_weights(const std::string& dir, GPTModel& model, const dist::ParallelState& ps) {
   at::NoGradGuard no_grad;
-  SafetensorsFile weights(dir + "/model.safetensors");
+  SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));
   for (auto& p : model.named_parameters()) {
     at::Tensor saved = weights.view(p.key());
     if (!saved.sizes().equals(p.value().sizes())) {
@@ -135,7 +173,7 @@ void load_model_weights(const std::string& dir, GPTModel& model) {
 }
 
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
-                                                const Config& config) {
+                                                const Config& config, const dist::ParallelState& ps) {
   const std::string dir = latest_checkpoint_directory(load_dir);
   if (dir.empty()) {
     std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
@@ -147,17 +185,30 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
     throw UserError(dir + ": the checkpoint's model (" + state["model"].dump() + ") differs from the configured one (" +
                     expected.dump() + "); use the same model flags as the run that saved it");
   }
-  load_model_weights(dir, model);
+  const nlohmann::json saved_layout = state.value("parallel", layout_summary(config, dist::ParallelState::single()));
+  const nlohmann::json layout = layout_summary(config, ps);
+  const bool distributed_optimizer = config.parallel.use_distributed_optimizer;
+  for (const char* key : {"tensor_model_parallel_size", "pipeline_model_parallel_size", "use_distributed_optimizer"}) {
+    if (saved_layout.at(key) != layout.at(key) ||
+        (distributed_optimizer && saved_layout.at("data_parallel_size") != layout.at("data_parallel_size"))) {
+      throw UserError(dir + " was saved with the parallel layout " + saved_layout.dump() + ", this run has " + layout.dump() +
+                      ": resume with the same tensor- and pipeline-parallel sizes (and data-parallel size with "
+                      "--use-distributed-optimizer)");
+    }
+  }
+  load_model_weights(dir, model, ps);
   if (config.train.no_load_optim) {
     optimizer.reset_from_model();
   } else {
-    SafetensorsFile optim(dir + "/optimizer.safetensors");
+    SafetensorsFile optim(dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer));
     std::vector<NamedTensor> tensors;
     for (const auto& name : optim.names()) tensors.push_back({name, optim.view(name)});
     optimizer.load_state(tensors, /*load_moments=*/true);
   }
   if (!config.train.no_load_rng) {
-    SafetensorsFile rng(dir + "/rng.safetensors");
+    const std::string rng_file = dir + "/" + checkpoint_file("rng", ps, distributed_optimizer);
+    if (!fs::exists(rng_file)) throw UserError(rng_file + " is missing: resume with the same number of ranks or pass --no-load-rng");
+    SafetensorsFile rng(rng_file);
     auto gens = generators();
     for (size_t i = 0; i < gens.size(); ++i) {
       const char* name = i == 0 ? "cpu" : "cuda";
@@ -170,7 +221,9 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
   progress.consumed_valid_samples = state.at("consumed_valid_samples").get<int64_t>();
   progress.skipped_iterations = state.value("skipped_iterations", int64_t(0));
   progress.nan_iterations = state.value("nan_iterations", int64_t(0));
-  std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));
+  if (ps.rank == 0) {
+    std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));
+  }
   return progress;
 }
 

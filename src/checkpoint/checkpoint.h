@@ -1,11 +1,16 @@
-// Training checkpoints of a single process: model weights, optimizer state (fp32 masters and
-// Adam moments), RNG states and the training position, in safetensors files plus a JSON file.
+// Training checkpoints: model weights, optimizer state (fp32 masters and Adam moments), RNG
+// states and the training position, in safetensors files plus a JSON file.
 //
 //   <save>/iter_0000100/model.safetensors      parameters under Megatron-Core names
 //   <save>/iter_0000100/optimizer.safetensors  "<param>.master|exp_avg|exp_avg_sq", "step"
 //   <save>/iter_0000100/rng.safetensors        generator states
-//   <save>/iter_0000100/state.json             iteration, consumed samples, counters, config
+//   <save>/iter_0000100/state.json             iteration, consumed samples, counters, config, layout
 //   <save>/latest_checkpointed_iteration.txt   written last
+//
+// A parallel job writes one file per part instead: model_tpTT_ppPPP.safetensors (this TP
+// rank's shards, from DP rank 0), optimizer_tpTT_ppPPP.safetensors (or ..._dpDDD with the
+// distributed optimizer, one per DP shard) and rng_rankRRRRR.safetensors. Loading needs the
+// same TP and PP (and DP with the distributed optimizer).
 //
 // An iteration directory is assembled under a temporary name and renamed when complete; the
 // tracker file is replaced atomically afterwards, so a crash never leaves a partial checkpoint
@@ -19,6 +24,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "dist/parallel_state.h"
 
 namespace megatron {
 
@@ -40,15 +46,22 @@ std::string latest_checkpoint_directory(const std::string& load_dir);
 // state.json of an iteration directory (format version checked).
 nlohmann::json read_checkpoint_state(const std::string& iteration_dir);
 // The model weights of an iteration directory, shapes checked.
-void load_model_weights(const std::string& iteration_dir, GPTModel& model);
+void load_model_weights(const std::string& iteration_dir, GPTModel& model,
+                        const dist::ParallelState& ps = dist::ParallelState::single());
 
+// Collective: every rank of `ps` calls it.
 void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
-                     const AdamW& optimizer, const Config& config);
+                     const AdamW& optimizer, const Config& config,
+                     const dist::ParallelState& ps = dist::ParallelState::single());
 
 // Loads the latest checkpoint under `load_dir` into model and optimizer (and the RNGs unless
 // --no-load-rng). Returns nothing, after saying so, when the directory has no checkpoint yet
 // (as Megatron, a fresh start); throws UserError on a missing, truncated or mismatching one.
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
-                                                const Config& config);
+                                                const Config& config,
+                                                const dist::ParallelState& ps = dist::ParallelState::single());
+
+// The file of one part of a checkpoint ("model", "optimizer" or "rng") this rank writes/reads.
+std::string checkpoint_file(const std::string& kind, const dist::ParallelState& ps, bool distributed_optimizer);
 
 }  // namespace megatron

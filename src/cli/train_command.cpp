@@ -14,8 +14,9 @@ int train(const Args& args) {
     }
   }
   Config config = parse_train_arguments(args);
-  finalize_config(config, /*world_size=*/1);
-  return run_training(config);
+  const dist::LaunchEnv env = dist::launch_env_from_environment();
+  finalize_config(config, env.world_size);
+  return run_training(config, env);
 }
 
 }  // namespace megatron::cli

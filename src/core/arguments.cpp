@@ -65,13 +65,18 @@ std::vector<Flag> train_flags(Config& c) {
       {"init-method-std", Kind::Double, &m.init_method_std, "standard deviation of the weight init"},
       {"hidden-dropout", Kind::Double, &m.hidden_dropout, "dropout after attention and MLP"},
       {"attention-dropout", Kind::Double, &m.attention_dropout, "dropout on attention probabilities"},
-      // parallelism (multi-process layouts arrive with the distributed issue)
+      // parallelism
       {"tensor-model-parallel-size", Kind::Int, &p.tensor_model_parallel_size, "tensor-parallel size"},
       {"pipeline-model-parallel-size", Kind::Int, &p.pipeline_model_parallel_size, "pipeline-parallel size"},
       {"context-parallel-size", Kind::Int, &p.context_parallel_size, "context-parallel size"},
       {"expert-model-parallel-size", Kind::Int, &p.expert_model_parallel_size, "expert-parallel size"},
       {"sequence-parallel", Kind::Bool, &p.sequence_parallel, "sequence parallelism (with TP)"},
       {"use-distributed-optimizer", Kind::Bool, &p.use_distributed_optimizer, "shard optimizer state over data-parallel ranks"},
+      {"overlap-grad-reduce", Kind::Bool, &p.overlap_grad_reduce, "reduce gradient buckets during backward"},
+      {"overlap-param-gather", Kind::Bool, &p.overlap_param_gather, "(accepted; parameters are gathered after the step)"},
+      {"ddp-bucket-size", Kind::Int64, &p.ddp_bucket_size, "elements per gradient bucket (default max(40M, 1M x DP))"},
+      {"distributed-backend", Kind::String, &p.distributed_backend, "nccl or gloo (default: nccl on CUDA, gloo on CPU)"},
+      {"distributed-timeout-minutes", Kind::Double, &p.distributed_timeout_minutes, "rendezvous and collective timeout"},
       // data
       {"data-path", Kind::StringList, &d.data_path, "indexed dataset prefix(es): PREFIX or W1 PREFIX1 W2 PREFIX2 ..."},
       {"split", Kind::String, &d.split, "train,valid,test proportions"},
@@ -391,6 +396,35 @@ void finalize_config(Config& c, int world_size) {
   }
   p.data_parallel_size = world_size / model_parallel;
   if (p.sequence_parallel && p.tensor_model_parallel_size == 1) p.sequence_parallel = false;  // as Megatron
+  if (p.pipeline_model_parallel_size > 1) {
+    throw UserError("--pipeline-model-parallel-size " + std::to_string(p.pipeline_model_parallel_size) +
+                    ": pipeline parallelism is not implemented yet; use tensor and data parallelism");
+  }
+  if (p.context_parallel_size > 1) {
+    throw UserError("--context-parallel-size " + std::to_string(p.context_parallel_size) +
+                    ": context parallelism is not implemented yet; use tensor (with --sequence-parallel) and data parallelism");
+  }
+  if (p.expert_model_parallel_size > 1) {
+    throw UserError("--expert-model-parallel-size needs mixture-of-experts layers, which megatron.cpp does not have yet");
+  }
+  const int tp = p.tensor_model_parallel_size;
+  for (auto [flag, v] : {std::pair<const char*, int>{"num-attention-heads", m.num_attention_heads},
+                         {"num-query-groups", m.num_query_groups},
+                         {"ffn-hidden-size", m.ffn_hidden_size}}) {
+    if (v % tp != 0) {
+      throw UserError(std::string("--") + flag + " " + std::to_string(v) + " is not divisible by --tensor-model-parallel-size " +
+                      std::to_string(tp) + ": tensor parallelism splits it across ranks");
+    }
+  }
+  if (p.sequence_parallel && m.seq_length % tp != 0) {
+    throw UserError("--seq-length " + std::to_string(m.seq_length) + " is not divisible by --tensor-model-parallel-size " +
+                    std::to_string(tp) + ", which --sequence-parallel needs");
+  }
+  if (!p.distributed_backend.empty() && p.distributed_backend != "nccl" && p.distributed_backend != "gloo") {
+    throw UserError("--distributed-backend must be nccl or gloo (got '" + p.distributed_backend + "')");
+  }
+  if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
+  if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
 
   // Batches.
   const int64_t per_step = int64_t(t.micro_batch_size) * p.data_parallel_size;

@@ -56,6 +56,11 @@ struct ParallelConfig {
   int expert_model_parallel_size = 1;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = false;   // reduce gradient buckets while backward runs
+  bool overlap_param_gather = false;  // accepted for Megatron scripts; the all-gather runs after the step
+  int64_t ddp_bucket_size = 0;        // elements per gradient bucket; 0: max(40M, 1M x DP) as Megatron
+  std::string distributed_backend;    // nccl | gloo; "": nccl on CUDA, gloo on CPU
+  double distributed_timeout_minutes = 10.0;
   int data_parallel_size = 1;    // derived: world / (tp * pp * cp)
 };
 

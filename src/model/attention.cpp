@@ -4,17 +4,20 @@
 
 namespace megatron {
 
-SelfAttention::SelfAttention(const ModelConfig& c)
-    : heads_(c.num_attention_heads),
-      groups_(c.num_query_groups),
+SelfAttention::SelfAttention(const ModelConfig& c, const tp::TensorParallel& tp)
+    : heads_(c.num_attention_heads / tp.size()),
+      groups_(c.num_query_groups / tp.size()),
       head_dim_(c.kv_channels),
       attention_dropout_(c.attention_dropout),
       norm_epsilon_(c.norm_epsilon),
       norm_kind_(norm_kind_from_name(c.normalization)) {
-  const int64_t qkv_out = (heads_ + 2 * groups_) * head_dim_;
-  linear_qkv = register_module("linear_qkv", std::make_shared<LayerNormLinear>(
-      c.hidden_size, qkv_out, c.add_bias_linear || c.add_qkv_bias, norm_kind_, c.norm_epsilon));
-  linear_proj = register_module("linear_proj", std::make_shared<Linear>(heads_ * head_dim_, c.hidden_size, c.add_bias_linear));
+  TORCH_CHECK(c.num_query_groups % tp.size() == 0, "query groups do not split across tensor-parallel ranks");
+  // Per query group: its query heads, one key head, one value head; TP ranks take whole groups.
+  const int64_t qkv_out = int64_t(c.num_attention_heads + 2 * c.num_query_groups) * head_dim_;
+  linear_qkv = register_module("linear_qkv", std::make_shared<tp::LayerNormColumnParallelLinear>(
+      c.hidden_size, qkv_out, c.add_bias_linear || c.add_qkv_bias, norm_kind_, c.norm_epsilon, tp));
+  linear_proj = register_module("linear_proj", std::make_shared<tp::RowParallelLinear>(
+      int64_t(c.num_attention_heads) * head_dim_, c.hidden_size, c.add_bias_linear, tp));
   if (c.qk_layernorm) {
     // Megatron names these q_layernorm.weight / k_layernorm.weight; submodules keep the names.
     auto q = register_module("q_layernorm", std::make_shared<torch::nn::Module>());
@@ -25,10 +28,10 @@ SelfAttention::SelfAttention(const ModelConfig& c)
 }
 
 at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask) {
-  const int64_t s = hidden.size(0), b = hidden.size(1);
   const int64_t per_group = heads_ / groups_;
-  // Per group: its query heads, then one key head, then one value head.
-  at::Tensor qkv = linear_qkv->forward(hidden).view({s, b, groups_, (per_group + 2) * head_dim_});
+  at::Tensor qkv = linear_qkv->forward(hidden);  // [s, b, (H + 2G) * d / tp], whole sequence
+  const int64_t s = qkv.size(0), b = qkv.size(1);
+  qkv = qkv.view({s, b, groups_, (per_group + 2) * head_dim_});
   auto parts = qkv.split_with_sizes({per_group * head_dim_, head_dim_, head_dim_}, -1);
   at::Tensor q = parts[0].reshape({s, b, heads_, head_dim_});   // [s, b, H, d]
   at::Tensor k = parts[1];                                        // [s, b, G, d]
@@ -48,7 +51,7 @@ at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* ro
       is_training() ? attention_dropout_ : 0.0, /*is_causal=*/!attention_mask.defined(), /*scale=*/std::nullopt,
       /*enable_gqa=*/groups_ != heads_);                          // [b, H, s, d]
   out = out.permute({2, 0, 1, 3}).reshape({s, b, heads_ * head_dim_});  // [s, b, H*d]
-  return linear_proj->forward(out);                                      // [s, b, h]
+  return linear_proj->forward(out);  // [s, b, h] ([s/tp, b, h] with sequence parallelism)
 }
 
 }  // namespace megatron

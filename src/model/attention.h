@@ -8,26 +8,27 @@
 #include <memory>
 
 #include "core/config.h"
-#include "model/linear.h"
 #include "model/rope.h"
+#include "tensor_parallel/layers.h"
 
 namespace megatron {
 
 class SelfAttention : public torch::nn::Module {
  public:
-  explicit SelfAttention(const ModelConfig& config);
+  SelfAttention(const ModelConfig& config, const tp::TensorParallel& tp);
 
-  // hidden: [s, b, h] (already residual input; the norm is inside linear_qkv) -> [s, b, h]
+  // hidden: [s, b, h] ([s/tp, b, h] with sequence parallelism; the norm is inside linear_qkv)
+  // -> the same shape.
   // attention_mask: [b, 1, s, s] bool, true = may attend; undefined = causal.
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});
 
-  std::shared_ptr<LayerNormLinear> linear_qkv;  // weight [(H + 2G) * d, h]
-  std::shared_ptr<Linear> linear_proj;          // weight [h, H * d]
+  std::shared_ptr<tp::LayerNormColumnParallelLinear> linear_qkv;  // weight [(H + 2G) * d / tp, h]
+  std::shared_ptr<tp::RowParallelLinear> linear_proj;             // weight [h, H * d / tp]
   at::Tensor q_layernorm_weight;                // [d] (qk_layernorm only)
   at::Tensor k_layernorm_weight;                // [d]
 
  private:
-  int64_t heads_, groups_, head_dim_;
+  int64_t heads_, groups_, head_dim_;  // heads_ and groups_: this TP rank's
   double attention_dropout_;
   double norm_epsilon_;
   NormKind norm_kind_;

@@ -5,6 +5,10 @@
 
 #include <cmath>
 
+#include "tensor_parallel/cross_entropy.h"
+#include "tensor_parallel/mappings.h"
+#include "tensor_parallel/sharding.h"
+
 namespace megatron {
 namespace {
 
@@ -14,17 +18,19 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-GPTModel::GPTModel(const ModelConfig& c) : config_(c) {
+GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp) : config_(c), tp_(tp) {
+  TORCH_CHECK(c.padded_vocab_size % tp.size() == 0, "padded vocabulary does not split across tensor-parallel ranks");
+  const int64_t local_vocab = c.padded_vocab_size / tp.size();
   auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>());
   auto word = embedding->register_module("word_embeddings", std::make_shared<torch::nn::Module>());
-  word_embeddings = word->register_parameter("weight", at::empty({c.padded_vocab_size, c.hidden_size}));
+  word_embeddings = word->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
   if (c.position_embedding_type == "learned_absolute") {
     auto pos = embedding->register_module("position_embeddings", std::make_shared<torch::nn::Module>());
     position_embeddings = pos->register_parameter("weight", at::empty({c.max_position_embeddings, c.hidden_size}));
   }
   auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>());
   layers = decoder->register_module("layers", torch::nn::ModuleList());
-  for (int i = 0; i < c.num_layers; ++i) layers->push_back(std::make_shared<TransformerLayer>(c));
+  for (int i = 0; i < c.num_layers; ++i) layers->push_back(std::make_shared<TransformerLayer>(c, tp));
   auto final_norm = decoder->register_module("final_layernorm", std::make_shared<torch::nn::Module>());
   final_layernorm_weight = final_norm->register_parameter("weight", at::ones({c.hidden_size}));
   if (norm_kind_from_name(c.normalization) == NormKind::LayerNorm) {
@@ -32,7 +38,7 @@ GPTModel::GPTModel(const ModelConfig& c) : config_(c) {
   }
   if (c.untie_embeddings_and_output_weights) {
     auto out = register_module("output_layer", std::make_shared<torch::nn::Module>());
-    output_layer_weight = out->register_parameter("weight", at::empty({c.padded_vocab_size, c.hidden_size}));
+    output_layer_weight = out->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
   }
 }
 
@@ -44,16 +50,18 @@ void GPTModel::initialize(uint64_t seed) {
   for (auto& item : named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     at::Tensor& p = item.value();
+    const tp::ShardSpec spec = tp::shard_spec(name, config_.swiglu);
+    const std::vector<int64_t> shape = tp::full_shape(p.sizes(), spec, tp_.size());
     at::Tensor value;
     if (name.find("layer_norm_weight") != std::string::npos || name.find("layernorm") != std::string::npos) {
-      value = ends_with(name, "bias") ? at::zeros(p.sizes()) : at::ones(p.sizes());
+      value = ends_with(name, "bias") ? at::zeros(shape) : at::ones(shape);
     } else if (ends_with(name, "bias")) {
-      value = at::zeros(p.sizes());
+      value = at::zeros(shape);
     } else {
       const bool into_residual = ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight");
-      value = at::empty(p.sizes(), at::kFloat).normal_(0.0, into_residual ? output_std : std, gen);
+      value = at::empty(shape, at::kFloat).normal_(0.0, into_residual ? output_std : std, gen);
     }
-    p.copy_(value);
+    p.copy_(tp::shard_of(value, spec, tp_.rank(), tp_.size()));
   }
 }
 
@@ -67,12 +75,13 @@ const RopeTables* GPTModel::rope_for(int64_t seq_len, const at::Device& device) 
 
 at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask) {
   const int64_t s = tokens.size(1);
-  at::Tensor hidden = at::embedding(word_embeddings, tokens.t());             // [s, b, h]
+  at::Tensor hidden = tp::vocab_parallel_embedding(word_embeddings, tokens.t(), tp_);  // [s, b, h]
   if (position_embeddings.defined()) {
     hidden = position_ids.defined()
                  ? hidden + at::embedding(position_embeddings, position_ids.t())                   // [s, b, h]
                  : hidden + at::embedding(position_embeddings, at::arange(s, tokens.options())).unsqueeze(1);
   }
+  if (tp_.sequence_parallel) hidden = tp::scatter_to_sp(hidden, tp_.group);  // [s/tp, b, h]
   hidden = at::dropout(hidden, config_.hidden_dropout, is_training());
   const RopeTables* tables = rope_for(s, tokens.device());
   std::optional<RopeTables> gathered;  // per-sample positions: the tables' rows for them
@@ -86,12 +95,15 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
   hidden = apply_norm(hidden, final_layernorm_weight, final_layernorm_bias,
                       norm_kind_from_name(config_.normalization), config_.norm_epsilon);
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
-  return at::linear(hidden, out_weight);                                       // [s, b, V]
+  // The output layer is column-parallel over the vocabulary.
+  hidden = tp_.sequence_parallel ? tp::gather_from_sp(hidden, tp_.group) : tp::copy_to_tp(hidden, tp_.group);
+  return at::linear(hidden, out_weight);                                       // [s, b, V/tp]
 }
 
 at::Tensor GPTModel::token_losses(const Batch& batch) {
   at::Tensor logits = forward(batch.tokens, batch.position_ids, batch.attention_mask);  // [s, b, V]
   const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
+  if (tp_.size() > 1) return tp::vocab_parallel_cross_entropy(logits, batch.labels.t(), tp_.group).t();  // [b, s]
   // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
   at::Tensor losses = at::cross_entropy_loss(logits.to(at_least_fp32(logits.scalar_type())).view({s * b, v}), batch.labels.t().reshape({s * b}),
                                              /*weight=*/{}, at::Reduction::None);
@@ -106,7 +118,9 @@ at::Tensor GPTModel::loss(const Batch& batch) {
 
 int64_t GPTModel::num_parameters() const {
   int64_t n = 0;
-  for (const auto& p : parameters()) n += p.numel();
+  for (const auto& p : named_parameters()) {
+    n += tp::shard_spec(p.key(), config_.swiglu).replicated() ? p.value().numel() : p.value().numel() * tp_.size();
+  }
   return n;
 }
 

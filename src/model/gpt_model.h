@@ -13,6 +13,7 @@
 #include "model/norm.h"
 #include "model/rope.h"
 #include "model/transformer_layer.h"
+#include "tensor_parallel/layers.h"
 
 namespace megatron {
 
@@ -27,14 +28,17 @@ struct Batch {
 
 class GPTModel : public torch::nn::Module {
  public:
-  explicit GPTModel(const ModelConfig& config);
+  // With tensor parallelism (tp.size() > 1) this process holds its TP rank's shard.
+  explicit GPTModel(const ModelConfig& config, const tp::TensorParallel& tp = {});
 
   // Megatron's initialisation, drawn from `seed` in parameter order: normal(0, std) for weights,
   // std / sqrt(2 * num_layers) for the projections into the residual stream, ones / zeros for
-  // norms and biases. Runs on CPU in fp32 so every device and dtype starts from the same values.
+  // norms and biases. Runs on CPU in fp32 so every device and dtype starts from the same values;
+  // under TP every rank draws the full tensors and keeps its shard, so any layout starts from
+  // the weights a single process would (Megatron's --use-cpu-initialization).
   void initialize(uint64_t seed);
 
-  // tokens [b, s] -> logits [s, b, V] in the parameters' dtype. position_ids [b, s] and
+  // tokens [b, s] -> logits [s, b, V/tp] (this rank's vocabulary slice) in the parameters' dtype. position_ids [b, s] and
   // attention_mask [b, 1, s, s] (true = attend) are optional, as in Batch.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids = {},
                      const at::Tensor& attention_mask = {});
@@ -45,20 +49,23 @@ class GPTModel : public torch::nn::Module {
   // Mean loss over the tokens the mask selects.
   at::Tensor loss(const Batch& batch);
 
+  // Parameters of the whole model (all TP shards).
   int64_t num_parameters() const;
   const ModelConfig& config() const { return config_; }
+  const tp::TensorParallel& tensor_parallel() const { return tp_; }
 
-  at::Tensor word_embeddings;       // [V, h]
+  at::Tensor word_embeddings;       // [V/tp, h]
   at::Tensor position_embeddings;   // [max_pos, h] (learned_absolute only)
   torch::nn::ModuleList layers;
   at::Tensor final_layernorm_weight;  // [h]
   at::Tensor final_layernorm_bias;    // [h] LayerNorm only
-  at::Tensor output_layer_weight;     // [V, h] when untied
+  at::Tensor output_layer_weight;     // [V/tp, h] when untied
 
  private:
   const RopeTables* rope_for(int64_t seq_len, const at::Device& device);
 
   ModelConfig config_;
+  tp::TensorParallel tp_;
   std::optional<RopeTables> rope_;
 };
 

@@ -4,18 +4,19 @@
 
 namespace megatron {
 
-MLP::MLP(const ModelConfig& c) : swiglu_(c.swiglu) {
+MLP::MLP(const ModelConfig& c, const tp::TensorParallel& tp) : swiglu_(c.swiglu) {
   const int64_t fc1_out = (c.swiglu ? 2 : 1) * int64_t(c.ffn_hidden_size);
-  linear_fc1 = register_module("linear_fc1", std::make_shared<LayerNormLinear>(
-      c.hidden_size, fc1_out, c.add_bias_linear, norm_kind_from_name(c.normalization), c.norm_epsilon));
-  linear_fc2 = register_module("linear_fc2", std::make_shared<Linear>(c.ffn_hidden_size, c.hidden_size, c.add_bias_linear));
+  linear_fc1 = register_module("linear_fc1", std::make_shared<tp::LayerNormColumnParallelLinear>(
+      c.hidden_size, fc1_out, c.add_bias_linear, norm_kind_from_name(c.normalization), c.norm_epsilon, tp));
+  linear_fc2 = register_module("linear_fc2", std::make_shared<tp::RowParallelLinear>(
+      c.ffn_hidden_size, c.hidden_size, c.add_bias_linear, tp));
 }
 
 at::Tensor MLP::forward(const at::Tensor& hidden) {
-  at::Tensor h = linear_fc1->forward(hidden);  // [s, b, 2f] or [s, b, f]
+  at::Tensor h = linear_fc1->forward(hidden);  // [s, b, 2f/tp] or [s, b, f/tp]
   if (swiglu_) {
     auto gate_up = h.chunk(2, -1);
-    h = at::silu(gate_up[0]) * gate_up[1];    // [s, b, f]
+    h = at::silu(gate_up[0]) * gate_up[1];    // [s, b, f/tp]
   } else {
     h = at::gelu(h);
   }

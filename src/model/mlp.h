@@ -6,17 +6,18 @@
 #include <memory>
 
 #include "core/config.h"
-#include "model/linear.h"
+#include "tensor_parallel/layers.h"
 
 namespace megatron {
 
 class MLP : public torch::nn::Module {
  public:
-  explicit MLP(const ModelConfig& config);
-  at::Tensor forward(const at::Tensor& hidden);  // [s, b, h] -> [s, b, h]
+  MLP(const ModelConfig& config, const tp::TensorParallel& tp);
+  at::Tensor forward(const at::Tensor& hidden);  // [s, b, h] -> [s, b, h] (dim 0 s/tp under sequence parallelism)
 
-  std::shared_ptr<LayerNormLinear> linear_fc1;  // weight [2f, h] = [gate; up] with SwiGLU, else [f, h]
-  std::shared_ptr<Linear> linear_fc2;           // weight [h, f]
+  // [2f/tp, h] = [gate block; up block] of this rank with SwiGLU, else [f/tp, h]
+  std::shared_ptr<tp::LayerNormColumnParallelLinear> linear_fc1;
+  std::shared_ptr<tp::RowParallelLinear> linear_fc2;  // weight [h, f/tp]
 
  private:
   bool swiglu_;

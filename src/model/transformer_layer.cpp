@@ -4,9 +4,9 @@
 
 namespace megatron {
 
-TransformerLayer::TransformerLayer(const ModelConfig& c) : hidden_dropout_(c.hidden_dropout) {
-  self_attention = register_module("self_attention", std::make_shared<SelfAttention>(c));
-  mlp = register_module("mlp", std::make_shared<MLP>(c));
+TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParallel& tp) : hidden_dropout_(c.hidden_dropout) {
+  self_attention = register_module("self_attention", std::make_shared<SelfAttention>(c, tp));
+  mlp = register_module("mlp", std::make_shared<MLP>(c, tp));
 }
 
 at::Tensor TransformerLayer::forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask) {

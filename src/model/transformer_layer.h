@@ -13,9 +13,9 @@ namespace megatron {
 
 class TransformerLayer : public torch::nn::Module {
  public:
-  explicit TransformerLayer(const ModelConfig& config);
+  TransformerLayer(const ModelConfig& config, const tp::TensorParallel& tp);
   // attention_mask: [b, 1, s, s] bool (true = attend) or undefined for plain causal attention.
-  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]
+  at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]; [s/tp, b, h] under SP
 
   std::shared_ptr<SelfAttention> self_attention;
   std::shared_ptr<MLP> mlp;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -9,45 +10,50 @@
 
 namespace megatron {
 
-AdamW::AdamW(const std::vector<NamedTensor>& params, const TrainConfig& config) : c_(config) {
+AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : buffer_(buffer), c_(config) {
   at::NoGradGuard no_grad;
-  for (const auto& p : params) {
-    OptimizerParam op;
-    op.name = p.name;
-    op.model_param = p.tensor;
-    op.master = p.tensor.scalar_type() == at::kFloat ? p.tensor : p.tensor.detach().to(at::kFloat).clone();
-    op.main_grad = at::zeros_like(op.master);
-    op.exp_avg = at::zeros_like(op.master);
-    op.exp_avg_sq = at::zeros_like(op.master);
-    op.decay = p.tensor.dim() > 1;  // norms and biases are 1-D
-    params_.push_back(std::move(op));
+  // Registration order (the buffer holds parameters reversed), so state files read naturally.
+  std::vector<const BufferedParam*> ordered;
+  for (const auto& p : buffer.params()) ordered.push_back(&p);
+  std::reverse(ordered.begin(), ordered.end());
+  for (const BufferedParam* p : ordered) {
+    for (const auto& [begin, end] : buffer.owned_ranges()) {
+      const int64_t from = std::max(begin, p->offset), to = std::min(end, p->offset + p->numel);
+      if (from >= to) continue;
+      OptimizerParam op;
+      op.name = p->name;
+      op.model_param = p->param;
+      op.param_offset = from - p->offset;
+      op.numel = to - from;
+      op.model_slice = buffer.param_data.narrow(0, from, op.numel);
+      op.master = op.model_slice.scalar_type() == at::kFloat ? op.model_slice : op.model_slice.to(at::kFloat).clone();
+      op.main_grad = buffer.grad_data.narrow(0, from, op.numel);
+      op.exp_avg = at::zeros_like(op.master);
+      op.exp_avg_sq = at::zeros_like(op.master);
+      op.decay = p->param.dim() > 1;  // norms and biases are 1-D
+      op.tp_duplicate = p->tp_duplicate;
+      params_.push_back(std::move(op));
+    }
   }
-  TORCH_CHECK(!params_.empty(), "AdamW: no parameters");
-  step_ = at::zeros({}, params_[0].master.options());
-}
-
-void AdamW::zero_grad() {
-  for (auto& p : params_) {
-    p.main_grad.zero_();
-    p.model_param.mutable_grad() = at::Tensor();
-  }
-}
-
-void AdamW::accumulate_grads() {
-  at::NoGradGuard no_grad;
-  for (auto& p : params_) {
-    at::Tensor& g = p.model_param.mutable_grad();
-    if (!g.defined()) continue;
-    p.main_grad.add_(g);  // upcasts bf16 gradients into the fp32 accumulator
-    g = at::Tensor();
-  }
+  step_ = at::zeros({}, buffer.grad_data.options());
 }
 
 double AdamW::grad_norm() const {
+  const dist::ParallelState& ps = buffer_.parallel_state();
   std::vector<at::Tensor> grads;
-  for (const auto& p : params_) grads.push_back(p.main_grad);
-  auto norms = at::_foreach_norm(grads, 2);
-  return at::stack(norms).pow(2).sum().sqrt().item<double>();
+  for (const auto& p : params_) {
+    if (!p.tp_duplicate || ps.tp.rank() == 0) grads.push_back(p.main_grad);
+  }
+  at::Tensor squared = grads.empty() ? at::zeros({}, step_.options())
+                                     : at::stack(at::_foreach_norm(grads, 2)).pow(2).sum();
+  // Replicas hold the same gradients, except that the distributed optimizer reduced each DP
+  // rank's shard only.
+  const dist::Group& group = buffer_.distributed_optimizer() ? ps.world : ps.model_parallel;
+  if (group.size() > 1) {
+    squared = squared.reshape({1}).contiguous();
+    group.all_reduce(squared);
+  }
+  return squared.sqrt().item<double>();
 }
 
 void AdamW::clip(double total_norm) {
@@ -80,16 +86,19 @@ void AdamW::step(double lr) {
 void AdamW::copy_master_to_model() {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
-    if (!p.master.is_same(p.model_param)) p.model_param.copy_(p.master);
+    if (!p.master.is_same(p.model_slice)) p.model_slice.copy_(p.master);
   }
+  buffer_.start_param_gather();
+  buffer_.finish_param_gather();
 }
 
 std::vector<NamedTensor> AdamW::state() const {
   std::vector<NamedTensor> out;
   for (const auto& p : params_) {
-    out.push_back({p.name + ".master", p.master});
-    out.push_back({p.name + ".exp_avg", p.exp_avg});
-    out.push_back({p.name + ".exp_avg_sq", p.exp_avg_sq});
+    auto shaped = [&](const at::Tensor& t) { return p.whole() ? t.view(p.model_param.sizes()) : t; };
+    out.push_back({p.name + ".master", shaped(p.master)});
+    out.push_back({p.name + ".exp_avg", shaped(p.exp_avg)});
+    out.push_back({p.name + ".exp_avg_sq", shaped(p.exp_avg_sq)});
   }
   out.push_back({"step", step_});
   return out;
@@ -99,29 +108,35 @@ void AdamW::load_state(const std::vector<NamedTensor>& state, bool load_moments)
   at::NoGradGuard no_grad;
   std::unordered_map<std::string, at::Tensor> by_name;
   for (const auto& t : state) by_name[t.name] = t.tensor;
-  auto take = [&](const std::string& name, at::Tensor& into) {
+  auto take = [&](const std::string& name, const OptimizerParam& p, at::Tensor& into) {
     auto it = by_name.find(name);
     if (it == by_name.end()) throw UserError("checkpoint has no optimizer tensor '" + name + "': load with --no-load-optim");
-    if (!it->second.sizes().equals(into.sizes())) {
-      throw UserError("checkpoint optimizer tensor '" + name + "' has a different shape than the model's");
+    const at::IntArrayRef expected = p.whole() ? p.model_param.sizes() : into.sizes();
+    if (!it->second.sizes().equals(expected)) {
+      throw UserError("checkpoint optimizer tensor '" + name + "' has shape " + c10::str(it->second.sizes()) +
+                      ", this run expects " + c10::str(expected));
     }
-    into.copy_(it->second);
+    into.copy_(it->second.reshape({-1}));
   };
   for (auto& p : params_) {
-    take(p.name + ".master", p.master);
+    take(p.name + ".master", p, p.master);
     if (load_moments) {
-      take(p.name + ".exp_avg", p.exp_avg);
-      take(p.name + ".exp_avg_sq", p.exp_avg_sq);
+      take(p.name + ".exp_avg", p, p.exp_avg);
+      take(p.name + ".exp_avg_sq", p, p.exp_avg_sq);
     }
   }
-  if (load_moments) take("step", step_);
+  if (load_moments) {
+    auto it = by_name.find("step");
+    if (it == by_name.end()) throw UserError("checkpoint has no optimizer tensor 'step': load with --no-load-optim");
+    step_.copy_(it->second);
+  }
   copy_master_to_model();
 }
 
 void AdamW::reset_from_model() {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
-    if (!p.master.is_same(p.model_param)) p.master.copy_(p.model_param);
+    if (!p.master.is_same(p.model_slice)) p.master.copy_(p.model_slice);
   }
 }
 

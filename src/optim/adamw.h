@@ -1,7 +1,11 @@
-// AdamW with fp32 master weights: the model may hold bf16 parameters; gradients are
-// accumulated in fp32 (`main_grad`, as Megatron names it) across micro-batches, clipped by the
-// global L2 norm, and the fused AdamW kernel steps the fp32 masters, which are then copied back
-// into the model's parameters. No weight decay on norms and biases (1-D parameters).
+// AdamW with fp32 master weights over the contiguous buffers of ParamAndGradBuffer. The model
+// may hold bf16 parameters; gradients arrive in fp32 `main_grad` (as Megatron names it), are
+// clipped by the global L2 norm, and the fused AdamW kernel steps the fp32 masters, which are
+// then copied back into the model's parameters. No weight decay on norms and biases (1-D).
+//
+// With the distributed optimizer (ZeRO-1) each data-parallel rank owns a shard of every bucket:
+// it keeps masters and moments for that shard only, steps it, and the buffer all-gathers the
+// updated parameters. The gradient norm is summed over every shard in the world.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,39 +14,41 @@
 #include <vector>
 
 #include "core/config.h"
+#include "optim/grad_buffer.h"
 
 namespace megatron {
 
-struct NamedTensor {
-  std::string name;
-  at::Tensor tensor;
-};
-
+// The part of one parameter this rank steps: elements [param_offset, param_offset + numel) of
+// the flattened parameter (all of it without the distributed optimizer).
 struct OptimizerParam {
   std::string name;
-  at::Tensor model_param;  // what the model computes with (fp32 or bf16)
-  at::Tensor master;       // fp32; the same tensor as model_param when that is fp32
-  at::Tensor main_grad;    // fp32 gradient accumulator
-  at::Tensor exp_avg;      // fp32
-  at::Tensor exp_avg_sq;   // fp32
-  bool decay;              // weight decay applies
+  at::Tensor model_param;   // the whole parameter, as the model holds it
+  int64_t param_offset = 0;
+  int64_t numel = 0;
+  at::Tensor model_slice;   // [numel] view of the parameter's elements
+  at::Tensor master;        // [numel] fp32; model_slice itself when the model is fp32
+  at::Tensor main_grad;     // [numel] fp32 view into the gradient buffer
+  at::Tensor exp_avg;       // [numel] fp32
+  at::Tensor exp_avg_sq;    // [numel] fp32
+  bool decay = true;        // weight decay applies
+  bool tp_duplicate = false;
+  bool whole() const { return param_offset == 0 && numel == model_param.numel(); }
 };
 
 class AdamW {
  public:
-  AdamW(const std::vector<NamedTensor>& params, const TrainConfig& config);
+  AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config);
 
-  void zero_grad();
-  // Moves the model parameters' .grad into the fp32 accumulators; call after each backward.
-  void accumulate_grads();
-  // Global L2 norm of the accumulated gradients.
+  // Global L2 norm of the (reduced) gradients over all TP, PP and DP shards.
   double grad_norm() const;
   // Scales gradients so their norm is at most clip_grad (Megatron's clip_grad_norm_).
   void clip(double total_norm);
-  // One AdamW step at learning rate `lr`, then master -> model parameters.
+  // One AdamW step at learning rate `lr`, then master -> model parameters (all-gathered over
+  // DP with the distributed optimizer).
   void step(double lr);
 
-  // Checkpoint state: masters, moments and the step count under "<param name>.<field>".
+  // Checkpoint state of this rank: "<param name>.master|exp_avg|exp_avg_sq" (the parameter's
+  // shape when this rank steps all of it, else its flat slice) and "step".
   std::vector<NamedTensor> state() const;
   void load_state(const std::vector<NamedTensor>& state, bool load_moments);
   int64_t steps_taken() const;
@@ -54,6 +60,7 @@ class AdamW {
  private:
   void copy_master_to_model();
 
+  ParamAndGradBuffer& buffer_;
   std::vector<OptimizerParam> params_;
   at::Tensor step_;  // [] fp32, shared by all parameters (they always step together)
   TrainConfig c_;

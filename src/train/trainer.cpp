@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/nn/module.h>
 
 #include <atomic>
@@ -17,8 +18,11 @@
 #include "data/batch.h"
 #include "data/prefetcher.h"
 #include "data/samples.h"
+#include "dist/parallel_state.h"
+#include "dist/world.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
+#include "optim/grad_buffer.h"
 #include "optim/lr_schedule.h"
 #include "train/log_line.h"
 #include "train/tensorboard_writer.h"
@@ -30,11 +34,22 @@ std::atomic<int> g_stop_signal{0};  // set by the signal handler, read between i
 
 extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
 
-at::Device pick_device(const TrainConfig& t) {
+// One GPU per local rank (made the current device, which NCCL uses); CPU otherwise.
+at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
   if (t.device == "cuda" && !at::hasCUDA()) {
     throw UserError("--device cuda: this build or machine has no CUDA device; use --device cpu");
   }
-  if (t.device == "cuda" || (t.device == "auto" && at::hasCUDA())) return at::Device(at::kCUDA, 0);
+  if (t.device == "cuda" || (t.device == "auto" && at::hasCUDA())) {
+    const auto* cuda = c10::impl::getDeviceGuardImpl(at::kCUDA);
+    const int count = static_cast<int>(cuda->deviceCount());
+    if (env.local_rank >= count) {
+      throw UserError("local rank " + std::to_string(env.local_rank) + " has no GPU: this node has " +
+                      std::to_string(count) + "; start at most that many processes per node");
+    }
+    const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+    cuda->setDevice(device);
+    return device;
+  }
   return at::Device(at::kCPU);
 }
 
@@ -52,8 +67,8 @@ double flops_per_token(const ModelConfig& m, int64_t parameters) {
 
 class Trainer {
  public:
-  explicit Trainer(const Config& c)
-      : c_(c), t_(c.train), schedule_(c.train), device_(pick_device(c.train)), ltor_(ltor_options(c)) {}
+  Trainer(const Config& c, const dist::LaunchEnv& env)
+      : c_(c), t_(c.train), env_(env), schedule_(c.train), device_(pick_device(c.train, env)), ltor_(ltor_options(c)) {}
   ~Trainer() {
     if (metrics_ != nullptr) std::fclose(metrics_);
   }
@@ -66,13 +81,22 @@ class Trainer {
   double evaluate();
   void save(const char* why);
   void log_iteration(double grad_norm);
+  bool stop_requested();
+  // The mean over data-parallel replicas of a per-replica value.
+  double dp_mean(const at::Tensor& value);
+  bool prints_setup() const { return ps_.rank == 0; }
+  bool prints_log() const { return ps_.is_last_rank(); }
 
   const Config& c_;
   const TrainConfig& t_;
+  dist::LaunchEnv env_;
+  dist::World world_;
+  dist::ParallelState ps_;
   LearningRateSchedule schedule_;
   at::Device device_;
   LtorOptions ltor_;
   std::unique_ptr<GPTModel> model_;
+  std::unique_ptr<ParamAndGradBuffer> buffer_;  // declared after the model whose parameters it holds
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
@@ -94,7 +118,12 @@ int Trainer::run() {
   at::set_num_threads(t_.cpu_threads > 0 ? t_.cpu_threads : std::max(1u, std::thread::hardware_concurrency()));
   at::manual_seed(static_cast<uint64_t>(t_.seed));  // dropout draws from the default generators
 
-  model_ = std::make_unique<GPTModel>(m);
+  const ParallelConfig& p = c_.parallel;
+  const std::string backend = !p.distributed_backend.empty() ? p.distributed_backend : device_.is_cuda() ? "nccl" : "gloo";
+  world_ = dist::World::connect(env_, backend, std::chrono::milliseconds(static_cast<int64_t>(p.distributed_timeout_minutes * 60e3)));
+  ps_ = dist::ParallelState::build(world_, p);
+
+  model_ = std::make_unique<GPTModel>(m, tp::TensorParallel{ps_.tp, p.sequence_parallel});
   model_->initialize(static_cast<uint64_t>(t_.seed));
   model_->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
   model_->train();
@@ -103,32 +132,50 @@ int Trainer::run() {
   peak_tflops_ = t_.peak_tflops > 0 ? t_.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0);
 
   std::vector<NamedTensor> named;
-  for (const auto& p : model_->named_parameters()) named.push_back({p.key(), p.value()});
-  optimizer_ = std::make_unique<AdamW>(named, t_);
+  for (const auto& item : model_->named_parameters()) named.push_back({item.key(), item.value()});
+  GradBufferOptions buffer_options;
+  buffer_options.bucket_size = p.ddp_bucket_size > 0 ? p.ddp_bucket_size : std::max<int64_t>(40000000, 1000000LL * ps_.dp.size());
+  buffer_options.overlap_grad_reduce = p.overlap_grad_reduce;
+  buffer_options.distributed_optimizer = p.use_distributed_optimizer;
+  buffer_options.sequence_parallel = p.sequence_parallel;
+  buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
+  optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
 
+  // Data-parallel rank r takes micro-batch-size samples at offset r * micro-batch-size of every
+  // micro-batch-size x DP block (Megatron's pretraining sampler).
+  const int64_t dp_block = int64_t(t_.micro_batch_size) * ps_.dp.size();
+  const int64_t dp_offset = int64_t(t_.micro_batch_size) * ps_.dp.rank();
   train_data_ = make_sample_source(c_, Split::Train);
   valid_data_ = make_sample_source(c_, Split::Valid);
   train_batches_ = std::make_unique<BatchPrefetcher>(
-      [this](int64_t first) {
-        return make_batch(*train_data_, first, t_.micro_batch_size, c_.model.seq_length, c_.model.vocab_size, ltor_);
+      [this, dp_offset](int64_t first) {
+        return make_batch(*train_data_, first + dp_offset, t_.micro_batch_size, c_.model.seq_length, c_.model.vocab_size,
+                          ltor_);
       },
-      t_.micro_batch_size);
+      dp_block);
 
-  std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
+  if (prints_setup()) {
+    std::printf("> %s\n", dist::describe(env_).c_str());
+    std::printf("> parallel layout: tensor %d x pipeline %d x data %d%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(), ps_.dp.size(),
+                p.sequence_parallel ? ", sequence parallel" : "", p.use_distributed_optimizer ? ", distributed optimizer" : "",
+                backend.c_str());
+    std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
               m.padded_vocab_size, m.seq_length);
-  std::printf("> number of parameters: %lld, %s on %s, %d CPU threads\n", static_cast<long long>(parameters),
-              t_.bf16 ? "bf16 (fp32 master weights)" : "fp32", device_.str().c_str(), at::get_num_threads());
-  std::printf("> training data: %s\n", train_data_->describe().c_str());
+    std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
+                static_cast<long long>(parameters), t_.bf16 ? "bf16 (fp32 master weights)" : "fp32", device_.str().c_str(),
+                at::get_num_threads(), buffer_->num_buckets());
+    std::printf("> training data: %s\n", train_data_->describe().c_str());
+  }
 
   if (!t_.load.empty()) {
-    if (auto loaded = load_checkpoint(t_.load, *model_, *optimizer_, c_)) {
+    if (auto loaded = load_checkpoint(t_.load, *model_, *optimizer_, c_, ps_)) {
       progress_ = *loaded;
       last_saved_ = progress_.iteration;
     }
   }
-  if (!t_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(t_.tensorboard_dir);
-  if (!t_.metrics_jsonl.empty()) {
+  if (!t_.tensorboard_dir.empty() && prints_log()) tensorboard_ = std::make_unique<TensorBoardWriter>(t_.tensorboard_dir);
+  if (!t_.metrics_jsonl.empty() && prints_log()) {
     metrics_ = std::fopen(t_.metrics_jsonl.c_str(), "a");
     if (metrics_ == nullptr) throw UserError("--metrics-jsonl: cannot open " + t_.metrics_jsonl + " for appending");
   }
@@ -136,22 +183,23 @@ int Trainer::run() {
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
 
-  const int64_t micro_batches = t_.global_batch_size / (t_.micro_batch_size * c_.parallel.data_parallel_size);
+  const int64_t micro_batches = t_.global_batch_size / dp_block;
   interval_start_ = std::chrono::steady_clock::now();
   std::fflush(stdout);
   while (progress_.iteration < t_.train_iters) {
-    optimizer_->zero_grad();
+    buffer_->zero_grad();
     at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
     for (int64_t k = 0; k < micro_batches; ++k) {
-      const int64_t first = progress_.consumed_train_samples + k * t_.micro_batch_size;
+      const int64_t first = progress_.consumed_train_samples + k * dp_block;
       Batch batch = to_device(train_batches_->get(first), device_);
+      buffer_->set_last_micro_batch(k == micro_batches - 1);
       at::Tensor loss = model_->loss(batch) / double(micro_batches);
-      loss.backward();
-      optimizer_->accumulate_grads();
+      loss.backward();  // gradients land in the buffer's main_grad through its hooks
       loss_sum += loss.detach();
     }
+    buffer_->finish_grad_sync();
     const double grad_norm = optimizer_->grad_norm();
-    const double loss_value = loss_sum.item<double>();
+    const double loss_value = dp_mean(loss_sum);
     if (!std::isfinite(grad_norm) || !std::isfinite(loss_value)) {
       ++progress_.nan_iterations;  // the update is skipped; parameters stay as they were
       ++progress_.skipped_iterations;
@@ -163,7 +211,7 @@ int Trainer::run() {
     ++interval_iterations_;
     ++progress_.iteration;
     progress_.consumed_train_samples += t_.global_batch_size;
-    if (metrics_ != nullptr) {
+    if (metrics_ != nullptr) {  // the last rank's
       // %a prints doubles exactly, so runs can be compared bit for bit.
       std::fprintf(metrics_, "{\"iteration\": %lld, \"lm_loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
                              "\"lm_loss_hex\": \"%a\"}\n",
@@ -175,18 +223,19 @@ int Trainer::run() {
     if (progress_.iteration % t_.log_interval == 0) log_iteration(grad_norm);
     if (t_.eval_interval > 0 && t_.eval_iters > 0 && valid_data_ && progress_.iteration % t_.eval_interval == 0) {
       const double valid_loss = evaluate();
-      std::printf("%s\n", format_validation_log("validation", progress_.iteration, valid_loss).c_str());
+      if (prints_log()) std::printf("%s\n", format_validation_log("validation", progress_.iteration, valid_loss).c_str());
       if (tensorboard_) tensorboard_->add_scalar("lm loss validation", float(valid_loss), progress_.iteration);
       std::fflush(stdout);
     }
     if (!t_.save.empty() && t_.save_interval > 0 && progress_.iteration % t_.save_interval == 0) save("save-interval");
-    if (const int signal = g_stop_signal.load()) {
-      std::printf("received signal %d: stopping after iteration %lld\n", signal, static_cast<long long>(progress_.iteration));
+    if (stop_requested()) {
+      std::printf("received signal %d: stopping after iteration %lld\n", g_stop_signal.load(),
+                  static_cast<long long>(progress_.iteration));
       if (!t_.save.empty()) save("signal");
       return 0;
     }
     if (t_.exit_interval > 0 && progress_.iteration % t_.exit_interval == 0) {
-      std::printf("exiting program at iteration %lld (--exit-interval)\n", static_cast<long long>(progress_.iteration));
+      if (prints_setup()) std::printf("exiting program at iteration %lld (--exit-interval)\n", static_cast<long long>(progress_.iteration));
       if (!t_.save.empty()) save("exit-interval");
       return 0;
     }
@@ -195,12 +244,29 @@ int Trainer::run() {
   return 0;
 }
 
+bool Trainer::stop_requested() {
+  if (ps_.world_size == 1) return g_stop_signal.load() != 0;
+  // Ranks may see a signal at different steps; they stop together at the first step any saw it.
+  at::Tensor flag = at::full({1}, double(g_stop_signal.load()), at::TensorOptions().device(device_).dtype(at::kFloat));
+  ps_.world.all_reduce(flag, dist::ReduceOp::Max);
+  const int signal = static_cast<int>(flag.item<float>());
+  if (signal != 0) g_stop_signal.store(signal);
+  return signal != 0;
+}
+
+double Trainer::dp_mean(const at::Tensor& value) {
+  if (ps_.dp.size() == 1) return value.item<double>();
+  at::Tensor v = value.to(at::kDouble).reshape({1}).contiguous();
+  ps_.dp.all_reduce(v);
+  return v.item<double>() / ps_.dp.size();
+}
+
 void Trainer::log_iteration(double grad_norm) {
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - interval_start_).count();
   const double per_iteration = elapsed / double(interval_iterations_);
   const double tokens_per_second = double(t_.global_batch_size) * c_.model.seq_length / per_iteration /
-                                   double(c_.parallel.data_parallel_size);
+                                   double(ps_.world_size);
   IterationLog l;
   l.iteration = progress_.iteration;
   l.train_iters = t_.train_iters;
@@ -217,7 +283,7 @@ void Trainer::log_iteration(double grad_norm) {
   l.grad_norm = grad_norm;
   l.skipped_iterations = progress_.skipped_iterations;
   l.nan_iterations = progress_.nan_iterations;
-  std::printf("%s\n", format_iteration_log(l).c_str());
+  if (prints_log()) std::printf("%s\n", format_iteration_log(l).c_str());
   std::fflush(stdout);
   if (tensorboard_) {
     tensorboard_->add_scalar("lm loss", float(l.lm_loss), l.iteration);
@@ -234,25 +300,26 @@ double Trainer::evaluate() {
   const ModelConfig& m = c_.model;
   model_->eval();
   at::NoGradGuard no_grad;
-  const int64_t micro_batches = t_.global_batch_size / (t_.micro_batch_size * c_.parallel.data_parallel_size);
+  const int64_t dp_block = int64_t(t_.micro_batch_size) * ps_.dp.size();
+  const int64_t micro_batches = t_.global_batch_size / dp_block;
   at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
   for (int64_t i = 0; i < t_.eval_iters * micro_batches; ++i) {
-    Batch batch = to_device(make_batch(*valid_data_, progress_.consumed_valid_samples, t_.micro_batch_size, m.seq_length,
-                                       m.vocab_size, ltor_), device_);
-    progress_.consumed_valid_samples += t_.micro_batch_size;
+    Batch batch = to_device(make_batch(*valid_data_, progress_.consumed_valid_samples + int64_t(t_.micro_batch_size) * ps_.dp.rank(),
+                                       t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_), device_);
+    progress_.consumed_valid_samples += dp_block;
     total += model_->loss(batch).to(at::kDouble);
   }
   model_->train();
-  return total.item<double>() / double(t_.eval_iters * micro_batches);
+  return dp_mean(total) / double(t_.eval_iters * micro_batches);
 }
 
 void Trainer::save(const char* why) {
   if (last_saved_ == progress_.iteration) return;
   const auto start = std::chrono::steady_clock::now();
-  save_checkpoint(t_.save, progress_, *model_, *optimizer_, c_);
+  save_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_);
   last_saved_ = progress_.iteration;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("saved checkpoint at iteration %lld to %s (%s, %.2f s)\n", static_cast<long long>(progress_.iteration),
+  if (prints_setup()) std::printf("saved checkpoint at iteration %lld to %s (%s, %.2f s)\n", static_cast<long long>(progress_.iteration),
               t_.save.c_str(), why, seconds);
   std::fflush(stdout);
   interval_start_ += std::chrono::steady_clock::now() - start;  // keep saving out of the step time
@@ -260,8 +327,8 @@ void Trainer::save(const char* why) {
 
 }  // namespace
 
-int run_training(const Config& config) {
-  Trainer trainer(config);
+int run_training(const Config& config, const dist::LaunchEnv& env) {
+  Trainer trainer(config, env);
   return trainer.run();
 }
 

@@ -1,13 +1,16 @@
-// The training loop: build the model and optimizer, resume, then iterate micro-batches ->
-// forward/backward -> clip -> AdamW step, with Megatron's logging, validation, checkpoints,
-// --exit-interval and graceful SIGTERM/SIGINT (finish the step, save, exit 0).
+// The training loop: join the job's process groups, build this rank's model shard and the
+// optimizer, resume, then iterate micro-batches -> forward/backward (gradients reduced over
+// data-parallel replicas in buckets) -> clip -> AdamW step, with Megatron's logging,
+// validation, checkpoints, --exit-interval and graceful SIGTERM/SIGINT (finish the step, save,
+// exit 0; all ranks agree on the step).
 #pragma once
 
 #include "core/config.h"
+#include "dist/launch_env.h"
 
 namespace megatron {
 
-// Returns the process exit status.
-int run_training(const Config& config);
+// `config` must be finalized for env.world_size. Returns the process exit status.
+int run_training(const Config& config, const dist::LaunchEnv& env = {});
 
 }  // namespace megatron

@@ -90,7 +90,7 @@ at::Tensor reference_layer(const at::Tensor& x, TransformerLayer& layer, const M
 
 void check_layer(const ModelConfig& c) {
   at::manual_seed(7);
-  TransformerLayer layer(c);
+  TransformerLayer layer(c, tp::TensorParallel{});
   layer.to(at::kDouble);
   {
     at::NoGradGuard g;

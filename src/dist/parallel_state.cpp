@@ -1,0 +1,61 @@
+#include "dist/parallel_state.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+
+namespace megatron::dist {
+
+std::vector<std::vector<int>> layout_groups(const std::vector<LayoutDim>& order, const std::vector<std::string>& along) {
+  int world = 1;
+  for (const auto& d : order) world *= d.size;
+  // The group key of a rank: its coordinates in the dimensions not in `along`.
+  std::map<std::vector<int>, std::vector<int>> by_key;
+  for (int r = 0; r < world; ++r) {
+    std::vector<int> key;
+    int rest = r;
+    for (const auto& d : order) {
+      const int coordinate = rest % d.size;
+      rest /= d.size;
+      if (std::find(along.begin(), along.end(), d.name) == along.end()) key.push_back(coordinate);
+    }
+    by_key[key].push_back(r);
+  }
+  std::vector<std::vector<int>> groups;
+  for (auto& [key, ranks] : by_key) groups.push_back(ranks);
+  return groups;
+}
+
+ParallelState ParallelState::single() { return ParallelState(); }
+
+ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
+  ParallelState ps;
+  ps.rank = world.rank();
+  ps.world_size = world.size();
+  const std::vector<LayoutDim> order = {{"tp", c.tensor_model_parallel_size},
+                                        {"cp", c.context_parallel_size},
+                                        {"ep", 1},  // the dense decoder's layout; experts get their own with MoE
+                                        {"dp", c.data_parallel_size},
+                                        {"pp", c.pipeline_model_parallel_size}};
+  int product = 1;
+  for (const auto& d : order) product *= d.size;
+  TORCH_CHECK(product == world.size(), "parallel layout covers ", product, " ranks, the world has ", world.size());
+  auto mine = [&](const std::vector<std::string>& along) {
+    for (const auto& g : layout_groups(order, along)) {
+      if (std::find(g.begin(), g.end(), ps.rank) != g.end()) return world.group(g);
+    }
+    TORCH_CHECK(false, "rank ", ps.rank, " is in no group");
+  };
+  // Every rank creates its groups in this same order (group creation is collective).
+  ps.world = world.everyone();
+  ps.tp = mine({"tp"});
+  ps.cp = mine({"cp"});
+  ps.dp = mine({"dp"});
+  ps.pp = mine({"pp"});
+  ps.dp_cp = mine({"dp", "cp"});
+  ps.model_parallel = mine({"tp", "pp"});
+  return ps;
+}
+
+}  // namespace megatron::dist

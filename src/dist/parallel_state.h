@@ -1,0 +1,46 @@
+// Every process group of a job, built once from the parallel flags and passed explicitly
+// (no globals). Ranks are laid out in Megatron's order tp-cp-ep-dp-pp: tensor-parallel peers
+// are adjacent ranks (one node's fast links), pipeline stages the farthest apart.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "dist/process_group.h"
+#include "dist/world.h"
+
+namespace megatron::dist {
+
+struct ParallelState {
+  int rank = 0;
+  int world_size = 1;
+  Group world;
+  Group tp;              // tensor (and sequence) parallel peers
+  Group cp;              // context parallel
+  Group dp;              // data-parallel replicas: gradients are averaged here
+  Group pp;              // pipeline stages
+  Group dp_cp;           // gradient reduction group (dp x cp), as Megatron
+  Group model_parallel;  // tp x pp: one full model; norms and losses are reduced here
+
+  bool is_first_stage() const { return pp.rank() == 0; }
+  bool is_last_stage() const { return pp.rank() == pp.size() - 1; }
+  // Megatron prints the training log from the last rank (it holds the last stage's loss).
+  bool is_last_rank() const { return rank == world_size - 1; }
+
+  // One process: every group trivial.
+  static ParallelState single();
+  // Creates this rank's groups; every rank of `world` must call it with the same config.
+  static ParallelState build(World& world, const ParallelConfig& config);
+};
+
+// The rank groups of a layout: dimension sizes in `order` (e.g. {"tp", 2}, {"cp", 1}, ...,
+// fastest-varying first); each group holds the ranks that differ only in the dimensions
+// `along` names. Sorted; every rank is in exactly one group.
+struct LayoutDim {
+  std::string name;
+  int size;
+};
+std::vector<std::vector<int>> layout_groups(const std::vector<LayoutDim>& order, const std::vector<std::string>& along);
+
+}  // namespace megatron::dist

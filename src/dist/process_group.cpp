@@ -1,0 +1,113 @@
+#include "dist/process_group.h"
+
+#include <ATen/ATen.h>
+
+#include "dist/process_group_impl.h"
+
+namespace megatron::dist {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) { return op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM; }
+
+Work pending(c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> tensors) {
+  auto impl = std::make_shared<Work::Impl>();
+  impl->work = std::move(work);
+  impl->keep_alive = std::move(tensors);
+  return Work(std::move(impl));
+}
+
+void check_contiguous(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_contiguous(), "process group ", what, ": tensors must be contiguous");
+}
+
+}  // namespace
+
+void Work::wait() {
+  if (impl_ && impl_->work) impl_->work->wait();
+  impl_.reset();
+}
+
+Group::Group() : impl_(std::make_shared<Impl>()) {}
+
+int Group::size() const { return impl_->size; }
+int Group::rank() const { return impl_->rank; }
+const std::vector<int>& Group::global_ranks() const { return impl_->global_ranks; }
+
+std::string Group::describe() const {
+  std::string s = "[";
+  for (size_t i = 0; i < impl_->global_ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(impl_->global_ranks[i]);
+  return s + "]";
+}
+
+void Group::all_reduce(at::Tensor& t, ReduceOp op) const {
+  if (size() == 1) return;
+  check_contiguous(t, "all_reduce");
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  impl_->backend->allreduce(v, o)->wait();
+}
+
+Work Group::all_reduce_async(at::Tensor& t) const {
+  if (size() == 1) return Work();
+  check_contiguous(t, "all_reduce");
+  std::vector<at::Tensor> v{t};
+  return pending(impl_->backend->allreduce(v), {t});
+}
+
+Work Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
+  TORCH_CHECK(out.numel() == in.numel() * size(), "all_gather: output holds ", out.numel(), " elements, expected ",
+              in.numel() * size());
+  if (size() == 1) {
+    out.copy_(in.view(out.sizes()));
+    return Work();
+  }
+  check_contiguous(out, "all_gather");
+  at::Tensor input = in.contiguous();
+  return pending(impl_->backend->_allgather_base(out, input), {out, input});
+}
+
+void Group::all_gather(at::Tensor& out, const at::Tensor& in) const { all_gather_async(out, in).wait(); }
+
+Work Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const {
+  TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input holds ", in.numel(), " elements, expected ",
+              out.numel() * size());
+  if (size() == 1) {
+    out.copy_(in.view(out.sizes()));
+    return Work();
+  }
+  check_contiguous(out, "reduce_scatter");
+  at::Tensor input = in.contiguous();
+  return pending(impl_->backend->_reduce_scatter_base(out, input), {out, input});
+}
+
+void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in) const { reduce_scatter_async(out, in).wait(); }
+
+void Group::broadcast(at::Tensor& t, int root) const {
+  if (size() == 1) return;
+  check_contiguous(t, "broadcast");
+  std::vector<at::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  impl_->backend->broadcast(v, o)->wait();
+}
+
+void Group::barrier() const {
+  if (size() == 1) return;
+  impl_->backend->barrier()->wait();
+}
+
+void Group::send(const at::Tensor& t, int peer) const {
+  TORCH_CHECK(size() > 1, "send within a group of one process");
+  std::vector<at::Tensor> v{t.contiguous()};
+  impl_->backend->send(v, peer, /*tag=*/0)->wait();
+}
+
+void Group::recv(at::Tensor& t, int peer) const {
+  TORCH_CHECK(size() > 1, "recv within a group of one process");
+  check_contiguous(t, "recv");
+  std::vector<at::Tensor> v{t};
+  impl_->backend->recv(v, peer, /*tag=*/0)->wait();
+}
+
+}  // namespace megatron::dist

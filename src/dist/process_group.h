@@ -1,0 +1,61 @@
+// A process group: the ranks of one parallel dimension and the c10d backend (Gloo on CPU, NCCL
+// on CUDA) they talk over. A cheap handle; copies share the backend. The group of a process
+// alone has no backend and every collective on it is the identity, so single-process code
+// runs the same calls as parallel code. c10d stays out of this header.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace megatron::dist {
+
+enum class ReduceOp { Sum, Max };
+
+// An operation in flight. wait() blocks until it is done (NCCL: until the current stream is
+// ordered after it). A default-constructed Work is already done.
+class Work {
+ public:
+  Work() = default;
+  void wait();
+  struct Impl;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Group {
+ public:
+  Group();  // this process alone
+
+  int size() const;
+  int rank() const;                          // within the group
+  const std::vector<int>& global_ranks() const;
+  std::string describe() const;              // "[0, 2]"
+
+  // In place, over all members.
+  void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::Sum) const;
+  Work all_reduce_async(at::Tensor& t) const;
+  // out [size * n, ...] = the members' `in` [n, ...] concatenated along dim 0, in group rank order.
+  void all_gather(at::Tensor& out, const at::Tensor& in) const;
+  Work all_gather_async(at::Tensor& out, const at::Tensor& in) const;
+  // out [n, ...] = this rank's n-row block of the sum of the members' `in` [size * n, ...].
+  void reduce_scatter(at::Tensor& out, const at::Tensor& in) const;
+  Work reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const;
+  void broadcast(at::Tensor& t, int root) const;  // root: a rank within the group
+  void barrier() const;
+  // Point to point; peer is a rank within the group.
+  void send(const at::Tensor& t, int peer) const;
+  void recv(at::Tensor& t, int peer) const;
+
+  struct Impl;
+  explicit Group(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace megatron::dist

@@ -1,0 +1,43 @@
+// Rendezvous of all ranks of a job over c10d's TCPStore (rank 0 serves it at MASTER_ADDR:
+// MASTER_PORT), and creation of process groups over it. Gloo on CPU, NCCL on CUDA.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/launch_env.h"
+#include "dist/process_group.h"
+
+namespace megatron::dist {
+
+class World {
+ public:
+  // A single process: no store, every group trivial.
+  World();
+
+  // Joins the job `env` describes with backend "gloo" or "nccl". Every rank calls this; it
+  // returns when all WORLD_SIZE ranks have arrived, or throws UserError after `timeout` naming
+  // the address and how many ranks came.
+  static World connect(const LaunchEnv& env, const std::string& backend, std::chrono::milliseconds timeout);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& backend() const { return backend_; }
+
+  // The group of `ranks` (sorted global ranks, this rank among them). Collective over its
+  // members: each must ask for it, and every rank must ask for its groups in the same order.
+  // Asking again for the same ranks returns the same group.
+  Group group(const std::vector<int>& ranks);
+  Group everyone();
+
+ private:
+  struct Shared;
+  std::shared_ptr<Shared> shared_;
+  int rank_ = 0, size_ = 1;
+  std::string backend_ = "gloo";
+};
+
+}  // namespace megatron::dist

@@ -1,0 +1,164 @@
+#include "optim/grad_buffer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "tensor_parallel/sharding.h"
+
+namespace megatron {
+
+struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
+  GradReadyHook(ParamAndGradBuffer* owner, size_t index) : owner(owner), index(index) {}
+  void operator()(const torch::autograd::Variable&) override { owner->on_grad_ready(index); }
+  ParamAndGradBuffer* owner;
+  size_t index;
+};
+
+ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, const dist::ParallelState& ps, bool swiglu,
+                                       const GradBufferOptions& options)
+    : ps_(ps), options_(options) {
+  TORCH_CHECK(!named.empty(), "ParamAndGradBuffer: no parameters");
+  const int dp = ps.dp.size();
+  const at::TensorOptions param_options = named[0].tensor.options();
+  // Buckets padded to a multiple of DP (times 64 elements, to keep shards aligned).
+  const int64_t pad = options.distributed_optimizer ? int64_t(dp) * 64 : 1;
+  auto round_up = [&](int64_t n) { return (n + pad - 1) / pad * pad; };
+
+  int64_t offset = 0;
+  Bucket bucket;
+  for (auto it = named.rbegin(); it != named.rend(); ++it) {
+    TORCH_CHECK(it->tensor.scalar_type() == param_options.dtype().toScalarType(), "parameters of mixed dtypes");
+    BufferedParam p;
+    p.name = it->name;
+    p.param = it->tensor;
+    p.offset = offset;
+    p.numel = it->tensor.numel();
+    p.bucket = buckets_.size();
+    p.tp_duplicate = tp::shard_spec(p.name, swiglu).replicated();
+    p.tp_partial_grad = ps.tp.size() > 1 && tp::grad_is_partial_across_tp(p.name, options.sequence_parallel);
+    offset += p.numel;
+    bucket.params.push_back(params_.size());
+    params_.push_back(std::move(p));
+    if (offset - bucket.begin >= options.bucket_size || std::next(it) == named.rend()) {
+      offset = bucket.begin + round_up(offset - bucket.begin);
+      bucket.end = offset;
+      buckets_.push_back(std::move(bucket));
+      bucket = Bucket();
+      bucket.begin = offset;
+    }
+  }
+
+  at::NoGradGuard no_grad;
+  param_data = at::zeros({offset}, param_options);
+  grad_data = at::zeros({offset}, param_options.dtype(at::kFloat));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    BufferedParam& p = params_[i];
+    at::Tensor view = param_data.narrow(0, p.offset, p.numel).view(p.param.sizes());
+    view.copy_(p.param);
+    p.param.set_data(view);  // the parameter now lives in the buffer
+    p.main_grad = grad_data.narrow(0, p.offset, p.numel).view(p.param.sizes());
+    torch::autograd::impl::set_post_acc_grad_hooks(p.param, std::make_unique<GradReadyHook>(this, i));
+  }
+}
+
+ParamAndGradBuffer::~ParamAndGradBuffer() {
+  for (auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p.param, nullptr);
+}
+
+void ParamAndGradBuffer::zero_grad() {
+  grad_data.zero_();
+  for (auto& b : buckets_) {
+    b.pending = b.params.size();
+    b.launched = false;
+  }
+}
+
+void ParamAndGradBuffer::on_grad_ready(size_t index) {
+  BufferedParam& p = params_[index];
+  at::Tensor& grad = p.param.mutable_grad();
+  {
+    at::NoGradGuard no_grad;
+    p.main_grad.add_(grad);  // upcasts bf16 gradients into the fp32 accumulator
+  }
+  grad = at::Tensor();
+  if (!last_micro_batch_ || !options_.overlap_grad_reduce) return;
+  Bucket& b = buckets_[p.bucket];
+  if (b.pending > 0 && --b.pending == 0) launch(b);
+}
+
+std::pair<int64_t, int64_t> ParamAndGradBuffer::shard_of(const Bucket& b) const {
+  const int64_t size = (b.end - b.begin) / ps_.dp.size();
+  const int64_t begin = b.begin + size * ps_.dp.rank();
+  return {begin, begin + size};
+}
+
+void ParamAndGradBuffer::launch(Bucket& b) {
+  if (b.launched) return;
+  b.launched = true;
+  if (ps_.dp.size() == 1) return;
+  at::NoGradGuard no_grad;
+  at::Tensor grads = grad_data.narrow(0, b.begin, b.end - b.begin);
+  grads.mul_(1.0 / ps_.dp.size());  // averaged over replicas, as Megatron scales before reducing
+  if (options_.distributed_optimizer) {
+    const auto [begin, end] = shard_of(b);
+    b.reduced = at::empty({end - begin}, grads.options());
+    b.work = ps_.dp.reduce_scatter_async(b.reduced, grads);
+  } else {
+    b.work = ps_.dp.all_reduce_async(grads);
+  }
+}
+
+void ParamAndGradBuffer::finish_grad_sync() {
+  at::NoGradGuard no_grad;
+  for (auto& b : buckets_) launch(b);
+  for (auto& b : buckets_) {
+    b.work.wait();
+    if (b.reduced.defined()) {
+      const auto [begin, end] = shard_of(b);
+      grad_data.narrow(0, begin, end - begin).copy_(b.reduced);
+      b.reduced = at::Tensor();
+    }
+  }
+  if (ps_.tp.size() > 1) {
+    std::vector<at::Tensor> partial;
+    for (auto& p : params_) {
+      if (p.tp_partial_grad) partial.push_back(p.main_grad.view(-1));
+    }
+    if (!partial.empty()) {
+      at::Tensor flat = at::cat(partial);
+      ps_.tp.all_reduce(flat);
+      int64_t at = 0;
+      for (auto& g : partial) {
+        g.copy_(flat.narrow(0, at, g.numel()));
+        at += g.numel();
+      }
+    }
+  }
+}
+
+void ParamAndGradBuffer::start_param_gather() {
+  if (!options_.distributed_optimizer || ps_.dp.size() == 1) return;
+  for (auto& b : buckets_) {
+    const auto [begin, end] = shard_of(b);
+    at::Tensor bucket = param_data.narrow(0, b.begin, b.end - b.begin);
+    b.gathered_shard = param_data.narrow(0, begin, end - begin).clone();  // the input must not alias the output
+    b.gather = ps_.dp.all_gather_async(bucket, b.gathered_shard);
+  }
+}
+
+void ParamAndGradBuffer::finish_param_gather() {
+  for (auto& b : buckets_) {
+    b.gather.wait();
+    b.gathered_shard = at::Tensor();
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamAndGradBuffer::owned_ranges() const {
+  if (!options_.distributed_optimizer) return {{0, param_data.numel()}};
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& b : buckets_) ranges.push_back(shard_of(b));
+  return ranges;
+}
+
+}  // namespace megatron

@@ -1,0 +1,100 @@
+// Parameters and their fp32 gradients in contiguous buffers, reduced over data-parallel
+// replicas in buckets (Megatron-Core's ParamAndGradBuffer + DistributedDataParallel).
+//
+// The model's parameters become views into `param_data`, so the distributed optimizer can
+// all-gather them in place; each parameter's gradient is added into its fp32 `main_grad` view
+// of `grad_data` by a hook the moment autograd produces it (the parameter's .grad is then
+// dropped). Parameters are laid out in reverse registration order, roughly the order backward
+// produces them, and grouped into buckets; during the last micro-batch a bucket's reduction
+// (all-reduce, or reduce-scatter for the distributed optimizer) starts as soon as all its
+// gradients are in (--overlap-grad-reduce), else all start after backward.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/parallel_state.h"
+
+namespace megatron {
+
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+};
+
+struct GradBufferOptions {
+  int64_t bucket_size = 40000000;      // elements per bucket (Megatron's default)
+  bool overlap_grad_reduce = false;
+  bool distributed_optimizer = false;  // reduce-scatter: each DP rank keeps its shard of each bucket
+  bool sequence_parallel = false;
+};
+
+struct BufferedParam {
+  std::string name;
+  at::Tensor param;       // the model's parameter, a view into param_data
+  at::Tensor main_grad;   // fp32, the parameter's shape, a view into grad_data
+  int64_t offset = 0;     // of the parameter in both buffers
+  int64_t numel = 0;
+  size_t bucket = 0;
+  bool tp_duplicate = false;     // the same on every TP rank: counted once in norms
+  bool tp_partial_grad = false;  // each TP rank holds a partial gradient: all-reduced across TP
+};
+
+class ParamAndGradBuffer {
+ public:
+  ParamAndGradBuffer(const std::vector<NamedTensor>& params, const dist::ParallelState& ps, bool swiglu,
+                     const GradBufferOptions& options);
+  ~ParamAndGradBuffer();
+  ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
+  ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;
+
+  void zero_grad();
+  // Reductions start from the hooks only during the last micro-batch of a step.
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  // Every bucket reduced and averaged over DP (with the distributed optimizer: this rank's
+  // shard of each bucket), then partial TP gradients all-reduced.
+  void finish_grad_sync();
+  // Distributed optimizer: every rank's updated shard to every DP replica.
+  void start_param_gather();
+  void finish_param_gather();
+
+  // [begin, end) ranges of the buffers this DP rank's optimizer steps: its shard of every
+  // bucket with the distributed optimizer, everything otherwise.
+  std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
+  std::vector<BufferedParam>& params() { return params_; }
+  const std::vector<BufferedParam>& params() const { return params_; }
+  const dist::ParallelState& parallel_state() const { return ps_; }
+  bool distributed_optimizer() const { return options_.distributed_optimizer; }
+  size_t num_buckets() const { return buckets_.size(); }
+
+  at::Tensor param_data;  // [N] in the parameters' dtype
+  at::Tensor grad_data;   // [N] fp32
+
+ private:
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // in the buffers; a multiple of DP long with the distributed optimizer
+    std::vector<size_t> params;
+    size_t pending = 0;          // gradients not yet in during the last micro-batch
+    bool launched = false;
+    dist::Work work;
+    at::Tensor reduced;          // reduce-scatter output, copied into the shard when done
+    dist::Work gather;
+    at::Tensor gathered_shard;   // all-gather input
+  };
+  friend struct GradReadyHook;
+  void on_grad_ready(size_t index);
+  void launch(Bucket& bucket);
+  std::pair<int64_t, int64_t> shard_of(const Bucket& bucket) const;
+
+  dist::ParallelState ps_;
+  GradBufferOptions options_;
+  std::vector<BufferedParam> params_;
+  std::vector<Bucket> buckets_;
+  bool last_micro_batch_ = true;
+};
+
+}  // namespace megatron

@@ -1,0 +1,55 @@
+#include "tensor_parallel/cross_entropy.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "tensor_parallel/group_capsule.h"
+
+namespace megatron::tp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
+                            const dist::Group& tp) {
+    const int64_t rows = logits.size(-1);
+    const int64_t first = tp.rank() * rows;
+    at::Tensor x = logits.to(at::kFloat).contiguous();                    // [s, b, V/tp]
+    if (logits.scalar_type() == at::kFloat) x = x.clone();
+    at::Tensor max = std::get<0>(x.max(-1)).contiguous();                 // [s, b]
+    tp.all_reduce(max, dist::ReduceOp::Max);
+    x.sub_(max.unsqueeze(-1));
+    at::Tensor outside = (targets < first).logical_or(targets >= first + rows);
+    at::Tensor local = (targets - first).masked_fill(outside, 0);         // [s, b]
+    at::Tensor target_logit = x.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0).contiguous();
+    tp.all_reduce(target_logit);
+    x.exp_();                                                             // [s, b, V/tp] exp(logit - max)
+    at::Tensor sum = x.sum(-1).contiguous();                              // [s, b]
+    tp.all_reduce(sum);
+    at::Tensor loss = sum.log() - target_logit;                           // [s, b]
+    x.div_(sum.unsqueeze(-1));                                            // softmax, kept for backward
+    ctx->save_for_backward({x, local, outside});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor grad = saved[0].clone();                                   // softmax [s, b, V/tp]
+    at::Tensor is_mine = saved[2].logical_not().to(at::kFloat).unsqueeze(-1);
+    grad.scatter_add_(-1, saved[1].unsqueeze(-1), -is_mine);              // softmax - one_hot(target)
+    grad.mul_(grads[0].unsqueeze(-1));
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grad.to(dtype), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const dist::Group& tp) {
+  return VocabParallelCrossEntropy::apply(logits, targets, tp);
+}
+
+}  // namespace megatron::tp

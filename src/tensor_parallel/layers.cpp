@@ -1,0 +1,62 @@
+#include "tensor_parallel/layers.h"
+
+#include <ATen/ATen.h>
+
+#include "tensor_parallel/mappings.h"
+
+namespace megatron::tp {
+namespace {
+
+int64_t split(int64_t n, const TensorParallel& tp, const char* what) {
+  TORCH_CHECK(n % tp.size() == 0, what, " ", n, " is not divisible by the tensor-parallel size ", tp.size());
+  return n / tp.size();
+}
+
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp) : tp_(tp) {
+  const int64_t local_out = split(out, tp, "output features");
+  weight = register_parameter("weight", at::empty({local_out, in}));
+  if (bias) this->bias = register_parameter("bias", at::zeros({local_out}));
+}
+
+at::Tensor ColumnParallelLinear::enter(const at::Tensor& x) const {
+  return tp_.sequence_parallel ? gather_from_sp(x, tp_.group) : copy_to_tp(x, tp_.group);
+}
+
+at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return at::linear(enter(x), weight, bias); }
+
+LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, NormKind norm, double eps,
+                                                             const TensorParallel& tp)
+    : ColumnParallelLinear(in, out, bias, tp), norm_(norm), eps_(eps) {
+  layer_norm_weight = register_parameter("layer_norm_weight", at::ones({in}));
+  if (norm == NormKind::LayerNorm) layer_norm_bias = register_parameter("layer_norm_bias", at::zeros({in}));
+}
+
+at::Tensor LayerNormColumnParallelLinear::forward(const at::Tensor& x) const {
+  // The norm runs where x lives (on the sequence shard under SP), before entering the region.
+  return at::linear(enter(apply_norm(x, layer_norm_weight, layer_norm_bias, norm_, eps_)), weight, bias);
+}
+
+RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp) : tp_(tp) {
+  weight = register_parameter("weight", at::empty({out, split(in, tp, "input features")}));
+  if (bias) this->bias = register_parameter("bias", at::zeros({out}));
+}
+
+at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
+  at::Tensor partial = at::linear(x, weight);  // [s, b, out], this rank's share of the sum
+  at::Tensor y = tp_.sequence_parallel ? reduce_scatter_to_sp(partial, tp_.group) : reduce_from_tp(partial, tp_.group);
+  return bias.defined() ? y + bias : y;
+}
+
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp) {
+  if (tp.size() == 1) return at::embedding(weight, tokens);
+  const int64_t rows = weight.size(0);
+  const int64_t first = tp.rank() * rows;
+  at::Tensor outside = (tokens < first).logical_or(tokens >= first + rows);        // [s, b]
+  at::Tensor local = (tokens - first).masked_fill(outside, 0);
+  at::Tensor e = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0);  // [s, b, h]
+  return reduce_from_tp(e, tp.group);
+}
+
+}  // namespace megatron::tp

@@ -1,0 +1,72 @@
+// Tensor-parallel linear layers and the vocab-parallel embedding, named as Megatron-Core
+// (Transformer Engine) names them so parameter names match Megatron checkpoints
+// (`linear_qkv.weight`, `linear_qkv.layer_norm_weight`, ...). Shapes are this rank's shard.
+//
+// Without sequence parallelism the activations between layers are whole on every TP rank;
+// with it they are [s/tp, b, h] slices, gathered before a column-parallel layer and
+// reduce-scattered after a row-parallel one.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include "dist/process_group.h"
+#include "model/norm.h"
+
+namespace megatron::tp {
+
+struct TensorParallel {
+  dist::Group group;               // the TP peers (a group of one: no parallelism)
+  bool sequence_parallel = false;
+  int size() const { return group.size(); }
+  int rank() const { return group.rank(); }
+};
+
+// Y = X A^T with A split by output rows: [..., in] -> [..., out/tp].
+class ColumnParallelLinear : public torch::nn::Module {
+ public:
+  ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const TensorParallel& tp);
+  // x: [s, b, in] ([s/tp, b, in] with sequence parallelism) -> [s, b, out/tp]
+  at::Tensor forward(const at::Tensor& x) const;
+
+  at::Tensor weight;  // [out/tp, in]
+  at::Tensor bias;    // [out/tp] or undefined
+
+ protected:
+  at::Tensor enter(const at::Tensor& x) const;  // into the column-parallel region
+  TensorParallel tp_;
+};
+
+// The norm that precedes a column-parallel layer, fused into it (TE's LayerNormColumnParallelLinear).
+class LayerNormColumnParallelLinear : public ColumnParallelLinear {
+ public:
+  LayerNormColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, NormKind norm, double eps,
+                                const TensorParallel& tp);
+  at::Tensor forward(const at::Tensor& x) const;
+
+  at::Tensor layer_norm_weight;  // [in], replicated
+  at::Tensor layer_norm_bias;    // [in] for LayerNorm, undefined for RMSNorm
+
+ private:
+  NormKind norm_;
+  double eps_;
+};
+
+// Y = X A^T with A split by input columns: [..., in/tp] -> [..., out], summed over TP.
+class RowParallelLinear : public torch::nn::Module {
+ public:
+  RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, const TensorParallel& tp);
+  // x: [s, b, in/tp] -> [s, b, out] ([s/tp, b, out] with sequence parallelism)
+  at::Tensor forward(const at::Tensor& x) const;
+
+  at::Tensor weight;  // [out, in/tp]
+  at::Tensor bias;    // [out], replicated; added after the reduction
+
+ private:
+  TensorParallel tp_;
+};
+
+// Lookup in a vocab-parallel table: weight [V/tp, h] holds rows [rank * V/tp, (rank+1) * V/tp).
+// tokens [s, b] -> [s, b, h], summed over TP (each id is found on exactly one rank).
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp);
+
+}  // namespace megatron::tp
