@@ -118,6 +118,8 @@ std::vector<Flag> train_flags(Config& c) {
       {"load", Kind::String, &t.load, "checkpoint directory to resume from"},
       {"save-interval", Kind::Int64, &t.save_interval, "iterations between checkpoints"},
       {"exit-interval", Kind::Int64, &t.exit_interval, "stop after an iteration divisible by this (saving first)"},
+      {"check-weight-hash-across-dp-replicas-interval", Kind::Int64, &t.check_weight_hash_across_dp_replicas_interval,
+       "every N iterations, check the weights are identical on all data-parallel replicas"},
       {"no-load-optim", Kind::Bool, &t.no_load_optim, "do not load optimizer state"},
       {"no-load-rng", Kind::Bool, &t.no_load_rng, "do not load RNG state"},
       {"device", Kind::String, &t.device, "auto, cpu or cuda"},
@@ -465,6 +467,9 @@ void finalize_config(Config& c, int world_size) {
   if (t.log_interval <= 0) throw UserError("--log-interval must be positive");
   if (t.eval_interval < 0 || t.eval_iters < 0) throw UserError("--eval-interval and --eval-iters must be >= 0");
   if (t.save_interval < 0 || t.exit_interval < 0) throw UserError("--save-interval and --exit-interval must be >= 0");
+  if (t.check_weight_hash_across_dp_replicas_interval < 0) {
+    throw UserError("--check-weight-hash-across-dp-replicas-interval must be >= 0");
+  }
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda") {
     throw UserError("--device must be auto, cpu or cuda (got '" + t.device + "')");
   }

@@ -116,6 +116,8 @@ struct TrainConfig {
   bool no_load_optim = false;
   bool no_load_rng = false;
 
+  int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never
+
   std::string device = "auto";   // auto | cpu | cuda
   int cpu_threads = 0;           // 0: one per core
   double peak_tflops = 0.0;      // MFU denominator; 0: 989 on CUDA (H100/H200 dense bf16), none on CPU

@@ -82,6 +82,7 @@ class Trainer {
   void save(const char* why);
   void log_iteration(double grad_norm);
   bool stop_requested();
+  void check_weight_hash();
   // The mean over data-parallel replicas of a per-replica value.
   double dp_mean(const at::Tensor& value);
   bool prints_setup() const { return ps_.rank == 0; }
@@ -221,6 +222,10 @@ int Trainer::run() {
     }
 
     if (progress_.iteration % t_.log_interval == 0) log_iteration(grad_norm);
+    if (t_.check_weight_hash_across_dp_replicas_interval > 0 &&
+        progress_.iteration % t_.check_weight_hash_across_dp_replicas_interval == 0) {
+      check_weight_hash();
+    }
     if (t_.eval_interval > 0 && t_.eval_iters > 0 && valid_data_ && progress_.iteration % t_.eval_interval == 0) {
       const double valid_loss = evaluate();
       if (prints_log()) std::printf("%s\n", format_validation_log("validation", progress_.iteration, valid_loss).c_str());
@@ -252,6 +257,27 @@ bool Trainer::stop_requested() {
   const int signal = static_cast<int>(flag.item<float>());
   if (signal != 0) g_stop_signal.store(signal);
   return signal != 0;
+}
+
+// FNV-1a over the bytes of this rank's parameters, compared across data-parallel replicas.
+void Trainer::check_weight_hash() {
+  const at::Tensor bytes = buffer_->param_data.cpu().contiguous();
+  const auto* data = static_cast<const uint8_t*>(bytes.data_ptr());
+  uint64_t hash = 1469598103934665603ULL;
+  for (size_t i = 0; i < bytes.nbytes(); ++i) hash = (hash ^ data[i]) * 1099511628211ULL;
+  std::printf("> iteration %lld: weight hash %016llx (tensor-parallel rank %d, data-parallel rank %d)\n",
+              static_cast<long long>(progress_.iteration), static_cast<unsigned long long>(hash), ps_.tp.rank(), ps_.dp.rank());
+  std::fflush(stdout);
+  at::Tensor mine = at::full({1}, static_cast<int64_t>(hash), at::TensorOptions().dtype(at::kLong).device(device_));
+  at::Tensor all = at::empty({ps_.dp.size()}, mine.options());
+  ps_.dp.all_gather(all, mine);
+  const at::Tensor all_cpu = all.cpu();
+  for (int r = 0; r < ps_.dp.size(); ++r) {
+    if (all_cpu[r].item<int64_t>() != static_cast<int64_t>(hash)) {
+      throw std::runtime_error("iteration " + std::to_string(progress_.iteration) + ": weights differ between data-parallel rank " +
+                               std::to_string(ps_.dp.rank()) + " and " + std::to_string(r));
+    }
+  }
 }
 
 double Trainer::dp_mean(const at::Tensor& value) {
