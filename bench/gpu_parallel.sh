@@ -38,7 +38,7 @@ run_small single 1
 printf '| layout | max relative loss difference vs 1 GPU | steps | verdict |\n|---|---|---|---|\n'
 for layout in "tp2:--tensor-model-parallel-size 2" "tp2_sp:--tensor-model-parallel-size 2 --sequence-parallel" \
               "dp2:" "dp2_distopt:--use-distributed-optimizer" \
-              "dp2_distopt_overlap:--use-distributed-optimizer --overlap-grad-reduce --ddp-bucket-size 1000000"; do
+              "dp2_distopt_overlap:--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000000"; do
   name=${layout%%:*}; flags=${layout#*:}
   # shellcheck disable=SC2086
   run_small "$name" 2 $flags
@@ -61,7 +61,7 @@ one=$(bench gpu1 1 4)
 eager=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --iters 10 2>&1 | tail -1 | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
 printf '| layout | GPUs | global batch | tokens/s/GPU | scaling efficiency vs 1 GPU |\n|---|---|---|---|---|\n'
 printf '| HF eager baseline | 1 | 4 | %s | |\n| megatron.cpp | 1 | 4 | %s | 1.00 |\n' "$eager" "$one"
-for layout in "DP=2:8:--overlap-grad-reduce" "DP=2 distributed optimizer:8:--use-distributed-optimizer --overlap-grad-reduce" \
+for layout in "DP=2:8:--overlap-grad-reduce" "DP=2 distributed optimizer:8:--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather" \
               "TP=2:4:--tensor-model-parallel-size 2" "TP=2 + SP:4:--tensor-model-parallel-size 2 --sequence-parallel"; do
   name=${layout%%:*}; rest=${layout#*:}; gbs=${rest%%:*}; flags=${rest#*:}
   # shellcheck disable=SC2086

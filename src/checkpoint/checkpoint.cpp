@@ -25,7 +25,8 @@ const char* kTracker = "latest_checkpointed_iteration.txt";
 
 std::vector<at::Generator> generators() {
   std::vector<at::Generator> gens = {at::detail::getDefaultCPUGenerator()};
-  if (at::hasCUDA()) gens.push_back(at::globalContext().defaultGenerator(at::Device(at::kCUDA, 0)));
+  // The current device's generator: each rank has its own GPU.
+  if (at::hasCUDA()) gens.push_back(at::globalContext().defaultGenerator(at::Device(at::kCUDA)));
   return gens;
 }
 

@@ -73,7 +73,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"sequence-parallel", Kind::Bool, &p.sequence_parallel, "sequence parallelism (with TP)"},
       {"use-distributed-optimizer", Kind::Bool, &p.use_distributed_optimizer, "shard optimizer state over data-parallel ranks"},
       {"overlap-grad-reduce", Kind::Bool, &p.overlap_grad_reduce, "reduce gradient buckets during backward"},
-      {"overlap-param-gather", Kind::Bool, &p.overlap_param_gather, "(accepted; parameters are gathered after the step)"},
+      {"overlap-param-gather", Kind::Bool, &p.overlap_param_gather, "with the distributed optimizer: all-gather parameters during the next forward"},
       {"ddp-bucket-size", Kind::Int64, &p.ddp_bucket_size, "elements per gradient bucket (default max(40M, 1M x DP))"},
       {"distributed-backend", Kind::String, &p.distributed_backend, "nccl or gloo (default: nccl on CUDA, gloo on CPU)"},
       {"distributed-timeout-minutes", Kind::Double, &p.distributed_timeout_minutes, "rendezvous and collective timeout"},

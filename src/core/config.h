@@ -57,7 +57,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;   // reduce gradient buckets while backward runs
-  bool overlap_param_gather = false;  // accepted for Megatron scripts; the all-gather runs after the step
+  bool overlap_param_gather = false;  // distributed optimizer: all-gather layer by layer into the next forward
   int64_t ddp_bucket_size = 0;        // elements per gradient bucket; 0: max(40M, 1M x DP) as Megatron
   std::string distributed_backend;    // nccl | gloo; "": nccl on CUDA, gloo on CPU
   double distributed_timeout_minutes = 10.0;

@@ -7,7 +7,13 @@
 namespace megatron::dist {
 namespace {
 
-c10d::ReduceOp to_c10d(ReduceOp op) { return op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM; }
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Avg: return c10d::ReduceOp::AVG;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
 
 Work pending(c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> tensors) {
   auto impl = std::make_shared<Work::Impl>();
@@ -29,6 +35,8 @@ void Work::wait() {
 
 Group::Group() : impl_(std::make_shared<Impl>()) {}
 
+bool Group::supports_avg() const { return impl_->supports_avg; }
+
 int Group::size() const { return impl_->size; }
 int Group::rank() const { return impl_->rank; }
 const std::vector<int>& Group::global_ranks() const { return impl_->global_ranks; }
@@ -48,11 +56,14 @@ void Group::all_reduce(at::Tensor& t, ReduceOp op) const {
   impl_->backend->allreduce(v, o)->wait();
 }
 
-Work Group::all_reduce_async(at::Tensor& t) const {
+Work Group::all_reduce_async(at::Tensor& t, ReduceOp op) const {
   if (size() == 1) return Work();
   check_contiguous(t, "all_reduce");
+  TORCH_CHECK(op != ReduceOp::Avg || supports_avg(), "this backend cannot average in a collective");
   std::vector<at::Tensor> v{t};
-  return pending(impl_->backend->allreduce(v), {t});
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  return pending(impl_->backend->allreduce(v, o), {t});
 }
 
 Work Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
@@ -69,7 +80,7 @@ Work Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
 
 void Group::all_gather(at::Tensor& out, const at::Tensor& in) const { all_gather_async(out, in).wait(); }
 
-Work Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const {
+Work Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp op) const {
   TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input holds ", in.numel(), " elements, expected ",
               out.numel() * size());
   if (size() == 1) {
@@ -77,8 +88,11 @@ Work Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const {
     return Work();
   }
   check_contiguous(out, "reduce_scatter");
+  TORCH_CHECK(op != ReduceOp::Avg || supports_avg(), "this backend cannot average in a collective");
   at::Tensor input = in.contiguous();
-  return pending(impl_->backend->_reduce_scatter_base(out, input), {out, input});
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = to_c10d(op);
+  return pending(impl_->backend->_reduce_scatter_base(out, input, o), {out, input});
 }
 
 void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in) const { reduce_scatter_async(out, in).wait(); }

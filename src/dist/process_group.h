@@ -12,7 +12,7 @@
 
 namespace megatron::dist {
 
-enum class ReduceOp { Sum, Max };
+enum class ReduceOp { Sum, Max, Avg };  // Avg: NCCL only (see supports_avg)
 
 // An operation in flight. wait() blocks until it is done (NCCL: until the current stream is
 // ordered after it). A default-constructed Work is already done.
@@ -35,16 +35,20 @@ class Group {
   int rank() const;                          // within the group
   const std::vector<int>& global_ranks() const;
   std::string describe() const;              // "[0, 2]"
+  bool supports_avg() const;                 // the backend averages in the collective (NCCL)
+  // Whether all_gather / reduce_scatter may take as input (output) this rank's block of their
+  // output (input), saving a copy (NCCL; Gloo's may not alias).
+  bool supports_in_place() const { return supports_avg(); }
 
   // In place, over all members.
   void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::Sum) const;
-  Work all_reduce_async(at::Tensor& t) const;
+  Work all_reduce_async(at::Tensor& t, ReduceOp op = ReduceOp::Sum) const;
   // out [size * n, ...] = the members' `in` [n, ...] concatenated along dim 0, in group rank order.
   void all_gather(at::Tensor& out, const at::Tensor& in) const;
   Work all_gather_async(at::Tensor& out, const at::Tensor& in) const;
   // out [n, ...] = this rank's n-row block of the sum of the members' `in` [size * n, ...].
   void reduce_scatter(at::Tensor& out, const at::Tensor& in) const;
-  Work reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const;
+  Work reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::Sum) const;
   void broadcast(at::Tensor& t, int root) const;  // root: a rank within the group
   void barrier() const;
   // Point to point; peer is a rank within the group.

@@ -12,6 +12,7 @@ struct Group::Impl {
   int rank = 0;
   int size = 1;
   std::vector<int> global_ranks{0};
+  bool supports_avg = false;
 };
 
 struct Work::Impl {

@@ -112,6 +112,7 @@ Group World::group(const std::vector<int>& ranks) {
   impl->rank = static_cast<int>(self - ranks.begin());
   impl->size = static_cast<int>(ranks.size());
   impl->global_ranks = ranks;
+  impl->supports_avg = backend_ == "nccl";
   std::string key = "megatron/group";
   for (int r : ranks) key += "_" + std::to_string(r);
   auto store = c10::make_intrusive<c10d::PrefixStore>(key, shared_->store);

@@ -75,6 +75,7 @@ const RopeTables* GPTModel::rope_for(int64_t seq_len, const at::Device& device) 
 
 at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask) {
   const int64_t s = tokens.size(1);
+  if (before_use) before_use({word_embeddings, position_embeddings});
   at::Tensor hidden = tp::vocab_parallel_embedding(word_embeddings, tokens.t(), tp_);  // [s, b, h]
   if (position_embeddings.defined()) {
     hidden = position_ids.defined()
@@ -90,8 +91,10 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
     tables = &*gathered;
   }
   for (const auto& module : *layers) {
+    if (before_use) before_use(module->parameters());
     hidden = module->as<TransformerLayer>()->forward(hidden, tables, attention_mask);
   }
+  if (before_use) before_use({final_layernorm_weight, final_layernorm_bias, output_layer_weight});
   hidden = apply_norm(hidden, final_layernorm_weight, final_layernorm_bias,
                       norm_kind_from_name(config_.normalization), config_.norm_epsilon);
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;

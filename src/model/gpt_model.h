@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -60,6 +61,10 @@ class GPTModel : public torch::nn::Module {
   at::Tensor final_layernorm_weight;  // [h]
   at::Tensor final_layernorm_bias;    // [h] LayerNorm only
   at::Tensor output_layer_weight;     // [V/tp, h] when untied
+
+  // Called in forward with the parameters the next part (embedding, a layer, the head) is
+  // about to use, so an overlapped parameter all-gather need only have finished for those.
+  std::function<void(const std::vector<at::Tensor>&)> before_use;
 
  private:
   const RopeTables* rope_for(int64_t seq_len, const at::Device& device);

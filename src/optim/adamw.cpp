@@ -89,7 +89,7 @@ void AdamW::copy_master_to_model() {
     if (!p.master.is_same(p.model_slice)) p.model_slice.copy_(p.master);
   }
   buffer_.start_param_gather();
-  buffer_.finish_param_gather();
+  if (!buffer_.overlap_param_gather()) buffer_.finish_param_gather();
 }
 
 std::vector<NamedTensor> AdamW::state() const {

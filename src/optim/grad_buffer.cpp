@@ -59,6 +59,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
     p.param.set_data(view);  // the parameter now lives in the buffer
     p.main_grad = grad_data.narrow(0, p.offset, p.numel).view(p.param.sizes());
     torch::autograd::impl::set_post_acc_grad_hooks(p.param, std::make_unique<GradReadyHook>(this, i));
+    bucket_of_[p.param.unsafeGetTensorImpl()] = p.bucket;
   }
 }
 
@@ -99,13 +100,19 @@ void ParamAndGradBuffer::launch(Bucket& b) {
   if (ps_.dp.size() == 1) return;
   at::NoGradGuard no_grad;
   at::Tensor grads = grad_data.narrow(0, b.begin, b.end - b.begin);
-  grads.mul_(1.0 / ps_.dp.size());  // averaged over replicas, as Megatron scales before reducing
+  // Averaged over replicas: by the collective where it can (NCCL), else scaled first.
+  dist::ReduceOp op = dist::ReduceOp::Avg;
+  if (!ps_.dp.supports_avg()) {
+    grads.mul_(1.0 / ps_.dp.size());
+    op = dist::ReduceOp::Sum;
+  }
   if (options_.distributed_optimizer) {
     const auto [begin, end] = shard_of(b);
-    b.reduced = at::empty({end - begin}, grads.options());
-    b.work = ps_.dp.reduce_scatter_async(b.reduced, grads);
+    at::Tensor shard = grad_data.narrow(0, begin, end - begin);
+    if (!ps_.dp.supports_in_place()) b.reduced = at::empty({end - begin}, grads.options());
+    b.work = ps_.dp.reduce_scatter_async(b.reduced.defined() ? b.reduced : shard, grads, op);
   } else {
-    b.work = ps_.dp.all_reduce_async(grads);
+    b.work = ps_.dp.all_reduce_async(grads, op);
   }
 }
 
@@ -139,16 +146,29 @@ void ParamAndGradBuffer::finish_grad_sync() {
 
 void ParamAndGradBuffer::start_param_gather() {
   if (!options_.distributed_optimizer || ps_.dp.size() == 1) return;
-  for (auto& b : buckets_) {
+  // The last buckets hold the first layers (the buffer is in reverse order): they go first.
+  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
+    Bucket& b = *it;
     const auto [begin, end] = shard_of(b);
     at::Tensor bucket = param_data.narrow(0, b.begin, b.end - b.begin);
-    b.gathered_shard = param_data.narrow(0, begin, end - begin).clone();  // the input must not alias the output
+    b.gathered_shard = param_data.narrow(0, begin, end - begin);
+    if (!ps_.dp.supports_in_place()) b.gathered_shard = b.gathered_shard.clone();
     b.gather = ps_.dp.all_gather_async(bucket, b.gathered_shard);
   }
 }
 
 void ParamAndGradBuffer::finish_param_gather() {
   for (auto& b : buckets_) {
+    b.gather.wait();
+    b.gathered_shard = at::Tensor();
+  }
+}
+
+void ParamAndGradBuffer::wait_for_params(const std::vector<at::Tensor>& params) {
+  for (const auto& p : params) {
+    auto it = bucket_of_.find(p.unsafeGetTensorImpl());
+    if (it == bucket_of_.end()) continue;
+    Bucket& b = buckets_[it->second];
     b.gather.wait();
     b.gathered_shard = at::Tensor();
   }

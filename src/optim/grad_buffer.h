@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,6 +31,7 @@ struct GradBufferOptions {
   int64_t bucket_size = 40000000;      // elements per bucket (Megatron's default)
   bool overlap_grad_reduce = false;
   bool distributed_optimizer = false;  // reduce-scatter: each DP rank keeps its shard of each bucket
+  bool overlap_param_gather = false;   // all-gathers run into the next forward (see wait_for_params)
   bool sequence_parallel = false;
 };
 
@@ -58,9 +60,13 @@ class ParamAndGradBuffer {
   // Every bucket reduced and averaged over DP (with the distributed optimizer: this rank's
   // shard of each bucket), then partial TP gradients all-reduced.
   void finish_grad_sync();
-  // Distributed optimizer: every rank's updated shard to every DP replica.
+  // Distributed optimizer: every rank's updated shard to every DP replica. Started after the
+  // step (first layers' buckets first); finish waits for all, wait_for_params for the buckets
+  // holding `params` only, so the next forward can start while later layers still arrive.
   void start_param_gather();
   void finish_param_gather();
+  void wait_for_params(const std::vector<at::Tensor>& params);
+  bool overlap_param_gather() const { return options_.overlap_param_gather; }
 
   // [begin, end) ranges of the buffers this DP rank's optimizer steps: its shard of every
   // bucket with the distributed optimizer, everything otherwise.
@@ -81,9 +87,9 @@ class ParamAndGradBuffer {
     size_t pending = 0;          // gradients not yet in during the last micro-batch
     bool launched = false;
     dist::Work work;
-    at::Tensor reduced;          // reduce-scatter output, copied into the shard when done
+    at::Tensor reduced;          // reduce-scatter output where the backend cannot write into the shard
     dist::Work gather;
-    at::Tensor gathered_shard;   // all-gather input
+    at::Tensor gathered_shard;   // all-gather input (a copy of the shard where the backend cannot alias)
   };
   friend struct GradReadyHook;
   void on_grad_ready(size_t index);
@@ -94,6 +100,7 @@ class ParamAndGradBuffer {
   GradBufferOptions options_;
   std::vector<BufferedParam> params_;
   std::vector<Bucket> buckets_;
+  std::map<const void*, size_t> bucket_of_;  // parameter (TensorImpl) -> its bucket
   bool last_micro_batch_ = true;
 };
 

@@ -138,9 +138,13 @@ int Trainer::run() {
   buffer_options.bucket_size = p.ddp_bucket_size > 0 ? p.ddp_bucket_size : std::max<int64_t>(40000000, 1000000LL * ps_.dp.size());
   buffer_options.overlap_grad_reduce = p.overlap_grad_reduce;
   buffer_options.distributed_optimizer = p.use_distributed_optimizer;
+  buffer_options.overlap_param_gather = p.overlap_param_gather && p.use_distributed_optimizer;
   buffer_options.sequence_parallel = p.sequence_parallel;
   buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
   optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
+  if (buffer_->overlap_param_gather()) {
+    model_->before_use = [this](const std::vector<at::Tensor>& params) { buffer_->wait_for_params(params); };
+  }
 
   // Data-parallel rank r takes micro-batch-size samples at offset r * micro-batch-size of every
   // micro-batch-size x DP block (Megatron's pretraining sampler).
@@ -261,6 +265,7 @@ bool Trainer::stop_requested() {
 
 // FNV-1a over the bytes of this rank's parameters, compared across data-parallel replicas.
 void Trainer::check_weight_hash() {
+  buffer_->finish_param_gather();
   const at::Tensor bytes = buffer_->param_data.cpu().contiguous();
   const auto* data = static_cast<const uint8_t*>(bytes.data_ptr());
   uint64_t hash = 1469598103934665603ULL;
@@ -342,6 +347,7 @@ double Trainer::evaluate() {
 void Trainer::save(const char* why) {
   if (last_saved_ == progress_.iteration) return;
   const auto start = std::chrono::steady_clock::now();
+  buffer_->finish_param_gather();
   save_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_);
   last_saved_ = progress_.iteration;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -172,9 +172,10 @@ TEST_F(ParallelEquivalence, DataParallel2DistributedOptimizer) {
   check("llama", 2, 1, {"--use-distributed-optimizer"});
 }
 
-// Small buckets and overlapped reduction: several reduce-scatters in flight during backward.
+// Small buckets, overlapped reduction and parameter gather: several reduce-scatters in flight
+// during backward, all-gathers into the next forward.
 TEST_F(ParallelEquivalence, TensorParallel2DataParallel2DistributedOptimizerOverlapped) {
-  check("llama", 4, 2, {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--overlap-grad-reduce",
+  check("llama", 4, 2, {"--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                         "--ddp-bucket-size", "4000"});
 }
 
