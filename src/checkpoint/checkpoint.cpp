@@ -98,6 +98,10 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   std::vector<SafetensorsEntry> rng;
   auto gens = generators();
   for (size_t i = 0; i < gens.size(); ++i) rng.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
+  if (const auto& tracker = model.tensor_parallel().rng) {
+    rng.push_back({"model_parallel_cpu", tracker->cpu_state()});
+    if (tracker->cuda_state().defined()) rng.push_back({"model_parallel_cuda", tracker->cuda_state()});
+  }
   save_safetensors(tmp_dir + "/" + checkpoint_file("rng", ps, distributed_optimizer), rng);
   ps.world.barrier();  // every part is written (and fsynced) before the directory is published
   if (!leader) {
@@ -214,6 +218,10 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
     for (size_t i = 0; i < gens.size(); ++i) {
       const char* name = i == 0 ? "cpu" : "cuda";
       if (rng.contains(name)) gens[i].set_state(rng.load(name));
+    }
+    if (const auto& tracker = model.tensor_parallel().rng; tracker && rng.contains("model_parallel_cpu")) {
+      tracker->set_states(rng.load("model_parallel_cpu"),
+                          rng.contains("model_parallel_cuda") ? rng.load("model_parallel_cuda") : at::Tensor());
     }
   }
   TrainingProgress progress;

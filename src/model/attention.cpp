@@ -5,7 +5,8 @@
 namespace megatron {
 
 SelfAttention::SelfAttention(const ModelConfig& c, const tp::TensorParallel& tp)
-    : heads_(c.num_attention_heads / tp.size()),
+    : tp_(tp),
+      heads_(c.num_attention_heads / tp.size()),
       groups_(c.num_query_groups / tp.size()),
       head_dim_(c.kv_channels),
       attention_dropout_(c.attention_dropout),
@@ -45,11 +46,13 @@ at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* ro
     k = apply_rope(k, *rope);
   }
   // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
-  at::Tensor out = at::scaled_dot_product_attention(
-      q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}),
-      attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt,
-      is_training() ? attention_dropout_ : 0.0, /*is_causal=*/!attention_mask.defined(), /*scale=*/std::nullopt,
-      /*enable_gqa=*/groups_ != heads_);                          // [b, H, s, d]
+  const double dropout = is_training() ? attention_dropout_ : 0.0;
+  at::Tensor out = tp_.random(dropout > 0.0, [&] {
+    return at::scaled_dot_product_attention(
+        q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}),
+        attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt, dropout,
+        /*is_causal=*/!attention_mask.defined(), /*scale=*/std::nullopt, /*enable_gqa=*/groups_ != heads_);
+  });                                                             // [b, H/tp, s, d]
   out = out.permute({2, 0, 1, 3}).reshape({s, b, heads_ * head_dim_});  // [s, b, H*d]
   return linear_proj->forward(out);  // [s, b, h] ([s/tp, b, h] with sequence parallelism)
 }

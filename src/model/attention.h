@@ -28,6 +28,7 @@ class SelfAttention : public torch::nn::Module {
   at::Tensor k_layernorm_weight;                // [d]
 
  private:
+  tp::TensorParallel tp_;
   int64_t heads_, groups_, head_dim_;  // heads_ and groups_: this TP rank's
   double attention_dropout_;
   double norm_epsilon_;

@@ -83,7 +83,8 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
                  : hidden + at::embedding(position_embeddings, at::arange(s, tokens.options())).unsqueeze(1);
   }
   if (tp_.sequence_parallel) hidden = tp::scatter_to_sp(hidden, tp_.group);  // [s/tp, b, h]
-  hidden = at::dropout(hidden, config_.hidden_dropout, is_training());
+  const bool sharded = tp_.sequence_parallel && is_training() && config_.hidden_dropout > 0.0;
+  hidden = tp_.random(sharded, [&] { return at::dropout(hidden, config_.hidden_dropout, is_training()); });
   const RopeTables* tables = rope_for(s, tokens.device());
   std::optional<RopeTables> gathered;  // per-sample positions: the tables' rows for them
   if (tables != nullptr && position_ids.defined()) {

@@ -4,15 +4,19 @@
 
 namespace megatron {
 
-TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParallel& tp) : hidden_dropout_(c.hidden_dropout) {
+TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParallel& tp)
+    : hidden_dropout_(c.hidden_dropout), tp_(tp) {
   self_attention = register_module("self_attention", std::make_shared<SelfAttention>(c, tp));
   mlp = register_module("mlp", std::make_shared<MLP>(c, tp));
 }
 
 at::Tensor TransformerLayer::forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask) {
   const bool train = is_training();
-  at::Tensor x = hidden + at::dropout(self_attention->forward(hidden, rope, attention_mask), hidden_dropout_, train);
-  return x + at::dropout(mlp->forward(x), hidden_dropout_, train);
+  // Under sequence parallelism each TP rank holds different tokens: independent masks.
+  const bool sharded = tp_.sequence_parallel && train && hidden_dropout_ > 0.0;
+  auto dropout = [&](const at::Tensor& y) { return tp_.random(sharded, [&] { return at::dropout(y, hidden_dropout_, train); }); };
+  at::Tensor x = hidden + dropout(self_attention->forward(hidden, rope, attention_mask));
+  return x + dropout(mlp->forward(x));
 }
 
 }  // namespace megatron

@@ -22,6 +22,7 @@ class TransformerLayer : public torch::nn::Module {
 
  private:
   double hidden_dropout_;
+  tp::TensorParallel tp_;
 };
 
 }  // namespace megatron

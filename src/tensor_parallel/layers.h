@@ -9,16 +9,24 @@
 
 #include <torch/nn/module.h>
 
+#include <memory>
+
 #include "dist/process_group.h"
 #include "model/norm.h"
+#include "tensor_parallel/random.h"
 
 namespace megatron::tp {
 
 struct TensorParallel {
   dist::Group group;               // the TP peers (a group of one: no parallelism)
   bool sequence_parallel = false;
+  std::shared_ptr<RngTracker> rng;  // dropout inside the TP region; null: the default generators
   int size() const { return group.size(); }
   int rank() const { return group.rank(); }
+  // draw() under the model-parallel generator when `inside` the TP region and there is one.
+  at::Tensor random(bool inside, const std::function<at::Tensor()>& draw) const {
+    return inside && rng ? rng->fork(draw) : draw();
+  }
 };
 
 // Y = X A^T with A split by output rows: [..., in] -> [..., out/tp].

@@ -124,7 +124,11 @@ int Trainer::run() {
   world_ = dist::World::connect(env_, backend, std::chrono::milliseconds(static_cast<int64_t>(p.distributed_timeout_minutes * 60e3)));
   ps_ = dist::ParallelState::build(world_, p);
 
-  model_ = std::make_unique<GPTModel>(m, tp::TensorParallel{ps_.tp, p.sequence_parallel});
+  tp::TensorParallel tensor_parallel{ps_.tp, p.sequence_parallel, nullptr};
+  if (ps_.tp.size() > 1) {
+    tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
+  }
+  model_ = std::make_unique<GPTModel>(m, tensor_parallel);
   model_->initialize(static_cast<uint64_t>(t_.seed));
   model_->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
   model_->train();
