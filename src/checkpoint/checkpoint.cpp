@@ -137,6 +137,47 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   ps.world.barrier();
 }
 
+void save_weights_checkpoint(const std::string& save_dir, const Config& config, int tp_size,
+                             const std::function<void(int, const std::string&)>& write_model_file,
+                             const std::map<std::string, std::string>& extra_files) {
+  make_directories(save_dir);
+  const std::string final_dir = iteration_directory(save_dir, 0);
+  if (fs::exists(final_dir)) throw UserError(final_dir + " exists: convert into a new directory");
+  const std::string tmp_dir = temporary_name(final_dir);
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  make_directories(tmp_dir);
+  for (int r = 0; r < tp_size; ++r) {
+    char name[64];
+    if (tp_size == 1) {
+      std::snprintf(name, sizeof(name), "model.safetensors");
+    } else {
+      std::snprintf(name, sizeof(name), "model_tp%02d_pp000.safetensors", r);
+    }
+    write_model_file(r, tmp_dir + "/" + name);
+  }
+  for (const auto& [name, source] : extra_files) write_file_atomic(tmp_dir + "/" + name, read_file(source));
+  const nlohmann::json layout = {{"tensor_model_parallel_size", tp_size},
+                                 {"pipeline_model_parallel_size", 1},
+                                 {"data_parallel_size", 1},
+                                 {"use_distributed_optimizer", false}};
+  const nlohmann::json state = {{"format_version", kFormatVersion},
+                                {"iteration", 0},
+                                {"consumed_train_samples", 0},
+                                {"consumed_valid_samples", 0},
+                                {"weights_only", true},
+                                {"model", model_summary(config.model)},
+                                {"model_config", model_config_to_json(config.model)},
+                                {"tokenizer", tokenizer_config_to_json(config.data)},
+                                {"parallel", layout},
+                                {"bf16", config.train.bf16}};
+  write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
+  fsync_path(tmp_dir);
+  fs::rename(tmp_dir, final_dir);
+  fsync_path(save_dir);
+  write_file_atomic((fs::path(save_dir) / kTracker).string(), "0\n");
+}
+
 std::string latest_checkpoint_directory(const std::string& load_dir) {
   const std::string tracker = (fs::path(load_dir) / kTracker).string();
   if (!fs::exists(tracker)) return "";
@@ -202,6 +243,14 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
     }
   }
   load_model_weights(dir, model, ps);
+  if (config.train.finetune) {
+    optimizer.reset_from_model();
+    if (ps.rank == 0) std::printf("loaded weights from %s (--finetune: starting at iteration 0)\n", dir.c_str());
+    return TrainingProgress();
+  }
+  if (state.value("weights_only", false) && !config.train.no_load_optim) {
+    throw UserError(dir + " holds weights only (converted): load it with --finetune, or --no-load-optim --no-load-rng");
+  }
   if (config.train.no_load_optim) {
     optimizer.reset_from_model();
   } else {

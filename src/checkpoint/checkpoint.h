@@ -20,6 +20,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -60,6 +62,14 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
                                                 const Config& config,
                                                 const dist::ParallelState& ps = dist::ParallelState::single());
+
+// A weights-only checkpoint at iteration 0, as `megatron convert` writes it: one model file per
+// TP rank from write_model_file(tp_rank, path), `extra_files` (name in the directory -> source
+// path) copied in, state.json and the tracker. `megatron train --load DIR --finetune` starts
+// from it.
+void save_weights_checkpoint(const std::string& save_dir, const Config& config, int tp_size,
+                             const std::function<void(int, const std::string&)>& write_model_file,
+                             const std::map<std::string, std::string>& extra_files);
 
 // The file of one part of a checkpoint ("model", "optimizer" or "rng") this rank writes/reads.
 std::string checkpoint_file(const std::string& kind, const dist::ParallelState& ps, bool distributed_optimizer);

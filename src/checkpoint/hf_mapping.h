@@ -3,21 +3,61 @@
 // (q/k/v fused per query group into linear_qkv, gate/up stacked into linear_fc1).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.h"
 
 namespace megatron {
 
 class GPTModel;
+class SafetensorsFile;
+
+// All tensors of an HF checkpoint directory (model.safetensors, or the shards its
+// model.safetensors.index.json names), memory-mapped, by name.
+class HfCheckpointReader {
+ public:
+  explicit HfCheckpointReader(const std::string& dir);
+  bool has(const std::string& name) const;
+  at::Tensor take(const std::string& name);  // a view of the mapping; UserError if absent
+  // UserError naming the first tensor nothing took (an architecture option we do not map).
+  void check_all_used() const;
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> by_name_;
+  std::set<std::string> used_;
+};
+
+// The Megatron-Core parameter names of a Llama-family model, in model order.
+std::vector<std::string> megatron_parameter_names(const ModelConfig& config);
+
+// The full (unsplit) Megatron tensor `name` from HF tensors: q/k/v fused per query group,
+// fc1 = [gate; up], embedding and output rows padded with zeros to padded_vocab_size.
+at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& config, HfCheckpointReader& hf);
+
+// The inverse: the HF tensors of one full Megatron tensor, the first hf_vocab rows of the
+// embedding and output layer (padding dropped). Views of `full` where possible.
+std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
+                                                                         const ModelConfig& config, int64_t hf_vocab);
 
 // Reads <dir>/config.json. The vocabulary is not padded (padded_vocab_size = vocab_size) so
 // logits line up with HF's. UserError on a missing file or an unsupported architecture.
 ModelConfig model_config_from_hf(const std::string& hf_dir);
 
-// Copies the weights of <dir>/model.safetensors (or the shards named by
-// model.safetensors.index.json) into `model`. Every model parameter must be covered and every
-// HF tensor used; otherwise UserError naming the tensor.
+// `megatron train --load-hf DIR`: the model architecture comes from DIR/config.json. A model flag
+// given explicitly that disagrees with it is a UserError naming both values; the sequence length
+// defaults to min(max_position_embeddings, 4096) and the tokenizer to DIR's tokenizer.json.
+void adopt_hf_architecture(Config& config);
+
+// Copies the weights of an HF directory into `model` (this TP rank's shards). Every model
+// parameter must be covered and every HF tensor used; otherwise UserError naming the tensor.
 void load_hf_weights(const std::string& hf_dir, GPTModel& model);
 
 }  // namespace megatron

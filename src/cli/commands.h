@@ -11,6 +11,7 @@ using Args = std::vector<std::string>;
 
 int train(const Args& args);
 int generate(const Args& args);
+int convert(const Args& args);
 int preprocess(const Args& args);
 int version(const Args& args);
 int launch(const Args& args);

@@ -24,7 +24,7 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"train", {megatron::cli::train, "pre-train or fine-tune a model", ""}},
       {"launch", {megatron::cli::launch, "start N ranks of a subcommand (like torchrun)", ""}},
       {"preprocess", {megatron::cli::preprocess, "turn JSONL into Megatron .bin/.idx datasets", ""}},
-      {"convert", {nullptr, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
+      {"convert", {megatron::cli::convert, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
       {"generate", {megatron::cli::generate, "sample text from a checkpoint", ""}},
       {"eval", {nullptr, "evaluate a checkpoint on a dataset", "evaluation"}},
       {"plan", {nullptr, "plan a parallel layout for a cluster", "the planner"}},

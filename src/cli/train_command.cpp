@@ -1,6 +1,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "checkpoint/hf_mapping.h"
 #include "core/arguments.h"
 #include "train/trainer.h"
 
@@ -14,6 +15,7 @@ int train(const Args& args) {
     }
   }
   Config config = parse_train_arguments(args);
+  if (!config.train.load_hf.empty()) adopt_hf_architecture(config);
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   finalize_config(config, env.world_size);
   return run_training(config, env);

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cerrno>
 #include <limits>
 #include <type_traits>
@@ -122,6 +123,9 @@ std::vector<Flag> train_flags(Config& c) {
        "every N iterations, check the weights are identical on all data-parallel replicas"},
       {"no-load-optim", Kind::Bool, &t.no_load_optim, "do not load optimizer state"},
       {"no-load-rng", Kind::Bool, &t.no_load_rng, "do not load RNG state"},
+      {"finetune", Kind::Bool, &t.finetune, "with --load: weights only, start at iteration 0 with a fresh optimizer"},
+      {"load-hf", Kind::String, &t.load_hf, "start from a Hugging Face model directory (architecture from its config.json)"},
+      {"save-hf", Kind::String, &t.save_hf, "at the end, export the model as a Hugging Face directory"},
       {"device", Kind::String, &t.device, "auto, cpu or cuda"},
       {"cpu-threads", Kind::Int, &t.cpu_threads, "intra-op threads on CPU (default: one per core)"},
       {"peak-tflops", Kind::Double, &t.peak_tflops, "peak TFLOP/s per device for MFU (default 989 on CUDA)"},
@@ -289,6 +293,7 @@ Config parse_train_arguments(const std::vector<std::string>& args) {
       if (f == nullptr) throw UserError(where + " is not a known setting" + suggest(flags, key));
       auto values = yaml_values(kv.second, where);
       assign(*f, where, values);
+      config.explicit_flags.insert(f->name);
     }
   }
 
@@ -303,6 +308,10 @@ Config parse_train_arguments(const std::vector<std::string>& args) {
     } else {
       assign(*f, where, values);
     }
+    config.explicit_flags.insert(f->name);
+  }
+  if (!config.train.load_hf.empty() && !split.family.empty()) {
+    throw UserError("--model-family and --load-hf contradict each other: the architecture comes from the HF config.json");
   }
   return config;
 }
@@ -382,7 +391,9 @@ void finalize_config(Config& c, int world_size) {
   const int64_t tokenizer_vocab = m.vocab_size;
   const int64_t multiple = int64_t(m.make_vocab_size_divisible_by) * p.tensor_model_parallel_size;
   if (multiple <= 0) throw UserError("--make-vocab-size-divisible-by must be positive");
-  m.padded_vocab_size = static_cast<int>((tokenizer_vocab + multiple - 1) / multiple * multiple);
+  // A Hugging Face checkpoint may have more embedding rows than its tokenizer has ids (Qwen).
+  const int64_t rows = std::max<int64_t>(tokenizer_vocab, m.hf_vocab_size);
+  m.padded_vocab_size = static_cast<int>((rows + multiple - 1) / multiple * multiple);
 
   // Parallel layout.
   for (auto [flag, v] : {std::pair<const char*, int>{"tensor-model-parallel-size", p.tensor_model_parallel_size},
@@ -474,6 +485,17 @@ void finalize_config(Config& c, int world_size) {
     throw UserError("--device must be auto, cpu or cuda (got '" + t.device + "')");
   }
   if (t.cpu_threads < 0) throw UserError("--cpu-threads must be >= 0");
+  if (!t.save_hf.empty()) {
+    if (m.normalization != "RMSNorm" || !m.swiglu || m.add_bias_linear || m.position_embedding_type != "rope") {
+      throw UserError("--save-hf exports Llama-family models (--normalization RMSNorm --swiglu --disable-bias-linear "
+                      "--position-embedding-type rope); this model is not one");
+    }
+    std::error_code ec;
+    if (std::filesystem::exists(t.save_hf) && !std::filesystem::is_empty(t.save_hf, ec)) {
+      throw UserError("--save-hf " + t.save_hf + " exists and is not empty: export into a new directory");
+    }
+  }
+  if (t.finetune && t.load.empty()) throw UserError("--finetune needs --load DIR");
 }
 
 std::string train_help() {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ struct ModelConfig {
   int vocab_size = 0;            // tokenizer vocabulary (before padding)
   int make_vocab_size_divisible_by = 128;
   int padded_vocab_size = 0;     // derived: vocab padded as Megatron does
+  int hf_vocab_size = 0;         // rows of the HF checkpoint loaded (--load-hf); the padding covers them
 
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double norm_epsilon = 1e-5;
@@ -115,6 +117,9 @@ struct TrainConfig {
   int64_t exit_interval = 0;
   bool no_load_optim = false;
   bool no_load_rng = false;
+  bool finetune = false;         // load weights only: iteration 0, fresh optimizer and generators
+  std::string load_hf;           // start from this Hugging Face model directory
+  std::string save_hf;           // export the trained model there as a Hugging Face model
 
   int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never
 
@@ -128,6 +133,7 @@ struct Config {
   ParallelConfig parallel;
   DataConfig data;
   TrainConfig train;
+  std::set<std::string> explicit_flags;  // flags given on the command line or in the recipe
 };
 
 }  // namespace megatron

@@ -22,6 +22,7 @@ void visit_model(ModelConfig& m, Visit&& v) {
   v("vocab_size", m.vocab_size);
   v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
   v("padded_vocab_size", m.padded_vocab_size);
+  v("hf_vocab_size", m.hf_vocab_size);
   v("normalization", m.normalization);
   v("norm_epsilon", m.norm_epsilon);
   v("swiglu", m.swiglu);

@@ -52,6 +52,18 @@ at::Tensor unshard(const std::vector<at::Tensor>& parts, const ShardSpec& spec) 
   return at::cat(parts, spec.dim);
 }
 
+at::Tensor gather_full(const at::Tensor& local, const ShardSpec& spec, const dist::Group& tp) {
+  if (spec.replicated() || tp.size() == 1) return local;
+  at::Tensor rows = local.movedim(spec.dim, 0).contiguous();  // the split dimension first
+  std::vector<int64_t> shape = rows.sizes().vec();
+  shape[0] *= tp.size();
+  at::Tensor gathered = at::empty(shape, rows.options());
+  tp.all_gather(gathered, rows);
+  std::vector<at::Tensor> parts;
+  for (const auto& p : gathered.chunk(tp.size(), 0)) parts.push_back(p.movedim(0, spec.dim));
+  return unshard(parts, spec).contiguous();
+}
+
 std::vector<int64_t> full_shape(at::IntArrayRef local, const ShardSpec& spec, int size) {
   std::vector<int64_t> shape = local.vec();
   if (!spec.replicated()) shape[spec.dim] *= size;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/process_group.h"
+
 namespace megatron::tp {
 
 struct ShardSpec {
@@ -28,6 +30,8 @@ bool grad_is_partial_across_tp(const std::string& name, bool sequence_parallel);
 at::Tensor shard_of(const at::Tensor& full, const ShardSpec& spec, int rank, int size);
 // The full tensor from every rank's part, in rank order.
 at::Tensor unshard(const std::vector<at::Tensor>& parts, const ShardSpec& spec);
+// The full tensor on every rank of `tp` from each rank's part (collective; no autograd).
+at::Tensor gather_full(const at::Tensor& local, const ShardSpec& spec, const dist::Group& tp);
 // The full shape of a tensor whose shard has `local` shape.
 std::vector<int64_t> full_shape(at::IntArrayRef local, const ShardSpec& spec, int size);
 

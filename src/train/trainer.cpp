@@ -11,9 +11,13 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <filesystem>
+#include <map>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_export.h"
+#include "checkpoint/hf_mapping.h"
 #include "core/errors.h"
 #include "data/batch.h"
 #include "data/prefetcher.h"
@@ -24,6 +28,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
 #include "optim/lr_schedule.h"
+#include "tensor_parallel/sharding.h"
 #include "train/log_line.h"
 #include "train/tensorboard_writer.h"
 
@@ -80,6 +85,7 @@ class Trainer {
  private:
   double evaluate();
   void save(const char* why);
+  void export_hf();
   void log_iteration(double grad_norm);
   bool stop_requested();
   void check_weight_hash();
@@ -130,6 +136,7 @@ int Trainer::run() {
   }
   model_ = std::make_unique<GPTModel>(m, tensor_parallel);
   model_->initialize(static_cast<uint64_t>(t_.seed));
+  if (!t_.load_hf.empty()) load_hf_weights(t_.load_hf, *model_);
   model_->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
   model_->train();
   const int64_t parameters = model_->num_parameters();
@@ -254,7 +261,40 @@ int Trainer::run() {
     }
   }
   if (!t_.save.empty()) save("end of training");
+  if (!t_.save_hf.empty()) export_hf();
   return 0;
+}
+
+// The whole model gathered over TP tensor by tensor; rank 0 writes it.
+void Trainer::export_hf() {
+  buffer_->finish_param_gather();
+  const auto start = std::chrono::steady_clock::now();
+  std::map<std::string, at::Tensor> params;
+  for (const auto& item : model_->named_parameters()) params[item.key()] = item.value();
+  auto full_tensor = [&](const std::string& name) {
+    auto it = params.find(name);
+    if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
+    return tp::gather_full(it->second.detach(), tp::shard_spec(name, c_.model.swiglu), ps_.tp).cpu();
+  };
+  const int64_t hf_vocab = c_.model.hf_vocab_size > 0 ? c_.model.hf_vocab_size : c_.model.vocab_size;
+  if (ps_.rank == 0) {
+    HfExportOptions options;
+    if (!t_.load_hf.empty()) options.config_json = t_.load_hf + "/config.json";
+    const DataConfig& d = c_.data;
+    if (d.tokenizer_type == "HuggingFaceTokenizer" && !d.tokenizer_model.empty()) {
+      options.tokenizer_dir = std::filesystem::is_directory(d.tokenizer_model)
+                                  ? d.tokenizer_model
+                                  : std::filesystem::path(d.tokenizer_model).parent_path().string();
+    }
+    save_hf_checkpoint(t_.save_hf, c_.model, hf_vocab, full_tensor, options);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("exported the model to %s (Hugging Face safetensors, %.2f s)\n", t_.save_hf.c_str(), seconds);
+    std::fflush(stdout);
+  } else if (ps_.dp.rank() == 0) {
+    // The other TP ranks of DP replica 0 take part in every gather rank 0 makes.
+    for (const auto& name : megatron_parameter_names(c_.model)) full_tensor(name);
+  }
+  ps_.world.barrier();
 }
 
 bool Trainer::stop_requested() {

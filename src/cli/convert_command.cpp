@@ -1,0 +1,178 @@
+// `megatron convert`: Hugging Face safetensors <-> native checkpoints, streaming (one tensor
+// at a time beyond the output file being written).
+//   --from hf --to native --load HF_DIR --save DIR [--target-tensor-parallel-size T]
+//   --from native --to hf --load DIR --save HF_DIR [--max-shard-size 5GB]
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_export.h"
+#include "checkpoint/hf_mapping.h"
+#include "checkpoint/safetensors.h"
+#include "cli/commands.h"
+#include "core/config_json.h"
+#include "core/errors.h"
+#include "core/files.h"
+#include "tensor_parallel/sharding.h"
+
+namespace megatron::cli {
+namespace fs = std::filesystem;
+namespace {
+
+const char* kHelp =
+    "usage: megatron convert --from hf|native --to native|hf --load SRC --save DST [flags]\n\n"
+    "Converts between Hugging Face model directories (config.json + safetensors, sharded or not)\n"
+    "and native checkpoints. Tensors stream one at a time; the source is memory-mapped.\n\n"
+    "  --from hf --to native      HF_DIR -> a weights-only checkpoint (DST/iter_0000000); train\n"
+    "                             from it with `megatron train --load DST --finetune`\n"
+    "  --from native --to hf      the latest checkpoint under SRC -> config.json, safetensors\n"
+    "                             shards + index, tokenizer files\n"
+    "  --target-tensor-parallel-size T     split for T tensor-parallel ranks (hf -> native; default 1)\n"
+    "  --target-pipeline-parallel-size P   must be 1 until pipeline parallelism exists\n"
+    "  --make-vocab-size-divisible-by N    pad the vocabulary to a multiple of N x T (default 128)\n"
+    "  --max-shard-size SIZE               largest HF shard, e.g. 5GB, 500MB or bytes (default 5GB)\n";
+
+int64_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  const std::string unit = end;
+  const double scale = unit == "" || unit == "B" ? 1 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : -1;
+  if (end == text.c_str() || scale < 0 || v <= 0) {
+    throw UserError("--max-shard-size: expected a size such as 5GB, 500MB or a byte count, got '" + text + "'");
+  }
+  return static_cast<int64_t>(v * scale);
+}
+
+int positive(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < 1) throw UserError(flag + ": expected a positive integer, got '" + text + "'");
+  return static_cast<int>(v);
+}
+
+void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int divisible) {
+  Config config;
+  ModelConfig& m = config.model;
+  m = model_config_from_hf(hf_dir);
+  m.hf_vocab_size = m.vocab_size;
+  m.make_vocab_size_divisible_by = divisible;
+  const int64_t multiple = int64_t(divisible) * tp;
+  m.padded_vocab_size = static_cast<int>((m.vocab_size + multiple - 1) / multiple * multiple);
+  for (auto [what, n] : {std::pair<const char*, int>{"num_attention_heads", m.num_attention_heads},
+                         {"num_key_value_heads", m.num_query_groups},
+                         {"intermediate_size", m.ffn_hidden_size}}) {
+    if (n % tp != 0) {
+      throw UserError(hf_dir + "/config.json: " + what + " " + std::to_string(n) + " does not split into " +
+                      std::to_string(tp) + " tensor-parallel parts");
+    }
+  }
+  if (fs::exists(hf_dir + "/tokenizer.json")) {
+    config.data.tokenizer_type = "HuggingFaceTokenizer";
+    config.data.tokenizer_model = hf_dir;
+  }
+  HfCheckpointReader hf(hf_dir);
+  const auto names = megatron_parameter_names(m);
+  bool bf16 = true;
+  save_weights_checkpoint(save, config, tp, [&](int rank, const std::string& path) {
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& name : names) {
+      const at::Tensor full = megatron_tensor_from_hf(name, m, hf);
+      bf16 = bf16 && full.scalar_type() == at::kBFloat16;
+      entries.push_back({name, tp::shard_of(full, tp::shard_spec(name, m.swiglu), rank, tp).contiguous()});
+    }
+    save_safetensors(path, entries, {{"format", "megatron.cpp"},
+                                     {"tensor_parallel_rank", std::to_string(rank)},
+                                     {"tensor_parallel_size", std::to_string(tp)}});
+    std::printf("convert: wrote %s (%zu tensors)\n", path.c_str(), entries.size());
+    std::fflush(stdout);
+  }, {{"hf_config.json", hf_dir + "/config.json"}});
+  hf.check_all_used();
+  std::printf("convert: %s -> %s (tensor parallel %d, padded vocabulary %d, %s)\n", hf_dir.c_str(), save.c_str(), tp,
+              m.padded_vocab_size, bf16 ? "bf16" : "as stored");
+}
+
+void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes) {
+  std::string dir = fs::exists(load + "/state.json") ? load : latest_checkpoint_directory(load);
+  if (dir.empty()) throw UserError(load + ": no checkpoint (no latest_checkpointed_iteration.txt or state.json)");
+  const nlohmann::json state = read_checkpoint_state(dir);
+  const ModelConfig m = model_config_from_json(state.at("model_config"));
+  const nlohmann::json layout = state.value("parallel", nlohmann::json::object());
+  const int tp = layout.value("tensor_model_parallel_size", 1);
+  if (layout.value("pipeline_model_parallel_size", 1) != 1) throw UserError(dir + ": pipeline-parallel checkpoints are not supported yet");
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  for (int r = 0; r < tp; ++r) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model_tp%02d_pp000.safetensors", r);
+    const std::string path = tp == 1 && fs::exists(dir + "/model.safetensors") ? dir + "/model.safetensors" : dir + "/" + name;
+    files.push_back(std::make_unique<SafetensorsFile>(path));
+  }
+  HfExportOptions options;
+  options.max_shard_bytes = max_shard_bytes;
+  int64_t hf_vocab = m.hf_vocab_size > 0 ? m.hf_vocab_size : m.vocab_size;
+  if (fs::exists(dir + "/hf_config.json")) {
+    options.config_json = dir + "/hf_config.json";
+    hf_vocab = nlohmann::json::parse(read_file(options.config_json)).at("vocab_size").get<int64_t>();
+  }
+  const nlohmann::json tokenizer = state.value("tokenizer", nlohmann::json::object());
+  const std::string tokenizer_model = tokenizer.value("tokenizer_model", std::string());
+  if (tokenizer.value("tokenizer_type", std::string()) == "HuggingFaceTokenizer" && !tokenizer_model.empty()) {
+    options.tokenizer_dir = fs::is_directory(tokenizer_model) ? tokenizer_model : fs::path(tokenizer_model).parent_path().string();
+  }
+  size_t done = 0;
+  save_hf_checkpoint(save, m, hf_vocab, [&](const std::string& name) {
+    std::vector<at::Tensor> parts;
+    for (auto& f : files) parts.push_back(f->view(name));
+    if (++done % 16 == 0) {
+      std::printf("convert: %zu tensors\n", done);
+      std::fflush(stdout);
+    }
+    return tp::unshard(parts, tp::shard_spec(name, m.swiglu));
+  }, options);
+  std::printf("convert: %s -> %s (Hugging Face, vocabulary %lld)\n", dir.c_str(), save.c_str(), static_cast<long long>(hf_vocab));
+}
+
+}  // namespace
+
+int convert(const Args& args) {
+  std::map<std::string, std::string> values;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+    static const char* known[] = {"--from", "--to", "--load", "--save", "--target-tensor-parallel-size",
+                                  "--target-pipeline-parallel-size", "--make-vocab-size-divisible-by", "--max-shard-size"};
+    if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
+      throw UserError("unknown flag " + a + " for convert; see megatron convert --help");
+    }
+    if (i + 1 >= args.size()) throw UserError(a + ": expects a value");
+    values[a] = args[++i];
+  }
+  for (const char* required : {"--from", "--to", "--load", "--save"}) {
+    if (!values.count(required)) throw UserError(std::string("convert needs ") + required + "; see megatron convert --help");
+  }
+  const std::string from = values["--from"], to = values["--to"];
+  if (values.count("--target-pipeline-parallel-size") && positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) != 1) {
+    throw UserError("--target-pipeline-parallel-size: pipeline parallelism is not implemented yet; use 1");
+  }
+  if (from == "hf" && to == "native") {
+    const int tp = values.count("--target-tensor-parallel-size") ? positive("--target-tensor-parallel-size", values["--target-tensor-parallel-size"]) : 1;
+    const int divisible = values.count("--make-vocab-size-divisible-by") ? positive("--make-vocab-size-divisible-by", values["--make-vocab-size-divisible-by"]) : 128;
+    hf_to_native(values["--load"], values["--save"], tp, divisible);
+  } else if (from == "native" && to == "hf") {
+    if (values.count("--target-tensor-parallel-size")) throw UserError("--target-tensor-parallel-size applies to --to native only");
+    native_to_hf(values["--load"], values["--save"], values.count("--max-shard-size") ? parse_size(values["--max-shard-size"]) : 5000000000LL);
+  } else {
+    throw UserError("convert --from " + from + " --to " + to + ": supported are --from hf --to native and --from native --to hf");
+  }
+  return 0;
+}
+
+}  // namespace megatron::cli
