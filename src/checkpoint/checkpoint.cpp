@@ -9,12 +9,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
 #include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
+#include "tensor_parallel/sharding.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
@@ -44,6 +46,39 @@ nlohmann::json layout_summary(const Config& c, const dist::ParallelState& ps) {
           {"pipeline_model_parallel_size", ps.pp.size()},
           {"data_parallel_size", ps.dp.size()},
           {"use_distributed_optimizer", c.parallel.use_distributed_optimizer}};
+}
+
+// Temporary directories of saves or deletions a crash interrupted (never loadable: their names
+// are not iteration names).
+void remove_leftovers(const std::string& save_dir) {
+  const std::string mine = ".tmp-" + std::to_string(::getpid());
+  for (const auto& entry : fs::directory_iterator(save_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("iter_", 0) == 0 && name.find(".tmp") != std::string::npos && name.find(mine) == std::string::npos) {
+      std::error_code ec;
+      fs::remove_all(entry.path(), ec);
+    }
+  }
+}
+
+// Keeps the checkpoint just saved (the tracker's) and the newest keep - 1 others; deletes the
+// rest. Each is first renamed to a temporary name, so a crash mid-delete never leaves a partial
+// directory under a final name.
+void remove_old_checkpoints(const std::string& save_dir, int64_t keep, int64_t current) {
+  std::vector<std::pair<long long, fs::path>> found;
+  for (const auto& entry : fs::directory_iterator(save_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.size() != 12 || name.rfind("iter_", 0) != 0) continue;
+    const long long iteration = std::stoll(name.substr(5));
+    if (iteration != current) found.emplace_back(iteration, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  for (size_t i = 0; i + size_t(keep - 1) < found.size(); ++i) {
+    const std::string doomed = temporary_name(found[i].second.string()) + "-delete";
+    fs::rename(found[i].second, doomed);
+    std::error_code ec;
+    fs::remove_all(doomed, ec);
+  }
 }
 
 }  // namespace
@@ -77,6 +112,7 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   std::error_code ec;
   if (leader) {
     make_directories(save_dir);
+    remove_leftovers(save_dir);
     fs::remove_all(tmp_dir, ec);
     make_directories(tmp_dir);
   }
@@ -93,7 +129,8 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   if (ps.dp.rank() == 0 || distributed_optimizer) {
     std::vector<SafetensorsEntry> optim;
     for (const auto& t : optimizer.state()) optim.push_back({t.name, t.tensor});
-    save_safetensors(tmp_dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer), optim);
+    save_safetensors(tmp_dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer), optim,
+                     optimizer.state_offsets());
   }
   std::vector<SafetensorsEntry> rng;
   auto gens = generators();
@@ -125,7 +162,7 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
 
   // Replace an older checkpoint of the same iteration only once the new one is complete.
   if (fs::exists(final_dir)) {
-    const std::string old = final_dir + ".old-" + std::to_string(::getpid());
+    const std::string old = temporary_name(final_dir) + "-old";  // a temporary name: never taken for a checkpoint
     fs::rename(final_dir, old);
     fs::rename(tmp_dir, final_dir);
     fs::remove_all(old, ec);
@@ -134,6 +171,7 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   }
   fsync_path(save_dir);
   write_file_atomic((fs::path(save_dir) / kTracker).string(), std::to_string(progress.iteration) + "\n");
+  if (config.train.keep_last_n > 0) remove_old_checkpoints(save_dir, config.train.keep_last_n, progress.iteration);
   ps.world.barrier();
 }
 
@@ -208,6 +246,7 @@ nlohmann::json read_checkpoint_state(const std::string& dir) {
 void load_model_weights(const std::string& dir, GPTModel& model, const dist::ParallelState& ps) {
   at::NoGradGuard no_grad;
   SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));
+  weights.verify_checksum();
   for (auto& p : model.named_parameters()) {
     at::Tensor saved = weights.view(p.key());
     if (!saved.sizes().equals(p.value().sizes())) {
@@ -218,6 +257,55 @@ void load_model_weights(const std::string& dir, GPTModel& model, const dist::Par
   }
 }
 
+namespace {
+
+TrainingProgress progress_of(const nlohmann::json& state) {
+  TrainingProgress progress;
+  progress.iteration = state.at("iteration").get<int64_t>();
+  progress.consumed_train_samples = state.at("consumed_train_samples").get<int64_t>();
+  progress.consumed_valid_samples = state.at("consumed_valid_samples").get<int64_t>();
+  progress.skipped_iterations = state.value("skipped_iterations", int64_t(0));
+  progress.nan_iterations = state.value("nan_iterations", int64_t(0));
+  return progress;
+}
+
+// Another layout: every rank assembles whole tensors from the saved parts and keeps its own.
+TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& state, const nlohmann::json& saved_layout,
+                                GPTModel& model, AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
+  at::NoGradGuard no_grad;
+  const bool swiglu = config.model.swiglu;
+  ShardedCheckpointReader reader(dir, saved_layout, swiglu);
+  const int64_t rows = config.model.padded_vocab_size;
+  const tp::TensorParallel& tensor_parallel = model.tensor_parallel();
+  auto local = [&](const std::string& name, const at::Tensor& full) {
+    return tp::shard_of(full, tp::shard_spec(name, swiglu), tensor_parallel.rank(), tensor_parallel.size());
+  };
+  for (auto& p : model.named_parameters()) {
+    const at::Tensor value = local(p.key(), reader.model(p.key(), rows));
+    if (!value.sizes().equals(p.value().sizes())) {
+      throw UserError(dir + ": parameter '" + p.key() + "' resharded to " + c10::str(value.sizes()) + ", the model expects " +
+                      c10::str(p.value().sizes()));
+    }
+    p.value().copy_(value);
+  }
+  const bool weights_only = config.train.finetune || config.train.no_load_optim;
+  if (weights_only) {
+    optimizer.reset_from_model();
+  } else {
+    optimizer.load_resharded([&](const std::string& name, const std::string& field) {
+      return local(name, reader.optimizer(name, field, rows));
+    }, reader.step());
+  }
+  if (ps.rank == 0) {
+    std::printf("loaded checkpoint %s saved under %s, resharded to %s%s\n", dir.c_str(), saved_layout.dump().c_str(),
+                layout_summary(config, ps).dump().c_str(),
+                config.train.no_load_rng ? "" : " (generator states start from --seed: they are per rank)");
+  }
+  return config.train.finetune ? TrainingProgress() : progress_of(state);
+}
+
+}  // namespace
+
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
                                                 const Config& config, const dist::ParallelState& ps) {
   const std::string dir = latest_checkpoint_directory(load_dir);
@@ -226,22 +314,25 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
     return std::nullopt;
   }
   const nlohmann::json state = read_checkpoint_state(dir);
-  const nlohmann::json expected = model_summary(config.model);
-  if (state["model"] != expected) {
+  nlohmann::json expected = model_summary(config.model);
+  nlohmann::json saved_model = state["model"];
+  // The padded vocabulary follows the TP size; resharding pads or trims those rows.
+  expected.erase("padded_vocab_size");
+  saved_model.erase("padded_vocab_size");
+  if (saved_model != expected) {
     throw UserError(dir + ": the checkpoint's model (" + state["model"].dump() + ") differs from the configured one (" +
                     expected.dump() + "); use the same model flags as the run that saved it");
   }
   const nlohmann::json saved_layout = state.value("parallel", layout_summary(config, dist::ParallelState::single()));
   const nlohmann::json layout = layout_summary(config, ps);
   const bool distributed_optimizer = config.parallel.use_distributed_optimizer;
-  for (const char* key : {"tensor_model_parallel_size", "pipeline_model_parallel_size", "use_distributed_optimizer"}) {
-    if (saved_layout.at(key) != layout.at(key) ||
-        (distributed_optimizer && saved_layout.at("data_parallel_size") != layout.at("data_parallel_size"))) {
-      throw UserError(dir + " was saved with the parallel layout " + saved_layout.dump() + ", this run has " + layout.dump() +
-                      ": resume with the same tensor- and pipeline-parallel sizes (and data-parallel size with "
-                      "--use-distributed-optimizer)");
-    }
+  // The same layout reads this rank's own files (and its generator states); any other reshards.
+  bool same_layout = state["model"].value("padded_vocab_size", 0) == config.model.padded_vocab_size;
+  for (const char* key : {"tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
+                          "use_distributed_optimizer"}) {
+    same_layout = same_layout && saved_layout.value(key, nlohmann::json()) == layout.at(key);
   }
+  if (!same_layout) return load_resharded(dir, state, saved_layout, model, optimizer, config, ps);
   load_model_weights(dir, model, ps);
   if (config.train.finetune) {
     optimizer.reset_from_model();
@@ -255,6 +346,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
     optimizer.reset_from_model();
   } else {
     SafetensorsFile optim(dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer));
+    optim.verify_checksum();
     std::vector<NamedTensor> tensors;
     for (const auto& name : optim.names()) tensors.push_back({name, optim.view(name)});
     optimizer.load_state(tensors, /*load_moments=*/true);
@@ -263,6 +355,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
     const std::string rng_file = dir + "/" + checkpoint_file("rng", ps, distributed_optimizer);
     if (!fs::exists(rng_file)) throw UserError(rng_file + " is missing: resume with the same number of ranks or pass --no-load-rng");
     SafetensorsFile rng(rng_file);
+    rng.verify_checksum();
     auto gens = generators();
     for (size_t i = 0; i < gens.size(); ++i) {
       const char* name = i == 0 ? "cpu" : "cuda";
@@ -273,12 +366,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
                           rng.contains("model_parallel_cuda") ? rng.load("model_parallel_cuda") : at::Tensor());
     }
   }
-  TrainingProgress progress;
-  progress.iteration = state.at("iteration").get<int64_t>();
-  progress.consumed_train_samples = state.at("consumed_train_samples").get<int64_t>();
-  progress.consumed_valid_samples = state.at("consumed_valid_samples").get<int64_t>();
-  progress.skipped_iterations = state.value("skipped_iterations", int64_t(0));
-  progress.nan_iterations = state.value("nan_iterations", int64_t(0));
+  const TrainingProgress progress = progress_of(state);
   if (ps.rank == 0) {
     std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));
   }

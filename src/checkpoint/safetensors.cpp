@@ -1,5 +1,7 @@
 #include "checkpoint/safetensors.h"
 
+#include <zlib.h>
+
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -45,22 +47,54 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
+uint32_t crc32_of(uint32_t crc, const void* data, size_t bytes) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (bytes > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = static_cast<uint32_t>(::crc32(crc, p, chunk));
+    p += chunk;
+    bytes -= chunk;
+  }
+  return crc;
+}
+
 }  // namespace
+
+void SafetensorsFile::verify_checksum() const {
+  auto it = metadata_.find("crc32");
+  if (it == metadata_.end()) return;  // written by another tool
+  const uint32_t crc = crc32_of(0, static_cast<const char*>(map_) + data_start_, size_ - data_start_);
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08x", crc);
+  if (it->second != hex) {
+    throw UserError(path_ + ": checksum mismatch (stored crc32 " + it->second + ", data has " + hex +
+                    "): the file is corrupt; use an earlier checkpoint");
+  }
+}
 
 void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> cpu;
+  nlohmann::ordered_json entries = nlohmann::ordered_json::object();
   size_t offset = 0;
+  uint32_t crc = 0;
   for (const auto& e : tensors) {
     at::Tensor t = e.tensor.detach().to(at::kCPU).contiguous();
     const size_t bytes = t.numel() * t.element_size();
-    header[e.name] = {{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()},
-                      {"data_offsets", {offset, offset + bytes}}};
+    entries[e.name] = {{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()},
+                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    crc = crc32_of(crc, t.data_ptr(), bytes);
     cpu.push_back(std::move(t));
   }
+  // The data section's CRC-32 travels in the metadata, so a reader can tell a corrupt file.
+  std::map<std::string, std::string> meta = metadata;
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08x", crc);
+  meta["crc32"] = hex;
+  header["__metadata__"] = meta;
+  for (auto& [name, info] : entries.items()) header[name] = info;
   std::string json = header.dump();
   json.resize((json.size() + 7) / 8 * 8, ' ');  // the data section starts 8-byte aligned
   const uint64_t n = json.size();

@@ -17,7 +17,8 @@ struct SafetensorsEntry {
   at::Tensor tensor;
 };
 
-// Writes `tensors` (any device; copied to CPU) to `path` atomically (temp name, fsync, rename).
+// Writes `tensors` (any device; copied to CPU) to `path` atomically (temp name, fsync, rename),
+// with the CRC-32 of the data section in the metadata ("crc32").
 void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
@@ -38,6 +39,9 @@ class SafetensorsFile {
   // An owned copy.
   at::Tensor load(const std::string& name) const { return view(name).clone(); }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Recomputes the CRC-32 of the data section and compares it with the "crc32" metadata that
+  // save_safetensors writes (files without one pass); UserError naming the file on a mismatch.
+  void verify_checksum() const;
 
  private:
   struct Info {

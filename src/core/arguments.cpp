@@ -123,6 +123,7 @@ std::vector<Flag> train_flags(Config& c) {
        "every N iterations, check the weights are identical on all data-parallel replicas"},
       {"no-load-optim", Kind::Bool, &t.no_load_optim, "do not load optimizer state"},
       {"no-load-rng", Kind::Bool, &t.no_load_rng, "do not load RNG state"},
+      {"keep-last-n", Kind::Int64, &t.keep_last_n, "keep only the newest N checkpoints under --save (default: all)"},
       {"finetune", Kind::Bool, &t.finetune, "with --load: weights only, start at iteration 0 with a fresh optimizer"},
       {"load-hf", Kind::String, &t.load_hf, "start from a Hugging Face model directory (architecture from its config.json)"},
       {"save-hf", Kind::String, &t.save_hf, "at the end, export the model as a Hugging Face directory"},
@@ -496,6 +497,7 @@ void finalize_config(Config& c, int world_size) {
     }
   }
   if (t.finetune && t.load.empty()) throw UserError("--finetune needs --load DIR");
+  if (t.keep_last_n < 0) throw UserError("--keep-last-n must be >= 0");
 }
 
 std::string train_help() {

@@ -133,6 +133,32 @@ void AdamW::load_state(const std::vector<NamedTensor>& state, bool load_moments)
   copy_master_to_model();
 }
 
+std::map<std::string, std::string> AdamW::state_offsets() const {
+  std::map<std::string, std::string> offsets;
+  for (const auto& p : params_) {
+    if (!p.whole()) offsets["offset/" + p.name] = std::to_string(p.param_offset);
+  }
+  return offsets;
+}
+
+void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, const std::string&)>& local,
+                           const at::Tensor& step) {
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    for (auto [field, into] : {std::pair<const char*, at::Tensor*>{"master", &p.master}, {"exp_avg", &p.exp_avg},
+                               {"exp_avg_sq", &p.exp_avg_sq}}) {
+      at::Tensor value = local(p.name, field);
+      if (value.numel() != p.model_param.numel()) {
+        throw UserError("checkpoint optimizer state '" + p.name + "." + field + "' has " + std::to_string(value.numel()) +
+                        " elements on this rank, the parameter " + std::to_string(p.model_param.numel()));
+      }
+      into->copy_(value.reshape({-1}).narrow(0, p.param_offset, p.numel));
+    }
+  }
+  step_.copy_(step);
+  copy_master_to_model();
+}
+
 void AdamW::reset_from_model() {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {

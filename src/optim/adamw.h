@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,13 @@ class AdamW {
   // shape when this rank steps all of it, else its flat slice) and "step".
   std::vector<NamedTensor> state() const;
   void load_state(const std::vector<NamedTensor>& state, bool load_moments);
+  // Where each partial slice starts in its flattened parameter ("offset/<name>" -> offset), for
+  // the checkpoint's metadata.
+  std::map<std::string, std::string> state_offsets() const;
+  // Loads from whole-layout values: local(name, field) returns this TP rank's shard of the
+  // parameter's `field` (master, exp_avg, exp_avg_sq), shaped as the parameter; this rank's
+  // slice is taken from it.
+  void load_resharded(const std::function<at::Tensor(const std::string&, const std::string&)>& local, const at::Tensor& step);
   int64_t steps_taken() const;
   // Masters := model parameters (after loading weights without optimizer state).
   void reset_from_model();

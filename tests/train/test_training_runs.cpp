@@ -122,12 +122,15 @@ TEST(TrainingRuns, SigtermFinishesTheStepSavesAndExitsZero) {
 TEST(TrainingRuns, SigkillDuringSavesLeavesALoadableCheckpoint) {
   test::TempDir dir;
   std::string command = test::shell_quote(test::megatron_binary());
-  for (const auto& a : tiny({"--train-iters", "100000", "--save", dir / "ckpt", "--save-interval", "1"})) {
+  for (const auto& a : tiny({"--train-iters", "100000", "--save", dir / "ckpt", "--save-interval", "1", "--keep-last-n", "2"})) {
     command += " " + test::shell_quote(a);
   }
-  for (int trial = 0; trial < 5; ++trial) {
-    // Kill at a different moment each time; saves happen every iteration, so most kills land in one.
-    const std::string delay = std::to_string(1.0 + 0.137 * trial);
+  uint64_t lcg = 12345;
+  for (int trial = 0; trial < 20; ++trial) {
+    // Kill at a pseudo-random moment each time; saves (and deletions of older checkpoints, with
+    // --keep-last-n) happen every iteration, so most kills land in one.
+    lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+    const std::string delay = std::to_string(0.8 + double(lcg >> 40) / double(1ULL << 24));
     test::run_command("(" + command + " > /dev/null 2>&1 & pid=$!; sleep " + delay + "; kill -KILL $pid; wait $pid)");
     const std::string latest = file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt");
     ASSERT_FALSE(latest.empty()) << "trial " << trial;
@@ -143,6 +146,33 @@ TEST(TrainingRuns, SigkillDuringSavesLeavesALoadableCheckpoint) {
       }
     }
   }
+}
+
+TEST(TrainingRuns, FlippedByteIsCaughtByTheChecksum) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_megatron(tiny({"--train-iters", "2", "--lr-warmup-iters", "1", "--save", dir / "ckpt"})).status, 0);
+  const std::string optimizer = dir / "ckpt/iter_0000002/optimizer.safetensors";
+  {
+    std::fstream f(optimizer, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(optimizer) - 100));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(optimizer) - 100));
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  auto load = test::run_megatron(tiny({"--train-iters", "3", "--lr-warmup-iters", "1", "--load", dir / "ckpt"}));
+  EXPECT_EQ(load.status, 2);
+  EXPECT_NE(load.output.find("error: " + optimizer + ": checksum mismatch"), std::string::npos) << load.output;
+}
+
+TEST(TrainingRuns, KeepLastNKeepsTheNewest) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_megatron(tiny({"--train-iters", "5", "--save", dir / "ckpt", "--save-interval", "1", "--keep-last-n", "2"})).status, 0);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir / "ckpt")) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000004", "iter_0000005", "latest_checkpointed_iteration.txt"}));
 }
 
 TEST(TrainingRuns, CorruptCheckpointIsRefusedNamingTheFile) {

@@ -1,0 +1,109 @@
+#include "checkpoint/reshard.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/safetensors.h"
+#include "core/errors.h"
+#include "tensor_parallel/sharding.h"
+
+namespace megatron {
+namespace fs = std::filesystem;
+namespace {
+
+bool is_vocab_parallel(const std::string& name) {
+  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+}
+
+// Rows past the tokenizer's vocabulary are padding: zero-filled when growing, dropped when shrinking.
+at::Tensor with_rows(const at::Tensor& t, int64_t rows) {
+  if (t.size(0) == rows) return t;
+  if (t.size(0) > rows) return t.narrow(0, 0, rows);
+  return at::cat({t, at::zeros({rows - t.size(0), t.size(1)}, t.options())}, 0);
+}
+
+std::string part_name(const char* kind, int tp, int dp, bool per_dp) {
+  char name[96];
+  if (per_dp) {
+    std::snprintf(name, sizeof(name), "%s_tp%02d_pp000_dp%03d.safetensors", kind, tp, dp);
+  } else {
+    std::snprintf(name, sizeof(name), "%s_tp%02d_pp000.safetensors", kind, tp);
+  }
+  return name;
+}
+
+}  // namespace
+
+ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu)
+    : dir_(dir), swiglu_(swiglu) {
+  tp_ = layout.value("tensor_model_parallel_size", 1);
+  dp_ = layout.value("data_parallel_size", 1);
+  distributed_ = layout.value("use_distributed_optimizer", false);
+  if (layout.value("pipeline_model_parallel_size", 1) != 1) throw UserError(dir + ": pipeline-parallel checkpoints are not supported yet");
+  const bool single = tp_ * dp_ == 1;
+  for (int t = 0; t < tp_; ++t) {
+    model_files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + (single ? "model.safetensors" : part_name("model", t, 0, false))));
+    model_files_.back()->verify_checksum();
+    optimizer_files_.emplace_back();
+    const int shards = distributed_ ? dp_ : 1;
+    for (int d = 0; d < shards; ++d) {
+      const std::string path = dir + "/" + (single ? "optimizer.safetensors" : part_name("optimizer", t, d, distributed_));
+      if (!fs::exists(path)) continue;  // weights-only checkpoints have none
+      optimizer_files_.back().push_back(std::make_unique<SafetensorsFile>(path));
+      optimizer_files_.back().back()->verify_checksum();
+    }
+  }
+}
+
+ShardedCheckpointReader::~ShardedCheckpointReader() = default;
+
+at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab_rows) const {
+  std::vector<at::Tensor> parts;
+  for (const auto& f : model_files_) parts.push_back(f->view(name));
+  at::Tensor full = tp::unshard(parts, tp::shard_spec(name, swiglu_));
+  return is_vocab_parallel(name) ? with_rows(full, vocab_rows) : full;
+}
+
+at::Tensor ShardedCheckpointReader::tp_local_optimizer(int tp_rank, const std::string& name, const std::string& field) const {
+  const auto& files = optimizer_files_[tp_rank];
+  if (files.empty()) throw UserError(dir_ + " has no optimizer state: load with --no-load-optim or --finetune");
+  const std::string key = name + "." + field;
+  const at::Tensor shape_of = model_files_[tp_rank]->view(name);
+  if (!distributed_) return files[0]->view(key);
+  // Each DP rank's file holds a flat slice of the TP-local parameter, at the offset its metadata names.
+  at::Tensor flat = at::zeros({shape_of.numel()}, at::kFloat);
+  int64_t covered = 0;
+  for (const auto& f : files) {
+    if (!f->contains(key)) continue;
+    const at::Tensor slice = f->view(key).reshape({-1});
+    auto it = f->metadata().find("offset/" + name);
+    const int64_t offset = it == f->metadata().end() ? 0 : std::stoll(it->second);
+    flat.narrow(0, offset, slice.numel()).copy_(slice);
+    covered += slice.numel();
+  }
+  if (covered != flat.numel()) {
+    throw UserError(dir_ + ": the distributed-optimizer shards of '" + key + "' cover " + std::to_string(covered) + " of " +
+                    std::to_string(flat.numel()) + " elements (a shard file is missing?)");
+  }
+  return flat.view(shape_of.sizes());
+}
+
+at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std::string& field, int64_t vocab_rows) const {
+  std::vector<at::Tensor> parts;
+  for (int t = 0; t < tp_; ++t) parts.push_back(tp_local_optimizer(t, name, field));
+  at::Tensor full = tp::unshard(parts, tp::shard_spec(name, swiglu_));
+  return is_vocab_parallel(name) ? with_rows(full, vocab_rows) : full;
+}
+
+at::Tensor ShardedCheckpointReader::step() const {
+  for (const auto& files : optimizer_files_) {
+    for (const auto& f : files) {
+      if (f->contains("step")) return f->load("step");
+    }
+  }
+  throw UserError(dir_ + " has no optimizer step: load with --no-load-optim or --finetune");
+}
+
+}  // namespace megatron
