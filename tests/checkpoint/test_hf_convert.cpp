@@ -112,6 +112,31 @@ TEST_P(HfConvert, RoundTripThroughTensorParallelNativeIsBitwise) {
   }
 }
 
+// The model `train --load-hf` builds is HF's: after one step at a vanishing learning rate (weights
+// unchanged) its checkpoint gives HF's logits and, unpadded, HF's loss.
+TEST_P(HfConvert, LoadHfGivesTransformersLogits) {
+  test::TempDir dir;
+  make_hf_model(dir / "hf", GetParam());
+  auto r = test::run_megatron({"train", "--load-hf", dir / "hf", "--seq-length", "16", "--micro-batch-size", "2",
+                               "--train-iters", "1", "--lr", "1e-30", "--weight-decay", "0", "--mock-data",
+                               "--tokenizer-type", "NullTokenizer", "--vocab-size", "90", "--make-vocab-size-divisible-by",
+                               "32", "--eval-interval", "0", "--device", "cpu", "--cpu-threads", "1", "--save", dir / "ckpt"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string iter = latest_checkpoint_directory(dir / "ckpt");
+  const ModelConfig config = model_config_from_json(read_checkpoint_state(iter).at("model_config"));
+  ASSERT_EQ(config.padded_vocab_size, 96);
+  GPTModel model(config);
+  load_model_weights(iter, model);
+  model.eval();
+  SafetensorsFile reference(dir / "hf/reference.safetensors");
+  const at::Tensor ids = reference.load("input_ids");
+  at::NoGradGuard no_grad;
+  EXPECT_LE((model.forward(ids).transpose(0, 1) - reference.load("logits")).abs().max().item<double>(), 1e-4);
+  const int64_t s = ids.size(1);
+  Batch batch{ids.narrow(1, 0, s - 1), ids.narrow(1, 1, s - 1), at::ones({ids.size(0), s - 1})};
+  EXPECT_NEAR(model.loss(batch).item<double>(), reference.load("loss").item<double>(), 1e-5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfConvert, ::testing::Values("llama3", "qwen2", "qwen3", "mistral"));
 
 // `train --load-hf` takes the architecture from config.json and the weights sharded for TP=2;
