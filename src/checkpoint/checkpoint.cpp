@@ -102,77 +102,102 @@ std::string iteration_directory(const std::string& save_dir, int64_t iteration) 
   return (fs::path(save_dir) / name).string();
 }
 
-void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
-                     const AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
-  const bool leader = ps.rank == 0;
+CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+                                       const AdamW& optimizer, const Config& config, const dist::ParallelState& ps,
+                                       bool copy) {
+  CheckpointSnapshot snap;
+  snap.save_dir = save_dir;
+  snap.iteration = progress.iteration;
+  snap.leader = ps.rank == 0;
+  snap.keep_last_n = config.train.keep_last_n;
   const bool distributed_optimizer = config.parallel.use_distributed_optimizer;
-  const std::string final_dir = iteration_directory(save_dir, progress.iteration);
+  snap.final_dir = iteration_directory(save_dir, progress.iteration);
   // Every rank writes into the same temporary directory, so its name cannot hold a pid.
-  const std::string tmp_dir = ps.world_size == 1 ? temporary_name(final_dir) : final_dir + ".tmp";
+  snap.tmp_dir = ps.world_size == 1 ? temporary_name(snap.final_dir) : snap.final_dir + ".tmp";
   std::error_code ec;
-  if (leader) {
+  if (snap.leader) {
     make_directories(save_dir);
     remove_leftovers(save_dir);
-    fs::remove_all(tmp_dir, ec);
-    make_directories(tmp_dir);
+    fs::remove_all(snap.tmp_dir, ec);
+    make_directories(snap.tmp_dir);
   }
   ps.world.barrier();
 
+  // An asynchronous save keeps host copies, so training may change the originals meanwhile.
+  auto host = [&](const at::Tensor& t) {
+    at::Tensor d = t.detach();
+    return !copy ? d : d.is_cpu() ? d.clone() : d.to(at::kCPU);
+  };
   if (ps.dp.rank() == 0) {
-    std::vector<SafetensorsEntry> weights;
-    for (const auto& p : model.named_parameters()) weights.push_back({p.key(), p.value()});
-    save_safetensors(tmp_dir + "/" + checkpoint_file("model", ps, distributed_optimizer), weights,
-                     {{"format", "megatron.cpp"},
-                      {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
-                      {"tensor_parallel_size", std::to_string(ps.tp.size())}});
+    CheckpointSnapshot::File f{checkpoint_file("model", ps, distributed_optimizer), {},
+                               {{"format", "megatron.cpp"},
+                                {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
+                                {"tensor_parallel_size", std::to_string(ps.tp.size())}}};
+    for (const auto& p : model.named_parameters()) f.tensors.push_back({p.key(), host(p.value())});
+    snap.files.push_back(std::move(f));
   }
   if (ps.dp.rank() == 0 || distributed_optimizer) {
-    std::vector<SafetensorsEntry> optim;
-    for (const auto& t : optimizer.state()) optim.push_back({t.name, t.tensor});
-    save_safetensors(tmp_dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer), optim,
-                     optimizer.state_offsets());
+    CheckpointSnapshot::File f{checkpoint_file("optimizer", ps, distributed_optimizer), {}, optimizer.state_offsets()};
+    for (const auto& t : optimizer.state()) f.tensors.push_back({t.name, host(t.tensor)});
+    snap.files.push_back(std::move(f));
   }
-  std::vector<SafetensorsEntry> rng;
+  CheckpointSnapshot::File rng{checkpoint_file("rng", ps, distributed_optimizer), {}, {}};
   auto gens = generators();
-  for (size_t i = 0; i < gens.size(); ++i) rng.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
+  for (size_t i = 0; i < gens.size(); ++i) rng.tensors.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
   if (const auto& tracker = model.tensor_parallel().rng) {
-    rng.push_back({"model_parallel_cpu", tracker->cpu_state()});
-    if (tracker->cuda_state().defined()) rng.push_back({"model_parallel_cuda", tracker->cuda_state()});
+    rng.tensors.push_back({"model_parallel_cpu", tracker->cpu_state()});
+    if (tracker->cuda_state().defined()) rng.tensors.push_back({"model_parallel_cuda", tracker->cuda_state()});
   }
-  save_safetensors(tmp_dir + "/" + checkpoint_file("rng", ps, distributed_optimizer), rng);
+  snap.files.push_back(std::move(rng));
+
+  if (snap.leader) {
+    const nlohmann::json state = {{"format_version", kFormatVersion},
+                                  {"iteration", progress.iteration},
+                                  {"consumed_train_samples", progress.consumed_train_samples},
+                                  {"consumed_valid_samples", progress.consumed_valid_samples},
+                                  {"skipped_iterations", progress.skipped_iterations},
+                                  {"nan_iterations", progress.nan_iterations},
+                                  {"model", model_summary(config.model)},
+                                  {"model_config", model_config_to_json(config.model)},
+                                  {"tokenizer", tokenizer_config_to_json(config.data)},
+                                  {"parallel", layout_summary(config, ps)},
+                                  {"bf16", config.train.bf16}};
+    snap.state_json = state.dump(2) + "\n";
+  }
+  return snap;
+}
+
+void write_checkpoint_files(const CheckpointSnapshot& snap) {
+  for (const auto& f : snap.files) save_safetensors(snap.tmp_dir + "/" + f.name, f.tensors, f.metadata);
+  if (snap.leader) write_file_atomic(snap.tmp_dir + "/state.json", snap.state_json);
+}
+
+void publish_checkpoint(const CheckpointSnapshot& snap, const dist::ParallelState& ps) {
   ps.world.barrier();  // every part is written (and fsynced) before the directory is published
-  if (!leader) {
-    ps.world.barrier();
-    return;
+  if (snap.leader) {
+    fsync_path(snap.tmp_dir);
+    std::error_code ec;
+    // Replace an older checkpoint of the same iteration only once the new one is complete.
+    if (fs::exists(snap.final_dir)) {
+      const std::string old = temporary_name(snap.final_dir) + "-old";  // a temporary name: never taken for a checkpoint
+      fs::rename(snap.final_dir, old);
+      fs::rename(snap.tmp_dir, snap.final_dir);
+      fs::remove_all(old, ec);
+    } else {
+      fs::rename(snap.tmp_dir, snap.final_dir);
+    }
+    fsync_path(snap.save_dir);
+    write_file_atomic((fs::path(snap.save_dir) / kTracker).string(), std::to_string(snap.iteration) + "\n");
+    if (snap.keep_last_n > 0) remove_old_checkpoints(snap.save_dir, snap.keep_last_n, snap.iteration);
   }
-
-  nlohmann::json state = {{"format_version", kFormatVersion},
-                          {"iteration", progress.iteration},
-                          {"consumed_train_samples", progress.consumed_train_samples},
-                          {"consumed_valid_samples", progress.consumed_valid_samples},
-                          {"skipped_iterations", progress.skipped_iterations},
-                          {"nan_iterations", progress.nan_iterations},
-                          {"model", model_summary(config.model)},
-                          {"model_config", model_config_to_json(config.model)},
-                          {"tokenizer", tokenizer_config_to_json(config.data)},
-                          {"parallel", layout_summary(config, ps)},
-                          {"bf16", config.train.bf16}};
-  write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
-  fsync_path(tmp_dir);
-
-  // Replace an older checkpoint of the same iteration only once the new one is complete.
-  if (fs::exists(final_dir)) {
-    const std::string old = temporary_name(final_dir) + "-old";  // a temporary name: never taken for a checkpoint
-    fs::rename(final_dir, old);
-    fs::rename(tmp_dir, final_dir);
-    fs::remove_all(old, ec);
-  } else {
-    fs::rename(tmp_dir, final_dir);
-  }
-  fsync_path(save_dir);
-  write_file_atomic((fs::path(save_dir) / kTracker).string(), std::to_string(progress.iteration) + "\n");
-  if (config.train.keep_last_n > 0) remove_old_checkpoints(save_dir, config.train.keep_last_n, progress.iteration);
   ps.world.barrier();
+}
+
+void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+                     const AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
+  const CheckpointSnapshot snap = snapshot_checkpoint(save_dir, progress, model, optimizer, config, ps, /*copy=*/false);
+  write_checkpoint_files(snap);
+  publish_checkpoint(snap, ps);
 }
 
 void save_weights_checkpoint(const std::string& save_dir, const Config& config, int tp_size,

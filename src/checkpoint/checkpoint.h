@@ -26,6 +26,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "checkpoint/safetensors.h"
 #include "dist/parallel_state.h"
 
 namespace megatron {
@@ -51,7 +52,30 @@ nlohmann::json read_checkpoint_state(const std::string& iteration_dir);
 void load_model_weights(const std::string& iteration_dir, GPTModel& model,
                         const dist::ParallelState& ps = dist::ParallelState::single());
 
-// Collective: every rank of `ps` calls it.
+// A save in three steps, so the writing can run on a thread while training goes on (--async-save):
+// snapshot_checkpoint (collective; with copy, host copies of everything, the only stall),
+// write_checkpoint_files (this rank's files into the temporary directory; no communication),
+// publish_checkpoint (collective: once every rank has written, rename into place, then the tracker).
+struct CheckpointSnapshot {
+  struct File {
+    std::string name;
+    std::vector<SafetensorsEntry> tensors;
+    std::map<std::string, std::string> metadata;
+  };
+  std::string save_dir, final_dir, tmp_dir;
+  int64_t iteration = 0;
+  bool leader = false;
+  int64_t keep_last_n = 0;
+  std::vector<File> files;
+  std::string state_json;  // the leader's
+};
+CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+                                       const AdamW& optimizer, const Config& config, const dist::ParallelState& ps,
+                                       bool copy);
+void write_checkpoint_files(const CheckpointSnapshot& snapshot);
+void publish_checkpoint(const CheckpointSnapshot& snapshot, const dist::ParallelState& ps);
+
+// All three at once. Collective: every rank of `ps` calls it.
 void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
                      const AdamW& optimizer, const Config& config,
                      const dist::ParallelState& ps = dist::ParallelState::single());

@@ -123,6 +123,7 @@ std::vector<Flag> train_flags(Config& c) {
        "every N iterations, check the weights are identical on all data-parallel replicas"},
       {"no-load-optim", Kind::Bool, &t.no_load_optim, "do not load optimizer state"},
       {"no-load-rng", Kind::Bool, &t.no_load_rng, "do not load RNG state"},
+      {"async-save", Kind::Bool, &t.async_save, "write checkpoints in the background from host copies"},
       {"keep-last-n", Kind::Int64, &t.keep_last_n, "keep only the newest N checkpoints under --save (default: all)"},
       {"finetune", Kind::Bool, &t.finetune, "with --load: weights only, start at iteration 0 with a fresh optimizer"},
       {"load-hf", Kind::String, &t.load_hf, "start from a Hugging Face model directory (architecture from its config.json)"},

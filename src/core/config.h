@@ -117,6 +117,7 @@ struct TrainConfig {
   int64_t exit_interval = 0;
   bool no_load_optim = false;
   bool no_load_rng = false;
+  bool async_save = false;       // write checkpoints on a thread from host copies while training goes on
   int64_t keep_last_n = 0;       // keep only the newest N checkpoints under --save (0: all)
   bool finetune = false;         // load weights only: iteration 0, fresh optimizer and generators
   std::string load_hf;           // start from this Hugging Face model directory

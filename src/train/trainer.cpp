@@ -75,6 +75,7 @@ class Trainer {
   Trainer(const Config& c, const dist::LaunchEnv& env)
       : c_(c), t_(c.train), env_(env), schedule_(c.train), device_(pick_device(c.train, env)), ltor_(ltor_options(c)) {}
   ~Trainer() {
+    if (async_save_ && async_save_->writer.joinable()) async_save_->writer.join();
     if (metrics_ != nullptr) std::fclose(metrics_);
   }
   Trainer(const Trainer&) = delete;
@@ -85,6 +86,9 @@ class Trainer {
  private:
   double evaluate();
   void save(const char* why);
+  // --async-save: publish the save in flight once every rank has written it (polled each
+  // iteration without blocking), or wait for it.
+  void finish_async_save(bool wait);
   void export_hf();
   void log_iteration(double grad_norm);
   bool stop_requested();
@@ -111,6 +115,15 @@ class Trainer {
   std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
   int64_t last_saved_ = -1;
+  struct AsyncSave {
+    CheckpointSnapshot snapshot;
+    std::thread writer;
+    std::atomic<bool> done{false};
+    std::exception_ptr error;
+    std::chrono::steady_clock::time_point start;
+    std::string why;
+  };
+  std::unique_ptr<AsyncSave> async_save_;
 
   // Accumulated over the current log interval.
   double interval_loss_ = 0;
@@ -247,22 +260,50 @@ int Trainer::run() {
       if (tensorboard_) tensorboard_->add_scalar("lm loss validation", float(valid_loss), progress_.iteration);
       std::fflush(stdout);
     }
+    if (async_save_) finish_async_save(/*wait=*/false);
     if (!t_.save.empty() && t_.save_interval > 0 && progress_.iteration % t_.save_interval == 0) save("save-interval");
     if (stop_requested()) {
       std::printf("received signal %d: stopping after iteration %lld\n", g_stop_signal.load(),
                   static_cast<long long>(progress_.iteration));
       if (!t_.save.empty()) save("signal");
+      finish_async_save(/*wait=*/true);
       return 0;
     }
     if (t_.exit_interval > 0 && progress_.iteration % t_.exit_interval == 0) {
       if (prints_setup()) std::printf("exiting program at iteration %lld (--exit-interval)\n", static_cast<long long>(progress_.iteration));
       if (!t_.save.empty()) save("exit-interval");
+      finish_async_save(/*wait=*/true);
       return 0;
     }
   }
   if (!t_.save.empty()) save("end of training");
+  finish_async_save(/*wait=*/true);
   if (!t_.save_hf.empty()) export_hf();
   return 0;
+}
+
+void Trainer::finish_async_save(bool wait) {
+  if (!async_save_) return;
+  const auto start = std::chrono::steady_clock::now();
+  bool all_done = async_save_->done.load();
+  if (!wait && ps_.world_size > 1) {
+    // Publishing is collective: every rank must have finished writing its files.
+    at::Tensor flag = at::full({1}, all_done ? 1.0f : 0.0f, at::TensorOptions().device(device_));
+    ps_.world.all_reduce(flag);  // the number of ranks done
+    all_done = flag.item<float>() == float(ps_.world_size);
+  }
+  if (!wait && !all_done) return;
+  async_save_->writer.join();
+  if (async_save_->error) std::rethrow_exception(async_save_->error);
+  publish_checkpoint(async_save_->snapshot, ps_);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - async_save_->start).count();
+  if (prints_setup()) {
+    std::printf("saved checkpoint at iteration %lld to %s (%s, asynchronous, %.2f s from snapshot to published)\n",
+                static_cast<long long>(async_save_->snapshot.iteration), t_.save.c_str(), async_save_->why.c_str(), seconds);
+    std::fflush(stdout);
+  }
+  async_save_.reset();
+  interval_start_ += std::chrono::steady_clock::now() - start;
 }
 
 // The whole model gathered over TP tensor by tensor; rank 0 writes it.
@@ -392,6 +433,32 @@ void Trainer::save(const char* why) {
   if (last_saved_ == progress_.iteration) return;
   const auto start = std::chrono::steady_clock::now();
   buffer_->finish_param_gather();
+  if (t_.async_save) {
+    finish_async_save(/*wait=*/true);  // one save in flight at a time
+    const auto snapshot_start = std::chrono::steady_clock::now();
+    async_save_ = std::make_unique<AsyncSave>();
+    async_save_->snapshot = snapshot_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_, /*copy=*/true);
+    async_save_->start = snapshot_start;
+    async_save_->why = why;
+    AsyncSave* pending = async_save_.get();
+    pending->writer = std::thread([pending] {
+      try {
+        write_checkpoint_files(pending->snapshot);
+      } catch (...) {
+        pending->error = std::current_exception();
+      }
+      pending->done.store(true);
+    });
+    last_saved_ = progress_.iteration;
+    const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (prints_setup()) {
+      std::printf("started asynchronous checkpoint of iteration %lld to %s (%s; training stalled %.3f s for the host copy)\n",
+                  static_cast<long long>(progress_.iteration), t_.save.c_str(), why, stall);
+      std::fflush(stdout);
+    }
+    interval_start_ += std::chrono::steady_clock::now() - start;
+    return;
+  }
   save_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_);
   last_saved_ = progress_.iteration;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -255,7 +255,8 @@ TEST(DataParallelReplicas, WeightsIdenticalAfterTraining) {
   EXPECT_NE(hashes[tp0][0], hashes[tp1][0]);
 }
 
-// Checkpoints under TP x DP with the distributed optimizer: every rank saves its part; a run
+// Checkpoints under TP x DP with the distributed optimizer (written asynchronously, so publishing
+// waits for every rank): every rank saves its part; a run
 // stopped at iteration 4 and resumed prints exactly the uninterrupted run's losses (dropout on, so
 // the default and model-parallel generator states must come back too), and a different model is
 // refused.
@@ -273,7 +274,8 @@ TEST(ParallelCheckpoints, ResumeUnderTensorAndDataParallelEqualsUninterrupted) {
   };
   auto whole = test::run_megatron(args({"--metrics-jsonl", dir / "whole.jsonl"}));
   ASSERT_EQ(whole.status, 0) << whole.output;
-  auto first = test::run_megatron(args({"--save", dir / "ckpt", "--exit-interval", "4", "--metrics-jsonl", dir / "resumed.jsonl"}));
+  auto first = test::run_megatron(args({"--save", dir / "ckpt", "--exit-interval", "4", "--save-interval", "2", "--async-save",
+                                        "--metrics-jsonl", dir / "resumed.jsonl"}));
   ASSERT_EQ(first.status, 0) << first.output;
   const std::string iter4 = dir / "ckpt/iter_0000004";
   for (const char* part : {"model_tp00_pp000", "model_tp01_pp000", "optimizer_tp00_pp000_dp000", "optimizer_tp01_pp000_dp001",

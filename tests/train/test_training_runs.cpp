@@ -73,8 +73,14 @@ TEST(TrainingRuns, SameCommandTwiceIsBitwiseIdentical) {
   EXPECT_EQ(a, b);
 }
 
-TEST(TrainingRuns, ResumeEqualsUninterrupted) {
+class Resume : public ::testing::TestWithParam<bool> {};
+
+// With --async-save (the parameter) the checkpoints are written by a thread from host copies
+// while training continues, and must be the same.
+TEST_P(Resume, EqualsUninterrupted) {
   test::TempDir dir;
+  const std::vector<std::string> async = GetParam() ? std::vector<std::string>{"--async-save", "--save-interval", "2"}
+                                                    : std::vector<std::string>{};
   // Dropout on, so resuming must restore the RNG state too; bf16 so the fp32 masters must be restored.
   const std::vector<std::string> common = {"--train-iters", "12", "--hidden-dropout", "0.1", "--attention-dropout",
                                            "0.1", "--bf16", "--log-interval", "1"};
@@ -85,8 +91,14 @@ TEST(TrainingRuns, ResumeEqualsUninterrupted) {
   };
   auto full = test::run_megatron(with({"--save", dir / "full", "--metrics-jsonl", dir / "full.jsonl"}));
   ASSERT_EQ(full.status, 0) << full.output;
-  auto first = test::run_megatron(with({"--save", dir / "ckpt", "--exit-interval", "5", "--metrics-jsonl", dir / "resumed.jsonl"}));
+  std::vector<std::string> first_args = {"--save", dir / "ckpt", "--exit-interval", "5", "--metrics-jsonl", dir / "resumed.jsonl"};
+  first_args.insert(first_args.end(), async.begin(), async.end());
+  auto first = test::run_megatron(with(first_args));
   ASSERT_EQ(first.status, 0) << first.output;
+  if (GetParam()) {
+    EXPECT_NE(first.output.find("started asynchronous checkpoint of iteration 2"), std::string::npos) << first.output;
+    EXPECT_NE(first.output.find("saved checkpoint at iteration 4 to"), std::string::npos) << first.output;
+  }
   EXPECT_EQ(file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt"), "5\n");
   auto second = test::run_megatron(with({"--load", dir / "ckpt", "--save", dir / "ckpt", "--metrics-jsonl", dir / "resumed.jsonl"}));
   ASSERT_EQ(second.status, 0) << second.output;
@@ -102,6 +114,9 @@ TEST(TrainingRuns, ResumeEqualsUninterrupted) {
         << file;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TrainingRuns, Resume, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "AsyncSave" : "SyncSave"; });
 
 TEST(TrainingRuns, SigtermFinishesTheStepSavesAndExitsZero) {
   test::TempDir dir;
