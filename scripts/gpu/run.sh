@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool), from the repository root, with .gpu carried:
-#   bash scripts/gpu/run.sh [bench|test|all|parallel]
+#   bash scripts/gpu/run.sh [bench|test|all|parallel|checkpoint]
 # `parallel` (two GPUs, nvidia-h200-x2): the NCCL equivalence checks and the 2-GPU benchmark
-# (bench/gpu_parallel.sh).
+# (bench/gpu_parallel.sh). `checkpoint`: the save stall, synchronous vs --async-save
+# (bench/gpu_checkpoint.sh).
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
 set -uo pipefail
@@ -22,6 +23,9 @@ cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -
 cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
+if [ "$what" = checkpoint ]; then
+  bash bench/gpu_checkpoint.sh build-gpu/megatron 2>&1 | tee "$out/checkpoint.log"
+fi
 if [ "$what" = parallel ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -5 "$out/ctest.log"
   bash bench/gpu_parallel.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/parallel.log"
