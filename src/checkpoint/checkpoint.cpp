@@ -55,8 +55,7 @@ void remove_leftovers(const std::string& save_dir) {
   for (const auto& entry : fs::directory_iterator(save_dir)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("iter_", 0) == 0 && name.find(".tmp") != std::string::npos && name.find(mine) == std::string::npos) {
-      std::error_code ec;
-      fs::remove_all(entry.path(), ec);
+      remove_tree(entry.path().string());
     }
   }
 }
@@ -76,8 +75,7 @@ void remove_old_checkpoints(const std::string& save_dir, int64_t keep, int64_t c
   for (size_t i = 0; i + size_t(keep - 1) < found.size(); ++i) {
     const std::string doomed = temporary_name(found[i].second.string()) + "-delete";
     fs::rename(found[i].second, doomed);
-    std::error_code ec;
-    fs::remove_all(doomed, ec);
+    remove_tree(doomed);
   }
 }
 
@@ -104,7 +102,7 @@ std::string iteration_directory(const std::string& save_dir, int64_t iteration) 
 
 CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
                                        const AdamW& optimizer, const Config& config, const dist::ParallelState& ps,
-                                       bool copy) {
+                                       bool copy, std::map<std::string, at::Tensor>* host_buffers) {
   CheckpointSnapshot snap;
   snap.save_dir = save_dir;
   snap.iteration = progress.iteration;
@@ -114,31 +112,38 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   snap.final_dir = iteration_directory(save_dir, progress.iteration);
   // Every rank writes into the same temporary directory, so its name cannot hold a pid.
   snap.tmp_dir = ps.world_size == 1 ? temporary_name(snap.final_dir) : snap.final_dir + ".tmp";
-  std::error_code ec;
   if (snap.leader) {
     make_directories(save_dir);
     remove_leftovers(save_dir);
-    fs::remove_all(snap.tmp_dir, ec);
+    remove_tree(snap.tmp_dir);
     make_directories(snap.tmp_dir);
   }
   ps.world.barrier();
 
   // An asynchronous save keeps host copies, so training may change the originals meanwhile.
-  auto host = [&](const at::Tensor& t) {
+  auto host = [&](const std::string& key, const at::Tensor& t) {
     at::Tensor d = t.detach();
-    return !copy ? d : d.is_cpu() ? d.clone() : d.to(at::kCPU);
+    if (!copy) return d;
+    if (d.is_cpu()) return d.clone();
+    if (host_buffers == nullptr) return d.to(at::kCPU);
+    at::Tensor& buffer = (*host_buffers)[key];
+    if (!buffer.defined() || !buffer.sizes().equals(d.sizes()) || buffer.scalar_type() != d.scalar_type()) {
+      buffer = at::empty(d.sizes(), d.options().device(at::kCPU).pinned_memory(true));
+    }
+    buffer.copy_(d);
+    return buffer;
   };
   if (ps.dp.rank() == 0) {
     CheckpointSnapshot::File f{checkpoint_file("model", ps, distributed_optimizer), {},
                                {{"format", "megatron.cpp"},
                                 {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
                                 {"tensor_parallel_size", std::to_string(ps.tp.size())}}};
-    for (const auto& p : model.named_parameters()) f.tensors.push_back({p.key(), host(p.value())});
+    for (const auto& p : model.named_parameters()) f.tensors.push_back({p.key(), host("model/" + p.key(), p.value())});
     snap.files.push_back(std::move(f));
   }
   if (ps.dp.rank() == 0 || distributed_optimizer) {
     CheckpointSnapshot::File f{checkpoint_file("optimizer", ps, distributed_optimizer), {}, optimizer.state_offsets()};
-    for (const auto& t : optimizer.state()) f.tensors.push_back({t.name, host(t.tensor)});
+    for (const auto& t : optimizer.state()) f.tensors.push_back({t.name, host("optimizer/" + t.name, t.tensor)});
     snap.files.push_back(std::move(f));
   }
   CheckpointSnapshot::File rng{checkpoint_file("rng", ps, distributed_optimizer), {}, {}};
@@ -176,13 +181,12 @@ void publish_checkpoint(const CheckpointSnapshot& snap, const dist::ParallelStat
   ps.world.barrier();  // every part is written (and fsynced) before the directory is published
   if (snap.leader) {
     fsync_path(snap.tmp_dir);
-    std::error_code ec;
     // Replace an older checkpoint of the same iteration only once the new one is complete.
     if (fs::exists(snap.final_dir)) {
       const std::string old = temporary_name(snap.final_dir) + "-old";  // a temporary name: never taken for a checkpoint
       fs::rename(snap.final_dir, old);
       fs::rename(snap.tmp_dir, snap.final_dir);
-      fs::remove_all(old, ec);
+      remove_tree(old);
     } else {
       fs::rename(snap.tmp_dir, snap.final_dir);
     }
@@ -207,8 +211,7 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
   const std::string final_dir = iteration_directory(save_dir, 0);
   if (fs::exists(final_dir)) throw UserError(final_dir + " exists: convert into a new directory");
   const std::string tmp_dir = temporary_name(final_dir);
-  std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
+  remove_tree(tmp_dir);
   make_directories(tmp_dir);
   for (int r = 0; r < tp_size; ++r) {
     char name[64];

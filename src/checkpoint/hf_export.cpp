@@ -53,8 +53,7 @@ void save_hf_checkpoint(const std::string& out_dir, const ModelConfig& model, in
     throw UserError(out_dir + " exists and is not empty: export into a new directory");
   }
   const std::string tmp = temporary_name(out_dir);
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
+  remove_tree(tmp);
   make_directories(tmp);
 
   std::vector<std::string> shard_files;             // temporary names, renamed once the count is known

@@ -18,6 +18,10 @@ inline void write_file_atomic(const std::string& path, const std::string& conten
 std::string read_file(const std::string& path);  // UserError naming the path if unreadable
 void fsync_path(const std::string& path);         // a file or a directory
 void make_directories(const std::string& path);   // mkdir -p; UserError on failure
+// rm -rf: the tree under `path`, if any, without following links. POSIX nftw rather than
+// std::filesystem::remove_all, which crashed on the GPU machine (2026-11-30; its libstdc++ differs
+// from the one the binary was built against).
+void remove_tree(const std::string& path);
 std::string temporary_name(const std::string& path);  // "<path>.tmp-<pid>"
 
 }  // namespace megatron

@@ -124,6 +124,7 @@ class Trainer {
     std::string why;
   };
   std::unique_ptr<AsyncSave> async_save_;
+  std::map<std::string, at::Tensor> snapshot_buffers_;  // page-locked host copies, reused by every async save
 
   // Accumulated over the current log interval.
   double interval_loss_ = 0;
@@ -431,13 +432,14 @@ double Trainer::evaluate() {
 
 void Trainer::save(const char* why) {
   if (last_saved_ == progress_.iteration) return;
+  if (t_.async_save) finish_async_save(/*wait=*/true);  // one save in flight at a time; its buffers are reused
   const auto start = std::chrono::steady_clock::now();
   buffer_->finish_param_gather();
   if (t_.async_save) {
-    finish_async_save(/*wait=*/true);  // one save in flight at a time
     const auto snapshot_start = std::chrono::steady_clock::now();
     async_save_ = std::make_unique<AsyncSave>();
-    async_save_->snapshot = snapshot_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_, /*copy=*/true);
+    async_save_->snapshot = snapshot_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_, /*copy=*/true,
+                                                &snapshot_buffers_);
     async_save_->start = snapshot_start;
     async_save_->why = why;
     AsyncSave* pending = async_save_.get();
