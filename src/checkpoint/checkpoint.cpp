@@ -81,17 +81,25 @@ void remove_old_checkpoints(const std::string& save_dir, int64_t keep, int64_t c
 
 }  // namespace
 
-std::string checkpoint_file(const std::string& kind, const dist::ParallelState& ps, bool distributed_optimizer) {
-  if (ps.world_size == 1) return kind + ".safetensors";
+std::string checkpoint_part_name(const std::string& kind, int tp_rank, int pp_rank, int dp_rank) {
   char name[96];
-  if (kind == "rng") {
-    std::snprintf(name, sizeof(name), "rng_rank%05d.safetensors", ps.rank);
-  } else if (kind == "optimizer" && distributed_optimizer) {
-    std::snprintf(name, sizeof(name), "optimizer_tp%02d_pp%03d_dp%03d.safetensors", ps.tp.rank(), ps.pp.rank(), ps.dp.rank());
+  if (dp_rank >= 0) {
+    std::snprintf(name, sizeof(name), "%s_tp%02d_pp%03d_dp%03d.safetensors", kind.c_str(), tp_rank, pp_rank, dp_rank);
   } else {
-    std::snprintf(name, sizeof(name), "%s_tp%02d_pp%03d.safetensors", kind.c_str(), ps.tp.rank(), ps.pp.rank());
+    std::snprintf(name, sizeof(name), "%s_tp%02d_pp%03d.safetensors", kind.c_str(), tp_rank, pp_rank);
   }
   return name;
+}
+
+std::string checkpoint_file(const std::string& kind, const dist::ParallelState& ps, bool distributed_optimizer) {
+  if (ps.world_size == 1) return kind + ".safetensors";
+  if (kind == "rng") {
+    char name[64];
+    std::snprintf(name, sizeof(name), "rng_rank%05d.safetensors", ps.rank);
+    return name;
+  }
+  const bool per_dp = kind == "optimizer" && distributed_optimizer;
+  return checkpoint_part_name(kind, ps.tp.rank(), ps.pp.rank(), per_dp ? ps.dp.rank() : -1);
 }
 
 std::string iteration_directory(const std::string& save_dir, int64_t iteration) {
@@ -214,13 +222,7 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
   remove_tree(tmp_dir);
   make_directories(tmp_dir);
   for (int r = 0; r < tp_size; ++r) {
-    char name[64];
-    if (tp_size == 1) {
-      std::snprintf(name, sizeof(name), "model.safetensors");
-    } else {
-      std::snprintf(name, sizeof(name), "model_tp%02d_pp000.safetensors", r);
-    }
-    write_model_file(r, tmp_dir + "/" + name);
+    write_model_file(r, tmp_dir + "/" + (tp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", r, 0)));
   }
   for (const auto& [name, source] : extra_files) write_file_atomic(tmp_dir + "/" + name, read_file(source));
   const nlohmann::json layout = {{"tensor_model_parallel_size", tp_size},

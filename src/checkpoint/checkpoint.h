@@ -97,6 +97,10 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
                              const std::function<void(int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files);
 
+// The file name of a part of a multi-rank checkpoint: "model_tp01_pp000.safetensors", or with
+// dp_rank >= 0 (distributed-optimizer state) "optimizer_tp01_pp000_dp003.safetensors".
+std::string checkpoint_part_name(const std::string& kind, int tp_rank, int pp_rank, int dp_rank = -1);
+
 // The file of one part of a checkpoint ("model", "optimizer" or "rng") this rank writes/reads.
 std::string checkpoint_file(const std::string& kind, const dist::ParallelState& ps, bool distributed_optimizer);
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/errors.h"
 #include "tensor_parallel/sharding.h"
@@ -24,19 +25,10 @@ at::Tensor with_rows(const at::Tensor& t, int64_t rows) {
   return at::cat({t, at::zeros({rows - t.size(0), t.size(1)}, t.options())}, 0);
 }
 
-std::string part_name(const char* kind, int tp, int dp, bool per_dp) {
-  char name[96];
-  if (per_dp) {
-    std::snprintf(name, sizeof(name), "%s_tp%02d_pp000_dp%03d.safetensors", kind, tp, dp);
-  } else {
-    std::snprintf(name, sizeof(name), "%s_tp%02d_pp000.safetensors", kind, tp);
-  }
-  return name;
-}
-
 }  // namespace
 
-ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu)
+ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu,
+                                                 bool with_optimizer)
     : dir_(dir), swiglu_(swiglu) {
   tp_ = layout.value("tensor_model_parallel_size", 1);
   dp_ = layout.value("data_parallel_size", 1);
@@ -44,12 +36,14 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const n
   if (layout.value("pipeline_model_parallel_size", 1) != 1) throw UserError(dir + ": pipeline-parallel checkpoints are not supported yet");
   const bool single = tp_ * dp_ == 1;
   for (int t = 0; t < tp_; ++t) {
-    model_files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + (single ? "model.safetensors" : part_name("model", t, 0, false))));
+    model_files_.push_back(
+        std::make_unique<SafetensorsFile>(dir + "/" + (single ? "model.safetensors" : checkpoint_part_name("model", t, 0))));
     model_files_.back()->verify_checksum();
     optimizer_files_.emplace_back();
-    const int shards = distributed_ ? dp_ : 1;
+    const int shards = !with_optimizer ? 0 : distributed_ ? dp_ : 1;
     for (int d = 0; d < shards; ++d) {
-      const std::string path = dir + "/" + (single ? "optimizer.safetensors" : part_name("optimizer", t, d, distributed_));
+      const std::string path =
+          dir + "/" + (single ? "optimizer.safetensors" : checkpoint_part_name("optimizer", t, 0, distributed_ ? d : -1));
       if (!fs::exists(path)) continue;  // weights-only checkpoints have none
       optimizer_files_.back().push_back(std::make_unique<SafetensorsFile>(path));
       optimizer_files_.back().back()->verify_checksum();

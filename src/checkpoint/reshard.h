@@ -19,8 +19,9 @@ class SafetensorsFile;
 
 class ShardedCheckpointReader {
  public:
-  // `layout`: state.json's "parallel" object.
-  ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu);
+  // `layout`: state.json's "parallel" object. Without `with_optimizer` only the model files are
+  // opened (and checksummed).
+  ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu, bool with_optimizer = true);
   ~ShardedCheckpointReader();
 
   // The whole parameter `name` (all TP shards), with `vocab_rows` rows for the embedding and output layer.

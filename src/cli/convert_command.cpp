@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_mapping.h"
+#include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
 #include "cli/commands.h"
 #include "core/config_json.h"
@@ -102,16 +103,9 @@ void native_to_hf(const std::string& load, const std::string& save, int64_t max_
   if (dir.empty()) throw UserError(load + ": no checkpoint (no latest_checkpointed_iteration.txt or state.json)");
   const nlohmann::json state = read_checkpoint_state(dir);
   const ModelConfig m = model_config_from_json(state.at("model_config"));
-  const nlohmann::json layout = state.value("parallel", nlohmann::json::object());
-  const int tp = layout.value("tensor_model_parallel_size", 1);
-  if (layout.value("pipeline_model_parallel_size", 1) != 1) throw UserError(dir + ": pipeline-parallel checkpoints are not supported yet");
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
-  for (int r = 0; r < tp; ++r) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "model_tp%02d_pp000.safetensors", r);
-    const std::string path = tp == 1 && fs::exists(dir + "/model.safetensors") ? dir + "/model.safetensors" : dir + "/" + name;
-    files.push_back(std::make_unique<SafetensorsFile>(path));
-  }
+  // Reads the model files of any saved layout, checksums verified, TP shards joined per tensor.
+  const ShardedCheckpointReader reader(dir, state.value("parallel", nlohmann::json::object()), m.swiglu,
+                                       /*with_optimizer=*/false);
   HfExportOptions options;
   options.max_shard_bytes = max_shard_bytes;
   int64_t hf_vocab = m.hf_vocab_size > 0 ? m.hf_vocab_size : m.vocab_size;
@@ -126,13 +120,11 @@ void native_to_hf(const std::string& load, const std::string& save, int64_t max_
   }
   size_t done = 0;
   save_hf_checkpoint(save, m, hf_vocab, [&](const std::string& name) {
-    std::vector<at::Tensor> parts;
-    for (auto& f : files) parts.push_back(f->view(name));
     if (++done % 16 == 0) {
       std::printf("convert: %zu tensors\n", done);
       std::fflush(stdout);
     }
-    return tp::unshard(parts, tp::shard_spec(name, m.swiglu));
+    return reader.model(name, m.padded_vocab_size);
   }, options);
   std::printf("convert: %s -> %s (Hugging Face, vocabulary %lld)\n", dir.c_str(), save.c_str(), static_cast<long long>(hf_vocab));
 }

@@ -92,11 +92,7 @@ std::map<std::string, at::Tensor> full_parameters(const std::string& save_dir, i
     return full;
   }
   std::vector<std::unique_ptr<SafetensorsFile>> files;
-  for (int r = 0; r < tp; ++r) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "/model_tp%02d_pp000.safetensors", r);
-    files.push_back(std::make_unique<SafetensorsFile>(dir + name));
-  }
+  for (int r = 0; r < tp; ++r) files.push_back(std::make_unique<SafetensorsFile>(dir + "/" + checkpoint_part_name("model", r, 0)));
   for (const auto& name : files[0]->names()) {
     std::vector<at::Tensor> parts;
     for (auto& f : files) parts.push_back(f->load(name));
