@@ -41,11 +41,41 @@ nlohmann::json model_summary(const ModelConfig& m) {
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights}};
 }
 
+nlohmann::json layout_summary(const ParallelConfig& p, int tp, int pp, int dp) {
+  return {{"tensor_model_parallel_size", tp},
+          {"pipeline_model_parallel_size", pp},
+          {"data_parallel_size", dp},
+          {"use_distributed_optimizer", p.use_distributed_optimizer},
+          {"num_virtual_stages_per_pipeline_rank", pp > 1 ? p.num_virtual_stages_per_pipeline_rank : 1},
+          {"decoder_first_pipeline_num_layers", pp > 1 ? p.decoder_first_pipeline_num_layers : 0},
+          {"decoder_last_pipeline_num_layers", pp > 1 ? p.decoder_last_pipeline_num_layers : 0}};
+}
+
 nlohmann::json layout_summary(const Config& c, const dist::ParallelState& ps) {
-  return {{"tensor_model_parallel_size", ps.tp.size()},
-          {"pipeline_model_parallel_size", ps.pp.size()},
-          {"data_parallel_size", ps.dp.size()},
-          {"use_distributed_optimizer", c.parallel.use_distributed_optimizer}};
+  return layout_summary(c.parallel, ps.tp.size(), ps.pp.size(), ps.dp.size());
+}
+
+// Every parameter of this rank's chunks under its global name.
+std::vector<std::pair<std::string, at::Tensor>> chunk_parameters(const std::vector<GPTModel*>& chunks) {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (GPTModel* chunk : chunks) {
+    for (const auto& p : chunk->named_parameters()) params.emplace_back(p.key(), p.value());
+  }
+  return params;
+}
+
+// Copies the tensors of `file` into `params`, shapes checked.
+void load_parameters(const SafetensorsFile& file, const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, param] : params) {
+    if (!file.contains(name)) throw UserError(file.path() + " has no tensor '" + name + "' (a checkpoint of another layout or model?)");
+    at::Tensor saved = file.view(name);
+    if (!saved.sizes().equals(param.sizes())) {
+      throw UserError(file.path() + ": tensor '" + name + "' has shape " + c10::str(saved.sizes()) + ", the model expects " +
+                      c10::str(param.sizes()));
+    }
+    at::Tensor(param).copy_(saved);
+  }
 }
 
 // Temporary directories of saves or deletions a crash interrupted (never loadable: their names
@@ -108,7 +138,8 @@ std::string iteration_directory(const std::string& save_dir, int64_t iteration) 
   return (fs::path(save_dir) / name).string();
 }
 
-CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const TrainingProgress& progress,
+                                       const std::vector<GPTModel*>& chunks,
                                        const AdamW& optimizer, const Config& config, const dist::ParallelState& ps,
                                        bool copy, std::map<std::string, at::Tensor>* host_buffers) {
   CheckpointSnapshot snap;
@@ -146,7 +177,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
                                {{"format", "megatron.cpp"},
                                 {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
                                 {"tensor_parallel_size", std::to_string(ps.tp.size())}}};
-    for (const auto& p : model.named_parameters()) f.tensors.push_back({p.key(), host("model/" + p.key(), p.value())});
+    for (const auto& [name, param] : chunk_parameters(chunks)) f.tensors.push_back({name, host("model/" + name, param)});
     snap.files.push_back(std::move(f));
   }
   if (ps.dp.rank() == 0 || distributed_optimizer) {
@@ -157,7 +188,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   CheckpointSnapshot::File rng{checkpoint_file("rng", ps, distributed_optimizer), {}, {}};
   auto gens = generators();
   for (size_t i = 0; i < gens.size(); ++i) rng.tensors.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
-  if (const auto& tracker = model.tensor_parallel().rng) {
+  if (const auto& tracker = chunks.at(0)->tensor_parallel().rng) {
     rng.tensors.push_back({"model_parallel_cpu", tracker->cpu_state()});
     if (tracker->cuda_state().defined()) rng.tensors.push_back({"model_parallel_cuda", tracker->cuda_state()});
   }
@@ -205,15 +236,15 @@ void publish_checkpoint(const CheckpointSnapshot& snap, const dist::ParallelStat
   ps.world.barrier();
 }
 
-void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, const std::vector<GPTModel*>& chunks,
                      const AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
-  const CheckpointSnapshot snap = snapshot_checkpoint(save_dir, progress, model, optimizer, config, ps, /*copy=*/false);
+  const CheckpointSnapshot snap = snapshot_checkpoint(save_dir, progress, chunks, optimizer, config, ps, /*copy=*/false);
   write_checkpoint_files(snap);
   publish_checkpoint(snap, ps);
 }
 
-void save_weights_checkpoint(const std::string& save_dir, const Config& config, int tp_size,
-                             const std::function<void(int, const std::string&)>& write_model_file,
+void save_weights_checkpoint(const std::string& save_dir, const Config& config,
+                             const std::function<void(int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files) {
   make_directories(save_dir);
   const std::string final_dir = iteration_directory(save_dir, 0);
@@ -221,14 +252,16 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
   const std::string tmp_dir = temporary_name(final_dir);
   remove_tree(tmp_dir);
   make_directories(tmp_dir);
-  for (int r = 0; r < tp_size; ++r) {
-    write_model_file(r, tmp_dir + "/" + (tp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", r, 0)));
+  const int tp_size = config.parallel.tensor_model_parallel_size, pp_size = config.parallel.pipeline_model_parallel_size;
+  for (int p = 0; p < pp_size; ++p) {
+    for (int t = 0; t < tp_size; ++t) {
+      write_model_file(t, p, tmp_dir + "/" + (tp_size * pp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p)));
+    }
   }
   for (const auto& [name, source] : extra_files) write_file_atomic(tmp_dir + "/" + name, read_file(source));
-  const nlohmann::json layout = {{"tensor_model_parallel_size", tp_size},
-                                 {"pipeline_model_parallel_size", 1},
-                                 {"data_parallel_size", 1},
-                                 {"use_distributed_optimizer", false}};
+  ParallelConfig weights_layout = config.parallel;
+  weights_layout.use_distributed_optimizer = false;
+  const nlohmann::json layout = layout_summary(weights_layout, tp_size, pp_size, 1);
   const nlohmann::json state = {{"format_version", kFormatVersion},
                                 {"iteration", 0},
                                 {"consumed_train_samples", 0},
@@ -274,17 +307,9 @@ nlohmann::json read_checkpoint_state(const std::string& dir) {
 }
 
 void load_model_weights(const std::string& dir, GPTModel& model, const dist::ParallelState& ps) {
-  at::NoGradGuard no_grad;
   SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));
   weights.verify_checksum();
-  for (auto& p : model.named_parameters()) {
-    at::Tensor saved = weights.view(p.key());
-    if (!saved.sizes().equals(p.value().sizes())) {
-      throw UserError(weights.path() + ": tensor '" + p.key() + "' has shape " + c10::str(saved.sizes()) +
-                      ", the model expects " + c10::str(p.value().sizes()));
-    }
-    p.value().copy_(saved);
-  }
+  load_parameters(weights, chunk_parameters({&model}));
 }
 
 namespace {
@@ -301,22 +326,23 @@ TrainingProgress progress_of(const nlohmann::json& state) {
 
 // Another layout: every rank assembles whole tensors from the saved parts and keeps its own.
 TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& state, const nlohmann::json& saved_layout,
-                                GPTModel& model, AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
+                                const std::vector<GPTModel*>& chunks, AdamW& optimizer, const Config& config,
+                                const dist::ParallelState& ps) {
   at::NoGradGuard no_grad;
   const bool swiglu = config.model.swiglu;
   ShardedCheckpointReader reader(dir, saved_layout, swiglu);
   const int64_t rows = config.model.padded_vocab_size;
-  const tp::TensorParallel& tensor_parallel = model.tensor_parallel();
+  const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
   auto local = [&](const std::string& name, const at::Tensor& full) {
     return tp::shard_of(full, tp::shard_spec(name, swiglu), tensor_parallel.rank(), tensor_parallel.size());
   };
-  for (auto& p : model.named_parameters()) {
-    const at::Tensor value = local(p.key(), reader.model(p.key(), rows));
-    if (!value.sizes().equals(p.value().sizes())) {
-      throw UserError(dir + ": parameter '" + p.key() + "' resharded to " + c10::str(value.sizes()) + ", the model expects " +
-                      c10::str(p.value().sizes()));
+  for (auto& [name, param] : chunk_parameters(chunks)) {
+    const at::Tensor value = local(name, reader.model(name, rows));
+    if (!value.sizes().equals(param.sizes())) {
+      throw UserError(dir + ": parameter '" + name + "' resharded to " + c10::str(value.sizes()) + ", the model expects " +
+                      c10::str(param.sizes()));
     }
-    p.value().copy_(value);
+    param.copy_(value);
   }
   const bool weights_only = config.train.finetune || config.train.no_load_optim;
   if (weights_only) {
@@ -336,8 +362,8 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
 
 }  // namespace
 
-std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
-                                                const Config& config, const dist::ParallelState& ps) {
+std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
+                                                AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
   const std::string dir = latest_checkpoint_directory(load_dir);
   if (dir.empty()) {
     std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
@@ -353,17 +379,19 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
     throw UserError(dir + ": the checkpoint's model (" + state["model"].dump() + ") differs from the configured one (" +
                     expected.dump() + "); use the same model flags as the run that saved it");
   }
-  const nlohmann::json saved_layout = state.value("parallel", layout_summary(config, dist::ParallelState::single()));
+  // Layouts saved before a key existed had its default value.
+  nlohmann::json saved_layout = layout_summary(ParallelConfig(), 1, 1, 1);
+  saved_layout.update(state.value("parallel", nlohmann::json::object()));
   const nlohmann::json layout = layout_summary(config, ps);
   const bool distributed_optimizer = config.parallel.use_distributed_optimizer;
   // The same layout reads this rank's own files (and its generator states); any other reshards.
-  bool same_layout = state["model"].value("padded_vocab_size", 0) == config.model.padded_vocab_size;
-  for (const char* key : {"tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
-                          "use_distributed_optimizer"}) {
-    same_layout = same_layout && saved_layout.value(key, nlohmann::json()) == layout.at(key);
+  const bool same_layout = state["model"].value("padded_vocab_size", 0) == config.model.padded_vocab_size && saved_layout == layout;
+  if (!same_layout) return load_resharded(dir, state, saved_layout, chunks, optimizer, config, ps);
+  {
+    SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));
+    weights.verify_checksum();
+    load_parameters(weights, chunk_parameters(chunks));
   }
-  if (!same_layout) return load_resharded(dir, state, saved_layout, model, optimizer, config, ps);
-  load_model_weights(dir, model, ps);
   if (config.train.finetune) {
     optimizer.reset_from_model();
     if (ps.rank == 0) std::printf("loaded weights from %s (--finetune: starting at iteration 0)\n", dir.c_str());
@@ -391,7 +419,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPT
       const char* name = i == 0 ? "cpu" : "cuda";
       if (rng.contains(name)) gens[i].set_state(rng.load(name));
     }
-    if (const auto& tracker = model.tensor_parallel().rng; tracker && rng.contains("model_parallel_cpu")) {
+    if (const auto& tracker = chunks.at(0)->tensor_parallel().rng; tracker && rng.contains("model_parallel_cpu")) {
       tracker->set_states(rng.load("model_parallel_cpu"),
                           rng.contains("model_parallel_cuda") ? rng.load("model_parallel_cuda") : at::Tensor());
     }

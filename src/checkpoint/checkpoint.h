@@ -8,9 +8,10 @@
 //   <save>/latest_checkpointed_iteration.txt   written last
 //
 // A parallel job writes one file per part instead: model_tpTT_ppPPP.safetensors (this TP
-// rank's shards, from DP rank 0), optimizer_tpTT_ppPPP.safetensors (or ..._dpDDD with the
-// distributed optimizer, one per DP shard) and rng_rankRRRRR.safetensors. Loading needs the
-// same TP and PP (and DP with the distributed optimizer).
+// rank's shards of the pipeline stage's parameters, all its model chunks, from DP rank 0),
+// optimizer_tpTT_ppPPP.safetensors (or ..._dpDDD with the distributed optimizer, one per DP
+// shard) and rng_rankRRRRR.safetensors. Names are global (`decoder.layers.<global index>`), so
+// the same layout reads its own files and any other layout reshards (reshard.h).
 //
 // An iteration directory is assembled under a temporary name and renamed when complete; the
 // tracker file is replaced atomically afterwards, so a crash never leaves a partial checkpoint
@@ -71,30 +72,33 @@ struct CheckpointSnapshot {
 };
 // `host_buffers` (optional) keeps the host copies of GPU tensors between saves, in page-locked
 // memory: the copy then runs at PCIe speed and allocates only once.
-CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+// `chunks`: this rank's model chunks (one without an interleaved pipeline).
+CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const TrainingProgress& progress,
+                                       const std::vector<GPTModel*>& chunks,
                                        const AdamW& optimizer, const Config& config, const dist::ParallelState& ps,
                                        bool copy, std::map<std::string, at::Tensor>* host_buffers = nullptr);
 void write_checkpoint_files(const CheckpointSnapshot& snapshot);
 void publish_checkpoint(const CheckpointSnapshot& snapshot, const dist::ParallelState& ps);
 
 // All three at once. Collective: every rank of `ps` calls it.
-void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, GPTModel& model,
+void save_checkpoint(const std::string& save_dir, const TrainingProgress& progress, const std::vector<GPTModel*>& chunks,
                      const AdamW& optimizer, const Config& config,
                      const dist::ParallelState& ps = dist::ParallelState::single());
 
 // Loads the latest checkpoint under `load_dir` into model and optimizer (and the RNGs unless
 // --no-load-rng). Returns nothing, after saying so, when the directory has no checkpoint yet
 // (as Megatron, a fresh start); throws UserError on a missing, truncated or mismatching one.
-std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, GPTModel& model, AdamW& optimizer,
+std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
+                                                AdamW& optimizer,
                                                 const Config& config,
                                                 const dist::ParallelState& ps = dist::ParallelState::single());
 
 // A weights-only checkpoint at iteration 0, as `megatron convert` writes it: one model file per
-// TP rank from write_model_file(tp_rank, path), `extra_files` (name in the directory -> source
-// path) copied in, state.json and the tracker. `megatron train --load DIR --finetune` starts
-// from it.
-void save_weights_checkpoint(const std::string& save_dir, const Config& config, int tp_size,
-                             const std::function<void(int, const std::string&)>& write_model_file,
+// TP rank and pipeline stage from write_model_file(tp_rank, pp_rank, path), `extra_files`
+// (name in the directory -> source path) copied in, state.json and the tracker. `megatron
+// train --load DIR --finetune` starts from it. config.parallel gives the layout.
+void save_weights_checkpoint(const std::string& save_dir, const Config& config,
+                             const std::function<void(int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files);
 
 // The file name of a part of a multi-rank checkpoint: "model_tp01_pp000.safetensors", or with

@@ -266,22 +266,28 @@ void adopt_hf_architecture(Config& config) {
   }
 }
 
-void load_hf_weights(const std::string& dir, GPTModel& model) {
+void load_hf_weights(const std::string& dir, GPTModel& model) { load_hf_weights(dir, std::vector<GPTModel*>{&model}); }
+
+void load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& chunks) {
   at::NoGradGuard no_grad;
   HfCheckpointReader hf(dir);
-  const tp::TensorParallel& tp = model.tensor_parallel();
-  for (auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& param = item.value();
-    const at::Tensor full = megatron_tensor_from_hf(name, model.config(), hf);
-    const at::Tensor shard = tp::shard_of(full, tp::shard_spec(name, model.config().swiglu), tp.rank(), tp.size());
-    if (!shard.sizes().equals(param.sizes())) {
-      throw UserError(dir + ": tensor for '" + name + "' has shape " + c10::str(shard.sizes()) + " on this rank, the model expects " +
-                      c10::str(param.sizes()) + " (does config.json match the model flags?)");
+  for (GPTModel* model : chunks) {
+    const tp::TensorParallel& tp = model->tensor_parallel();
+    for (auto& item : model->named_parameters()) {
+      const std::string& name = item.key();
+      at::Tensor& param = item.value();
+      const at::Tensor full = megatron_tensor_from_hf(name, model->config(), hf);
+      const at::Tensor shard = tp::shard_of(full, tp::shard_spec(name, model->config().swiglu), tp.rank(), tp.size());
+      if (!shard.sizes().equals(param.sizes())) {
+        throw UserError(dir + ": tensor for '" + name + "' has shape " + c10::str(shard.sizes()) + " on this rank, the model expects " +
+                        c10::str(param.sizes()) + " (does config.json match the model flags?)");
+      }
+      param.copy_(shard);
     }
-    param.copy_(shard);
   }
-  hf.check_all_used();
+  // A pipeline stage uses only its own layers' tensors.
+  const bool whole_model = chunks.size() == 1 && chunks[0]->chunk().num_layers == chunks[0]->config().num_layers;
+  if (whole_model) hf.check_all_used();
 }
 
 }  // namespace megatron

@@ -59,5 +59,7 @@ void adopt_hf_architecture(Config& config);
 // Copies the weights of an HF directory into `model` (this TP rank's shards). Every model
 // parameter must be covered and every HF tensor used; otherwise UserError naming the tensor.
 void load_hf_weights(const std::string& hf_dir, GPTModel& model);
+// The chunks of one pipeline rank (each takes the tensors of its own parameters).
+void load_hf_weights(const std::string& hf_dir, const std::vector<GPTModel*>& chunks);
 
 }  // namespace megatron

@@ -1,6 +1,7 @@
 // `megatron convert`: Hugging Face safetensors <-> native checkpoints, streaming (one tensor
 // at a time beyond the output file being written).
 //   --from hf --to native --load HF_DIR --save DIR [--target-tensor-parallel-size T]
+//                         [--target-pipeline-parallel-size P]
 //   --from native --to hf --load DIR --save HF_DIR [--max-shard-size 5GB]
 #include <ATen/ATen.h>
 
@@ -20,6 +21,7 @@
 #include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "pipeline/layout.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron::cli {
@@ -35,7 +37,7 @@ const char* kHelp =
     "  --from native --to hf      the latest checkpoint under SRC -> config.json, safetensors\n"
     "                             shards + index, tokenizer files\n"
     "  --target-tensor-parallel-size T     split for T tensor-parallel ranks (hf -> native; default 1)\n"
-    "  --target-pipeline-parallel-size P   must be 1 until pipeline parallelism exists\n"
+    "  --target-pipeline-parallel-size P   split the layers over P pipeline stages (hf -> native; default 1)\n"
     "  --make-vocab-size-divisible-by N    pad the vocabulary to a multiple of N x T (default 128)\n"
     "  --max-shard-size SIZE               largest HF shard, e.g. 5GB, 500MB or bytes (default 5GB)\n";
 
@@ -57,10 +59,13 @@ int positive(const std::string& flag, const std::string& text) {
   return static_cast<int>(v);
 }
 
-void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int divisible) {
+void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int pp, int divisible) {
   Config config;
   ModelConfig& m = config.model;
   m = model_config_from_hf(hf_dir);
+  config.parallel.tensor_model_parallel_size = tp;
+  config.parallel.pipeline_model_parallel_size = pp;
+  pipeline::check_pipeline_layout(config.parallel, m.num_layers);
   m.hf_vocab_size = m.vocab_size;
   m.make_vocab_size_divisible_by = divisible;
   const int64_t multiple = int64_t(divisible) * tp;
@@ -80,22 +85,24 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
   HfCheckpointReader hf(hf_dir);
   const auto names = megatron_parameter_names(m);
   bool bf16 = true;
-  save_weights_checkpoint(save, config, tp, [&](int rank, const std::string& path) {
+  save_weights_checkpoint(save, config, [&](int rank, int stage, const std::string& path) {
     std::vector<SafetensorsEntry> entries;
     for (const auto& name : names) {
+      if (!pipeline::stage_holds(name, config.parallel, m, stage)) continue;
       const at::Tensor full = megatron_tensor_from_hf(name, m, hf);
       bf16 = bf16 && full.scalar_type() == at::kBFloat16;
       entries.push_back({name, tp::shard_of(full, tp::shard_spec(name, m.swiglu), rank, tp).contiguous()});
     }
     save_safetensors(path, entries, {{"format", "megatron.cpp"},
                                      {"tensor_parallel_rank", std::to_string(rank)},
-                                     {"tensor_parallel_size", std::to_string(tp)}});
+                                     {"tensor_parallel_size", std::to_string(tp)},
+                                     {"pipeline_parallel_rank", std::to_string(stage)}});
     std::printf("convert: wrote %s (%zu tensors)\n", path.c_str(), entries.size());
     std::fflush(stdout);
   }, {{"hf_config.json", hf_dir + "/config.json"}});
   hf.check_all_used();
-  std::printf("convert: %s -> %s (tensor parallel %d, padded vocabulary %d, %s)\n", hf_dir.c_str(), save.c_str(), tp,
-              m.padded_vocab_size, bf16 ? "bf16" : "as stored");
+  std::printf("convert: %s -> %s (tensor parallel %d, pipeline parallel %d, padded vocabulary %d, %s)\n", hf_dir.c_str(),
+              save.c_str(), tp, pp, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
 }
 
 void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes) {
@@ -151,15 +158,15 @@ int convert(const Args& args) {
     if (!values.count(required)) throw UserError(std::string("convert needs ") + required + "; see megatron convert --help");
   }
   const std::string from = values["--from"], to = values["--to"];
-  if (values.count("--target-pipeline-parallel-size") && positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) != 1) {
-    throw UserError("--target-pipeline-parallel-size: pipeline parallelism is not implemented yet; use 1");
-  }
   if (from == "hf" && to == "native") {
     const int tp = values.count("--target-tensor-parallel-size") ? positive("--target-tensor-parallel-size", values["--target-tensor-parallel-size"]) : 1;
     const int divisible = values.count("--make-vocab-size-divisible-by") ? positive("--make-vocab-size-divisible-by", values["--make-vocab-size-divisible-by"]) : 128;
-    hf_to_native(values["--load"], values["--save"], tp, divisible);
+    const int pp = values.count("--target-pipeline-parallel-size") ? positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) : 1;
+    hf_to_native(values["--load"], values["--save"], tp, pp, divisible);
   } else if (from == "native" && to == "hf") {
-    if (values.count("--target-tensor-parallel-size")) throw UserError("--target-tensor-parallel-size applies to --to native only");
+    for (const char* flag : {"--target-tensor-parallel-size", "--target-pipeline-parallel-size"}) {
+      if (values.count(flag)) throw UserError(std::string(flag) + " applies to --to native only");
+    }
     native_to_hf(values["--load"], values["--save"], values.count("--max-shard-size") ? parse_size(values["--max-shard-size"]) : 5000000000LL);
   } else {
     throw UserError("convert --from " + from + " --to " + to + ": supported are --from hf --to native and --from native --to hf");

@@ -17,6 +17,7 @@
 
 #include "core/errors.h"
 #include "model/families.h"
+#include "pipeline/layout.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megatron {
@@ -69,6 +70,10 @@ std::vector<Flag> train_flags(Config& c) {
       // parallelism
       {"tensor-model-parallel-size", Kind::Int, &p.tensor_model_parallel_size, "tensor-parallel size"},
       {"pipeline-model-parallel-size", Kind::Int, &p.pipeline_model_parallel_size, "pipeline-parallel size"},
+      {"num-layers-per-virtual-pipeline-stage", Kind::Int, &p.num_layers_per_virtual_pipeline_stage, "interleaved 1F1B: layers per model chunk"},
+      {"num-virtual-stages-per-pipeline-rank", Kind::Int, &p.num_virtual_stages_per_pipeline_rank, "interleaved 1F1B: model chunks per pipeline rank"},
+      {"decoder-first-pipeline-num-layers", Kind::Int, &p.decoder_first_pipeline_num_layers, "layers on the first pipeline stage (uneven split)"},
+      {"decoder-last-pipeline-num-layers", Kind::Int, &p.decoder_last_pipeline_num_layers, "layers on the last pipeline stage (uneven split)"},
       {"context-parallel-size", Kind::Int, &p.context_parallel_size, "context-parallel size"},
       {"expert-model-parallel-size", Kind::Int, &p.expert_model_parallel_size, "expert-parallel size"},
       {"sequence-parallel", Kind::Bool, &p.sequence_parallel, "sequence parallelism (with TP)"},
@@ -411,10 +416,7 @@ void finalize_config(Config& c, int world_size) {
   }
   p.data_parallel_size = world_size / model_parallel;
   if (p.sequence_parallel && p.tensor_model_parallel_size == 1) p.sequence_parallel = false;  // as Megatron
-  if (p.pipeline_model_parallel_size > 1) {
-    throw UserError("--pipeline-model-parallel-size " + std::to_string(p.pipeline_model_parallel_size) +
-                    ": pipeline parallelism is not implemented yet; use tensor and data parallelism");
-  }
+  pipeline::check_pipeline_layout(p, m.num_layers);
   if (p.context_parallel_size > 1) {
     throw UserError("--context-parallel-size " + std::to_string(p.context_parallel_size) +
                     ": context parallelism is not implemented yet; use tensor (with --sequence-parallel) and data parallelism");
@@ -448,6 +450,11 @@ void finalize_config(Config& c, int world_size) {
     throw UserError("--global-batch-size " + std::to_string(t.global_batch_size) + " is not divisible by --micro-batch-size " +
                     std::to_string(t.micro_batch_size) + " x data-parallel size " + std::to_string(p.data_parallel_size) +
                     ": make it a multiple of " + std::to_string(per_step));
+  }
+  if (p.num_virtual_stages_per_pipeline_rank > 1 && (t.global_batch_size / per_step) % p.pipeline_model_parallel_size != 0) {
+    throw UserError("the interleaved schedule needs the number of micro-batches (" + std::to_string(t.global_batch_size / per_step) +
+                    " = --global-batch-size / (--micro-batch-size x data-parallel size)) to be a multiple of "
+                    "--pipeline-model-parallel-size " + std::to_string(p.pipeline_model_parallel_size));
   }
 
   // Learning rate.

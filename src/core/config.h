@@ -54,6 +54,13 @@ struct ModelConfig {
 struct ParallelConfig {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
+  // Interleaved 1F1B: model chunks per pipeline rank (set directly or from
+  // --num-layers-per-virtual-pipeline-stage); 1 = plain 1F1B.
+  int num_virtual_stages_per_pipeline_rank = 1;
+  int num_layers_per_virtual_pipeline_stage = 0;
+  // Uneven pipeline splits: layers on the first / last stage (0: an even share).
+  int decoder_first_pipeline_num_layers = 0;
+  int decoder_last_pipeline_num_layers = 0;
   int context_parallel_size = 1;
   int expert_model_parallel_size = 1;
   bool sequence_parallel = false;

@@ -55,6 +55,12 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   ps.pp = mine({"pp"});
   ps.dp_cp = mine({"dp", "cp"});
   ps.model_parallel = mine({"tp", "pp"});
+  // Each pipeline group's first and last rank; every rank creates all of them in the same order.
+  for (const auto& stages : layout_groups(order, {"pp"})) {
+    if (stages.size() < 2) break;
+    const std::vector<int> ends = {stages.front(), stages.back()};
+    if (std::find(ends.begin(), ends.end(), ps.rank) != ends.end()) ps.embedding = world.group(ends);
+  }
   return ps;
 }
 

@@ -22,6 +22,9 @@ struct ParallelState {
   Group pp;              // pipeline stages
   Group dp_cp;           // gradient reduction group (dp x cp), as Megatron
   Group model_parallel;  // tp x pp: one full model; norms and losses are reduced here
+  // The first and last pipeline stage (same tp/dp position): tied embedding and output weights
+  // have their gradients summed here. Trivial without a pipeline and on the middle stages.
+  Group embedding;
 
   bool is_first_stage() const { return pp.rank() == 0; }
   bool is_last_stage() const { return pp.rank() == pp.size() - 1; }

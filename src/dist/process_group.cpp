@@ -111,17 +111,23 @@ void Group::barrier() const {
   impl_->backend->barrier()->wait();
 }
 
-void Group::send(const at::Tensor& t, int peer) const {
+void Group::send(const at::Tensor& t, int peer) const { send_async(t, peer).wait(); }
+
+void Group::recv(at::Tensor& t, int peer) const { recv_async(t, peer).wait(); }
+
+Work Group::send_async(const at::Tensor& t, int peer) const {
   TORCH_CHECK(size() > 1, "send within a group of one process");
+  TORCH_CHECK(peer >= 0 && peer < size() && peer != rank(), "send: bad peer ", peer, " in a group of ", size());
   std::vector<at::Tensor> v{t.contiguous()};
-  impl_->backend->send(v, peer, /*tag=*/0)->wait();
+  return pending(impl_->backend->send(v, peer, /*tag=*/0), {v[0]});
 }
 
-void Group::recv(at::Tensor& t, int peer) const {
+Work Group::recv_async(at::Tensor& t, int peer) const {
   TORCH_CHECK(size() > 1, "recv within a group of one process");
+  TORCH_CHECK(peer >= 0 && peer < size() && peer != rank(), "recv: bad peer ", peer, " in a group of ", size());
   check_contiguous(t, "recv");
   std::vector<at::Tensor> v{t};
-  impl_->backend->recv(v, peer, /*tag=*/0)->wait();
+  return pending(impl_->backend->recv(v, peer, /*tag=*/0), {t});
 }
 
 }  // namespace megatron::dist

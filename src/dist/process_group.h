@@ -51,9 +51,12 @@ class Group {
   Work reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::Sum) const;
   void broadcast(at::Tensor& t, int root) const;  // root: a rank within the group
   void barrier() const;
-  // Point to point; peer is a rank within the group.
+  // Point to point; peer is a rank within the group. Messages between two ranks are matched
+  // in the order they are posted.
   void send(const at::Tensor& t, int peer) const;
   void recv(at::Tensor& t, int peer) const;
+  Work send_async(const at::Tensor& t, int peer) const;
+  Work recv_async(at::Tensor& t, int peer) const;
 
   struct Impl;
   explicit Group(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}

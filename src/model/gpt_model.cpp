@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <map>
 
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/mappings.h"
@@ -18,50 +19,96 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp) : config_(c), tp_(tp) {
+GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::optional<pipeline::ChunkLayers> chunk)
+    : config_(c), tp_(tp), chunk_(chunk.value_or(pipeline::ChunkLayers{0, c.num_layers, true, true})) {
   TORCH_CHECK(c.padded_vocab_size % tp.size() == 0, "padded vocabulary does not split across tensor-parallel ranks");
+  TORCH_CHECK(chunk_.num_layers >= 1, "a pipeline chunk needs at least one decoder layer");
   const int64_t local_vocab = c.padded_vocab_size / tp.size();
-  auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>());
-  auto word = embedding->register_module("word_embeddings", std::make_shared<torch::nn::Module>());
-  word_embeddings = word->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
-  if (c.position_embedding_type == "learned_absolute") {
-    auto pos = embedding->register_module("position_embeddings", std::make_shared<torch::nn::Module>());
-    position_embeddings = pos->register_parameter("weight", at::empty({c.max_position_embeddings, c.hidden_size}));
+  if (chunk_.pre_process || holds_tied_output_copy()) {
+    auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>());
+    auto word = embedding->register_module("word_embeddings", std::make_shared<torch::nn::Module>());
+    word_embeddings = word->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
+    if (chunk_.pre_process && c.position_embedding_type == "learned_absolute") {
+      auto pos = embedding->register_module("position_embeddings", std::make_shared<torch::nn::Module>());
+      position_embeddings = pos->register_parameter("weight", at::empty({c.max_position_embeddings, c.hidden_size}));
+    }
   }
   auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>());
-  layers = decoder->register_module("layers", torch::nn::ModuleList());
-  for (int i = 0; i < c.num_layers; ++i) layers->push_back(std::make_shared<TransformerLayer>(c, tp));
-  auto final_norm = decoder->register_module("final_layernorm", std::make_shared<torch::nn::Module>());
-  final_layernorm_weight = final_norm->register_parameter("weight", at::ones({c.hidden_size}));
-  if (norm_kind_from_name(c.normalization) == NormKind::LayerNorm) {
-    final_layernorm_bias = final_norm->register_parameter("bias", at::zeros({c.hidden_size}));
+  auto layer_holder = decoder->register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int i = chunk_.first_layer; i < chunk_.first_layer + chunk_.num_layers; ++i) {
+    layers.push_back(layer_holder->register_module(std::to_string(i), std::make_shared<TransformerLayer>(c, tp)));
   }
-  if (c.untie_embeddings_and_output_weights) {
-    auto out = register_module("output_layer", std::make_shared<torch::nn::Module>());
-    output_layer_weight = out->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
+  if (chunk_.post_process) {
+    auto final_norm = decoder->register_module("final_layernorm", std::make_shared<torch::nn::Module>());
+    final_layernorm_weight = final_norm->register_parameter("weight", at::ones({c.hidden_size}));
+    if (norm_kind_from_name(c.normalization) == NormKind::LayerNorm) {
+      final_layernorm_bias = final_norm->register_parameter("bias", at::zeros({c.hidden_size}));
+    }
+    if (c.untie_embeddings_and_output_weights) {
+      auto out = register_module("output_layer", std::make_shared<torch::nn::Module>());
+      output_layer_weight = out->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
+    }
   }
 }
 
-void GPTModel::initialize(uint64_t seed) {
+void GPTModel::initialize(uint64_t seed) { initialize_chunks({this}, seed); }
+
+void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
+  TORCH_CHECK(!chunks.empty(), "initialize_chunks: no chunks");
   at::NoGradGuard no_grad;
+  const ModelConfig& config = chunks[0]->config();
+  const tp::TensorParallel& tensor_parallel = chunks[0]->tensor_parallel();
+  std::map<std::string, at::Tensor> held;
+  for (GPTModel* chunk : chunks) {
+    for (auto& item : chunk->named_parameters(/*recurse=*/true)) held[item.key()] = item.value();
+  }
+  // The whole model's parameters in the single-process order: a layer's parameters are those
+  // of this rank's first layer under each layer index.
+  const std::string first_layer = "decoder.layers." + std::to_string(chunks[0]->chunk().first_layer) + ".";
+  std::vector<std::string> layer_suffixes;
+  for (const auto& item : chunks[0]->layers.front()->named_parameters(/*recurse=*/true)) layer_suffixes.push_back(item.key());
+  std::vector<std::string> order = {"embedding.word_embeddings.weight"};
+  if (config.position_embedding_type == "learned_absolute") order.push_back("embedding.position_embeddings.weight");
+  for (int l = 0; l < config.num_layers; ++l) {
+    for (const auto& suffix : layer_suffixes) order.push_back("decoder.layers." + std::to_string(l) + "." + suffix);
+  }
+  order.push_back("decoder.final_layernorm.weight");
+  if (norm_kind_from_name(config.normalization) == NormKind::LayerNorm) order.push_back("decoder.final_layernorm.bias");
+  if (config.untie_embeddings_and_output_weights) order.push_back("output_layer.weight");
+
+  auto local_shape = [&](const std::string& name) -> std::vector<int64_t> {
+    if (name.rfind("decoder.layers.", 0) == 0) {
+      const std::string suffix = name.substr(name.find('.', std::string("decoder.layers.").size()) + 1);
+      return held.at(first_layer + suffix).sizes().vec();
+    }
+    if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") {
+      return {config.padded_vocab_size / tensor_parallel.size(), config.hidden_size};
+    }
+    if (name == "embedding.position_embeddings.weight") return {config.max_position_embeddings, config.hidden_size};
+    return {config.hidden_size};
+  };
+
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const double std = config_.init_method_std;
-  const double output_std = std / std::sqrt(2.0 * config_.num_layers);
-  for (auto& item : named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    const tp::ShardSpec spec = tp::shard_spec(name, config_.swiglu);
-    const std::vector<int64_t> shape = tp::full_shape(p.sizes(), spec, tp_.size());
+  const double std = config.init_method_std;
+  const double output_std = std / std::sqrt(2.0 * config.num_layers);
+  for (const std::string& name : order) {
+    auto it = held.find(name);
+    const tp::ShardSpec spec = tp::shard_spec(name, config.swiglu);
+    const std::vector<int64_t> shape = tp::full_shape(local_shape(name), spec, tensor_parallel.size());
     at::Tensor value;
     if (name.find("layer_norm_weight") != std::string::npos || name.find("layernorm") != std::string::npos) {
+      if (it == held.end()) continue;  // no draw from the generator
       value = ends_with(name, "bias") ? at::zeros(shape) : at::ones(shape);
     } else if (ends_with(name, "bias")) {
+      if (it == held.end()) continue;
       value = at::zeros(shape);
     } else {
+      // Drawn even where no chunk of this rank holds it, to keep the generator in step.
       const bool into_residual = ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight");
       value = at::empty(shape, at::kFloat).normal_(0.0, into_residual ? output_std : std, gen);
+      if (it == held.end()) continue;
     }
-    p.copy_(tp::shard_of(value, spec, tp_.rank(), tp_.size()));
+    it->second.copy_(tp::shard_of(value, spec, tensor_parallel.rank(), tensor_parallel.size()));
   }
 }
 
@@ -73,29 +120,37 @@ const RopeTables* GPTModel::rope_for(int64_t seq_len, const at::Device& device) 
   return &*rope_;
 }
 
-at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask) {
+at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask,
+                            const at::Tensor& input) {
   const int64_t s = tokens.size(1);
-  if (before_use) before_use({word_embeddings, position_embeddings});
-  at::Tensor hidden = tp::vocab_parallel_embedding(word_embeddings, tokens.t(), tp_);  // [s, b, h]
-  if (position_embeddings.defined()) {
-    hidden = position_ids.defined()
-                 ? hidden + at::embedding(position_embeddings, position_ids.t())                   // [s, b, h]
-                 : hidden + at::embedding(position_embeddings, at::arange(s, tokens.options())).unsqueeze(1);
+  at::Tensor hidden;
+  if (chunk_.pre_process) {
+    if (before_use) before_use({word_embeddings, position_embeddings});
+    hidden = tp::vocab_parallel_embedding(word_embeddings, tokens.t(), tp_);  // [s, b, h]
+    if (position_embeddings.defined()) {
+      hidden = position_ids.defined()
+                   ? hidden + at::embedding(position_embeddings, position_ids.t())                   // [s, b, h]
+                   : hidden + at::embedding(position_embeddings, at::arange(s, tokens.options())).unsqueeze(1);
+    }
+    if (tp_.sequence_parallel) hidden = tp::scatter_to_sp(hidden, tp_.group);  // [s/tp, b, h]
+    const bool sharded = tp_.sequence_parallel && is_training() && config_.hidden_dropout > 0.0;
+    hidden = tp_.random(sharded, [&] { return at::dropout(hidden, config_.hidden_dropout, is_training()); });
+  } else {
+    TORCH_CHECK(input.defined(), "GPTModel::forward: a chunk without the embedding needs the previous stage's output");
+    hidden = input;  // [s(/tp), b, h]
   }
-  if (tp_.sequence_parallel) hidden = tp::scatter_to_sp(hidden, tp_.group);  // [s/tp, b, h]
-  const bool sharded = tp_.sequence_parallel && is_training() && config_.hidden_dropout > 0.0;
-  hidden = tp_.random(sharded, [&] { return at::dropout(hidden, config_.hidden_dropout, is_training()); });
   const RopeTables* tables = rope_for(s, tokens.device());
   std::optional<RopeTables> gathered;  // per-sample positions: the tables' rows for them
   if (tables != nullptr && position_ids.defined()) {
     gathered = gather_rope_tables(*tables, position_ids);
     tables = &*gathered;
   }
-  for (const auto& module : *layers) {
-    if (before_use) before_use(module->parameters());
-    hidden = module->as<TransformerLayer>()->forward(hidden, tables, attention_mask);
+  for (const auto& layer : layers) {
+    if (before_use) before_use(layer->parameters());
+    hidden = layer->forward(hidden, tables, attention_mask);
   }
-  if (before_use) before_use({final_layernorm_weight, final_layernorm_bias, output_layer_weight});
+  if (!chunk_.post_process) return hidden;  // [s(/tp), b, h]
+  if (before_use) before_use({final_layernorm_weight, final_layernorm_bias, output_layer_weight, word_embeddings});
   hidden = apply_norm(hidden, final_layernorm_weight, final_layernorm_bias,
                       norm_kind_from_name(config_.normalization), config_.norm_epsilon);
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
@@ -104,8 +159,9 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
   return at::linear(hidden, out_weight);                                       // [s, b, V/tp]
 }
 
-at::Tensor GPTModel::token_losses(const Batch& batch) {
-  at::Tensor logits = forward(batch.tokens, batch.position_ids, batch.attention_mask);  // [s, b, V]
+at::Tensor GPTModel::token_losses(const Batch& batch, const at::Tensor& input) {
+  TORCH_CHECK(chunk_.post_process, "GPTModel::token_losses: this chunk does not end the model");
+  at::Tensor logits = forward(batch.tokens, batch.position_ids, batch.attention_mask, input);  // [s, b, V]
   const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
   if (tp_.size() > 1) return tp::vocab_parallel_cross_entropy(logits, batch.labels.t(), tp_.group).t();  // [b, s]
   // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
@@ -114,8 +170,8 @@ at::Tensor GPTModel::token_losses(const Batch& batch) {
   return losses.view({s, b}).t();                                              // [b, s]
 }
 
-at::Tensor GPTModel::loss(const Batch& batch) {
-  at::Tensor losses = token_losses(batch);
+at::Tensor GPTModel::loss(const Batch& batch, const at::Tensor& input) {
+  at::Tensor losses = token_losses(batch, input);
   at::Tensor mask = batch.loss_mask.to(losses.scalar_type());
   return (losses * mask).sum() / mask.sum().clamp_min(1.0);
 }
@@ -123,6 +179,7 @@ at::Tensor GPTModel::loss(const Batch& batch) {
 int64_t GPTModel::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : named_parameters()) {
+    if (holds_tied_output_copy() && p.key() == "embedding.word_embeddings.weight") continue;
     n += tp::shard_spec(p.key(), config_.swiglu).replicated() ? p.value().numel() : p.value().numel() * tp_.size();
   }
   return n;

@@ -1,6 +1,13 @@
 // The GPT model of Megatron-Core: vocab embedding -> decoder layers -> final norm -> output
 // layer, activations [s, b, h]. Parameter names match Megatron-Core's
 // (`embedding.word_embeddings.weight`, `decoder.layers.0.self_attention.linear_qkv.weight`, ...).
+//
+// One object is one pipeline chunk: a contiguous range of decoder layers (named by their global
+// index), plus the embedding on the chunk that begins the model (pre-process) and the final
+// norm and output layer on the chunk that ends it (post-process). The whole model is the
+// single chunk. With tied embeddings and a pipeline, the post-process chunk holds its own copy
+// of `embedding.word_embeddings.weight` for the output layer; the two copies start equal and
+// their gradients are summed across the stages, so they stay equal.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -14,6 +21,7 @@
 #include "model/norm.h"
 #include "model/rope.h"
 #include "model/transformer_layer.h"
+#include "pipeline/layout.h"
 #include "tensor_parallel/layers.h"
 
 namespace megatron {
@@ -29,36 +37,46 @@ struct Batch {
 
 class GPTModel : public torch::nn::Module {
  public:
-  // With tensor parallelism (tp.size() > 1) this process holds its TP rank's shard.
-  explicit GPTModel(const ModelConfig& config, const tp::TensorParallel& tp = {});
+  // With tensor parallelism (tp.size() > 1) this process holds its TP rank's shard; `chunk`
+  // (default: the whole model) selects the layers and ends this object holds.
+  explicit GPTModel(const ModelConfig& config, const tp::TensorParallel& tp = {},
+                    std::optional<pipeline::ChunkLayers> chunk = std::nullopt);
 
   // Megatron's initialisation, drawn from `seed` in parameter order: normal(0, std) for weights,
   // std / sqrt(2 * num_layers) for the projections into the residual stream, ones / zeros for
   // norms and biases. Runs on CPU in fp32 so every device and dtype starts from the same values;
   // under TP every rank draws the full tensors and keeps its shard, so any layout starts from
   // the weights a single process would (Megatron's --use-cpu-initialization).
+  // Under a pipeline every chunk draws the whole model's values and keeps its own, so any
+  // layout starts from the same weights (see initialize_chunks).
   void initialize(uint64_t seed);
 
-  // tokens [b, s] -> logits [s, b, V/tp] (this rank's vocabulary slice) in the parameters' dtype. position_ids [b, s] and
-  // attention_mask [b, 1, s, s] (true = attend) are optional, as in Batch.
+  // tokens [b, s] -> logits [s, b, V/tp] (this rank's vocabulary slice) in the parameters' dtype.
+  // position_ids [b, s] and attention_mask [b, 1, s, s] (true = attend) are optional, as in
+  // Batch. A chunk without pre-process starts from `input` [s(/tp with SP), b, h], the previous
+  // stage's output; one without post-process returns its hidden states in that shape.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids = {},
-                     const at::Tensor& attention_mask = {});
+                     const at::Tensor& attention_mask = {}, const at::Tensor& input = {});
 
-  // Per-token cross entropy (fp32), [b, s].
-  at::Tensor token_losses(const Batch& batch);
+  // Per-token cross entropy (fp32), [b, s]. Post-process chunk only.
+  at::Tensor token_losses(const Batch& batch, const at::Tensor& input = {});
 
-  // Mean loss over the tokens the mask selects.
-  at::Tensor loss(const Batch& batch);
+  // Mean loss over the tokens the mask selects. Post-process chunk only.
+  at::Tensor loss(const Batch& batch, const at::Tensor& input = {});
 
-  // Parameters of the whole model (all TP shards).
+  // Parameters of this chunk counted over all TP shards (a tied output copy is not counted:
+  // the pre-process chunk counts that weight).
   int64_t num_parameters() const;
   const ModelConfig& config() const { return config_; }
   const tp::TensorParallel& tensor_parallel() const { return tp_; }
+  const pipeline::ChunkLayers& chunk() const { return chunk_; }
+  // This chunk holds a copy of the embedding for a tied output layer on a later stage.
+  bool holds_tied_output_copy() const { return chunk_.post_process && !chunk_.pre_process && !config_.untie_embeddings_and_output_weights; }
 
-  at::Tensor word_embeddings;       // [V/tp, h]
-  at::Tensor position_embeddings;   // [max_pos, h] (learned_absolute only)
-  torch::nn::ModuleList layers;
-  at::Tensor final_layernorm_weight;  // [h]
+  at::Tensor word_embeddings;       // [V/tp, h] (pre-process, or the tied output copy)
+  at::Tensor position_embeddings;   // [max_pos, h] (learned_absolute, pre-process only)
+  std::vector<std::shared_ptr<TransformerLayer>> layers;  // registered as decoder.layers.<global index>
+  at::Tensor final_layernorm_weight;  // [h] (post-process)
   at::Tensor final_layernorm_bias;    // [h] LayerNorm only
   at::Tensor output_layer_weight;     // [V/tp, h] when untied
 
@@ -71,7 +89,12 @@ class GPTModel : public torch::nn::Module {
 
   ModelConfig config_;
   tp::TensorParallel tp_;
+  pipeline::ChunkLayers chunk_;
   std::optional<RopeTables> rope_;
 };
+
+// Megatron's initialisation for the chunks of one pipeline rank: the whole model's values are
+// drawn from `seed` in the single-process parameter order and each chunk keeps those it holds.
+void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed);
 
 }  // namespace megatron

@@ -32,6 +32,7 @@ AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : buffer_(bu
       op.exp_avg_sq = at::zeros_like(op.master);
       op.decay = p->param.dim() > 1;  // norms and biases are 1-D
       op.tp_duplicate = p->tp_duplicate;
+      op.stage_copy = p->stage_copy;
       params_.push_back(std::move(op));
     }
   }
@@ -42,7 +43,7 @@ double AdamW::grad_norm() const {
   const dist::ParallelState& ps = buffer_.parallel_state();
   std::vector<at::Tensor> grads;
   for (const auto& p : params_) {
-    if (!p.tp_duplicate || ps.tp.rank() == 0) grads.push_back(p.main_grad);
+    if ((!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) grads.push_back(p.main_grad);
   }
   at::Tensor squared = grads.empty() ? at::zeros({}, step_.options())
                                      : at::stack(at::_foreach_norm(grads, 2)).pow(2).sum();

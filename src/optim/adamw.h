@@ -34,6 +34,7 @@ struct OptimizerParam {
   at::Tensor exp_avg_sq;    // [numel] fp32
   bool decay = true;        // weight decay applies
   bool tp_duplicate = false;
+  bool stage_copy = false;  // the tied output copy of the embedding on the last pipeline stage
   bool whole() const { return param_offset == 0 && numel == model_param.numel(); }
 };
 

@@ -27,27 +27,37 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
 
   int64_t offset = 0;
   Bucket bucket;
+  int chunks = 1;
+  auto close_bucket = [&] {
+    if (bucket.params.empty()) return;
+    offset = bucket.begin + round_up(offset - bucket.begin);
+    bucket.end = offset;
+    buckets_.push_back(std::move(bucket));
+    bucket = Bucket();
+    bucket.begin = offset;
+  };
   for (auto it = named.rbegin(); it != named.rend(); ++it) {
     TORCH_CHECK(it->tensor.scalar_type() == param_options.dtype().toScalarType(), "parameters of mixed dtypes");
+    const bool tied = options.tied_embedding_across_stages && it->name == kWordEmbeddings;
+    if (tied) close_bucket();  // alone in its bucket
     BufferedParam p;
     p.name = it->name;
     p.param = it->tensor;
     p.offset = offset;
     p.numel = it->tensor.numel();
     p.bucket = buckets_.size();
+    p.chunk = it->chunk;
+    chunks = std::max(chunks, it->chunk + 1);
     p.tp_duplicate = tp::shard_spec(p.name, swiglu).replicated();
     p.tp_partial_grad = ps.tp.size() > 1 && tp::grad_is_partial_across_tp(p.name, options.sequence_parallel);
+    p.stage_copy = tied && ps.pp.rank() != 0;
     offset += p.numel;
     bucket.params.push_back(params_.size());
     params_.push_back(std::move(p));
-    if (offset - bucket.begin >= options.bucket_size || std::next(it) == named.rend()) {
-      offset = bucket.begin + round_up(offset - bucket.begin);
-      bucket.end = offset;
-      buckets_.push_back(std::move(bucket));
-      bucket = Bucket();
-      bucket.begin = offset;
-    }
+    if (tied || offset - bucket.begin >= options.bucket_size) close_bucket();
   }
+  close_bucket();
+  last_micro_batch_.assign(size_t(chunks), true);
 
   at::NoGradGuard no_grad;
   param_data = at::zeros({offset}, param_options);
@@ -83,7 +93,7 @@ void ParamAndGradBuffer::on_grad_ready(size_t index) {
     p.main_grad.add_(grad);  // upcasts bf16 gradients into the fp32 accumulator
   }
   grad = at::Tensor();
-  if (!last_micro_batch_ || !options_.overlap_grad_reduce) return;
+  if (!last_micro_batch_[size_t(p.chunk)] || !options_.overlap_grad_reduce) return;
   Bucket& b = buckets_[p.bucket];
   if (b.pending > 0 && --b.pending == 0) launch(b);
 }
@@ -140,6 +150,13 @@ void ParamAndGradBuffer::finish_grad_sync() {
         g.copy_(flat.narrow(0, at, g.numel()));
         at += g.numel();
       }
+    }
+  }
+  if (options_.tied_embedding_across_stages && ps_.embedding.size() > 1) {
+    // After the DP reduction: with the distributed optimizer the weight's own bucket gives
+    // both stages the same shard of it, so the reduced parts line up.
+    for (auto& p : params_) {
+      if (p.name == kWordEmbeddings) ps_.embedding.all_reduce(p.main_grad);
     }
   }
 }

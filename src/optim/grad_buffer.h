@@ -25,6 +25,7 @@ namespace megatron {
 struct NamedTensor {
   std::string name;
   at::Tensor tensor;
+  int chunk = 0;  // the pipeline model chunk holding it (interleaved schedule)
 };
 
 struct GradBufferOptions {
@@ -33,7 +34,14 @@ struct GradBufferOptions {
   bool distributed_optimizer = false;  // reduce-scatter: each DP rank keeps its shard of each bucket
   bool overlap_param_gather = false;   // all-gathers run into the next forward (see wait_for_params)
   bool sequence_parallel = false;
+  // Tied embedding and output weights split over the first and last pipeline stage: both hold
+  // `embedding.word_embeddings.weight`; it gets a bucket of its own (so with the distributed
+  // optimizer both stages shard it alike) and its gradient is summed over ps.embedding.
+  bool tied_embedding_across_stages = false;
 };
+
+// The parameter that tied embeddings share between the first and the last pipeline stage.
+inline const char* kWordEmbeddings = "embedding.word_embeddings.weight";
 
 struct BufferedParam {
   std::string name;
@@ -44,6 +52,8 @@ struct BufferedParam {
   size_t bucket = 0;
   bool tp_duplicate = false;     // the same on every TP rank: counted once in norms
   bool tp_partial_grad = false;  // each TP rank holds a partial gradient: all-reduced across TP
+  bool stage_copy = false;       // a copy of a weight another pipeline stage holds: not counted in norms
+  int chunk = 0;
 };
 
 class ParamAndGradBuffer {
@@ -55,10 +65,13 @@ class ParamAndGradBuffer {
   ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;
 
   void zero_grad();
-  // Reductions start from the hooks only during the last micro-batch of a step.
-  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  // Reductions start from the hooks only during the last micro-batch of a step (of the model
+  // chunk, under the interleaved schedule).
+  void set_last_micro_batch(bool last) { last_micro_batch_.assign(last_micro_batch_.size(), last); }
+  void set_last_micro_batch(int chunk, bool last) { last_micro_batch_.at(size_t(chunk)) = last; }
   // Every bucket reduced and averaged over DP (with the distributed optimizer: this rank's
-  // shard of each bucket), then partial TP gradients all-reduced.
+  // shard of each bucket), then partial TP gradients all-reduced, then tied embedding
+  // gradients summed over the first and last pipeline stage.
   void finish_grad_sync();
   // Distributed optimizer: every rank's updated shard to every DP replica. Started after the
   // step (first layers' buckets first); finish waits for all, wait_for_params for the buckets
@@ -101,7 +114,7 @@ class ParamAndGradBuffer {
   std::vector<BufferedParam> params_;
   std::vector<Bucket> buckets_;
   std::map<const void*, size_t> bucket_of_;  // parameter (TensorImpl) -> its bucket
-  bool last_micro_batch_ = true;
+  std::vector<bool> last_micro_batch_;  // per model chunk
 };
 
 }  // namespace megatron

@@ -19,6 +19,7 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_mapping.h"
 #include "core/errors.h"
+#include "core/memory.h"
 #include "data/batch.h"
 #include "data/prefetcher.h"
 #include "data/samples.h"
@@ -28,6 +29,8 @@
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
 #include "optim/lr_schedule.h"
+#include "pipeline/layout.h"
+#include "pipeline/schedules.h"
 #include "tensor_parallel/sharding.h"
 #include "train/log_line.h"
 #include "train/tensorboard_writer.h"
@@ -85,6 +88,15 @@ class Trainer {
 
  private:
   double evaluate();
+  // One step's forward and backward passes (or forwards only) over `micro_batches` through
+  // this rank's chunks under the pipeline schedule; `batch(k)` gives micro-batch k. Returns
+  // the sum of the micro-batch losses (each divided by micro_batches) on the last stage,
+  // zero elsewhere.
+  at::Tensor forward_backward(int64_t micro_batches, const std::function<Batch(int64_t)>& batch, bool forward_only);
+  // A loss summed on the last pipeline stage: averaged over DP replicas and sent to every stage.
+  double global_loss(const at::Tensor& loss_sum);
+  void report_memory();
+  std::vector<GPTModel*> chunks() const;
   void save(const char* why);
   // --async-save: publish the save in flight once every rank has written it (polled each
   // iteration without blocking), or wait for it.
@@ -93,8 +105,6 @@ class Trainer {
   void log_iteration(double grad_norm);
   bool stop_requested();
   void check_weight_hash();
-  // The mean over data-parallel replicas of a per-replica value.
-  double dp_mean(const at::Tensor& value);
   bool prints_setup() const { return ps_.rank == 0; }
   bool prints_log() const { return ps_.is_last_rank(); }
 
@@ -106,7 +116,7 @@ class Trainer {
   LearningRateSchedule schedule_;
   at::Device device_;
   LtorOptions ltor_;
-  std::unique_ptr<GPTModel> model_;
+  std::vector<std::unique_ptr<GPTModel>> chunks_;  // this pipeline rank's model chunks (one unless interleaved)
   std::unique_ptr<ParamAndGradBuffer> buffer_;  // declared after the model whose parameters it holds
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
@@ -132,7 +142,21 @@ class Trainer {
   std::chrono::steady_clock::time_point interval_start_;
   double peak_tflops_ = 0;
   double flops_per_token_ = 0;
+
+  // Memory, sampled after every forward until the first report (Megatron prints one after the
+  // first log interval).
+  bool memory_reported_ = false;
+  int64_t step_start_bytes_ = 0;
+  int64_t peak_sampled_bytes_ = 0;
+  int64_t peak_activation_bytes_ = 0;
+  int max_in_flight_ = 0;
 };
+
+std::vector<GPTModel*> Trainer::chunks() const {
+  std::vector<GPTModel*> out;
+  for (const auto& c : chunks_) out.push_back(c.get());
+  return out;
+}
 
 int Trainer::run() {
   const ModelConfig& m = c_.model;
@@ -148,27 +172,40 @@ int Trainer::run() {
   if (ps_.tp.size() > 1) {
     tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
   }
-  model_ = std::make_unique<GPTModel>(m, tensor_parallel);
-  model_->initialize(static_cast<uint64_t>(t_.seed));
-  if (!t_.load_hf.empty()) load_hf_weights(t_.load_hf, *model_);
-  model_->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
-  model_->train();
-  const int64_t parameters = model_->num_parameters();
+  for (int v = 0; v < p.num_virtual_stages_per_pipeline_rank; ++v) {
+    chunks_.push_back(std::make_unique<GPTModel>(m, tensor_parallel, pipeline::chunk_layers(p, m.num_layers, ps_.pp.rank(), v)));
+  }
+  initialize_chunks(chunks(), static_cast<uint64_t>(t_.seed));
+  if (!t_.load_hf.empty()) load_hf_weights(t_.load_hf, chunks());
+  int64_t parameters = 0;
+  for (auto& chunk : chunks_) {
+    chunk->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
+    chunk->train();
+    parameters += chunk->num_parameters();
+  }
+  if (ps_.pp.size() > 1) {  // every stage's share
+    at::Tensor count = at::full({1}, double(parameters), at::TensorOptions().device(device_).dtype(at::kDouble));
+    ps_.pp.all_reduce(count);
+    parameters = static_cast<int64_t>(count.item<double>());
+  }
   flops_per_token_ = flops_per_token(m, parameters);
   peak_tflops_ = t_.peak_tflops > 0 ? t_.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0);
 
   std::vector<NamedTensor> named;
-  for (const auto& item : model_->named_parameters()) named.push_back({item.key(), item.value()});
+  for (size_t v = 0; v < chunks_.size(); ++v) {
+    for (const auto& item : chunks_[v]->named_parameters()) named.push_back({item.key(), item.value(), int(v)});
+  }
   GradBufferOptions buffer_options;
   buffer_options.bucket_size = p.ddp_bucket_size > 0 ? p.ddp_bucket_size : std::max<int64_t>(40000000, 1000000LL * ps_.dp.size());
   buffer_options.overlap_grad_reduce = p.overlap_grad_reduce;
   buffer_options.distributed_optimizer = p.use_distributed_optimizer;
   buffer_options.overlap_param_gather = p.overlap_param_gather && p.use_distributed_optimizer;
   buffer_options.sequence_parallel = p.sequence_parallel;
+  buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
   buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
   optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
   if (buffer_->overlap_param_gather()) {
-    model_->before_use = [this](const std::vector<at::Tensor>& params) { buffer_->wait_for_params(params); };
+    for (auto& chunk : chunks_) chunk->before_use = [this](const std::vector<at::Tensor>& params) { buffer_->wait_for_params(params); };
   }
 
   // Data-parallel rank r takes micro-batch-size samples at offset r * micro-batch-size of every
@@ -186,9 +223,13 @@ int Trainer::run() {
 
   if (prints_setup()) {
     std::printf("> %s\n", dist::describe(env_).c_str());
-    std::printf("> parallel layout: tensor %d x pipeline %d x data %d%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(), ps_.dp.size(),
-                p.sequence_parallel ? ", sequence parallel" : "", p.use_distributed_optimizer ? ", distributed optimizer" : "",
-                backend.c_str());
+    const std::string virtual_stages =
+        p.num_virtual_stages_per_pipeline_rank > 1 ? " (" + std::to_string(p.num_virtual_stages_per_pipeline_rank) + " virtual stages, interleaved 1F1B)"
+        : ps_.pp.size() > 1                       ? " (1F1B)"
+                                                  : "";
+    std::printf("> parallel layout: tensor %d x pipeline %d%s x data %d%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),
+                virtual_stages.c_str(), ps_.dp.size(), p.sequence_parallel ? ", sequence parallel" : "",
+                p.use_distributed_optimizer ? ", distributed optimizer" : "", backend.c_str());
     std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
               m.padded_vocab_size, m.seq_length);
@@ -199,7 +240,7 @@ int Trainer::run() {
   }
 
   if (!t_.load.empty()) {
-    if (auto loaded = load_checkpoint(t_.load, *model_, *optimizer_, c_, ps_)) {
+    if (auto loaded = load_checkpoint(t_.load, chunks(), *optimizer_, c_, ps_)) {
       progress_ = *loaded;
       last_saved_ = progress_.iteration;
     }
@@ -218,18 +259,13 @@ int Trainer::run() {
   std::fflush(stdout);
   while (progress_.iteration < t_.train_iters) {
     buffer_->zero_grad();
-    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
-    for (int64_t k = 0; k < micro_batches; ++k) {
-      const int64_t first = progress_.consumed_train_samples + k * dp_block;
-      Batch batch = to_device(train_batches_->get(first), device_);
-      buffer_->set_last_micro_batch(k == micro_batches - 1);
-      at::Tensor loss = model_->loss(batch) / double(micro_batches);
-      loss.backward();  // gradients land in the buffer's main_grad through its hooks
-      loss_sum += loss.detach();
-    }
+    // Gradients land in the buffer's main_grad through its hooks.
+    const at::Tensor loss_sum = forward_backward(micro_batches, [&](int64_t k) {
+      return train_batches_->get(progress_.consumed_train_samples + k * dp_block);
+    }, /*forward_only=*/false);
     buffer_->finish_grad_sync();
     const double grad_norm = optimizer_->grad_norm();
-    const double loss_value = dp_mean(loss_sum);
+    const double loss_value = global_loss(loss_sum);
     if (!std::isfinite(grad_norm) || !std::isfinite(loss_value)) {
       ++progress_.nan_iterations;  // the update is skipped; parameters stay as they were
       ++progress_.skipped_iterations;
@@ -250,7 +286,10 @@ int Trainer::run() {
       std::fflush(metrics_);
     }
 
-    if (progress_.iteration % t_.log_interval == 0) log_iteration(grad_norm);
+    if (progress_.iteration % t_.log_interval == 0) {
+      log_iteration(grad_norm);
+      if (!memory_reported_) report_memory();
+    }
     if (t_.check_weight_hash_across_dp_replicas_interval > 0 &&
         progress_.iteration % t_.check_weight_hash_across_dp_replicas_interval == 0) {
       check_weight_hash();
@@ -307,16 +346,44 @@ void Trainer::finish_async_save(bool wait) {
   interval_start_ += std::chrono::steady_clock::now() - start;
 }
 
-// The whole model gathered over TP tensor by tensor; rank 0 writes it.
+// The whole model gathered tensor by tensor: over TP on the stage that holds it, then sent to
+// rank 0 (the first stage) over the pipeline group; rank 0 writes it. Every rank of DP replica
+// 0 walks the parameter names in the same order.
 void Trainer::export_hf() {
   buffer_->finish_param_gather();
   const auto start = std::chrono::steady_clock::now();
   std::map<std::string, at::Tensor> params;
-  for (const auto& item : model_->named_parameters()) params[item.key()] = item.value();
-  auto full_tensor = [&](const std::string& name) {
-    auto it = params.find(name);
-    if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
-    return tp::gather_full(it->second.detach(), tp::shard_spec(name, c_.model.swiglu), ps_.tp).cpu();
+  for (auto& chunk : chunks_) {
+    for (const auto& item : chunk->named_parameters()) params[item.key()] = item.value();
+  }
+  const ParallelConfig& p = c_.parallel;
+  auto full_tensor = [&](const std::string& name) -> at::Tensor {
+    int owner = 0;
+    while (!pipeline::stage_holds(name, p, c_.model, owner)) ++owner;
+    at::Tensor full;
+    if (ps_.pp.rank() == owner) {
+      auto it = params.find(name);
+      if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
+      full = tp::gather_full(it->second.detach(), tp::shard_spec(name, c_.model.swiglu), ps_.tp).contiguous();
+    }
+    if (owner != 0 && ps_.tp.rank() == 0) {
+      // Shape first (up to 7 dimensions), then the values.
+      at::Tensor header = at::zeros({8}, at::TensorOptions().device(device_).dtype(at::kLong));
+      if (ps_.pp.rank() == owner) {
+        header[0] = full.dim();
+        for (int64_t d = 0; d < full.dim(); ++d) header[d + 1] = full.size(d);
+        ps_.pp.send(header, 0);
+        ps_.pp.send(full, 0);
+      } else if (ps_.pp.rank() == 0) {
+        ps_.pp.recv(header, owner);
+        const at::Tensor dims = header.cpu();
+        std::vector<int64_t> shape;
+        for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
+        full = at::empty(shape, at::TensorOptions().device(device_).dtype(params.begin()->second.scalar_type()));
+        ps_.pp.recv(full, owner);
+      }
+    }
+    return full.defined() ? full.cpu() : full;
   };
   const int64_t hf_vocab = c_.model.hf_vocab_size > 0 ? c_.model.hf_vocab_size : c_.model.vocab_size;
   if (ps_.rank == 0) {
@@ -333,7 +400,7 @@ void Trainer::export_hf() {
     std::printf("exported the model to %s (Hugging Face safetensors, %.2f s)\n", t_.save_hf.c_str(), seconds);
     std::fflush(stdout);
   } else if (ps_.dp.rank() == 0) {
-    // The other TP ranks of DP replica 0 take part in every gather rank 0 makes.
+    // The other ranks of DP replica 0 take part in every gather and transfer rank 0 makes.
     for (const auto& name : megatron_parameter_names(c_.model)) full_tensor(name);
   }
   ps_.world.barrier();
@@ -371,11 +438,64 @@ void Trainer::check_weight_hash() {
   }
 }
 
-double Trainer::dp_mean(const at::Tensor& value) {
-  if (ps_.dp.size() == 1) return value.item<double>();
-  at::Tensor v = value.to(at::kDouble).reshape({1}).contiguous();
-  ps_.dp.all_reduce(v);
-  return v.item<double>() / ps_.dp.size();
+double Trainer::global_loss(const at::Tensor& loss_sum) {
+  if (ps_.world_size == 1) return loss_sum.item<double>();
+  at::Tensor v = loss_sum.to(at::kDouble).reshape({1}).contiguous();
+  if (ps_.dp.size() > 1) {
+    ps_.dp.all_reduce(v);
+    v.div_(ps_.dp.size());
+  }
+  if (ps_.pp.size() > 1) ps_.pp.broadcast(v, ps_.pp.size() - 1);
+  return v.item<double>();
+}
+
+at::Tensor Trainer::forward_backward(int64_t micro_batches, const std::function<Batch(int64_t)>& batch, bool forward_only) {
+  const ModelConfig& m = c_.model;
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
+  std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it
+  pipeline::StageFunctions f;
+  f.forward = [&](int chunk, int64_t k, const at::Tensor& input) -> at::Tensor {
+    auto it = batches.find(k);
+    if (it == batches.end()) it = batches.emplace(k, to_device(batch(k), device_)).first;
+    GPTModel& model = *chunks_[size_t(chunk)];
+    if (!model.chunk().post_process) return model.forward(it->second.tokens, it->second.position_ids, it->second.attention_mask, input);
+    at::Tensor loss = model.loss(it->second, input) / double(micro_batches);
+    loss_sum += loss.detach();
+    return loss;
+  };
+  if (!forward_only) f.before_backward = [this](int chunk, bool last) { buffer_->set_last_micro_batch(chunk, last); };
+  if (!forward_only && !memory_reported_) {
+    step_start_bytes_ = allocated_bytes(device_);
+    f.after_forward = [this] {
+      const int64_t now = allocated_bytes(device_);
+      peak_sampled_bytes_ = std::max(peak_sampled_bytes_, now);
+      peak_activation_bytes_ = std::max(peak_activation_bytes_, now - step_start_bytes_);
+    };
+  }
+  pipeline::ScheduleOptions o;
+  o.micro_batches = micro_batches;
+  o.chunks = static_cast<int>(chunks_.size());
+  o.forward_only = forward_only;
+  const bool sp = c_.parallel.sequence_parallel;
+  o.activation_shape = {sp ? m.seq_length / ps_.tp.size() : m.seq_length, t_.micro_batch_size, m.hidden_size};
+  o.activation_options = at::TensorOptions().device(device_).dtype(t_.bf16 ? at::kBFloat16 : at::kFloat);
+  const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
+  if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
+  return loss_sum;
+}
+
+// Megatron's report after the first log interval, from every rank of DP replica 0: memory now
+// and at its peak, and what the activations kept for backward took at the schedule's peak.
+void Trainer::report_memory() {
+  memory_reported_ = true;
+  if (ps_.dp.rank() != 0) return;
+  const double mb = 1024.0 * 1024.0;
+  const int64_t peak = max_allocated_bytes(device_);
+  std::printf("[Rank %d] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | "
+              "activations at peak: %.1f | micro-batches in flight at peak: %d | pipeline stage: %d\n",
+              ps_.rank, static_cast<long long>(progress_.iteration), allocated_bytes(device_) / mb,
+              (peak >= 0 ? peak : peak_sampled_bytes_) / mb, peak_activation_bytes_ / mb, max_in_flight_, ps_.pp.rank());
+  std::fflush(stdout);
 }
 
 void Trainer::log_iteration(double grad_norm) {
@@ -415,19 +535,20 @@ void Trainer::log_iteration(double grad_norm) {
 
 double Trainer::evaluate() {
   const ModelConfig& m = c_.model;
-  model_->eval();
+  for (auto& chunk : chunks_) chunk->eval();
   at::NoGradGuard no_grad;
   const int64_t dp_block = int64_t(t_.micro_batch_size) * ps_.dp.size();
   const int64_t micro_batches = t_.global_batch_size / dp_block;
   at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
-  for (int64_t i = 0; i < t_.eval_iters * micro_batches; ++i) {
-    Batch batch = to_device(make_batch(*valid_data_, progress_.consumed_valid_samples + int64_t(t_.micro_batch_size) * ps_.dp.rank(),
-                                       t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_), device_);
-    progress_.consumed_valid_samples += dp_block;
-    total += model_->loss(batch).to(at::kDouble);
+  for (int64_t i = 0; i < t_.eval_iters; ++i) {
+    const int64_t base = progress_.consumed_valid_samples + int64_t(t_.micro_batch_size) * ps_.dp.rank();
+    total += forward_backward(micro_batches, [&](int64_t k) {
+      return make_batch(*valid_data_, base + k * dp_block, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_);
+    }, /*forward_only=*/true).to(at::kDouble);
+    progress_.consumed_valid_samples += micro_batches * dp_block;
   }
-  model_->train();
-  return dp_mean(total) / double(t_.eval_iters * micro_batches);
+  for (auto& chunk : chunks_) chunk->train();
+  return global_loss(total) / double(t_.eval_iters);
 }
 
 void Trainer::save(const char* why) {
@@ -438,7 +559,7 @@ void Trainer::save(const char* why) {
   if (t_.async_save) {
     const auto snapshot_start = std::chrono::steady_clock::now();
     async_save_ = std::make_unique<AsyncSave>();
-    async_save_->snapshot = snapshot_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_, /*copy=*/true,
+    async_save_->snapshot = snapshot_checkpoint(t_.save, progress_, chunks(), *optimizer_, c_, ps_, /*copy=*/true,
                                                 &snapshot_buffers_);
     async_save_->start = snapshot_start;
     async_save_->why = why;
@@ -461,7 +582,7 @@ void Trainer::save(const char* why) {
     interval_start_ += std::chrono::steady_clock::now() - start;
     return;
   }
-  save_checkpoint(t_.save, progress_, *model_, *optimizer_, c_, ps_);
+  save_checkpoint(t_.save, progress_, chunks(), *optimizer_, c_, ps_);
   last_saved_ = progress_.iteration;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (prints_setup()) std::printf("saved checkpoint at iteration %lld to %s (%s, %.2f s)\n", static_cast<long long>(progress_.iteration),

@@ -1,0 +1,23 @@
+#include "core/memory.h"
+
+#include <ATen/DeviceAccelerator.h>
+#include <malloc.h>
+
+namespace megatron {
+
+int64_t allocated_bytes(const c10::Device& device) {
+  if (device.is_cpu()) {
+    const struct mallinfo2 info = mallinfo2();
+    return static_cast<int64_t>(info.uordblks + info.hblkhd);
+  }
+  const auto stats = at::accelerator::getDeviceStats(device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+}
+
+int64_t max_allocated_bytes(const c10::Device& device) {
+  if (device.is_cpu()) return -1;
+  const auto stats = at::accelerator::getDeviceStats(device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
+}  // namespace megatron

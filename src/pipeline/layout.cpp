@@ -1,0 +1,97 @@
+#include "pipeline/layout.h"
+
+#include <string>
+
+#include "core/errors.h"
+
+namespace megatron::pipeline {
+namespace {
+
+std::string str(int v) { return std::to_string(v); }
+
+}  // namespace
+
+void check_pipeline_layout(ParallelConfig& p, int num_layers) {
+  const int pp = p.pipeline_model_parallel_size;
+  const int first = p.decoder_first_pipeline_num_layers, last = p.decoder_last_pipeline_num_layers;
+  if (first < 0 || last < 0) throw UserError("--decoder-first/last-pipeline-num-layers must be >= 0");
+  if (p.num_virtual_stages_per_pipeline_rank < 1) throw UserError("--num-virtual-stages-per-pipeline-rank must be at least 1");
+  if (p.num_layers_per_virtual_pipeline_stage < 0) throw UserError("--num-layers-per-virtual-pipeline-stage must be positive");
+  if (pp == 1) {
+    if (first > 0 || last > 0 || p.num_layers_per_virtual_pipeline_stage > 0 || p.num_virtual_stages_per_pipeline_rank > 1) {
+      throw UserError("--decoder-first/last-pipeline-num-layers and virtual pipeline stages need --pipeline-model-parallel-size > 1");
+    }
+    return;
+  }
+  if (p.num_layers_per_virtual_pipeline_stage > 0 && p.num_virtual_stages_per_pipeline_rank > 1) {
+    throw UserError("pass one of --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank, not both");
+  }
+  const bool uneven = first > 0 || last > 0;
+  if (uneven) {
+    if (p.num_layers_per_virtual_pipeline_stage > 0 || p.num_virtual_stages_per_pipeline_rank > 1) {
+      throw UserError("uneven pipeline splits (--decoder-first/last-pipeline-num-layers) cannot be combined with virtual "
+                      "pipeline stages in megatron.cpp yet");
+    }
+    const int middle_stages = pp - (first > 0) - (last > 0);
+    const int rest = num_layers - first - last;
+    if (rest < 0 || (middle_stages == 0 && rest != 0) || (middle_stages > 0 && (rest <= 0 || rest % middle_stages != 0))) {
+      throw UserError("--num-layers " + str(num_layers) + " minus --decoder-first-pipeline-num-layers " + str(first) +
+                      " and --decoder-last-pipeline-num-layers " + str(last) + " leaves " + str(rest) +
+                      " layers, which do not split evenly (at least one each) over the other " + str(middle_stages) + " stage(s)");
+    }
+    return;
+  }
+  if (num_layers % pp != 0) {
+    throw UserError("--num-layers " + str(num_layers) + " is not divisible by --pipeline-model-parallel-size " + str(pp) +
+                    ": use --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an uneven split");
+  }
+  const int per_stage = num_layers / pp;
+  if (p.num_layers_per_virtual_pipeline_stage > 0) {
+    if (per_stage % p.num_layers_per_virtual_pipeline_stage != 0) {
+      throw UserError("--num-layers-per-virtual-pipeline-stage " + str(p.num_layers_per_virtual_pipeline_stage) +
+                      " does not divide the " + str(per_stage) + " layers of each pipeline stage");
+    }
+    p.num_virtual_stages_per_pipeline_rank = per_stage / p.num_layers_per_virtual_pipeline_stage;
+  } else if (per_stage % p.num_virtual_stages_per_pipeline_rank != 0) {
+    throw UserError("--num-virtual-stages-per-pipeline-rank " + str(p.num_virtual_stages_per_pipeline_rank) +
+                    " does not divide the " + str(per_stage) + " layers of each pipeline stage");
+  }
+}
+
+ChunkLayers chunk_layers(const ParallelConfig& p, int num_layers, int pp_rank, int chunk) {
+  const int pp = p.pipeline_model_parallel_size;
+  const int chunks = p.num_virtual_stages_per_pipeline_rank;
+  ChunkLayers c;
+  c.pre_process = pp_rank == 0 && chunk == 0;
+  c.post_process = pp_rank == pp - 1 && chunk == chunks - 1;
+  const int first = p.decoder_first_pipeline_num_layers, last = p.decoder_last_pipeline_num_layers;
+  if (first > 0 || last > 0) {
+    const int middle_stages = pp - (first > 0) - (last > 0);
+    const int middle = middle_stages > 0 ? (num_layers - first - last) / middle_stages : 0;
+    auto size_of = [&](int r) { return r == 0 && first > 0 ? first : r == pp - 1 && last > 0 ? last : middle; };
+    for (int r = 0; r < pp_rank; ++r) c.first_layer += size_of(r);
+    c.num_layers = size_of(pp_rank);
+    return c;
+  }
+  c.num_layers = num_layers / (pp * chunks);
+  c.first_layer = (chunk * pp + pp_rank) * c.num_layers;
+  return c;
+}
+
+bool stage_holds(const std::string& name, const ParallelConfig& p, const ModelConfig& m, int pp_rank) {
+  const int pp = p.pipeline_model_parallel_size;
+  const std::string layers = "decoder.layers.";
+  if (name.rfind(layers, 0) == 0) {
+    const int layer = std::stoi(name.substr(layers.size()));
+    for (int chunk = 0; chunk < p.num_virtual_stages_per_pipeline_rank; ++chunk) {
+      const ChunkLayers c = chunk_layers(p, m.num_layers, pp_rank, chunk);
+      if (layer >= c.first_layer && layer < c.first_layer + c.num_layers) return true;
+    }
+    return false;
+  }
+  if (name == "embedding.word_embeddings.weight") return pp_rank == 0 || (pp_rank == pp - 1 && !m.untie_embeddings_and_output_weights);
+  if (name.rfind("embedding.", 0) == 0) return pp_rank == 0;
+  return pp_rank == pp - 1;  // final norm, output layer
+}
+
+}  // namespace megatron::pipeline
