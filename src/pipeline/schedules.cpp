@@ -153,8 +153,9 @@ void Runner::interleaved() {
   const int64_t m = o_.micro_batches;
   const int64_t total = m * v;
   const int64_t group = int64_t(p) * v;
+  // k may be negative (the first stage looks p - 1 micro-batches back): Python's floor modulo.
   auto chunk_of = [&](int64_t k, bool forward) {
-    const int c = static_cast<int>((k % group) / p);
+    const int c = static_cast<int>((((k % group) + group) % group) / p);
     return forward ? c : v - c - 1;
   };
   auto micro_batch_of = [&](int64_t k) { return (k / group) * p + k % p; };

@@ -1,8 +1,10 @@
 // Parallel equivalence, the core test of the distributed layer: a tiny fp32 model trained for
 // 20 steps as real processes over Gloo (`megatron launch`) under TP=2, TP=2 + SP, DP=2,
-// DP=2 + distributed optimizer and TP=2 x DP=2 reproduces the single-process losses and final
-// parameters (TP shards reassembled from the per-rank checkpoint files) to 1e-5 relative, and
-// the weights stay identical across data-parallel replicas.
+// DP=2 + distributed optimizer, TP=2 x DP=2, and pipelines (PP=2, PP=4, uneven, interleaved,
+// PP x TP, PP x DP with the distributed optimizer) reproduces the single-process losses,
+// validation losses and final parameters (TP shards and pipeline stages reassembled from the
+// per-rank checkpoint files) to 1e-5 relative, and the weights stay identical across
+// data-parallel replicas.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "checkpoint/checkpoint.h"
@@ -24,10 +27,12 @@ constexpr int kSteps = 20;
 constexpr double kTolerance = 1e-5;
 
 // Two tiny architectures between them cover every sharded and every partially-reduced parameter:
-// GQA + SwiGLU + RoPE + q/k norm + qkv bias + untied output, and LayerNorm + GELU + all biases
-// + learned positions + tied output.
+// GQA + SwiGLU + RoPE + q/k norm + qkv bias + untied output ("llama"), and LayerNorm + GELU +
+// all biases + learned positions + tied output ("gpt"). A trailing 4 ("llama4") means four
+// layers instead of two, for pipelines.
 std::vector<std::string> model_flags(const std::string& model) {
-  std::vector<std::string> common = {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+  const std::string layers = model.back() == '4' ? "4" : "2";
+  std::vector<std::string> common = {"--num-layers", layers, "--hidden-size", "64", "--num-attention-heads", "4",
                                      "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
                                      "--train-iters", std::to_string(kSteps), "--lr", "1e-3", "--lr-decay-style", "cosine",
                                      "--lr-warmup-iters", "2", "--mock-data", "--tokenizer-type", "NullTokenizer",
@@ -35,7 +40,7 @@ std::vector<std::string> model_flags(const std::string& model) {
                                      "--eval-iters", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
                                      "--cpu-threads", "1", "--device", "cpu", "--seed", "7"};
   std::vector<std::string> arch;
-  if (model == "llama") {
+  if (model.rfind("llama", 0) == 0) {
     arch = {"--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "128", "--swiglu",
             "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--qk-layernorm", "--disable-bias-linear",
             "--add-qkv-bias", "--untie-embeddings-and-output-weights"};
@@ -48,6 +53,7 @@ std::vector<std::string> model_flags(const std::string& model) {
 
 struct TrainingRun {
   std::vector<double> losses;
+  std::vector<double> validation_losses;
   std::string output;
   std::string save_dir;
 };
@@ -79,10 +85,16 @@ TrainingRun train(const test::TempDir& dir, const std::string& name, const std::
   run.output = result.output;
   EXPECT_EQ(result.status, 0) << name << "\n" << result.output;
   run.losses = jsonl_losses(dir / (name + ".jsonl"));
+  std::regex validation(R"(validation loss at iteration \d+ \| lm loss value: ([0-9.eE+-]+))");
+  for (auto it = std::sregex_iterator(run.output.begin(), run.output.end(), validation); it != std::sregex_iterator(); ++it) {
+    run.validation_losses.push_back(std::stod((*it)[1]));
+  }
   return run;
 }
 
-// The whole model, TP shards concatenated back, from the checkpoint of `run`.
+// The whole model from the checkpoint of `run`: every pipeline stage's file read, TP shards
+// concatenated back. A tied embedding is held by the first and the last stage; the copies
+// must be equal.
 std::map<std::string, at::Tensor> full_parameters(const std::string& save_dir, int tp, bool swiglu) {
   const std::string dir = latest_checkpoint_directory(save_dir);
   std::map<std::string, at::Tensor> full;
@@ -91,12 +103,20 @@ std::map<std::string, at::Tensor> full_parameters(const std::string& save_dir, i
     for (const auto& name : file.names()) full[name] = file.load(name);
     return full;
   }
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
-  for (int r = 0; r < tp; ++r) files.push_back(std::make_unique<SafetensorsFile>(dir + "/" + checkpoint_part_name("model", r, 0)));
-  for (const auto& name : files[0]->names()) {
-    std::vector<at::Tensor> parts;
-    for (auto& f : files) parts.push_back(f->load(name));
-    full[name] = tp::unshard(parts, tp::shard_spec(name, swiglu));
+  const int pp = read_checkpoint_state(dir)["parallel"].value("pipeline_model_parallel_size", 1);
+  for (int stage = 0; stage < pp; ++stage) {
+    std::vector<std::unique_ptr<SafetensorsFile>> files;
+    for (int r = 0; r < tp; ++r) files.push_back(std::make_unique<SafetensorsFile>(dir + "/" + checkpoint_part_name("model", r, stage)));
+    for (const auto& name : files[0]->names()) {
+      std::vector<at::Tensor> parts;
+      for (auto& f : files) parts.push_back(f->load(name));
+      at::Tensor whole = tp::unshard(parts, tp::shard_spec(name, swiglu));
+      if (full.count(name)) {
+        EXPECT_TRUE(at::equal(full[name], whole)) << name << ": the copy on pipeline stage " << stage << " differs";
+        continue;
+      }
+      full[name] = whole;
+    }
   }
   return full;
 }
@@ -119,10 +139,15 @@ class ParallelEquivalence : public ::testing::Test {
       EXPECT_LE(std::abs(run.losses[i] - single.losses[i]), kTolerance * std::abs(single.losses[i]))
           << "iteration " << i + 1 << ": " << run.losses[i] << " vs single-process " << single.losses[i];
     }
+    ASSERT_EQ(run.validation_losses.size(), single.validation_losses.size()) << run.output;
+    for (size_t i = 0; i < single.validation_losses.size(); ++i) {
+      EXPECT_LE(std::abs(run.validation_losses[i] - single.validation_losses[i]), kTolerance * single.validation_losses[i])
+          << "validation " << i << ": " << run.validation_losses[i] << " vs single-process " << single.validation_losses[i];
+    }
     // The layouts must really differ from one process: TP shards on disk, DP ranks in the log.
     EXPECT_NE(run.output.find("> parallel layout: tensor " + std::to_string(tp)), std::string::npos) << run.output;
 
-    const bool swiglu = model == "llama";
+    const bool swiglu = model.rfind("llama", 0) == 0;
     auto expected = full_parameters(single.save_dir, 1, swiglu);
     auto actual = full_parameters(run.save_dir, tp, swiglu);
     ASSERT_EQ(actual.size(), expected.size());
@@ -131,7 +156,7 @@ class ParallelEquivalence : public ::testing::Test {
       const at::Tensor& got = actual[name];
       ASSERT_TRUE(got.sizes().equals(want.sizes())) << name << " " << got.sizes() << " vs " << want.sizes();
       at::Tensor got_compared = got, want_compared = want;
-      if (model == "gpt" && name.find("linear_qkv.bias") != std::string::npos) {
+      if (!swiglu && name.find("linear_qkv.bias") != std::string::npos) {
         // Without RoPE the key bias has an exactly zero gradient (it adds q.b_k to every score
         // of a query, which softmax ignores), so what it holds is rounding noise that Adam normalises into
         // steps of ~1e-6. Both runs must keep it at noise level; the query and value biases
@@ -177,6 +202,34 @@ TEST_F(ParallelEquivalence, TensorParallel2DataParallel2DistributedOptimizerOver
 
 TEST_F(ParallelEquivalence, TensorParallel2DataParallel2) {
   check("gpt", 4, 2, {"--tensor-model-parallel-size", "2"});
+}
+
+// Pipelines. Stages hold contiguous layers; the embedding is on the first, the output layer on
+// the last; the tied "gpt" model keeps a copy of the embedding on the last stage whose gradient
+// is summed with the first stage's.
+TEST_F(ParallelEquivalence, PipelineParallel2) { check("llama4", 2, 1, {"--pipeline-model-parallel-size", "2"}); }
+
+TEST_F(ParallelEquivalence, PipelineParallel4Tied) { check("gpt4", 4, 1, {"--pipeline-model-parallel-size", "4"}); }
+
+TEST_F(ParallelEquivalence, PipelineParallel2Uneven) {
+  check("llama4", 2, 1, {"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"});
+}
+
+// Two model chunks per rank (layers 0 and 2 on stage 0, 1 and 3 on stage 1); the last stage's
+// first chunk feeds the first stage's second chunk.
+TEST_F(ParallelEquivalence, PipelineParallel2InterleavedTied) {
+  check("gpt4", 2, 1, {"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"});
+}
+
+TEST_F(ParallelEquivalence, PipelineParallel2TensorParallel2SequenceParallel) {
+  check("llama4", 4, 2, {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"});
+}
+
+// With the distributed optimizer the tied embedding gets a bucket of its own on both stages, so
+// their DP shards of it line up when the stages sum its gradient.
+TEST_F(ParallelEquivalence, PipelineParallel2DataParallel2DistributedOptimizerTied) {
+  check("gpt4", 4, 1, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                       "--overlap-param-gather", "--ddp-bucket-size", "4000"});
 }
 
 // Resharding on load: a checkpoint saved at iteration 10 under one layout resumes under another
