@@ -2,9 +2,9 @@
 // scaling and untied output, Qwen2 with qkv bias, Qwen3 with q/k norm and tied embeddings,
 // Mistral) a random-weight HF model from tests/fixtures/make_hf_model.py is
 //  - converted to a native checkpoint, whose model matches HF's logits (1e-4) and loss (1e-5);
-//  - converted HF -> native (TP=2) -> HF, bitwise identical in every tensor, fp32 and bf16, with
-//    sharded output that transformers loads and runs to the same logits;
-//  - trained from directly with `train --load-hf` under TP=2 and exported with --save-hf.
+//  - converted HF -> native (TP=2 x PP=2) -> HF, bitwise identical in every tensor, fp32 and
+//    bf16, with sharded output that transformers loads and runs to the same logits;
+//  - trained from directly with `train --load-hf` under TP=2 x PP=2 and exported with --save-hf.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -93,9 +93,19 @@ TEST_P(HfConvert, RoundTripThroughTensorParallelNativeIsBitwise) {
     test::TempDir dir;
     make_hf_model(dir / "hf", GetParam(), bf16);
     auto to_native = test::run_megatron({"convert", "--from", "hf", "--to", "native", "--load", dir / "hf", "--save",
-                                         dir / "native", "--target-tensor-parallel-size", "2"});
+                                         dir / "native", "--target-tensor-parallel-size", "2",
+                                         "--target-pipeline-parallel-size", "2"});
     ASSERT_EQ(to_native.status, 0) << to_native.output;
-    EXPECT_TRUE(fs::exists(dir / "native/iter_0000000/model_tp01_pp000.safetensors"));
+    EXPECT_TRUE(fs::exists(dir / "native/iter_0000000/model_tp01_pp001.safetensors"));
+    {  // each stage holds its own layer; the embedding sits on the first (and, tied, the last)
+      SafetensorsFile first(dir / "native/iter_0000000/model_tp00_pp000.safetensors");
+      SafetensorsFile last(dir / "native/iter_0000000/model_tp00_pp001.safetensors");
+      EXPECT_TRUE(first.contains("decoder.layers.0.self_attention.linear_qkv.weight"));
+      EXPECT_FALSE(first.contains("decoder.layers.1.self_attention.linear_qkv.weight"));
+      EXPECT_TRUE(last.contains("decoder.layers.1.self_attention.linear_qkv.weight"));
+      EXPECT_TRUE(last.contains("decoder.final_layernorm.weight"));
+      EXPECT_EQ(last.contains("embedding.word_embeddings.weight"), GetParam() == "qwen3");  // tied
+    }
     auto to_hf = test::run_megatron({"convert", "--from", "native", "--to", "hf", "--load", dir / "native", "--save",
                                      dir / "back", "--max-shard-size", "40KB"});
     ASSERT_EQ(to_hf.status, 0) << to_hf.output;
@@ -139,15 +149,17 @@ TEST_P(HfConvert, LoadHfGivesTransformersLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HfConvert, ::testing::Values("llama3", "qwen2", "qwen3", "mistral"));
 
-// `train --load-hf` takes the architecture from config.json and the weights sharded for TP=2;
-// `--save-hf` gathers them back. With a vanishing learning rate the exported tensors must equal
-// the input bit for bit, which checks mapping, sharding and gathering end to end.
-TEST(HfTraining, LoadHfTrainSaveHfUnderTensorParallel) {
+// `train --load-hf` takes the architecture from config.json and the weights sharded for TP=2 x
+// PP=2; `--save-hf` gathers them back (over TP on each stage, then to rank 0 over the pipeline).
+// With a vanishing learning rate the exported tensors must equal the input bit for bit, which
+// checks mapping, sharding, staging and gathering end to end.
+TEST(HfTraining, LoadHfTrainSaveHfUnderTensorAndPipelineParallel) {
   for (const std::string variant : {"qwen3", "llama3"}) {
     test::TempDir dir;
     make_hf_model(dir / "hf", variant);
-    auto r = test::run_megatron({"launch", "--nproc-per-node", "2", "--master-port", "0", "train", "--load-hf", dir / "hf",
-                                 "--tensor-model-parallel-size", "2", "--seq-length", "16", "--micro-batch-size", "2",
+    auto r = test::run_megatron({"launch", "--nproc-per-node", "4", "--master-port", "0", "train", "--load-hf", dir / "hf",
+                                 "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                 "--seq-length", "16", "--micro-batch-size", "2",
                                  "--train-iters", "1", "--lr", "1e-30", "--weight-decay", "0", "--mock-data",
                                  "--tokenizer-type", "NullTokenizer", "--vocab-size", "90", "--eval-interval", "0",
                                  "--device", "cpu", "--cpu-threads", "1", "--save-hf", dir / "out"});

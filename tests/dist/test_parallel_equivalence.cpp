@@ -234,6 +234,7 @@ TEST_F(ParallelEquivalence, PipelineParallel2DataParallel2DistributedOptimizerTi
 
 // Resharding on load: a checkpoint saved at iteration 10 under one layout resumes under another
 // (optimizer state included) and the last 10 losses equal the uninterrupted single-process run's.
+// Pipeline stages are joined by parameter name and split again for the new stages.
 TEST_F(ParallelEquivalence, CheckpointsReshardToAnyLayout) {
   const TrainingRun& single = reference("llama");
   ASSERT_EQ(single.losses.size(), size_t(kSteps));
@@ -250,6 +251,11 @@ TEST_F(ParallelEquivalence, CheckpointsReshardToAnyLayout) {
        {"--use-distributed-optimizer"}},
       {"single_to_tp2_sp", 1, {}, 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}},
       {"dp2_to_tp2", 2, {}, 2, {"--tensor-model-parallel-size", "2"}},
+      {"tp2pp2_zero1_to_single", 4,
+       {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}, 1, {}},
+      {"pp2dp2_zero1_to_dp2", 4, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}, 2, {}},
+      {"single_to_pp2_uneven_tp2", 1, {}, 4,
+       {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "1"}},
   };
   for (const auto& c : cases) {
     test::TempDir dir;
