@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool), from the repository root, with .gpu carried:
-#   bash scripts/gpu/run.sh [bench|test|all|parallel|checkpoint]
+#   bash scripts/gpu/run.sh [bench|test|all|parallel|pipeline|checkpoint]
 # `parallel` (two GPUs, nvidia-h200-x2): the NCCL equivalence checks and the 2-GPU benchmark
-# (bench/gpu_parallel.sh). `checkpoint`: the save stall, synchronous vs --async-save
+# (bench/gpu_parallel.sh). `pipeline` (two GPUs): NCCL pipeline equivalence and the measured
+# bubble (bench/gpu_pipeline.sh). `checkpoint`: the save stall, synchronous vs --async-save
 # (bench/gpu_checkpoint.sh).
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
@@ -29,6 +30,9 @@ fi
 if [ "$what" = parallel ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -5 "$out/ctest.log"
   bash bench/gpu_parallel.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/parallel.log"
+fi
+if [ "$what" = pipeline ]; then
+  bash bench/gpu_pipeline.sh build-gpu/megatron 2>&1 | tee "$out/pipeline.log"
 fi
 if [ "$what" = test ] || [ "$what" = all ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda|HfParity|TrainingRuns|TensorBoard|Layer|FiniteDiff}" > "$out/ctest.log" 2>&1); tail -15 "$out/ctest.log"
