@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_table.h"
 #include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
@@ -109,6 +111,28 @@ void remove_old_checkpoints(const std::string& save_dir, int64_t keep, int64_t c
   }
 }
 
+// Every rank's string on rank 0 (collective over `world`; others get an empty list).
+std::vector<std::string> gather_on_rank0(const dist::ParallelState& ps, const std::string& mine, const at::Device& device) {
+  if (ps.world_size == 1) return {mine};
+  const auto options = at::TensorOptions().device(device);
+  at::Tensor length = at::full({1}, int64_t(mine.size()), options.dtype(at::kLong));
+  at::Tensor lengths = at::empty({ps.world_size}, options.dtype(at::kLong));
+  ps.world.all_gather(lengths, length);
+  const at::Tensor sizes = lengths.cpu();
+  const int64_t longest = sizes.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({ps.world_size * longest}, options.dtype(at::kByte));
+  ps.world.all_gather(all, bytes.to(device));
+  if (ps.rank != 0) return {};
+  const at::Tensor host = all.cpu();
+  std::vector<std::string> out;
+  for (int r = 0; r < ps.world_size; ++r) {
+    out.emplace_back(static_cast<const char*>(host.data_ptr()) + r * longest, size_t(sizes[r].item<int64_t>()));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string checkpoint_part_name(const std::string& kind, int tp_rank, int pp_rank, int dp_rank) {
@@ -194,8 +218,15 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   }
   snap.files.push_back(std::move(rng));
 
+  // Every file's tensors described in state.json (gathered: each rank knows its own files).
+  const at::Device device = chunks.at(0)->parameters().at(0).device();
+  const std::vector<std::string> descriptions = gather_on_rank0(
+      ps, describe_files(snap.files, config.model.swiglu, ps.tp.rank(), ps.tp.size()).dump(), device);
   if (snap.leader) {
-    const nlohmann::json state = {{"format_version", kFormatVersion},
+    std::vector<nlohmann::json> parsed;
+    for (const auto& d : descriptions) parsed.push_back(nlohmann::json::parse(d));
+    const nlohmann::json table = merge_file_descriptions(parsed);
+    nlohmann::json state = {{"format_version", kFormatVersion},
                                   {"iteration", progress.iteration},
                                   {"consumed_train_samples", progress.consumed_train_samples},
                                   {"consumed_valid_samples", progress.consumed_valid_samples},
@@ -206,6 +237,8 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
                                   {"tokenizer", tokenizer_config_to_json(config.data)},
                                   {"parallel", layout_summary(config, ps)},
                                   {"bf16", config.train.bf16}};
+    state["tensors"] = table.at("tensors");
+    state["optimizer_tensors"] = table.at("optimizer_tensors");
     snap.state_json = state.dump(2) + "\n";
   }
   return snap;
@@ -262,7 +295,19 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config,
   ParallelConfig weights_layout = config.parallel;
   weights_layout.use_distributed_optimizer = false;
   const nlohmann::json layout = layout_summary(weights_layout, tp_size, pp_size, 1);
-  const nlohmann::json state = {{"format_version", kFormatVersion},
+  // The table of state.json, from the files just written (memory-mapped, nothing copied).
+  std::vector<nlohmann::json> descriptions;
+  for (int p = 0; p < pp_size; ++p) {
+    for (int t = 0; t < tp_size; ++t) {
+      const std::string name = tp_size * pp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p);
+      SafetensorsFile written(tmp_dir + "/" + name);
+      CheckpointSnapshot::File f{name, {}, {}};
+      for (const auto& tensor : written.names()) f.tensors.push_back({tensor, written.view(tensor)});
+      descriptions.push_back(describe_files({f}, config.model.swiglu, t, tp_size));
+    }
+  }
+  const nlohmann::json table = merge_file_descriptions(descriptions);
+  nlohmann::json state = {{"format_version", kFormatVersion},
                                 {"iteration", 0},
                                 {"consumed_train_samples", 0},
                                 {"consumed_valid_samples", 0},
@@ -272,6 +317,7 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config,
                                 {"tokenizer", tokenizer_config_to_json(config.data)},
                                 {"parallel", layout},
                                 {"bf16", config.train.bf16}};
+  state["tensors"] = table.at("tensors");
   write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
   fsync_path(tmp_dir);
   fs::rename(tmp_dir, final_dir);
@@ -333,11 +379,9 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
   ShardedCheckpointReader reader(dir, saved_layout, swiglu);
   const int64_t rows = config.model.padded_vocab_size;
   const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
-  auto local = [&](const std::string& name, const at::Tensor& full) {
-    return tp::shard_of(full, tp::shard_spec(name, swiglu), tensor_parallel.rank(), tensor_parallel.size());
-  };
+  // Each rank reads its own shards only.
   for (auto& [name, param] : chunk_parameters(chunks)) {
-    const at::Tensor value = local(name, reader.model(name, rows));
+    const at::Tensor value = reader.model(name, rows, tensor_parallel.rank(), tensor_parallel.size());
     if (!value.sizes().equals(param.sizes())) {
       throw UserError(dir + ": parameter '" + name + "' resharded to " + c10::str(value.sizes()) + ", the model expects " +
                       c10::str(param.sizes()));
@@ -348,8 +392,8 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
   if (weights_only) {
     optimizer.reset_from_model();
   } else {
-    optimizer.load_resharded([&](const std::string& name, const std::string& field) {
-      return local(name, reader.optimizer(name, field, rows));
+    optimizer.load_resharded([&](const std::string& name, const std::string& field, int64_t offset, int64_t numel) {
+      return reader.optimizer(name, field, rows, tensor_parallel.rank(), tensor_parallel.size(), offset, numel);
     }, reader.step());
   }
   if (ps.rank == 0) {

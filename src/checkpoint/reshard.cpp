@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <functional>
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_table.h"
 #include "core/errors.h"
 #include "tensor_parallel/sharding.h"
 
@@ -18,11 +20,44 @@ bool is_vocab_parallel(const std::string& name) {
   return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
 }
 
-// Rows past the tokenizer's vocabulary are padding: zero-filled when growing, dropped when shrinking.
-at::Tensor with_rows(const at::Tensor& t, int64_t rows) {
-  if (t.size(0) == rows) return t;
-  if (t.size(0) > rows) return t.narrow(0, 0, rows);
-  return at::cat({t, at::zeros({rows - t.size(0), t.size(1)}, t.options())}, 0);
+// Elements [begin, end) along `dim` of a tensor saved as `count` equal parts along that dim
+// (part(s) gives saved part s, read lazily), `saved_length` long in all; positions at or past
+// saved_length are zero (vocabulary padding grown). Only overlapping parts are touched.
+at::Tensor read_range(const std::function<at::Tensor(int)>& part, int count, int64_t saved_length, int dim, int64_t begin,
+                      int64_t end) {
+  const int64_t per_part = saved_length / count;
+  std::vector<at::Tensor> pieces;
+  for (int s = 0; s < count; ++s) {
+    const int64_t from = std::max(begin, s * per_part), to = std::min(end, (s + 1) * per_part);
+    if (from < to) pieces.push_back(part(s).narrow(dim, from - s * per_part, to - from));
+  }
+  if (end > saved_length) {
+    TORCH_CHECK(!pieces.empty() || begin >= saved_length, "read_range: nothing to pad from");
+    const at::Tensor like = pieces.empty() ? part(count - 1) : pieces[0];
+    std::vector<int64_t> shape = like.sizes().vec();
+    shape[dim] = end - std::max(begin, saved_length);
+    pieces.push_back(at::zeros(shape, like.options()));
+  }
+  return pieces.size() == 1 ? pieces[0] : at::cat(pieces, dim);
+}
+
+// Target TP rank `rank` of `size`'s shard of a tensor saved as `count` TP parts (spec says how
+// it is split); `target_length` is its full length along the split dim (vocab rows may differ).
+at::Tensor target_shard(const std::function<at::Tensor(int)>& part, int count, const tp::ShardSpec& spec, int64_t saved_local,
+                        int64_t target_length, int rank, int size) {
+  if (spec.replicated()) return part(0);
+  if (!spec.gated) {
+    const int64_t per_rank = target_length / size;
+    return read_range(part, count, saved_local * count, spec.dim, rank * per_rank, (rank + 1) * per_rank);
+  }
+  // [gate; up] halves, each split over the ranks on its own.
+  std::vector<at::Tensor> halves;
+  for (int h = 0; h < 2; ++h) {
+    auto half = [&](int s) { return part(s).narrow(0, h * (saved_local / 2), saved_local / 2); };
+    const int64_t per_rank = target_length / 2 / size;
+    halves.push_back(read_range(half, count, saved_local / 2 * count, 0, rank * per_rank, (rank + 1) * per_rank));
+  }
+  return at::cat(halves, 0);
 }
 
 }  // namespace
@@ -34,23 +69,18 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const n
   pp_ = layout.value("pipeline_model_parallel_size", 1);
   dp_ = layout.value("data_parallel_size", 1);
   distributed_ = layout.value("use_distributed_optimizer", false);
+  if (fs::exists(dir + "/state.json")) state_ = read_checkpoint_state(dir);
   const bool single = tp_ * pp_ * dp_ == 1;
-  auto open = [&](const std::string& path) {
-    auto f = std::make_unique<SafetensorsFile>(path);
-    f->verify_checksum();
-    return f;
-  };
   for (int t = 0; t < tp_; ++t) {
-    model_files_.emplace_back();
-    optimizer_files_.emplace_back();
+    model_names_.emplace_back();
+    optimizer_names_.emplace_back();
     for (int p = 0; p < pp_; ++p) {
-      model_files_.back().push_back(open(dir + "/" + (single ? "model.safetensors" : checkpoint_part_name("model", t, p))));
+      const std::string model = single ? "model.safetensors" : checkpoint_part_name("model", t, p);
+      model_names_.back().push_back(model);
       const int shards = !with_optimizer ? 0 : distributed_ ? dp_ : 1;
       for (int d = 0; d < shards; ++d) {
-        const std::string path =
-            dir + "/" + (single ? "optimizer.safetensors" : checkpoint_part_name("optimizer", t, p, distributed_ ? d : -1));
-        if (!fs::exists(path)) continue;  // weights-only checkpoints have none
-        optimizer_files_.back().push_back(open(path));
+        const std::string name = single ? "optimizer.safetensors" : checkpoint_part_name("optimizer", t, p, distributed_ ? d : -1);
+        if (fs::exists(dir + "/" + name)) optimizer_names_.back().push_back(name);  // weights-only checkpoints have none
       }
     }
   }
@@ -58,59 +88,93 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const n
 
 ShardedCheckpointReader::~ShardedCheckpointReader() = default;
 
-const SafetensorsFile& ShardedCheckpointReader::model_file(int tp_rank, const std::string& key) const {
-  for (const auto& f : model_files_[tp_rank]) {
-    if (f->contains(key)) return *f;
+const SafetensorsFile& ShardedCheckpointReader::file(const std::string& name, bool verified) const {
+  auto it = files_.find(name);
+  if (it == files_.end()) {
+    const std::string path = dir_ + "/" + name;
+    if (!fs::exists(path)) throw UserError(path + " is missing: the checkpoint is incomplete");
+    it = files_.emplace(name, std::make_unique<SafetensorsFile>(path)).first;
+  }
+  if (verified && verified_.insert(name).second) it->second->verify_checksum();
+  return *it->second;
+}
+
+std::string ShardedCheckpointReader::model_file(int tp_rank, const std::string& key) const {
+  const std::string listed = table_file_of(state_, key, tp_rank);
+  if (!listed.empty()) {
+    if (!file(listed, false).contains(key)) throw UserError(dir_ + "/" + listed + " lacks '" + key + "', which state.json says it holds");
+    return listed;
+  }
+  for (const auto& name : model_names_[tp_rank]) {
+    if (file(name, false).contains(key)) return name;
   }
   throw UserError(dir_ + ": no model file of tensor-parallel rank " + std::to_string(tp_rank) + " holds '" + key +
                   "' (a file is missing, or the checkpoint is of another model)");
 }
 
-at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab_rows) const {
-  std::vector<at::Tensor> parts;
-  for (int t = 0; t < tp_; ++t) parts.push_back(model_file(t, name).view(name));
-  at::Tensor full = tp::unshard(parts, tp::shard_spec(name, swiglu_));
-  return is_vocab_parallel(name) ? with_rows(full, vocab_rows) : full;
+at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab_rows, int tp_rank, int tp_size) const {
+  const tp::ShardSpec spec = tp::shard_spec(name, swiglu_);
+  // Shapes from the headers; data (and checksums) only from the files a slice is taken from.
+  const at::Tensor shape_of = file(model_file(0, name), false).view(name);
+  auto part = [&](int s) {
+    const std::string f = model_file(s, name);
+    return file(f, true).view(name);
+  };
+  const int64_t saved_local = spec.replicated() ? 0 : shape_of.size(spec.dim);
+  const int64_t target_length = is_vocab_parallel(name) ? vocab_rows : saved_local * tp_;
+  return target_shard(part, tp_, spec, saved_local, target_length, tp_rank, tp_size);
 }
 
-at::Tensor ShardedCheckpointReader::tp_local_optimizer(int tp_rank, const std::string& name, const std::string& field) const {
-  const auto& files = optimizer_files_[tp_rank];
-  if (files.empty()) throw UserError(dir_ + " has no optimizer state: load with --no-load-optim or --finetune");
+at::Tensor ShardedCheckpointReader::saved_optimizer_range(int tp_rank, const std::string& name, const std::string& field,
+                                                          int64_t begin, int64_t end) const {
+  const auto& names = optimizer_names_[tp_rank];
+  if (names.empty()) throw UserError(dir_ + " has no optimizer state: load with --no-load-optim or --finetune");
   const std::string key = name + "." + field;
-  const at::Tensor shape_of = model_file(tp_rank, name).view(name);
-  // Each DP rank's file holds a flat slice of the TP-local parameter, at the offset its
-  // metadata names; without the distributed optimizer one file holds all of it. A tied
-  // embedding is held by two stages alike: the first stage's slices are taken.
-  at::Tensor flat = at::zeros({shape_of.numel()}, at::kFloat);
+  // Each DP rank's file holds a flat slice of the TP-local parameter at the offset its metadata
+  // names; without the distributed optimizer one file holds all of it. A tied embedding is
+  // held by two stages alike: whichever file comes first serves. Only files whose slice
+  // overlaps [begin, end) are read.
+  at::Tensor out = at::empty({end - begin}, at::kFloat);
   int64_t covered = 0;
-  for (const auto& f : files) {
-    if (!f->contains(key)) continue;
-    const at::Tensor slice = f->view(key).reshape({-1});
-    if (!distributed_) return slice.view(shape_of.sizes());
-    auto it = f->metadata().find("offset/" + name);
-    const int64_t offset = it == f->metadata().end() ? 0 : std::stoll(it->second);
-    flat.narrow(0, offset, slice.numel()).copy_(slice);
-    covered += slice.numel();
-    if (covered == flat.numel()) break;
+  for (const auto& n : names) {
+    const SafetensorsFile& header = file(n, false);
+    if (!header.contains(key)) continue;
+    auto it = header.metadata().find("offset/" + name);
+    const int64_t offset = !distributed_ || it == header.metadata().end() ? 0 : std::stoll(it->second);
+    const int64_t length = header.view(key).numel();
+    const int64_t from = std::max(begin, offset), to = std::min(end, offset + length);
+    if (from >= to) continue;
+    const at::Tensor slice = file(n, true).view(key).reshape({-1});
+    out.narrow(0, from - begin, to - from).copy_(slice.narrow(0, from - offset, to - from));
+    covered += to - from;
+    if (covered == end - begin) return out;
   }
-  if (covered != flat.numel()) {
-    throw UserError(dir_ + ": the optimizer state of '" + key + "' covers " + std::to_string(covered) + " of " +
-                    std::to_string(flat.numel()) + " elements (a shard file is missing?)");
-  }
-  return flat.view(shape_of.sizes());
+  throw UserError(dir_ + ": the optimizer state of '" + key + "' covers " + std::to_string(covered) + " of the " +
+                  std::to_string(end - begin) + " elements needed (a shard file is missing?)");
 }
 
-at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std::string& field, int64_t vocab_rows) const {
-  std::vector<at::Tensor> parts;
-  for (int t = 0; t < tp_; ++t) parts.push_back(tp_local_optimizer(t, name, field));
-  at::Tensor full = tp::unshard(parts, tp::shard_spec(name, swiglu_));
-  return is_vocab_parallel(name) ? with_rows(full, vocab_rows) : full;
+at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std::string& field, int64_t vocab_rows,
+                                              int tp_rank, int tp_size, int64_t offset, int64_t numel) const {
+  const tp::ShardSpec spec = tp::shard_spec(name, swiglu_);
+  const at::Tensor saved_shape = file(model_file(0, name), false).view(name);
+  const bool same_rows = !is_vocab_parallel(name) || saved_shape.size(0) * tp_ == vocab_rows;
+  if ((tp_size == tp_ || spec.replicated()) && same_rows) {
+    // Same TP shard: the range maps one to one onto the saved flat shard.
+    return saved_optimizer_range(spec.replicated() ? 0 : tp_rank, name, field, offset, offset + numel);
+  }
+  // Another TP split: the target shard from the overlapping saved shards, whole.
+  auto part = [&](int s) {
+    return saved_optimizer_range(s, name, field, 0, saved_shape.numel()).view(saved_shape.sizes());
+  };
+  const int64_t saved_local = spec.replicated() ? 0 : saved_shape.size(spec.dim);
+  const int64_t target_length = is_vocab_parallel(name) ? vocab_rows : saved_local * tp_;
+  return target_shard(part, tp_, spec, saved_local, target_length, tp_rank, tp_size).reshape({-1}).narrow(0, offset, numel);
 }
 
 at::Tensor ShardedCheckpointReader::step() const {
-  for (const auto& files : optimizer_files_) {
-    for (const auto& f : files) {
-      if (f->contains("step")) return f->load("step");
+  for (const auto& names : optimizer_names_) {
+    for (const auto& n : names) {
+      if (file(n, false).contains("step")) return file(n, true).load("step");
     }
   }
   throw UserError(dir_ + " has no optimizer step: load with --no-load-optim or --finetune");

@@ -3,14 +3,17 @@
 // stage files that hold it (names are global), model shards are concatenated back along their
 // split dimension (tensor_parallel/sharding.h), distributed-optimizer state is reassembled from
 // each DP rank's flat slice (its offset is in the file's metadata), and vocabulary rows are
-// padded or trimmed to the new padded size. Files are memory-mapped; only what is read is touched.
+// padded or trimmed to the new padded size. Files are memory-mapped and opened on first use;
+// a rank reads (and checksums) only the files holding slices it needs.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,22 +28,38 @@ class ShardedCheckpointReader {
   ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu, bool with_optimizer = true);
   ~ShardedCheckpointReader();
 
-  // The whole parameter `name` (all TP shards), with `vocab_rows` rows for the embedding and output layer.
-  at::Tensor model(const std::string& name, int64_t vocab_rows) const;
-  // The whole optimizer state `field` (master, exp_avg, exp_avg_sq) of parameter `name`.
-  at::Tensor optimizer(const std::string& name, const std::string& field, int64_t vocab_rows) const;
+  // Tensor-parallel rank `tp_rank` of `tp_size`'s shard of parameter `name` (the whole
+  // parameter by default), with `vocab_rows` rows in all for the embedding and output layer.
+  // Only the saved shards overlapping it are read, and of those only the overlapping rows or
+  // columns (views of memory-mapped files).
+  at::Tensor model(const std::string& name, int64_t vocab_rows, int tp_rank = 0, int tp_size = 1) const;
+  // Elements [offset, offset + numel) of the flattened TP shard (as model()) of the optimizer
+  // state `field` (master, exp_avg, exp_avg_sq) of `name`: what one distributed-optimizer rank
+  // steps. Under the saved TP layout only the DP slices overlapping the range are read.
+  at::Tensor optimizer(const std::string& name, const std::string& field, int64_t vocab_rows, int tp_rank, int tp_size,
+                       int64_t offset, int64_t numel) const;
   at::Tensor step() const;
 
  private:
-  at::Tensor tp_local_optimizer(int tp_rank, const std::string& name, const std::string& field) const;
-  // The file of TP rank `tp_rank` holding `key`, among the stages' files.
-  const SafetensorsFile& model_file(int tp_rank, const std::string& key) const;
+  // The name of the file of TP rank `tp_rank` holding `key`: as state.json's table lists it,
+  // else found among the stages' files.
+  std::string model_file(int tp_rank, const std::string& key) const;
+  // A file of the checkpoint, opened (memory-mapped) on first use; with `verified` its
+  // checksum is checked too, once: for every file this rank reads data from, and only those.
+  const SafetensorsFile& file(const std::string& name, bool verified) const;
+  // Flat elements [begin, end) of saved TP rank `tp_rank`'s shard of `field`, from the DP
+  // slices that overlap them.
+  at::Tensor saved_optimizer_range(int tp_rank, const std::string& name, const std::string& field, int64_t begin,
+                                   int64_t end) const;
   std::string dir_;
   bool swiglu_;
+  nlohmann::json state_;  // state.json: its tensor table says which file holds which slice
   int tp_ = 1, pp_ = 1, dp_ = 1;
   bool distributed_ = false;
-  std::vector<std::vector<std::unique_ptr<SafetensorsFile>>> model_files_;      // per TP rank, per PP stage
-  std::vector<std::vector<std::unique_ptr<SafetensorsFile>>> optimizer_files_;  // per TP rank: every stage's (and DP shard's)
+  std::vector<std::vector<std::string>> model_names_;      // per TP rank, per PP stage
+  std::vector<std::vector<std::string>> optimizer_names_;  // per TP rank: every stage's (and DP shard's) that exist
+  mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  mutable std::set<std::string> verified_;
 };
 
 }  // namespace megatron

@@ -27,12 +27,16 @@ const std::vector<std::pair<std::string, at::ScalarType>>& dtype_names() {
   return names;
 }
 
-std::string dtype_name(at::ScalarType t) {
+}  // namespace
+
+std::string safetensors_dtype_name(at::ScalarType t) {
   for (const auto& [name, type] : dtype_names()) {
     if (type == t) return name;
   }
   TORCH_CHECK(false, "safetensors: unsupported dtype ", t);
 }
+
+namespace {
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
@@ -82,7 +86,7 @@ void save_safetensors(const std::string& path, const std::vector<SafetensorsEntr
   for (const auto& e : tensors) {
     at::Tensor t = e.tensor.detach().to(at::kCPU).contiguous();
     const size_t bytes = t.numel() * t.element_size();
-    entries[e.name] = {{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()},
+    entries[e.name] = {{"dtype", safetensors_dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()},
                        {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     crc = crc32_of(crc, t.data_ptr(), bytes);

@@ -19,6 +19,9 @@ struct SafetensorsEntry {
 
 // Writes `tensors` (any device; copied to CPU) to `path` atomically (temp name, fsync, rename),
 // with the CRC-32 of the data section in the metadata ("crc32").
+// "F32", "BF16", ...: the safetensors name of a dtype.
+std::string safetensors_dtype_name(at::ScalarType type);
+
 void save_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

@@ -142,18 +142,18 @@ std::map<std::string, std::string> AdamW::state_offsets() const {
   return offsets;
 }
 
-void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, const std::string&)>& local,
+void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, const std::string&, int64_t, int64_t)>& slice,
                            const at::Tensor& step) {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
     for (auto [field, into] : {std::pair<const char*, at::Tensor*>{"master", &p.master}, {"exp_avg", &p.exp_avg},
                                {"exp_avg_sq", &p.exp_avg_sq}}) {
-      at::Tensor value = local(p.name, field);
-      if (value.numel() != p.model_param.numel()) {
-        throw UserError("checkpoint optimizer state '" + p.name + "." + field + "' has " + std::to_string(value.numel()) +
-                        " elements on this rank, the parameter " + std::to_string(p.model_param.numel()));
+      at::Tensor value = slice(p.name, field, p.param_offset, p.numel);
+      if (value.numel() != p.numel) {
+        throw UserError("checkpoint optimizer state '" + p.name + "." + field + "' gave " + std::to_string(value.numel()) +
+                        " elements on this rank, expected " + std::to_string(p.numel));
       }
-      into->copy_(value.reshape({-1}).narrow(0, p.param_offset, p.numel));
+      into->copy_(value.reshape({-1}));
     }
   }
   step_.copy_(step);

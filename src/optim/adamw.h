@@ -57,10 +57,11 @@ class AdamW {
   // Where each partial slice starts in its flattened parameter ("offset/<name>" -> offset), for
   // the checkpoint's metadata.
   std::map<std::string, std::string> state_offsets() const;
-  // Loads from whole-layout values: local(name, field) returns this TP rank's shard of the
-  // parameter's `field` (master, exp_avg, exp_avg_sq), shaped as the parameter; this rank's
-  // slice is taken from it.
-  void load_resharded(const std::function<at::Tensor(const std::string&, const std::string&)>& local, const at::Tensor& step);
+  // Loads from another layout: slice(name, field, offset, numel) returns elements [offset,
+  // offset + numel) of this TP rank's flattened shard of the parameter's `field` (master,
+  // exp_avg, exp_avg_sq): the part this rank steps.
+  void load_resharded(const std::function<at::Tensor(const std::string&, const std::string&, int64_t, int64_t)>& slice,
+                      const at::Tensor& step);
   int64_t steps_taken() const;
   // Masters := model parameters (after loading weights without optimizer state).
   void reset_from_model();

@@ -337,6 +337,23 @@ TEST(ParallelCheckpoints, ResumeUnderTensorAndDataParallelEqualsUninterrupted) {
                            "rng_rank00000", "rng_rank00003"}) {
     EXPECT_TRUE(std::ifstream(iter4 + "/" + part + ".safetensors").good()) << part;
   }
+  {  // state.json describes every file's slice of every tensor
+    const nlohmann::json state = read_checkpoint_state(iter4);
+    const nlohmann::json& fc1 = state.at("tensors").at("decoder.layers.1.mlp.linear_fc1.weight");
+    EXPECT_EQ(fc1.at("shape"), nlohmann::json({256, 64}));  // [gate; up] of ffn 128, hidden 64
+    EXPECT_EQ(fc1.at("dtype"), "F32");
+    EXPECT_EQ(fc1.at("split_dim"), 0);
+    EXPECT_TRUE(fc1.at("gated").get<bool>());
+    ASSERT_EQ(fc1.at("files").size(), 2u);
+    EXPECT_EQ(fc1.at("files")[1].at("file"), "model_tp01_pp000.safetensors");
+    EXPECT_TRUE(state.at("tensors").at("decoder.final_layernorm.weight").at("split_dim").is_null());
+    // The distributed optimizer: each TP shard's state in DP slices that tile it.
+    const nlohmann::json& moments = state.at("optimizer_tensors").at("decoder.layers.1.mlp.linear_fc1.weight.exp_avg");
+    int64_t covered[2] = {0, 0};
+    for (const auto& part : moments.at("files")) covered[part.at("tp_rank").get<int>()] += part.at("numel").get<int64_t>();
+    EXPECT_EQ(covered[0], 128 * 64);
+    EXPECT_EQ(covered[1], 128 * 64);
+  }
   auto second = test::run_megatron(args({"--load", dir / "ckpt", "--metrics-jsonl", dir / "resumed.jsonl"}));
   ASSERT_EQ(second.status, 0) << second.output;
   std::ifstream a(dir / "whole.jsonl"), b(dir / "resumed.jsonl");
