@@ -6,6 +6,7 @@
 
 #include "core/arguments.h"
 #include "core/errors.h"
+#include "pipeline/layout.h"
 #include "support/test_support.h"
 
 namespace megatron {
@@ -88,6 +89,47 @@ TEST(Arguments, ContradictionsAreNamed) {
   EXPECT_NE(error_of({"--lr-decay-style", "step"}).find("--lr-decay-style must be"), std::string::npos);
   EXPECT_NE(error_of({"--position-embedding-type", "learned_absolute", "--max-position-embeddings", "16"})
                 .find("--seq-length 32 exceeds --max-position-embeddings 16"),
+            std::string::npos);
+}
+
+// Pipeline layouts: stages split the layers evenly unless told otherwise, virtual stages divide
+// each stage's layers, and the interleaved schedule needs whole groups of micro-batches.
+TEST(Arguments, PipelineLayouts) {
+  const std::vector<std::string> four = {"--num-layers", "4"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), four.begin(), four.end());
+    return extra;
+  };
+  Config c = parse(with({"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+                         "--global-batch-size", "8"}), 4);
+  EXPECT_EQ(c.parallel.num_virtual_stages_per_pipeline_rank, 2);
+  EXPECT_EQ(c.parallel.data_parallel_size, 2);
+  // Chunk v of rank r is virtual stage v * pp + r.
+  EXPECT_EQ(pipeline::chunk_layers(c.parallel, 4, 1, 0).first_layer, 1);
+  EXPECT_EQ(pipeline::chunk_layers(c.parallel, 4, 0, 1).first_layer, 2);
+  EXPECT_TRUE(pipeline::chunk_layers(c.parallel, 4, 1, 1).post_process);
+  EXPECT_FALSE(pipeline::chunk_layers(c.parallel, 4, 1, 0).post_process);
+
+  Config uneven = parse(with({"--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "2"}), 3);
+  EXPECT_EQ(pipeline::chunk_layers(uneven.parallel, 4, 0, 0).num_layers, 2);
+  EXPECT_EQ(pipeline::chunk_layers(uneven.parallel, 4, 1, 0).first_layer, 2);
+  EXPECT_EQ(pipeline::chunk_layers(uneven.parallel, 4, 2, 0).first_layer, 3);
+  EXPECT_TRUE(pipeline::stage_holds("decoder.layers.3.mlp.linear_fc2.weight", uneven.parallel, uneven.model, 2));
+  EXPECT_TRUE(pipeline::stage_holds("embedding.word_embeddings.weight", uneven.parallel, uneven.model, 2));  // tied copy
+
+  EXPECT_NE(error_of(with({"--pipeline-model-parallel-size", "3"}), 3).find("--num-layers 4 is not divisible by --pipeline-model-parallel-size 3"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "3"}), 2)
+                .find("does not divide the 2 layers of each pipeline stage"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
+                           "--global-batch-size", "6"}), 2)
+                .find("needs the number of micro-batches (3"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--pipeline-model-parallel-size", "3", "--decoder-first-pipeline-num-layers", "3"}), 3)
+                .find("leaves 1 layers, which do not split evenly"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--decoder-last-pipeline-num-layers", "1"})).find("need --pipeline-model-parallel-size > 1"),
             std::string::npos);
 }
 
