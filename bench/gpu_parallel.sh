@@ -14,24 +14,8 @@ iters=${BENCH_ITERS:-30}
 work=$(mktemp -d)
 status=0
 
-small=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 4
-       --ffn-hidden-size 1408 --swiglu --normalization RMSNorm --position-embedding-type rope --seq-length 512
-       --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-4 --lr-warmup-iters 2 --mock-data
-       --tokenizer-type NullTokenizer --vocab-size 4095 --log-interval 5 --eval-interval 0 --bf16
-       --hidden-dropout 0 --attention-dropout 0 --device cuda --untie-embeddings-and-output-weights)
-run_small() {  # name nproc flags...
-  local name=$1 nproc=$2; shift 2
-  if [ "$nproc" = 1 ]; then
-    "$bin" train "${small[@]}" "$@" --metrics-jsonl "$work/$name.jsonl" > "$work/$name.log" 2>&1
-  else
-    "$bin" launch --nproc-per-node "$nproc" --master-port 0 train "${small[@]}" "$@" --metrics-jsonl "$work/$name.jsonl" \
-      > "$work/$name.log" 2>&1
-  fi || { echo "FAILED: $name"; tail -20 "$work/$name.log"; status=1; }
-}
-max_relative() {  # jsonl jsonl -> max over steps of |a - b| / |b|
-  paste <(grep -o '"lm_loss": [0-9.eE+-]*' "$1" | awk '{print $2}') <(grep -o '"lm_loss": [0-9.eE+-]*' "$2" | awk '{print $2}') |
-    awk 'BEGIN { m = 0; n = 0 } { d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++ } END { printf "%.2e %d", m, n }'
-}
+source "$(dirname "$0")/lib.sh"
+small+=(--untie-embeddings-and-output-weights)
 
 echo "== parallel equivalence under NCCL, bf16, 20 steps (tolerance $tolerance relative)"
 run_small single 1
@@ -49,14 +33,6 @@ for layout in "tp2:--tensor-model-parallel-size 2" "tp2_sp:--tensor-model-parall
 done
 
 echo; echo "== 1.1B reference shape, $iters iterations"
-bench() {  # name nproc global-batch flags...
-  local name=$1 nproc=$2 gbs=$3; shift 3
-  local cmd=("$bin")
-  [ "$nproc" = 1 ] || cmd+=(launch --nproc-per-node "$nproc" --master-port 0)
-  "${cmd[@]}" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 \
-    --global-batch-size "$gbs" "$@" > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; tail -20 "$work/$name.log"; status=1; }
-  grep " iteration" "$work/$name.log" | tail -1 | sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p'
-}
 one=$(bench gpu1 1 4)
 eager=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --iters 10 2>&1 | tail -1 | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
 printf '| layout | GPUs | global batch | tokens/s/GPU | scaling efficiency vs 1 GPU |\n|---|---|---|---|---|\n'

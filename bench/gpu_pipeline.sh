@@ -16,22 +16,7 @@ iters=${BENCH_ITERS:-20}
 work=$(mktemp -d)
 status=0
 
-small=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 4
-       --ffn-hidden-size 1408 --swiglu --normalization RMSNorm --position-embedding-type rope --seq-length 512
-       --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-4 --lr-warmup-iters 2 --mock-data
-       --tokenizer-type NullTokenizer --vocab-size 4095 --log-interval 5 --eval-interval 0 --bf16
-       --hidden-dropout 0 --attention-dropout 0 --device cuda)
-run_small() {  # name nproc flags...
-  local name=$1 nproc=$2; shift 2
-  local cmd=("$bin")
-  [ "$nproc" = 1 ] || cmd+=(launch --nproc-per-node "$nproc" --master-port 0)
-  "${cmd[@]}" train "${small[@]}" "$@" --metrics-jsonl "$work/$name.jsonl" > "$work/$name.log" 2>&1 \
-    || { echo "FAILED: $name"; tail -20 "$work/$name.log"; status=1; }
-}
-max_relative() {  # jsonl jsonl -> max over steps of |a - b| / |b|
-  paste <(grep -o '"lm_loss": [0-9.eE+-]*' "$1" | awk '{print $2}') <(grep -o '"lm_loss": [0-9.eE+-]*' "$2" | awk '{print $2}') |
-    awk 'BEGIN { m = 0; n = 0 } { d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++ } END { printf "%.2e %d", m, n }'
-}
+source "$(dirname "$0")/lib.sh"
 
 echo "== pipeline equivalence under NCCL, bf16, 20 steps (tolerance $tolerance relative)"
 run_small single 1
@@ -50,14 +35,6 @@ for layout in "pp2:--pipeline-model-parallel-size 2" "pp2_interleaved:--pipeline
 done
 
 echo; echo "== pipeline bubble, 1.1B shape (micro-batch 4, seq 2048, bf16), $iters iterations"
-bench() {  # name nproc global-batch flags... -> tokens/s/GPU of the last log interval
-  local name=$1 nproc=$2 gbs=$3; shift 3
-  local cmd=("$bin")
-  [ "$nproc" = 1 ] || cmd+=(launch --nproc-per-node "$nproc" --master-port 0)
-  "${cmd[@]}" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 \
-    --global-batch-size "$gbs" "$@" > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; tail -20 "$work/$name.log"; status=1; }
-  grep " iteration" "$work/$name.log" | tail -1 | sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p'
-}
 row() {  # label layers m v tokens baseline
   awk -v l="$1" -v L="$2" -v m="$3" -v v="$4" -v t="$5" -v b="$6" 'BEGIN {
     p = 2; theory = (p - 1) / (v * m + p - 1);

@@ -1,0 +1,26 @@
+# Shared by the two-GPU benchmark scripts (sourced; expects $bin, $work and $status set).
+# The small Llama-shaped model of the NCCL equivalence checks.
+small=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 4
+       --ffn-hidden-size 1408 --swiglu --normalization RMSNorm --position-embedding-type rope --seq-length 512
+       --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-4 --lr-warmup-iters 2 --mock-data
+       --tokenizer-type NullTokenizer --vocab-size 4095 --log-interval 5 --eval-interval 0 --bf16
+       --hidden-dropout 0 --attention-dropout 0 --device cuda)
+run_small() {  # name nproc flags...: trains the small model, losses into $work/name.jsonl
+  local name=$1 nproc=$2; shift 2
+  local cmd=("$bin")
+  [ "$nproc" = 1 ] || cmd+=(launch --nproc-per-node "$nproc" --master-port 0)
+  "${cmd[@]}" train "${small[@]}" "$@" --metrics-jsonl "$work/$name.jsonl" > "$work/$name.log" 2>&1 \
+    || { echo "FAILED: $name"; tail -20 "$work/$name.log"; status=1; }
+}
+max_relative() {  # jsonl jsonl -> max over steps of |a - b| / |b|, and the number of steps
+  paste <(grep -o '"lm_loss": [0-9.eE+-]*' "$1" | awk '{print $2}') <(grep -o '"lm_loss": [0-9.eE+-]*' "$2" | awk '{print $2}') |
+    awk 'BEGIN { m = 0; n = 0 } { d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++ } END { printf "%.2e %d", m, n }'
+}
+bench() {  # name nproc global-batch flags... -> tokens/s/GPU of the last log interval on the 1.1B shape ($iters iterations)
+  local name=$1 nproc=$2 gbs=$3; shift 3
+  local cmd=("$bin")
+  [ "$nproc" = 1 ] || cmd+=(launch --nproc-per-node "$nproc" --master-port 0)
+  "${cmd[@]}" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 \
+    --global-batch-size "$gbs" "$@" > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; tail -20 "$work/$name.log"; status=1; }
+  grep " iteration" "$work/$name.log" | tail -1 | sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p'
+}
