@@ -12,6 +12,11 @@ at::ScalarType at_least_fp32(at::ScalarType t) { return t == at::kDouble ? at::k
 
 at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
                       double eps) {
+  if (kind == NormKind::RMSNorm && !bias.defined() && weight.scalar_type() == x.scalar_type()) {
+    // ATen's RMSNorm: on CUDA one fused kernel each way (_fused_rms_norm), statistics and the
+    // weight product in fp32 whatever the activation dtype, rounded once; composite on CPU.
+    return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  }
   at::Tensor x32 = x.to(at_least_fp32(x.scalar_type()));
   at::Tensor normed;
   if (kind == NormKind::RMSNorm) {
