@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool), from the repository root, with .gpu carried:
-#   bash scripts/gpu/run.sh [bench|test|all|parallel|pipeline|checkpoint]
+#   bash scripts/gpu/run.sh [bench|test|all|parallel|pipeline|checkpoint|profile]
 # `parallel` (two GPUs, nvidia-h200-x2): the NCCL equivalence checks and the 2-GPU benchmark
 # (bench/gpu_parallel.sh). `pipeline` (two GPUs): NCCL pipeline equivalence and the measured
-# bubble (bench/gpu_pipeline.sh). `checkpoint`: the save stall, synchronous vs --async-save
+# bubble (bench/gpu_pipeline.sh). `profile`: where a step's time goes on the 1.1B shape
+# (`train --profile`, iterations 10-11, kernel table and Chrome trace into $OUT). `checkpoint`: the save stall, synchronous vs --async-save
 # (bench/gpu_checkpoint.sh).
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
@@ -30,6 +31,10 @@ fi
 if [ "$what" = parallel ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -5 "$out/ctest.log"
   bash bench/gpu_parallel.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/parallel.log"
+fi
+if [ "$what" = profile ]; then
+  build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
+    --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out" 2>&1 | tee "$out/profile.log" | grep -v "^ iteration"
 fi
 if [ "$what" = pipeline ]; then
   bash bench/gpu_pipeline.sh build-gpu/megatron 2>&1 | tee "$out/pipeline.log"

@@ -119,6 +119,10 @@ std::vector<Flag> train_flags(Config& c) {
       {"eval-interval", Kind::Int64, &t.eval_interval, "iterations between validations"},
       {"eval-iters", Kind::Int64, &t.eval_iters, "iterations of one validation"},
       {"tensorboard-dir", Kind::String, &t.tensorboard_dir, "write TensorBoard event files here"},
+      {"profile", Kind::Bool, &t.profile, "profile iterations --profile-step-start..end with the PyTorch profiler"},
+      {"profile-step-start", Kind::Int64, &t.profile_step_start, "first profiled iteration (default 10)"},
+      {"profile-step-end", Kind::Int64, &t.profile_step_end, "profiling stops before this iteration (default 12)"},
+      {"profile-ranks", Kind::StringList, &t.profile_ranks, "global ranks to profile (default 0)"},
       {"metrics-jsonl", Kind::String, &t.metrics_jsonl, "append one JSON line per iteration (exact loss, grad norm, lr) to this file"},
       {"save", Kind::String, &t.save, "checkpoint directory to save to"},
       {"load", Kind::String, &t.load, "checkpoint directory to resume from"},
@@ -487,6 +491,15 @@ void finalize_config(Config& c, int world_size) {
   if (t.log_interval <= 0) throw UserError("--log-interval must be positive");
   if (t.eval_interval < 0 || t.eval_iters < 0) throw UserError("--eval-interval and --eval-iters must be >= 0");
   if (t.save_interval < 0 || t.exit_interval < 0) throw UserError("--save-interval and --exit-interval must be >= 0");
+  if (t.profile && (t.profile_step_start < 0 || t.profile_step_end <= t.profile_step_start)) {
+    throw UserError("--profile-step-end (" + std::to_string(t.profile_step_end) + ") must be after --profile-step-start (" +
+                    std::to_string(t.profile_step_start) + ")");
+  }
+  for (const auto& r : t.profile_ranks) {
+    char* end = nullptr;
+    const long v = std::strtol(r.c_str(), &end, 10);
+    if (r.empty() || *end != '\0' || v < 0) throw UserError("--profile-ranks: expected rank numbers, got '" + r + "'");
+  }
   if (t.check_weight_hash_across_dp_replicas_interval < 0) {
     throw UserError("--check-weight-hash-across-dp-replicas-interval must be >= 0");
   }

@@ -116,6 +116,12 @@ struct TrainConfig {
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   std::string tensorboard_dir;
+  // --profile: record iterations [profile_step_start, profile_step_end) on profile_ranks with
+  // the PyTorch (Kineto) profiler; Chrome trace + a table of where the time went.
+  bool profile = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::vector<std::string> profile_ranks = {"0"};
   std::string metrics_jsonl;     // one JSON line per iteration with exact loss / grad norm / lr
 
   std::string save;

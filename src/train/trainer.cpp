@@ -33,6 +33,7 @@
 #include "pipeline/schedules.h"
 #include "tensor_parallel/sharding.h"
 #include "train/log_line.h"
+#include "train/profiler.h"
 #include "train/tensorboard_writer.h"
 
 namespace megatron {
@@ -122,6 +123,7 @@ class Trainer {
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<StepProfiler> profiler_;
   std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
   int64_t last_saved_ = -1;
@@ -255,9 +257,11 @@ int Trainer::run() {
   std::signal(SIGINT, on_stop_signal);
 
   const int64_t micro_batches = t_.global_batch_size / dp_block;
+  profiler_ = std::make_unique<StepProfiler>(t_, ps_.rank, device_);
   interval_start_ = std::chrono::steady_clock::now();
   std::fflush(stdout);
   while (progress_.iteration < t_.train_iters) {
+    profiler_->before_iteration(progress_.iteration);
     buffer_->zero_grad();
     // Gradients land in the buffer's main_grad through its hooks.
     const at::Tensor loss_sum = forward_backward(micro_batches, [&](int64_t k) {
@@ -276,6 +280,7 @@ int Trainer::run() {
     }
     ++interval_iterations_;
     ++progress_.iteration;
+    profiler_->after_iteration(progress_.iteration);
     progress_.consumed_train_samples += t_.global_batch_size;
     if (metrics_ != nullptr) {  // the last rank's
       // %a prints doubles exactly, so runs can be compared bit for bit.
