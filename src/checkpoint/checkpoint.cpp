@@ -111,6 +111,21 @@ void remove_old_checkpoints(const std::string& save_dir, int64_t keep, int64_t c
   }
 }
 
+// The keys of state.json every checkpoint has; the caller adds the tensor table.
+nlohmann::json state_skeleton(const Config& config, const TrainingProgress& progress, const nlohmann::json& layout) {
+  return {{"format_version", kFormatVersion},
+          {"iteration", progress.iteration},
+          {"consumed_train_samples", progress.consumed_train_samples},
+          {"consumed_valid_samples", progress.consumed_valid_samples},
+          {"skipped_iterations", progress.skipped_iterations},
+          {"nan_iterations", progress.nan_iterations},
+          {"model", model_summary(config.model)},
+          {"model_config", model_config_to_json(config.model)},
+          {"tokenizer", tokenizer_config_to_json(config.data)},
+          {"parallel", layout},
+          {"bf16", config.train.bf16}};
+}
+
 // Every rank's string on rank 0 (collective over `world`; others get an empty list).
 std::vector<std::string> gather_on_rank0(const dist::ParallelState& ps, const std::string& mine, const at::Device& device) {
   if (ps.world_size == 1) return {mine};
@@ -226,17 +241,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     std::vector<nlohmann::json> parsed;
     for (const auto& d : descriptions) parsed.push_back(nlohmann::json::parse(d));
     const nlohmann::json table = merge_file_descriptions(parsed);
-    nlohmann::json state = {{"format_version", kFormatVersion},
-                                  {"iteration", progress.iteration},
-                                  {"consumed_train_samples", progress.consumed_train_samples},
-                                  {"consumed_valid_samples", progress.consumed_valid_samples},
-                                  {"skipped_iterations", progress.skipped_iterations},
-                                  {"nan_iterations", progress.nan_iterations},
-                                  {"model", model_summary(config.model)},
-                                  {"model_config", model_config_to_json(config.model)},
-                                  {"tokenizer", tokenizer_config_to_json(config.data)},
-                                  {"parallel", layout_summary(config, ps)},
-                                  {"bf16", config.train.bf16}};
+    nlohmann::json state = state_skeleton(config, progress, layout_summary(config, ps));
     state["tensors"] = table.at("tensors");
     state["optimizer_tensors"] = table.at("optimizer_tensors");
     snap.state_json = state.dump(2) + "\n";
@@ -286,10 +291,11 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config,
   remove_tree(tmp_dir);
   make_directories(tmp_dir);
   const int tp_size = config.parallel.tensor_model_parallel_size, pp_size = config.parallel.pipeline_model_parallel_size;
+  auto file_name = [&](int t, int p) {
+    return tp_size * pp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p);
+  };
   for (int p = 0; p < pp_size; ++p) {
-    for (int t = 0; t < tp_size; ++t) {
-      write_model_file(t, p, tmp_dir + "/" + (tp_size * pp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p)));
-    }
+    for (int t = 0; t < tp_size; ++t) write_model_file(t, p, tmp_dir + "/" + file_name(t, p));
   }
   for (const auto& [name, source] : extra_files) write_file_atomic(tmp_dir + "/" + name, read_file(source));
   ParallelConfig weights_layout = config.parallel;
@@ -299,7 +305,7 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config,
   std::vector<nlohmann::json> descriptions;
   for (int p = 0; p < pp_size; ++p) {
     for (int t = 0; t < tp_size; ++t) {
-      const std::string name = tp_size * pp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p);
+      const std::string name = file_name(t, p);
       SafetensorsFile written(tmp_dir + "/" + name);
       CheckpointSnapshot::File f{name, {}, {}};
       for (const auto& tensor : written.names()) f.tensors.push_back({tensor, written.view(tensor)});
@@ -307,16 +313,8 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config,
     }
   }
   const nlohmann::json table = merge_file_descriptions(descriptions);
-  nlohmann::json state = {{"format_version", kFormatVersion},
-                                {"iteration", 0},
-                                {"consumed_train_samples", 0},
-                                {"consumed_valid_samples", 0},
-                                {"weights_only", true},
-                                {"model", model_summary(config.model)},
-                                {"model_config", model_config_to_json(config.model)},
-                                {"tokenizer", tokenizer_config_to_json(config.data)},
-                                {"parallel", layout},
-                                {"bf16", config.train.bf16}};
+  nlohmann::json state = state_skeleton(config, TrainingProgress(), layout);
+  state["weights_only"] = true;
   state["tensors"] = table.at("tensors");
   write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
   fsync_path(tmp_dir);
@@ -370,13 +368,13 @@ TrainingProgress progress_of(const nlohmann::json& state) {
   return progress;
 }
 
-// Another layout: every rank assembles whole tensors from the saved parts and keeps its own.
+// Another layout: each rank reads only the saved slices that overlap its own shards.
 TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& state, const nlohmann::json& saved_layout,
                                 const std::vector<GPTModel*>& chunks, AdamW& optimizer, const Config& config,
                                 const dist::ParallelState& ps) {
   at::NoGradGuard no_grad;
   const bool swiglu = config.model.swiglu;
-  ShardedCheckpointReader reader(dir, saved_layout, swiglu);
+  ShardedCheckpointReader reader(dir, state, swiglu);
   const int64_t rows = config.model.padded_vocab_size;
   const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
   // Each rank reads its own shards only.

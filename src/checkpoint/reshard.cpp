@@ -62,14 +62,14 @@ at::Tensor target_shard(const std::function<at::Tensor(int)>& part, int count, c
 
 }  // namespace
 
-ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu,
+ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& state, bool swiglu,
                                                  bool with_optimizer)
-    : dir_(dir), swiglu_(swiglu) {
+    : dir_(dir), swiglu_(swiglu), state_(state) {
+  const nlohmann::json layout = state.value("parallel", nlohmann::json::object());
   tp_ = layout.value("tensor_model_parallel_size", 1);
   pp_ = layout.value("pipeline_model_parallel_size", 1);
   dp_ = layout.value("data_parallel_size", 1);
   distributed_ = layout.value("use_distributed_optimizer", false);
-  if (fs::exists(dir + "/state.json")) state_ = read_checkpoint_state(dir);
   const bool single = tp_ * pp_ * dp_ == 1;
   for (int t = 0; t < tp_; ++t) {
     model_names_.emplace_back();

@@ -23,9 +23,9 @@ class SafetensorsFile;
 
 class ShardedCheckpointReader {
  public:
-  // `layout`: state.json's "parallel" object. Without `with_optimizer` only the model files are
-  // opened (and checksummed).
-  ShardedCheckpointReader(const std::string& dir, const nlohmann::json& layout, bool swiglu, bool with_optimizer = true);
+  // `state`: the directory's state.json (its "parallel" layout and tensor table). Without
+  // `with_optimizer` only model files are read.
+  ShardedCheckpointReader(const std::string& dir, const nlohmann::json& state, bool swiglu, bool with_optimizer = true);
   ~ShardedCheckpointReader();
 
   // Tensor-parallel rank `tp_rank` of `tp_size`'s shard of parameter `name` (the whole

@@ -111,7 +111,7 @@ void native_to_hf(const std::string& load, const std::string& save, int64_t max_
   const nlohmann::json state = read_checkpoint_state(dir);
   const ModelConfig m = model_config_from_json(state.at("model_config"));
   // Reads the model files of any saved layout, checksums verified, TP shards joined per tensor.
-  const ShardedCheckpointReader reader(dir, state.value("parallel", nlohmann::json::object()), m.swiglu,
+  const ShardedCheckpointReader reader(dir, state, m.swiglu,
                                        /*with_optimizer=*/false);
   HfExportOptions options;
   options.max_shard_bytes = max_shard_bytes;

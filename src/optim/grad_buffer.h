@@ -67,7 +67,6 @@ class ParamAndGradBuffer {
   void zero_grad();
   // Reductions start from the hooks only during the last micro-batch of a step (of the model
   // chunk, under the interleaved schedule).
-  void set_last_micro_batch(bool last) { last_micro_batch_.assign(last_micro_batch_.size(), last); }
   void set_last_micro_batch(int chunk, bool last) { last_micro_batch_.at(size_t(chunk)) = last; }
   // Every bucket reduced and averaged over DP (with the distributed optimizer: this rank's
   // shard of each bucket), then partial TP gradients all-reduced, then tied embedding

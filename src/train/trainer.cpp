@@ -364,7 +364,8 @@ void Trainer::export_hf() {
   const ParallelConfig& p = c_.parallel;
   auto full_tensor = [&](const std::string& name) -> at::Tensor {
     int owner = 0;
-    while (!pipeline::stage_holds(name, p, c_.model, owner)) ++owner;
+    while (owner < ps_.pp.size() && !pipeline::stage_holds(name, p, c_.model, owner)) ++owner;
+    if (owner == ps_.pp.size()) throw UserError("--save-hf: no pipeline stage holds '" + name + "'");
     at::Tensor full;
     if (ps_.pp.rank() == owner) {
       auto it = params.find(name);
@@ -446,7 +447,7 @@ void Trainer::check_weight_hash() {
 double Trainer::global_loss(const at::Tensor& loss_sum) {
   if (ps_.world_size == 1) return loss_sum.item<double>();
   at::Tensor v = loss_sum.to(at::kDouble).reshape({1}).contiguous();
-  if (ps_.dp.size() > 1) {
+  if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
     ps_.dp.all_reduce(v);
     v.div_(ps_.dp.size());
   }

@@ -35,7 +35,7 @@ TEST(ReshardReads, EachRankReadsOnlyTheFilesItNeeds) {
   // What a TP=1 reader assembles, before any file goes.
   std::map<std::string, at::Tensor> whole;
   {
-    ShardedCheckpointReader reader(iter, state.at("parallel"), /*swiglu=*/true);
+    ShardedCheckpointReader reader(iter, state, /*swiglu=*/true);
     for (const auto& name : {fc1, proj, std::string("embedding.word_embeddings.weight")}) whole[name] = reader.model(name, rows).clone();
     // A different split: TP=4 rank 1 takes the second quarter of each [gate; up] half.
     const at::Tensor quarter = reader.model(fc1, rows, 1, 4);
@@ -60,7 +60,7 @@ TEST(ReshardReads, EachRankReadsOnlyTheFilesItNeeds) {
   fs::remove(iter + "/" + checkpoint_part_name("optimizer", 1, 0, 0));
   fs::remove(iter + "/" + checkpoint_part_name("optimizer", 1, 0, 1));
   fs::remove(iter + "/" + checkpoint_part_name("optimizer", 0, 0, 1));
-  ShardedCheckpointReader reader(iter, state.at("parallel"), /*swiglu=*/true);
+  ShardedCheckpointReader reader(iter, state, /*swiglu=*/true);
   EXPECT_TRUE(at::equal(reader.model(fc1, rows, 0, 2), fc1_tp0));
   EXPECT_TRUE(at::equal(reader.model(proj, rows, 0, 2), proj_tp0));
   const int64_t numel = std::min<int64_t>(100, moments.numel());

@@ -11,17 +11,18 @@
 namespace megatron {
 namespace {
 
-std::vector<std::string> tiny_run(const std::string& dir) {
-  return {"train", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-          "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
-          "--vocab-size", "200", "--device", "cpu", "--cpu-threads", "1", "--log-interval", "1", "--tensorboard-dir", dir};
+// A tiny CPU run profiled over [start, end).
+test::CommandResult profiled_run(const std::string& dir, const std::string& start, const std::string& end) {
+  return test::run_megatron({"train", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                             "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3",
+                             "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "200", "--device", "cpu",
+                             "--cpu-threads", "1", "--log-interval", "1", "--tensorboard-dir", dir, "--profile",
+                             "--profile-step-start", start, "--profile-step-end", end});
 }
 
 TEST(Profiler, WritesATraceAndSaysWhereTheTimeWent) {
   test::TempDir dir;
-  auto args = tiny_run(dir / "tb");
-  for (const char* a : {"--profile", "--profile-step-start", "1", "--profile-step-end", "3"}) args.push_back(a);
-  auto run = test::run_megatron(args);
+  auto run = profiled_run(dir / "tb", "1", "3");
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("> profile of iterations 1-2 on rank 0"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("aten::"), std::string::npos) << run.output;  // operators in the table
@@ -33,9 +34,7 @@ TEST(Profiler, WritesATraceAndSaysWhereTheTimeWent) {
 
 TEST(Profiler, EmptyWindowIsAnError) {
   test::TempDir dir;
-  auto args = tiny_run(dir / "tb");
-  for (const char* a : {"--profile", "--profile-step-start", "3", "--profile-step-end", "3"}) args.push_back(a);
-  auto run = test::run_megatron(args);
+  auto run = profiled_run(dir / "tb", "3", "3");
   EXPECT_EQ(run.status, 2) << run.output;
   EXPECT_NE(run.output.find("--profile-step-end (3) must be after --profile-step-start (3)"), std::string::npos) << run.output;
 }
