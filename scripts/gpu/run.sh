@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool), from the repository root, with .gpu carried:
-#   bash scripts/gpu/run.sh [bench|test|all|parallel|pipeline|checkpoint|profile]
+#   bash scripts/gpu/run.sh [bench|test|fusion|all|parallel|pipeline|checkpoint|profile]
 # `parallel` (two GPUs, nvidia-h200-x2): the NCCL equivalence checks and the 2-GPU benchmark
 # (bench/gpu_parallel.sh). `pipeline` (two GPUs): NCCL pipeline equivalence and the measured
 # bubble (bench/gpu_pipeline.sh). `profile`: where a step's time goes on the 1.1B shape
 # (`train --profile`, iterations 10-11, kernel table and Chrome trace into $OUT). `checkpoint`: the save stall, synchronous vs --async-save
-# (bench/gpu_checkpoint.sh).
+# (bench/gpu_checkpoint.sh). `fusion`: 100 steps of the reference shape with the fused kernels
+# against the unfused path (bench/gpu_fusion_check.sh). `all`: tests, fusion check, benchmark.
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
 set -uo pipefail
@@ -41,6 +42,9 @@ if [ "$what" = pipeline ]; then
 fi
 if [ "$what" = test ] || [ "$what" = all ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda|HfParity|TrainingRuns|TensorBoard|Layer|FiniteDiff}" > "$out/ctest.log" 2>&1); tail -15 "$out/ctest.log"
+fi
+if [ "$what" = fusion ] || [ "$what" = all ]; then
+  bash bench/gpu_fusion_check.sh build-gpu/megatron "$py" "$out/fusion" 2>&1 | tee "$out/fusion.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   bash bench/gpu_bench.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/bench.log"

@@ -67,6 +67,9 @@ std::vector<Flag> train_flags(Config& c) {
       {"init-method-std", Kind::Double, &m.init_method_std, "standard deviation of the weight init"},
       {"hidden-dropout", Kind::Double, &m.hidden_dropout, "dropout after attention and MLP"},
       {"attention-dropout", Kind::Double, &m.attention_dropout, "dropout on attention probabilities"},
+      {"no-rope-fusion", Kind::NegatedBool, &m.apply_rope_fusion, "RoPE through ATen ops instead of the fused kernel"},
+      {"no-bias-swiglu-fusion", Kind::NegatedBool, &m.bias_swiglu_fusion, "SwiGLU through ATen ops instead of the fused kernel"},
+      {"cross-entropy-loss-fusion", Kind::Bool, &m.cross_entropy_loss_fusion, "cross entropy through the fused kernels (no fp32 logits)"},
       // parallelism
       {"tensor-model-parallel-size", Kind::Int, &p.tensor_model_parallel_size, "tensor-parallel size"},
       {"pipeline-model-parallel-size", Kind::Int, &p.pipeline_model_parallel_size, "pipeline-parallel size"},
@@ -80,6 +83,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"use-distributed-optimizer", Kind::Bool, &p.use_distributed_optimizer, "shard optimizer state over data-parallel ranks"},
       {"overlap-grad-reduce", Kind::Bool, &p.overlap_grad_reduce, "reduce gradient buckets during backward"},
       {"overlap-param-gather", Kind::Bool, &p.overlap_param_gather, "with the distributed optimizer: all-gather parameters during the next forward"},
+      {"no-gradient-accumulation-fusion", Kind::NegatedBool, &p.gradient_accumulation_fusion, "weight gradients through .grad and a separate fp32 add instead of accumulating in the GEMM"},
       {"ddp-bucket-size", Kind::Int64, &p.ddp_bucket_size, "elements per gradient bucket (default max(40M, 1M x DP))"},
       {"distributed-backend", Kind::String, &p.distributed_backend, "nccl or gloo (default: nccl on CUDA, gloo on CPU)"},
       {"distributed-timeout-minutes", Kind::Double, &p.distributed_timeout_minutes, "rendezvous and collective timeout"},

@@ -47,6 +47,13 @@ struct ModelConfig {
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
 
+  // Fused kernels (src/kernels; CUDA kernels on GPU, the same math composed from ATen ops
+  // elsewhere). Megatron's flags and defaults: --no-rope-fusion, --no-bias-swiglu-fusion,
+  // --cross-entropy-loss-fusion. Runtime choices, not part of the model's saved config.
+  bool apply_rope_fusion = true;
+  bool bias_swiglu_fusion = true;
+  bool cross_entropy_loss_fusion = false;
+
   int head_dim() const { return kv_channels; }
   int query_groups() const { return num_query_groups; }
 };
@@ -67,6 +74,7 @@ struct ParallelConfig {
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;   // reduce gradient buckets while backward runs
   bool overlap_param_gather = false;  // distributed optimizer: all-gather layer by layer into the next forward
+  bool gradient_accumulation_fusion = true;  // weight-gradient GEMMs add into fp32 main_grad (--no-gradient-accumulation-fusion)
   int64_t ddp_bucket_size = 0;        // elements per gradient bucket; 0: max(40M, 1M x DP) as Megatron
   std::string distributed_backend;    // nccl | gloo; "": nccl on CUDA, gloo on CPU
   double distributed_timeout_minutes = 10.0;

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/ops.h"
+
 namespace megatron {
 
 SelfAttention::SelfAttention(const ModelConfig& c, const tp::TensorParallel& tp)
@@ -11,7 +13,8 @@ SelfAttention::SelfAttention(const ModelConfig& c, const tp::TensorParallel& tp)
       head_dim_(c.kv_channels),
       attention_dropout_(c.attention_dropout),
       norm_epsilon_(c.norm_epsilon),
-      norm_kind_(norm_kind_from_name(c.normalization)) {
+      norm_kind_(norm_kind_from_name(c.normalization)),
+      rope_fusion_(c.apply_rope_fusion) {
   TORCH_CHECK(c.num_query_groups % tp.size() == 0, "query groups do not split across tensor-parallel ranks");
   // Per query group: its query heads, one key head, one value head; TP ranks take whole groups.
   const int64_t qkv_out = int64_t(c.num_attention_heads + 2 * c.num_query_groups) * head_dim_;
@@ -41,7 +44,11 @@ at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* ro
     q = apply_norm(q, q_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
     k = apply_norm(k, k_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
   }
-  if (rope != nullptr) {
+  if (rope != nullptr && rope_fusion_) {
+    // Reads q and k straight out of the QKV output (strided views), one pass each way.
+    q = kernels::rope(q, rope->cos, rope->sin);
+    k = kernels::rope(k, rope->cos, rope->sin);
+  } else if (rope != nullptr) {
     q = apply_rope(q, *rope);
     k = apply_rope(k, *rope);
   }

@@ -33,6 +33,7 @@ class SelfAttention : public torch::nn::Module {
   double attention_dropout_;
   double norm_epsilon_;
   NormKind norm_kind_;
+  bool rope_fusion_;
 };
 
 }  // namespace megatron

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "tensor_parallel/cross_entropy.h"
+#include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
 #include "tensor_parallel/sharding.h"
 
@@ -156,13 +157,17 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
   // The output layer is column-parallel over the vocabulary.
   hidden = tp_.sequence_parallel ? tp::gather_from_sp(hidden, tp_.group) : tp::copy_to_tp(hidden, tp_.group);
-  return at::linear(hidden, out_weight);                                       // [s, b, V/tp]
+  // Untied: the output weight's gradient may accumulate in the GEMM (its only use). Tied: the
+  // embedding lookup adds to the same gradient, so it takes the ordinary path.
+  if (output_layer_weight.defined()) return tp::linear(hidden, out_weight);  // [s, b, V/tp]
+  return at::linear(hidden, out_weight);
 }
 
 at::Tensor GPTModel::token_losses(const Batch& batch, const at::Tensor& input) {
   TORCH_CHECK(chunk_.post_process, "GPTModel::token_losses: this chunk does not end the model");
   at::Tensor logits = forward(batch.tokens, batch.position_ids, batch.attention_mask, input);  // [s, b, V]
   const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
+  if (config_.cross_entropy_loss_fusion) return tp::fused_vocab_parallel_cross_entropy(logits, batch.labels.t(), tp_.group).t();
   if (tp_.size() > 1) return tp::vocab_parallel_cross_entropy(logits, batch.labels.t(), tp_.group).t();  // [b, s]
   // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
   at::Tensor losses = at::cross_entropy_loss(logits.to(at_least_fp32(logits.scalar_type())).view({s * b, v}), batch.labels.t().reshape({s * b}),

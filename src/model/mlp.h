@@ -21,6 +21,7 @@ class MLP : public torch::nn::Module {
 
  private:
   bool swiglu_;
+  bool swiglu_fusion_;
 };
 
 }  // namespace megatron

@@ -36,7 +36,9 @@ RopeTables make_rope_tables(const ModelConfig& c, int64_t seq_len, const at::Dev
 
 RopeTables gather_rope_tables(const RopeTables& t, const at::Tensor& position_ids) {
   at::Tensor index = position_ids.t();                                      // [s, b]
-  return {t.cos.squeeze(1).index({index}), t.sin.squeeze(1).index({index})};  // [s, b, 1, rot]
+  // Contiguous once here rather than in every layer (indexing by a transposed index may return
+  // a permuted layout).
+  return {t.cos.squeeze(1).index({index}).contiguous(), t.sin.squeeze(1).index({index}).contiguous()};  // [s, b, 1, rot]
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& t) {

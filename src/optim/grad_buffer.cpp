@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
@@ -69,12 +70,16 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
     p.param.set_data(view);  // the parameter now lives in the buffer
     p.main_grad = grad_data.narrow(0, p.offset, p.numel).view(p.param.sizes());
     torch::autograd::impl::set_post_acc_grad_hooks(p.param, std::make_unique<GradReadyHook>(this, i));
+    if (options.gradient_accumulation_fusion) tp::register_main_grad(p.param, {p.main_grad, [this, i] { grad_added(i); }});
     bucket_of_[p.param.unsafeGetTensorImpl()] = p.bucket;
   }
 }
 
 ParamAndGradBuffer::~ParamAndGradBuffer() {
-  for (auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p.param, nullptr);
+  for (auto& p : params_) {
+    torch::autograd::impl::set_post_acc_grad_hooks(p.param, nullptr);
+    if (options_.gradient_accumulation_fusion) tp::unregister_main_grad(p.param);
+  }
 }
 
 void ParamAndGradBuffer::zero_grad() {
@@ -88,11 +93,19 @@ void ParamAndGradBuffer::zero_grad() {
 void ParamAndGradBuffer::on_grad_ready(size_t index) {
   BufferedParam& p = params_[index];
   at::Tensor& grad = p.param.mutable_grad();
+  // Gradient-accumulation fusion already added this micro-batch's gradient (and called
+  // grad_added); autograd still runs the hook, with no .grad.
+  if (!grad.defined()) return;
   {
     at::NoGradGuard no_grad;
     p.main_grad.add_(grad);  // upcasts bf16 gradients into the fp32 accumulator
   }
   grad = at::Tensor();
+  grad_added(index);
+}
+
+void ParamAndGradBuffer::grad_added(size_t index) {
+  const BufferedParam& p = params_[index];
   if (!last_micro_batch_[size_t(p.chunk)] || !options_.overlap_grad_reduce) return;
   Bucket& b = buckets_[p.bucket];
   if (b.pending > 0 && --b.pending == 0) launch(b);

@@ -38,6 +38,9 @@ struct GradBufferOptions {
   // `embedding.word_embeddings.weight`; it gets a bucket of its own (so with the distributed
   // optimizer both stages shard it alike) and its gradient is summed over ps.embedding.
   bool tied_embedding_across_stages = false;
+  // Every parameter's main_grad is registered for tensor_parallel/grad_accumulation.h: a weight
+  // going through tp::linear gets its gradient added there by the weight-gradient GEMM.
+  bool gradient_accumulation_fusion = false;
 };
 
 // The parameter that tied embeddings share between the first and the last pipeline stage.
@@ -104,7 +107,8 @@ class ParamAndGradBuffer {
     at::Tensor gathered_shard;   // all-gather input (a copy of the shard where the backend cannot alias)
   };
   friend struct GradReadyHook;
-  void on_grad_ready(size_t index);
+  void on_grad_ready(size_t index);  // the hook: .grad into main_grad, then grad_added
+  void grad_added(size_t index);     // bucket bookkeeping once a micro-batch's gradient is in
   void launch(Bucket& bucket);
   std::pair<int64_t, int64_t> shard_of(const Bucket& bucket) const;
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "kernels/ops.h"
 #include "tensor_parallel/group_capsule.h"
 
 namespace megatron::tp {
@@ -46,7 +47,44 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
   }
 };
 
+struct FusedVocabParallelCrossEntropy : torch::autograd::Function<FusedVocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
+                            const dist::Group& tp) {
+    const int64_t vocab = logits.size(-1);
+    const int64_t first = tp.rank() * vocab;
+    at::Tensor x = logits.contiguous().view({-1, vocab});                 // [s*b, V/tp]
+    at::Tensor t = targets.contiguous().view({-1});                       // [s*b]
+    kernels::CrossEntropyStats st = kernels::cross_entropy_stats(x, t, first);
+    at::Tensor max = st.max, sum = st.sum_exp;                            // [s*b] fp32
+    if (tp.size() > 1) {
+      // Slices combine as (global max M, sum_r sum_exp_r * exp(max_r - M)).
+      max = st.max.clone();
+      tp.all_reduce(max, dist::ReduceOp::Max);
+      sum = st.sum_exp * (st.max - max).exp();
+      tp.all_reduce(sum);
+      tp.all_reduce(st.target_logit);
+    }
+    ctx->save_for_backward({x, t, max, sum});
+    ctx->saved_data["first"] = first;
+    return (sum.log() + max - st.target_logit).view(targets.sizes());    // [s, b]
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor grad_loss = grads[0].to(at::kFloat).contiguous().view({-1});
+    at::Tensor grad = kernels::cross_entropy_backward(saved[0], saved[1], saved[2], saved[3], grad_loss,
+                                                      ctx->saved_data["first"].toInt());
+    std::vector<int64_t> shape = grads[0].sizes().vec();
+    shape.push_back(saved[0].size(1));
+    return {grad.view(shape), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor fused_vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const dist::Group& tp) {
+  return FusedVocabParallelCrossEntropy::apply(logits, targets, tp);
+}
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const dist::Group& tp) {
   return VocabParallelCrossEntropy::apply(logits, targets, tp);

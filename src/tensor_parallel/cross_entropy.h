@@ -13,4 +13,9 @@ namespace megatron::tp {
 // -> per-token loss [s, b] fp32, identical on every TP rank.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const dist::Group& tp);
 
+// The same loss through the fused kernels (--cross-entropy-loss-fusion, kernels/ops.h): the
+// logits stay in their dtype (no fp32 copy, no fp32 softmax kept for backward), only per-row
+// statistics are fp32, and backward writes the gradient in one pass. Any TP size, 1 included.
+at::Tensor fused_vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, const dist::Group& tp);
+
 }  // namespace megatron::tp

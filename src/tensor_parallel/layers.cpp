@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron::tp {
@@ -24,7 +25,7 @@ at::Tensor ColumnParallelLinear::enter(const at::Tensor& x) const {
   return tp_.sequence_parallel ? gather_from_sp(x, tp_.group) : copy_to_tp(x, tp_.group);
 }
 
-at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return at::linear(enter(x), weight, bias); }
+at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return tp::linear(enter(x), weight, bias); }
 
 LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, NormKind norm, double eps,
                                                              const TensorParallel& tp)
@@ -35,7 +36,7 @@ LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t
 
 at::Tensor LayerNormColumnParallelLinear::forward(const at::Tensor& x) const {
   // The norm runs where x lives (on the sequence shard under SP), before entering the region.
-  return at::linear(enter(apply_norm(x, layer_norm_weight, layer_norm_bias, norm_, eps_)), weight, bias);
+  return tp::linear(enter(apply_norm(x, layer_norm_weight, layer_norm_bias, norm_, eps_)), weight, bias);
 }
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp) : tp_(tp) {
@@ -44,7 +45,7 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const T
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor partial = at::linear(x, weight);  // [s, b, out], this rank's share of the sum
+  at::Tensor partial = tp::linear(x, weight);  // [s, b, out], this rank's share of the sum
   at::Tensor y = tp_.sequence_parallel ? reduce_scatter_to_sp(partial, tp_.group) : reduce_from_tp(partial, tp_.group);
   return bias.defined() ? y + bias : y;
 }

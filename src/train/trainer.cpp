@@ -203,6 +203,7 @@ int Trainer::run() {
   buffer_options.distributed_optimizer = p.use_distributed_optimizer;
   buffer_options.overlap_param_gather = p.overlap_param_gather && p.use_distributed_optimizer;
   buffer_options.sequence_parallel = p.sequence_parallel;
+  buffer_options.gradient_accumulation_fusion = p.gradient_accumulation_fusion;
   buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
   buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
   optimizer_ = std::make_unique<AdamW>(*buffer_, t_);

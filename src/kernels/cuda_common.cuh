@@ -1,0 +1,46 @@
+// Shared by the .cu files: fp32 <-> storage conversions, the storage-type switch and the launch
+// check. CUDA headers only (no LibTorch).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/kernels.h"
+
+namespace megatron::kernels::cuda {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// Calls f with a value of the storage type `dtype` names (its type selects the kernel).
+template <typename F>
+void with_storage_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::Float32: f(float{}); break;
+    case DType::BFloat16: f(__nv_bfloat16{}); break;
+    case DType::Float16: f(__half{}); break;
+  }
+}
+
+inline void check_launch(const char* kernel) {
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string("CUDA kernel ") + kernel + " failed to launch: " + cudaGetErrorString(error));
+  }
+}
+
+}  // namespace megatron::kernels::cuda

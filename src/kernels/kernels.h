@@ -1,0 +1,54 @@
+// Launchers of megatron.cpp's fused CUDA kernels (src/kernels/*.cu). Plain C++ on purpose:
+// pointers, sizes, strides and a stream, no LibTorch and no CUDA headers, so the kernels compile
+// with nvcc alone and src/kernels/ops.cpp (the LibTorch side: dispatch, autograd, fallbacks)
+// includes this from any build. Every kernel computes in fp32 whatever the storage type.
+// A launch failure throws std::runtime_error naming the kernel and CUDA's message.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace megatron::kernels::cuda {
+
+using Stream = CUstream_st*;
+
+enum class DType { Float32, BFloat16, Float16 };
+
+// Rotary embedding (rotate-half form) of x [s, b, n, d] into y [s, b, n, d] (contiguous):
+// the first rot_dim channels of each head rotate, the rest pass through. x may be a strided view
+// (the query / key part of the fused QKV output) as long as its last dimension is contiguous.
+// cos / sin are fp32 [s, b or 1, 1, rot_dim]; a stride of 0 broadcasts over the batch.
+// `inverse` applies the transpose of the rotation (the backward pass: dx = R^T dy).
+struct RopeArgs {
+  const void* x;
+  void* y;
+  const float* cos;
+  const float* sin;
+  int64_t s, b, n, d, rot_dim;
+  int64_t x_stride_s, x_stride_b, x_stride_n;      // in elements
+  int64_t table_stride_s, table_stride_b;          // in elements; table_stride_b 0: shared by the batch
+  DType dtype;
+  bool inverse;
+};
+void rope(const RopeArgs& args, Stream stream);
+
+// SwiGLU over rows of [gate | up] (in: [rows, 2f], out: [rows, f]): out = silu(gate) * up.
+void swiglu_forward(const void* in, void* out, int64_t rows, int64_t f, DType dtype, Stream stream);
+// grad_in [rows, 2f] from grad_out [rows, f] and the saved input.
+void swiglu_backward(const void* grad_out, const void* in, void* grad_in, int64_t rows, int64_t f, DType dtype,
+                     Stream stream);
+
+// Cross entropy over this rank's vocabulary slice [first, first + vocab) of logits [rows, vocab]
+// (row-contiguous). Per row: the slice's max, sum(exp(logit - max)) over the slice, and the
+// target's logit where the target falls in the slice (else 0). The caller combines slices over
+// tensor-parallel ranks and forms loss = log(sum) + max - target_logit.
+void cross_entropy_stats(const void* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t first,
+                         DType dtype, float* max, float* sum_exp, float* target_logit, Stream stream);
+// grad_logits = (softmax - one_hot(target)) * grad_loss, from the global row max and sum.
+// grad_logits may alias logits (the gradient overwrites the saved logits in place).
+void cross_entropy_backward(const void* logits, const int64_t* targets, const float* max, const float* sum_exp,
+                            const float* grad_loss, void* grad_logits, int64_t rows, int64_t vocab, int64_t first,
+                            DType dtype, Stream stream);
+
+}  // namespace megatron::kernels::cuda

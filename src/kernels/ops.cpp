@@ -1,0 +1,229 @@
+#include "kernels/ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kernels/kernels.h"
+#endif
+
+namespace megatron::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::ScalarType compute_type(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+cuda::DType storage_type(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return cuda::DType::Float32;
+    case at::kBFloat16: return cuda::DType::BFloat16;
+    case at::kHalf: return cuda::DType::Float16;
+    default: TORCH_CHECK(false, "fused kernels take fp32, bf16 or fp16 tensors, not ", t.scalar_type());
+  }
+}
+cuda::Stream current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+#endif
+
+// ---- RoPE ----------------------------------------------------------------------------------
+
+// Composite rotate-half: x * cos + rotate_half(x) * sin on the rotated channels, computed in
+// fp32; `inverse` applies the transpose (x * cos + rotate_half^T(x * sin)).
+at::Tensor rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+  const int64_t rot = cos.size(-1), half = rot / 2, s = x.size(0);
+  at::Tensor xf = x.to(compute_type(x));
+  at::Tensor c = cos.narrow(0, 0, s), sn = sin.narrow(0, 0, s);     // [s, 1|b, 1, rot]
+  at::Tensor r = xf.narrow(-1, 0, rot);
+  at::Tensor out;
+  if (!inverse) {
+    out = r * c + at::cat({-r.narrow(-1, half, half), r.narrow(-1, 0, half)}, -1) * sn;
+  } else {
+    at::Tensor u = r * sn;
+    out = r * c + at::cat({u.narrow(-1, half, half), -u.narrow(-1, 0, half)}, -1);
+  }
+  if (rot < x.size(-1)) out = at::cat({out, xf.narrow(-1, rot, x.size(-1) - rot)}, -1);
+  return out.to(x.scalar_type()).contiguous();
+}
+
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse, Impl impl) {
+  if (!uses_kernel(x, impl)) return rope_composite(x, cos, sin, inverse);
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  cuda::RopeArgs a{};
+  a.x = x.data_ptr();
+  a.y = y.data_ptr();
+  a.cos = cos.data_ptr<float>();
+  a.sin = sin.data_ptr<float>();
+  a.s = x.size(0), a.b = x.size(1), a.n = x.size(2), a.d = x.size(3), a.rot_dim = cos.size(-1);
+  a.x_stride_s = x.stride(0), a.x_stride_b = x.stride(1), a.x_stride_n = x.stride(2);
+  a.table_stride_s = cos.stride(0);
+  a.table_stride_b = cos.size(1) == 1 ? 0 : cos.stride(1);
+  a.dtype = storage_type(x);
+  a.inverse = inverse;
+  cuda::rope(a, current_stream());
+  return y;
+#else
+  return {};
+#endif
+}
+
+struct RopeFunction : torch::autograd::Function<RopeFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            int64_t impl) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["impl"] = impl;
+    return rope_apply(x, cos, sin, /*inverse=*/false, static_cast<Impl>(impl));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
+    return {rope_apply(grads[0].contiguous(), saved[0], saved[1], /*inverse=*/true, impl), {}, {}, {}};
+  }
+};
+
+// ---- SwiGLU --------------------------------------------------------------------------------
+
+at::Tensor swiglu_forward(const at::Tensor& h, Impl impl) {
+  const int64_t f = h.size(-1) / 2;
+  if (!uses_kernel(h, impl)) {
+    at::Tensor hf = h.to(compute_type(h));
+    return (at::silu(hf.narrow(-1, 0, f)) * hf.narrow(-1, f, f)).to(h.scalar_type());
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  std::vector<int64_t> shape = h.sizes().vec();
+  shape.back() = f;
+  at::Tensor out = at::empty(shape, h.options());
+  cuda::swiglu_forward(h.data_ptr(), out.data_ptr(), h.numel() / (2 * f), f, storage_type(h), current_stream());
+  return out;
+#else
+  return {};
+#endif
+}
+
+at::Tensor swiglu_backward(const at::Tensor& grad_out, const at::Tensor& h, Impl impl) {
+  const int64_t f = h.size(-1) / 2;
+  if (!uses_kernel(h, impl)) {
+    at::Tensor hf = h.to(compute_type(h)), dy = grad_out.to(compute_type(h));
+    at::Tensor g = hf.narrow(-1, 0, f), u = hf.narrow(-1, f, f), sg = at::sigmoid(g);
+    at::Tensor grad_gate = dy * u * sg * (1 + g * (1 - sg));
+    at::Tensor grad_up = dy * g * sg;
+    return at::cat({grad_gate, grad_up}, -1).to(h.scalar_type());
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  at::Tensor grad_in = at::empty_like(h);
+  cuda::swiglu_backward(grad_out.data_ptr(), h.data_ptr(), grad_in.data_ptr(), h.numel() / (2 * f), f,
+                        storage_type(h), current_stream());
+  return grad_in;
+#else
+  return {};
+#endif
+}
+
+struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, int64_t impl) {
+    at::Tensor in = h.contiguous();
+    ctx->save_for_backward({in});
+    ctx->saved_data["impl"] = impl;
+    return swiglu_forward(in, static_cast<Impl>(impl));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
+    return {swiglu_backward(grads[0].contiguous(), ctx->get_saved_variables()[0], impl), {}};
+  }
+};
+
+void check_cross_entropy_inputs(const at::Tensor& logits, const at::Tensor& targets) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "cross entropy: logits must be contiguous [rows, vocab]");
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == at::kLong &&
+                  targets.is_contiguous(),
+              "cross entropy: targets must be contiguous int64 [rows]");
+}
+
+}  // namespace
+
+bool built_with_kernels() {
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool uses_kernel(const at::Tensor& t, Impl impl) {
+  const auto type = t.scalar_type();
+  return impl == Impl::Auto && built_with_kernels() && t.is_cuda() &&
+         (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Impl impl) {
+  TORCH_CHECK(x.dim() == 4 && x.stride(-1) == 1, "rope: x must be [s, b, n, d] with a contiguous last dimension");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 4 &&
+                  cos.size(-1) % 2 == 0 && cos.size(-1) <= x.size(-1) && cos.size(0) >= x.size(0) &&
+                  (cos.size(1) == 1 || cos.size(1) == x.size(1)),
+              "rope: cos/sin must be fp32 [>= s, 1 or b, 1, even rot_dim <= d]");
+  // Tables gathered for per-sample positions come out of advanced indexing possibly permuted.
+  return RopeFunction::apply(x, cos.contiguous(), sin.contiguous(), static_cast<int64_t>(impl));
+}
+
+at::Tensor swiglu(const at::Tensor& h, Impl impl) {
+  TORCH_CHECK(h.size(-1) % 2 == 0, "swiglu: the last dimension (", h.size(-1), ") must be [gate | up], even");
+  return SwigluFunction::apply(h, static_cast<int64_t>(impl));
+}
+
+CrossEntropyStats cross_entropy_stats(const at::Tensor& logits, const at::Tensor& targets, int64_t first, Impl impl) {
+  check_cross_entropy_inputs(logits, targets);
+  [[maybe_unused]] const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  if (!uses_kernel(logits, impl)) {
+    at::Tensor x = logits.to(compute_type(logits));
+    at::Tensor max = std::get<0>(x.max(-1));
+    at::Tensor sum_exp = (x - max.unsqueeze(-1)).exp().sum(-1);
+    at::Tensor local = targets - first;
+    at::Tensor mine = (local >= 0).logical_and(local < vocab);
+    at::Tensor target = x.gather(-1, local.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1).masked_fill(mine.logical_not(), 0);
+    return {max.to(at::kFloat), sum_exp.to(at::kFloat), target.to(at::kFloat)};
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  auto f32 = logits.options().dtype(at::kFloat);
+  CrossEntropyStats s{at::empty({rows}, f32), at::empty({rows}, f32), at::empty({rows}, f32)};
+  cuda::cross_entropy_stats(logits.data_ptr(), targets.data_ptr<int64_t>(), rows, vocab, first, storage_type(logits),
+                            s.max.data_ptr<float>(), s.sum_exp.data_ptr<float>(), s.target_logit.data_ptr<float>(),
+                            current_stream());
+  return s;
+#else
+  return {};
+#endif
+}
+
+at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& max,
+                                  const at::Tensor& sum_exp, const at::Tensor& grad_loss, int64_t first, Impl impl) {
+  check_cross_entropy_inputs(logits, targets);
+  [[maybe_unused]] const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  if (!uses_kernel(logits, impl)) {
+    at::Tensor x = logits.to(compute_type(logits));
+    at::Tensor grad = (x - max.unsqueeze(-1)).exp() / sum_exp.unsqueeze(-1);  // softmax
+    at::Tensor local = targets - first;
+    at::Tensor mine = (local >= 0).logical_and(local < vocab).to(grad.scalar_type());
+    grad.scatter_add_(-1, local.clamp(0, vocab - 1).unsqueeze(-1), -mine.unsqueeze(-1));
+    return (grad * grad_loss.unsqueeze(-1)).to(logits.scalar_type());
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  TORCH_CHECK(max.is_contiguous() && sum_exp.is_contiguous() && grad_loss.is_contiguous() &&
+                  grad_loss.scalar_type() == at::kFloat,
+              "cross entropy backward: row statistics and grad_loss must be contiguous fp32 [rows]");
+  at::Tensor grad = at::empty_like(logits);
+  cuda::cross_entropy_backward(logits.data_ptr(), targets.data_ptr<int64_t>(), max.data_ptr<float>(),
+                               sum_exp.data_ptr<float>(), grad_loss.data_ptr<float>(), grad.data_ptr(), rows, vocab,
+                               first, storage_type(logits), current_stream());
+  return grad;
+#else
+  return {};
+#endif
+}
+
+}  // namespace megatron::kernels

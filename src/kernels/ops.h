@@ -1,0 +1,43 @@
+// The fused operations as LibTorch sees them: autograd functions whose forward and backward run
+// the CUDA kernels of src/kernels/*.cu where the build has them and the tensors live on a CUDA
+// device, and an ATen composite computing the same thing (in fp32, cast back) everywhere else.
+// Impl::Composite forces the fallback, which is what the CUDA tests compare the kernels against.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace megatron::kernels {
+
+enum class Impl { Auto, Composite };
+
+// Whether this build compiled the CUDA kernels (MEGATRON_CUDA builds).
+bool built_with_kernels();
+// Whether an Impl::Auto call on `t` runs a CUDA kernel.
+bool uses_kernel(const at::Tensor& t, Impl impl = Impl::Auto);
+
+// Rotary embedding of x [s, b, n, d] (last dim contiguous; a view into the QKV output is fine)
+// with fp32 tables cos / sin [>= s, 1 or b, 1, rot_dim]: the first rot_dim channels of each head
+// rotate (rotate-half form), the rest pass through. Returns a contiguous [s, b, n, d].
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Impl impl = Impl::Auto);
+
+// SwiGLU of h [..., 2f] = [gate | up] -> silu(gate) * up [..., f]; saves only h for backward.
+at::Tensor swiglu(const at::Tensor& h, Impl impl = Impl::Auto);
+
+// Cross-entropy pieces over a vocabulary slice (no autograd; tensor_parallel/cross_entropy.cpp
+// composes them with the TP reductions). logits [rows, vocab] holds ids [first, first + vocab).
+struct CrossEntropyStats {
+  at::Tensor max;           // [rows] fp32, max over the slice
+  at::Tensor sum_exp;       // [rows] fp32, sum(exp(logit - max)) over the slice
+  at::Tensor target_logit;  // [rows] fp32, the target's logit if in the slice, else 0
+};
+CrossEntropyStats cross_entropy_stats(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
+                                      Impl impl = Impl::Auto);
+// (softmax - one_hot(target)) * grad_loss in the logits' dtype [rows, vocab], from the global
+// row max and exp-sum ([rows] fp32) and grad_loss [rows] fp32.
+at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& max,
+                                  const at::Tensor& sum_exp, const at::Tensor& grad_loss, int64_t first,
+                                  Impl impl = Impl::Auto);
+
+}  // namespace megatron::kernels

@@ -1,0 +1,30 @@
+// Gradient-accumulation fusion (Megatron's default; --no-gradient-accumulation-fusion turns it
+// off): the weight-gradient GEMM of a linear layer adds its product straight into the
+// parameter's fp32 main_grad (cuBLAS accumulating in fp32 over bf16 inputs), instead of writing a
+// bf16 .grad that a hook then upcasts and adds, one extra pass over every weight per micro-batch.
+//
+// The gradient buffer (optim/grad_buffer.cpp) registers, per parameter, its main_grad and what
+// its post-accumulate hook would have done next (bucket bookkeeping); a layer whose weight has a
+// registration runs the fused linear, any other weight the plain one. Each registered weight
+// must feed one linear per micro-batch (its gradient arrives through this path only).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+
+namespace megatron::tp {
+
+struct MainGradTarget {
+  at::Tensor main_grad;               // fp32, the weight's shape
+  std::function<void()> on_added;     // called after each micro-batch's gradient is added
+};
+
+void register_main_grad(const at::Tensor& weight, MainGradTarget target);
+void unregister_main_grad(const at::Tensor& weight);
+
+// y = x W^T (+ bias). With a registered weight, backward adds dW into its main_grad and leaves
+// weight.grad undefined; the bias gradient and dx take the ordinary path.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+}  // namespace megatron::tp

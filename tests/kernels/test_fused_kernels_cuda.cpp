@@ -1,0 +1,180 @@
+// Each fused CUDA kernel against its ATen composite fallback (kernels::Impl::Composite) on the
+// GPU, forward and backward, in fp32 and bf16, at the reference model's sizes. Run on the GPU
+// machine by scripts/gpu/run.sh (and bench/gpu_bench.sh's test step); without a CUDA device or
+// without the kernels in this build they report a skip, never a pass.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+#include "model/gpt_model.h"
+#include "model/norm.h"
+#include "model/rope.h"
+#include "tensor_parallel/cross_entropy.h"
+
+namespace megatron {
+namespace {
+
+#define REQUIRE_CUDA_KERNELS()                                                                        \
+  if (!at::hasCUDA() || !kernels::built_with_kernels())                                              \
+  GTEST_SKIP() << "needs a CUDA device and a MEGATRON_CUDA build; scripts/gpu/run.sh runs this there"
+
+const at::Device kGpu(at::kCUDA, 0);
+
+// Largest difference relative to the largest magnitude of the reference.
+double relative(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor a64 = a.to(at::kDouble), b64 = b.to(at::kDouble);
+  return ((a64 - b64).abs().max() / b64.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+// bf16 holds 8 bits of mantissa: one rounding of an fp32 result differs by up to 2^-8 relative.
+double tolerance(at::ScalarType t) { return t == at::kBFloat16 ? 1e-2 : 1e-5; }
+
+class CudaFusedKernels : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(CudaFusedKernels, RopeForwardAndBackward) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  for (double rotary_percent : {1.0, 0.5}) {
+    ModelConfig c;
+    c.kv_channels = 64;
+    c.rotary_percent = rotary_percent;
+    c.seq_length = 2048;
+    RopeTables tables = make_rope_tables(c, 2048, kGpu);
+    for (bool per_sample : {false, true}) {
+      const int64_t s = 2048, b = 2, groups = 4, per_group = 8;
+      RopeTables t = per_sample ? gather_rope_tables(tables, at::randint(0, 2048, {b, s}, at::TensorOptions(kGpu).dtype(at::kLong)))
+                                : tables;
+      // k as the attention layer takes it: a strided view of the QKV output [s, b, G, (q + 2) * d].
+      at::Tensor qkv = at::randn({s, b, groups, (per_group + 2) * 64}, at::TensorOptions(kGpu).dtype(dtype));
+      at::Tensor k = qkv.narrow(-1, per_group * 64, 64);
+      at::Tensor y_kernel = kernels::rope(k, t.cos, t.sin);
+      at::Tensor y_composite = kernels::rope(k, t.cos, t.sin, kernels::Impl::Composite);
+      EXPECT_LE(relative(y_kernel, y_composite), tolerance(dtype)) << "forward, rotary " << rotary_percent;
+
+      at::Tensor x1 = k.detach().clone().requires_grad_(true), x2 = k.detach().clone().requires_grad_(true);
+      at::Tensor grad = at::randn_like(y_kernel);
+      kernels::rope(x1, t.cos, t.sin).backward(grad);
+      kernels::rope(x2, t.cos, t.sin, kernels::Impl::Composite).backward(grad);
+      EXPECT_LE(relative(x1.grad(), x2.grad()), tolerance(dtype)) << "backward, rotary " << rotary_percent;
+    }
+  }
+}
+
+TEST_P(CudaFusedKernels, SwigluForwardAndBackward) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  for (int64_t f : {5632, 1000, 24}) {  // the reference shape, a non-multiple of the block, tiny
+    at::Tensor h = (2 * at::randn({1024, 2 * f}, at::TensorOptions(kGpu).dtype(dtype)));
+    at::Tensor y_kernel = kernels::swiglu(h), y_composite = kernels::swiglu(h, kernels::Impl::Composite);
+    EXPECT_LE(relative(y_kernel, y_composite), tolerance(dtype)) << "forward, f " << f;
+    at::Tensor h1 = h.clone().requires_grad_(true), h2 = h.clone().requires_grad_(true);
+    at::Tensor grad = at::randn_like(y_kernel);
+    kernels::swiglu(h1).backward(grad);
+    kernels::swiglu(h2, kernels::Impl::Composite).backward(grad);
+    EXPECT_LE(relative(h1.grad(), h2.grad()), tolerance(dtype)) << "backward, f " << f;
+  }
+}
+
+TEST_P(CudaFusedKernels, CrossEntropyStatsAndBackward) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  auto on_gpu = at::TensorOptions(kGpu);
+  for (int64_t vocab : {32000, 1000, 7}) {
+    const int64_t rows = 2048, first = vocab;  // this rank holds ids [vocab, 2 * vocab)
+    at::Tensor logits = (5 * at::randn({rows, vocab}, on_gpu)).to(dtype);
+    at::Tensor targets = at::randint(0, 3 * vocab, {rows}, on_gpu.dtype(at::kLong));  // a third in the slice
+    auto k = kernels::cross_entropy_stats(logits, targets, first);
+    auto c = kernels::cross_entropy_stats(logits, targets, first, kernels::Impl::Composite);
+    EXPECT_LE(relative(k.max, c.max), 1e-6) << vocab;          // exact: a max of the same values
+    EXPECT_LE(relative(k.sum_exp, c.sum_exp), 1e-5) << vocab;  // fp32 sums in another order
+    EXPECT_LE(relative(k.target_logit, c.target_logit), 1e-6) << vocab;
+    at::Tensor grad_loss = at::rand({rows}, on_gpu);
+    at::Tensor g_kernel = kernels::cross_entropy_backward(logits, targets, c.max, c.sum_exp, grad_loss, first);
+    at::Tensor g_composite =
+        kernels::cross_entropy_backward(logits, targets, c.max, c.sum_exp, grad_loss, first, kernels::Impl::Composite);
+    EXPECT_LE(relative(g_kernel, g_composite), tolerance(dtype)) << vocab;
+  }
+}
+
+TEST_P(CudaFusedKernels, CrossEntropyLossMatchesAtenInFp32) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  at::Tensor logits = (3 * at::randn({512, 4, 32000}, at::TensorOptions(kGpu))).to(dtype);
+  at::Tensor targets = at::randint(0, 32000, {512, 4}, at::TensorOptions(kGpu).dtype(at::kLong));
+  at::Tensor a = logits.clone().requires_grad_(true), b = logits.clone().requires_grad_(true);
+  at::Tensor fused = tp::fused_vocab_parallel_cross_entropy(a, targets, dist::Group());
+  at::Tensor plain = at::cross_entropy_loss(b.to(at::kFloat).view({-1, 32000}), targets.view({-1}), {},
+                                            at::Reduction::None).view({512, 4});
+  EXPECT_LE(relative(fused, plain), 1e-5);
+  at::Tensor grad = at::rand({512, 4}, at::TensorOptions(kGpu));
+  fused.backward(grad);
+  plain.backward(grad);
+  EXPECT_LE(relative(a.grad(), b.grad()), tolerance(dtype));
+}
+
+TEST_P(CudaFusedKernels, RmsNormFusedKernelMatchesComposite) {
+  // RMSNorm runs ATen's fused kernel (at::rms_norm -> _fused_rms_norm on CUDA); its fallback is
+  // the fp32 composite of model/norm.cpp (taken when the weight's dtype differs).
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  at::Tensor x = at::randn({2048, 2, 2048}, at::TensorOptions(kGpu).dtype(dtype));
+  at::Tensor w = (1 + 0.1 * at::randn({2048}, at::TensorOptions(kGpu))).to(dtype);
+  at::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
+  at::Tensor x2 = x.clone().to(at::kDouble).requires_grad_(true), w2 = w.clone().to(at::kDouble).requires_grad_(true);
+  at::Tensor fused = apply_norm(x1, w1, {}, NormKind::RMSNorm, 1e-5);
+  at::Tensor reference = x2 * at::rsqrt(x2.pow(2).mean(-1, true) + 1e-5) * w2;
+  EXPECT_LE(relative(fused, reference), tolerance(dtype));
+  at::Tensor grad = at::randn_like(fused);
+  fused.backward(grad);
+  reference.backward(grad.to(at::kDouble));
+  EXPECT_LE(relative(x1.grad(), x2.grad()), 2 * tolerance(dtype));
+  EXPECT_LE(relative(w1.grad(), w2.grad()), 2 * tolerance(dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFusedKernels, ::testing::Values(at::kFloat, at::kBFloat16),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+ModelConfig small_llama(bool fused) {
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 256;
+  c.num_attention_heads = 8;
+  c.num_query_groups = 2;
+  c.kv_channels = 32;
+  c.ffn_hidden_size = 704;
+  c.seq_length = c.max_position_embeddings = 256;
+  c.vocab_size = c.padded_vocab_size = 2048;
+  c.normalization = "RMSNorm";
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.position_embedding_type = "rope";
+  c.untie_embeddings_and_output_weights = true;
+  c.hidden_dropout = c.attention_dropout = 0.0;
+  c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = fused;
+  return c;
+}
+
+TEST(CudaFusedModel, Bf16GradientsMatchTheUnfusedModel) {
+  REQUIRE_CUDA_KERNELS();
+  GPTModel fused(small_llama(true)), plain(small_llama(false));
+  fused.initialize(7);
+  plain.initialize(7);
+  fused.to(kGpu, at::kBFloat16);
+  plain.to(kGpu, at::kBFloat16);
+  auto on_gpu = at::TensorOptions(kGpu).dtype(at::kLong);
+  Batch batch{at::randint(0, 2048, {4, 256}, on_gpu), at::randint(0, 2048, {4, 256}, on_gpu),
+              at::ones({4, 256}, at::TensorOptions(kGpu))};
+  at::Tensor loss_fused = fused.loss(batch), loss_plain = plain.loss(batch);
+  EXPECT_NEAR(loss_fused.item<double>(), loss_plain.item<double>(), 1e-2 * loss_plain.item<double>());
+  loss_fused.backward();
+  loss_plain.backward();
+  auto pf = fused.named_parameters(), pp = plain.named_parameters();
+  for (size_t i = 0; i < pf.size(); ++i) {
+    // Whole-tensor relative L2 difference: bf16 noise, not a formula error, stays ~1e-2.
+    at::Tensor a = pf[i].value().grad().to(at::kDouble), b = pp[i].value().grad().to(at::kDouble);
+    EXPECT_LE(((a - b).norm() / b.norm()).item<double>(), 3e-2) << pf[i].key();
+  }
+}
+
+}  // namespace
+}  // namespace megatron

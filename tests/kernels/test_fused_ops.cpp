@@ -1,0 +1,142 @@
+// The fused operations' autograd functions against the plain ATen code they replace, on CPU
+// (where they run their composite fallback): forward values and every input gradient. The CUDA
+// kernels are checked against these same fallbacks in test_fused_kernels_cuda.cpp.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+#include "model/gpt_model.h"
+#include "model/rope.h"
+#include "tensor_parallel/cross_entropy.h"
+
+namespace megatron {
+namespace {
+
+ModelConfig rope_config(double rotary_percent) {
+  ModelConfig c;
+  c.kv_channels = 16;
+  c.rotary_percent = rotary_percent;
+  c.seq_length = 32;
+  return c;
+}
+
+double max_difference(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// Queries as the attention layer sees them: a strided view into a wider QKV-like tensor.
+at::Tensor strided_queries(int64_t s, int64_t b, int64_t n, int64_t d) {
+  at::Tensor qkv = at::randn({s, b, n, d + 8}, at::kDouble);
+  return qkv.narrow(-1, 0, d);  // [s, b, n, d], last dim contiguous, others strided
+}
+
+void check_rope(double rotary_percent, bool per_sample_positions) {
+  at::manual_seed(1);
+  const ModelConfig c = rope_config(rotary_percent);
+  RopeTables tables = make_rope_tables(c, 40, at::kCPU);  // more rows than the sequence
+  const int64_t s = 24, b = 3;
+  if (per_sample_positions) tables = gather_rope_tables(tables, at::randint(0, 40, {b, s}));
+  at::Tensor x_fused = strided_queries(s, b, 4, 16).requires_grad_(true);
+  at::Tensor x_plain = x_fused.detach().clone().requires_grad_(true);
+  at::Tensor y_fused = kernels::rope(x_fused, tables.cos, tables.sin);
+  at::Tensor y_plain = apply_rope(x_plain, {tables.cos.to(at::kDouble), tables.sin.to(at::kDouble)});
+  EXPECT_LT(max_difference(y_fused, y_plain), 1e-6);  // fp32 tables vs the same tables in fp64
+  at::Tensor grad = at::randn_like(y_plain);
+  y_fused.backward(grad);
+  y_plain.backward(grad);
+  EXPECT_LT(max_difference(x_fused.grad(), x_plain.grad()), 1e-6);
+  EXPECT_GT(max_difference(x_fused.grad(), grad), 1e-2);  // the rotation did something
+}
+
+TEST(FusedOps, RopeMatchesApplyRope) { check_rope(1.0, false); }
+TEST(FusedOps, RopePartialRotaryAndPerSamplePositions) { check_rope(0.5, true); }
+
+TEST(FusedOps, SwigluMatchesSiluTimesUp) {
+  at::manual_seed(2);
+  at::Tensor h_fused = at::randn({5, 3, 2 * 12}, at::kDouble).requires_grad_(true);
+  at::Tensor h_plain = h_fused.detach().clone().requires_grad_(true);
+  at::Tensor y_fused = kernels::swiglu(h_fused);
+  auto gate_up = h_plain.chunk(2, -1);
+  at::Tensor y_plain = at::silu(gate_up[0]) * gate_up[1];
+  EXPECT_LT(max_difference(y_fused, y_plain), 1e-12);
+  at::Tensor grad = at::randn_like(y_plain);
+  y_fused.backward(grad);
+  y_plain.backward(grad);
+  EXPECT_LT(max_difference(h_fused.grad(), h_plain.grad()), 1e-12);
+}
+
+TEST(FusedOps, CrossEntropyMatchesAten) {
+  at::manual_seed(3);
+  const int64_t s = 7, b = 3, vocab = 50;
+  at::Tensor logits_fused = (4 * at::randn({s, b, vocab})).requires_grad_(true);
+  at::Tensor logits_plain = logits_fused.detach().clone().requires_grad_(true);
+  at::Tensor targets = at::randint(0, vocab, {s, b});
+  at::Tensor loss_fused = tp::fused_vocab_parallel_cross_entropy(logits_fused, targets, dist::Group());  // [s, b]
+  at::Tensor loss_plain = at::cross_entropy_loss(logits_plain.view({s * b, vocab}), targets.view({s * b}), {},
+                                                 at::Reduction::None).view({s, b});
+  EXPECT_LT(max_difference(loss_fused, loss_plain), 1e-5);
+  at::Tensor grad = at::rand({s, b});
+  loss_fused.backward(grad);
+  loss_plain.backward(grad);
+  EXPECT_LT(max_difference(logits_fused.grad(), logits_plain.grad()), 1e-6);
+}
+
+TEST(FusedOps, CrossEntropyStatsOfAVocabularySlice) {
+  // A rank holding ids [100, 150): targets outside the slice contribute no target logit and
+  // get no one-hot term in the gradient.
+  at::manual_seed(4);
+  at::Tensor logits = at::randn({6, 50});
+  at::Tensor targets = at::tensor({100L, 149L, 3L, 150L, 120L, 99L});
+  kernels::CrossEntropyStats st = kernels::cross_entropy_stats(logits, targets, 100);
+  EXPECT_LT(max_difference(st.max, std::get<0>(logits.max(-1))), 1e-7);
+  EXPECT_LT(max_difference(st.sum_exp, (logits - st.max.unsqueeze(-1)).exp().sum(-1)), 1e-5);
+  at::Tensor expected_target = at::tensor({logits[0][0].item<float>(), logits[1][49].item<float>(), 0.f, 0.f,
+                                           logits[4][20].item<float>(), 0.f});
+  EXPECT_LT(max_difference(st.target_logit, expected_target), 1e-7);
+  at::Tensor grad = kernels::cross_entropy_backward(logits, targets, st.max, st.sum_exp, at::ones({6}), 100);
+  at::Tensor softmax = at::softmax(logits, -1);
+  EXPECT_NEAR(grad[2].sum().item<double>(), 1.0, 1e-5);  // no target here: the softmax alone
+  EXPECT_NEAR(grad[0].sum().item<double>(), 0.0, 1e-5);  // softmax minus the one-hot
+  EXPECT_NEAR(grad[4][20].item<double>(), softmax[4][20].item<double>() - 1.0, 1e-6);
+}
+
+ModelConfig tiny_llama(bool fused) {
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 16;
+  c.ffn_hidden_size = 96;
+  c.seq_length = c.max_position_embeddings = 32;
+  c.vocab_size = c.padded_vocab_size = 128;
+  c.normalization = "RMSNorm";
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.position_embedding_type = "rope";
+  c.rotary_percent = 0.5;
+  c.untie_embeddings_and_output_weights = true;
+  c.hidden_dropout = c.attention_dropout = 0.0;
+  c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = fused;
+  return c;
+}
+
+TEST(FusedOps, ModelWithEveryFusionMatchesTheUnfusedModel) {
+  GPTModel fused(tiny_llama(true)), plain(tiny_llama(false));
+  fused.initialize(5);
+  plain.initialize(5);
+  at::manual_seed(6);
+  Batch batch{at::randint(0, 128, {2, 32}), at::randint(0, 128, {2, 32}), at::ones({2, 32})};
+  at::Tensor loss_fused = fused.loss(batch), loss_plain = plain.loss(batch);
+  EXPECT_NEAR(loss_fused.item<double>(), loss_plain.item<double>(), 1e-5);
+  loss_fused.backward();
+  loss_plain.backward();
+  auto pf = fused.named_parameters(), pp = plain.named_parameters();
+  ASSERT_EQ(pf.size(), pp.size());
+  for (size_t i = 0; i < pf.size(); ++i) {
+    const at::Tensor& a = pf[i].value().grad();
+    const at::Tensor& b = pp[i].value().grad();
+    EXPECT_LT(max_difference(a, b) / b.abs().max().item<double>(), 1e-4) << pf[i].key();
+  }
+}
+
+}  // namespace
+}  // namespace megatron
