@@ -3,9 +3,12 @@
 # 100 training steps in bf16 with every fusion (RoPE, SwiGLU, cross entropy, gradient
 # accumulation), 100 with none (ATen ops; twice, for the run-to-run noise of bf16 training on this
 # GPU), and 100 in fp32 without fusions as the reference, all from the same initialization and data.
-# "Within bf16 noise": the fused run stays as close to the fp32 reference as the unfused bf16 run
-# does (mean per-step relative difference at most 1.25x the unfused one's), and no step of it
-# differs from the unfused bf16 run by more than 5%.
+# "Within bf16 noise", measured here rather than assumed: two unfused bf16 runs already differ
+# (cuDNN's attention backward and atomics are not bitwise deterministic, and training amplifies
+# any difference). The fused run passes when it stays as close to the fp32 reference as the
+# unfused bf16 runs do (mean per-step relative difference at most 1.25x the larger of theirs) and
+# its largest per-step difference from the unfused run is at most twice the largest difference
+# between the two unfused runs.
 #   bash bench/gpu_fusion_check.sh MEGATRON_BINARY PYTHON [OUT_DIR]
 set -uo pipefail
 bin=$1; py=$2; out=${3:-/tmp/fusion_check}
@@ -40,11 +43,14 @@ print("|---|---|---|---|---|")
 for name in ("fused", "unfused", "unfused_again"):
     to32, tou = rel(runs[name], fp32), rel(runs[name], runs["unfused"])
     print(f"| {name} | {sum(to32)/len(to32):.2e} | {max(to32):.2e} | {sum(tou)/len(tou):.2e} | {max(tou):.2e} |")
-fused32 = sum(rel(runs["fused"], fp32)) / len(fp32)
-unfused32 = sum(rel(runs["unfused"], fp32)) / len(fp32)
+mean = lambda v: sum(v) / len(v)
+fused32 = mean(rel(runs["fused"], fp32))
+unfused32 = max(mean(rel(runs["unfused"], fp32)), mean(rel(runs["unfused_again"], fp32)))
 worst = max(rel(runs["fused"], runs["unfused"]))
-ok = fused32 <= 1.25 * unfused32 and worst < 5e-2
+noise = max(rel(runs["unfused_again"], runs["unfused"]))
+ok = fused32 <= 1.25 * unfused32 and worst <= 2 * noise
 print("fusion check:", "PASS" if ok else "FAIL",
-      f"(fused-to-fp32 {fused32:.2e} <= 1.25 x unfused-to-fp32 {unfused32:.2e}; largest fused-vs-unfused step {worst:.2e} < 5e-2)")
+      f"(fused to fp32 {fused32:.2e} <= 1.25 x {unfused32:.2e}, the unfused runs' larger;"
+      f" largest fused-vs-unfused step {worst:.2e} <= 2 x {noise:.2e}, the unfused runs' largest)")
 sys.exit(0 if ok else 1)
 PY

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,18 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// N values loaded or stored as one 16-byte (or smaller) transaction.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Elements per 16-byte pack of T.
+template <typename T>
+constexpr int kPack = 16 / sizeof(T);
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Calls f with a value of the storage type `dtype` names (its type selects the kernel).
 template <typename F>

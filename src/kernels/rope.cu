@@ -5,7 +5,8 @@
 namespace megatron::kernels::cuda {
 namespace {
 
-// One block per (position, sample); its threads walk the n heads x d channels of that token.
+// Any layout (partial rotary, unaligned strides): one block per (position, sample); its threads
+// walk the n heads x d channels of that token, one element each.
 template <typename T>
 __global__ void rope_kernel(RopeArgs a) {
   const int64_t si = blockIdx.x / a.b, bi = blockIdx.x % a.b;
@@ -35,13 +36,61 @@ __global__ void rope_kernel(RopeArgs a) {
   }
 }
 
+// Whole-head rotation (rot_dim == d) in 16-byte packs: work item i covers N channels j..j+N of
+// the first half of one head of one token and their partners j+half..j+half+N, so each value is
+// loaded once. Items are flat over (token, head, pack) so small heads counts still fill blocks.
+template <typename T, int N>
+__global__ void rope_packed_kernel(RopeArgs a) {
+  const int64_t half = a.rot_dim / 2, packs = half / N, per_token = a.n * packs, items = a.s * a.b * per_token;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t token = i / per_token, head = (i % per_token) / packs, j = (i % packs) * N;
+    const int64_t si = token / a.b, bi = token % a.b;
+    const T* x = static_cast<const T*>(a.x) + si * a.x_stride_s + bi * a.x_stride_b + head * a.x_stride_n;
+    T* y = static_cast<T*>(a.y) + (token * a.n + head) * a.d;
+    const float* cos = a.cos + si * a.table_stride_s + bi * a.table_stride_b;
+    const float* sin = a.sin + si * a.table_stride_s + bi * a.table_stride_b;
+    const Pack<T, N> x1 = *reinterpret_cast<const Pack<T, N>*>(x + j);
+    const Pack<T, N> x2 = *reinterpret_cast<const Pack<T, N>*>(x + j + half);
+    Pack<T, N> y1, y2;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float a1 = to_float(x1.v[k]), a2 = to_float(x2.v[k]);
+      const float c1 = cos[j + k], c2 = cos[j + half + k], s1 = sin[j + k], s2 = sin[j + half + k];
+      if (!a.inverse) {
+        y1.v[k] = from_float<T>(a1 * c1 - a2 * s1);
+        y2.v[k] = from_float<T>(a2 * c2 + a1 * s2);
+      } else {
+        y1.v[k] = from_float<T>(a1 * c1 + a2 * s2);
+        y2.v[k] = from_float<T>(a2 * c2 - a1 * s1);
+      }
+    }
+    *reinterpret_cast<Pack<T, N>*>(y + j) = y1;
+    *reinterpret_cast<Pack<T, N>*>(y + j + half) = y2;
+  }
+}
+
+template <typename T>
+bool packable(const RopeArgs& a) {
+  constexpr int N = kPack<T>;
+  return a.rot_dim == a.d && (a.rot_dim / 2) % N == 0 && a.x_stride_s % N == 0 && a.x_stride_b % N == 0 &&
+         a.x_stride_n % N == 0 && aligned16(a.x) && aligned16(a.y);
+}
+
 }  // namespace
 
 void rope(const RopeArgs& args, Stream stream) {
   if (args.s * args.b == 0 || args.n * args.d == 0) return;
-  const int threads = static_cast<int>(args.n * args.d >= 512 ? 512 : ((args.n * args.d + 31) / 32) * 32);
   with_storage_type(args.dtype, [&](auto type) {
-    rope_kernel<decltype(type)><<<static_cast<unsigned>(args.s * args.b), threads, 0, stream>>>(args);
+    using T = decltype(type);
+    if (packable<T>(args)) {
+      constexpr int N = kPack<T>, threads = 256;
+      const int64_t items = args.s * args.b * args.n * (args.rot_dim / 2 / N);
+      const int64_t blocks = (items + threads - 1) / threads;
+      rope_packed_kernel<T, N><<<static_cast<unsigned>(blocks < 65536 * 8 ? blocks : 65536 * 8), threads, 0, stream>>>(args);
+    } else {
+      const int threads = static_cast<int>(args.n * args.d >= 512 ? 512 : ((args.n * args.d + 31) / 32) * 32);
+      rope_kernel<T><<<static_cast<unsigned>(args.s * args.b), threads, 0, stream>>>(args);
+    }
   });
   check_launch("rope");
 }

@@ -1,6 +1,6 @@
 // Fused SwiGLU: silu(gate) * up in one pass forward and both input gradients in one pass
 // backward, saving only the [gate | up] input (ATen's composite runs four kernels each way and
-// keeps silu(gate) as well).
+// keeps silu(gate) as well). Rows whose width is a multiple of a 16-byte pack move in packs.
 #include "kernels/cuda_common.cuh"
 
 namespace megatron::kernels::cuda {
@@ -8,44 +8,75 @@ namespace {
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-// One block per row; threads walk the f output channels.
-template <typename T>
-__global__ void swiglu_forward_kernel(const T* in, T* out, int64_t f) {
-  const T* gate = in + blockIdx.x * 2 * f;
-  const T* up = gate + f;
-  T* o = out + blockIdx.x * f;
-  for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
-    const float g = to_float(gate[j]);
-    o[j] = from_float<T>(g * sigmoid(g) * to_float(up[j]));
+// Work item i covers N consecutive output channels: row i / (f / N), channels (i % (f / N)) * N.
+template <typename T, int N>
+__global__ void swiglu_forward_kernel(const T* in, T* out, int64_t rows, int64_t f) {
+  const int64_t per_row = f / N, items = rows * per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, col = (i % per_row) * N;
+    const Pack<T, N> g = *reinterpret_cast<const Pack<T, N>*>(in + row * 2 * f + col);
+    const Pack<T, N> u = *reinterpret_cast<const Pack<T, N>*>(in + row * 2 * f + f + col);
+    Pack<T, N> o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float x = to_float(g.v[k]);
+      o.v[k] = from_float<T>(x * sigmoid(x) * to_float(u.v[k]));
+    }
+    *reinterpret_cast<Pack<T, N>*>(out + row * f + col) = o;
   }
 }
 
-template <typename T>
-__global__ void swiglu_backward_kernel(const T* grad_out, const T* in, T* grad_in, int64_t f) {
-  const T* gate = in + blockIdx.x * 2 * f;
-  const T* up = gate + f;
-  const T* go = grad_out + blockIdx.x * f;
-  T* grad_gate = grad_in + blockIdx.x * 2 * f;
-  T* grad_up = grad_gate + f;
-  for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
-    const float g = to_float(gate[j]), u = to_float(up[j]), dy = to_float(go[j]);
-    const float sg = sigmoid(g);
-    // d silu(g) / dg = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
-    grad_gate[j] = from_float<T>(dy * u * sg * (1.0f + g * (1.0f - sg)));
-    grad_up[j] = from_float<T>(dy * g * sg);
+template <typename T, int N>
+__global__ void swiglu_backward_kernel(const T* grad_out, const T* in, T* grad_in, int64_t rows, int64_t f) {
+  const int64_t per_row = f / N, items = rows * per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, col = (i % per_row) * N;
+    const Pack<T, N> g = *reinterpret_cast<const Pack<T, N>*>(in + row * 2 * f + col);
+    const Pack<T, N> u = *reinterpret_cast<const Pack<T, N>*>(in + row * 2 * f + f + col);
+    const Pack<T, N> dy = *reinterpret_cast<const Pack<T, N>*>(grad_out + row * f + col);
+    Pack<T, N> dg, du;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
+      const float sg = sigmoid(x);
+      // d silu(x) / dx = sigmoid(x) * (1 + x * (1 - sigmoid(x)))
+      dg.v[k] = from_float<T>(d * up * sg * (1.0f + x * (1.0f - sg)));
+      du.v[k] = from_float<T>(d * x * sg);
+    }
+    *reinterpret_cast<Pack<T, N>*>(grad_in + row * 2 * f + col) = dg;
+    *reinterpret_cast<Pack<T, N>*>(grad_in + row * 2 * f + f + col) = du;
   }
 }
 
-int threads_for(int64_t f) { return f >= 1024 ? 1024 : static_cast<int>(((f + 31) / 32) * 32); }
+unsigned blocks_for(int64_t items, int threads) {
+  const int64_t wanted = (items + threads - 1) / threads;
+  return static_cast<unsigned>(wanted < 65536 * 8 ? wanted : 65536 * 8);  // grid-stride beyond
+}
+
+// Packs of 16 bytes when every row starts on a pack boundary, else one element at a time.
+template <typename T, typename Launch>
+void with_pack(int64_t f, std::initializer_list<const void*> pointers, Launch&& launch) {
+  bool packed = f % kPack<T> == 0;
+  for (const void* p : pointers) packed = packed && aligned16(p);
+  if (packed) {
+    launch(std::integral_constant<int, kPack<T>>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
+}
 
 }  // namespace
 
 void swiglu_forward(const void* in, void* out, int64_t rows, int64_t f, DType dtype, Stream stream) {
   if (rows == 0 || f == 0) return;
+  constexpr int threads = 256;
   with_storage_type(dtype, [&](auto type) {
     using T = decltype(type);
-    swiglu_forward_kernel<T><<<static_cast<unsigned>(rows), threads_for(f), 0, stream>>>(
-        static_cast<const T*>(in), static_cast<T*>(out), f);
+    with_pack<T>(f, {in, out}, [&](auto pack) {
+      constexpr int N = decltype(pack)::value;
+      swiglu_forward_kernel<T, N><<<blocks_for(rows * f / N, threads), threads, 0, stream>>>(
+          static_cast<const T*>(in), static_cast<T*>(out), rows, f);
+    });
   });
   check_launch("swiglu_forward");
 }
@@ -53,10 +84,14 @@ void swiglu_forward(const void* in, void* out, int64_t rows, int64_t f, DType dt
 void swiglu_backward(const void* grad_out, const void* in, void* grad_in, int64_t rows, int64_t f, DType dtype,
                      Stream stream) {
   if (rows == 0 || f == 0) return;
+  constexpr int threads = 256;
   with_storage_type(dtype, [&](auto type) {
     using T = decltype(type);
-    swiglu_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for(f), 0, stream>>>(
-        static_cast<const T*>(grad_out), static_cast<const T*>(in), static_cast<T*>(grad_in), f);
+    with_pack<T>(f, {grad_out, in, grad_in}, [&](auto pack) {
+      constexpr int N = decltype(pack)::value;
+      swiglu_backward_kernel<T, N><<<blocks_for(rows * f / N, threads), threads, 0, stream>>>(
+          static_cast<const T*>(grad_out), static_cast<const T*>(in), static_cast<T*>(grad_in), rows, f);
+    });
   });
   check_launch("swiglu_backward");
 }

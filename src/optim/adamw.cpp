@@ -61,7 +61,9 @@ void AdamW::clip(double total_norm) {
   if (c_.clip_grad <= 0.0) return;
   const double coeff = c_.clip_grad / (total_norm + 1e-6);
   if (coeff >= 1.0) return;
-  for (auto& p : params_) p.main_grad.mul_(coeff);
+  // Applied inside the fused AdamW kernel (it divides each gradient by grad_scale as it reads
+  // it) instead of a separate pass over every fp32 gradient.
+  grad_scale_ = at::full({}, 1.0 / coeff, step_.options());
 }
 
 void AdamW::step(double lr) {
@@ -79,8 +81,9 @@ void AdamW::step(double lr) {
     }
     if (masters.empty()) continue;
     at::_fused_adamw_(masters, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, c_.adam_beta1, c_.adam_beta2,
-                      decay ? c_.weight_decay : 0.0, c_.adam_eps, /*amsgrad=*/false, /*maximize=*/false);
+                      decay ? c_.weight_decay : 0.0, c_.adam_eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale_);
   }
+  grad_scale_.reset();
   copy_master_to_model();
 }
 

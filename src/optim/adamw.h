@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,8 @@ class AdamW {
 
   // Global L2 norm of the (reduced) gradients over all TP, PP and DP shards.
   double grad_norm() const;
-  // Scales gradients so their norm is at most clip_grad (Megatron's clip_grad_norm_).
+  // Scales gradients so their norm is at most clip_grad (Megatron's clip_grad_norm_), within
+  // the next step().
   void clip(double total_norm);
   // One AdamW step at learning rate `lr`, then master -> model parameters (all-gathered over
   // DP with the distributed optimizer).
@@ -74,6 +76,7 @@ class AdamW {
   ParamAndGradBuffer& buffer_;
   std::vector<OptimizerParam> params_;
   at::Tensor step_;  // [] fp32, shared by all parameters (they always step together)
+  std::optional<at::Tensor> grad_scale_;  // [] fp32, 1 / clip coefficient, set by clip() for the next step()
   TrainConfig c_;
 };
 

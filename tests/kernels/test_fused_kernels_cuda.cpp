@@ -63,7 +63,7 @@ TEST_P(CudaFusedKernels, RopeForwardAndBackward) {
 TEST_P(CudaFusedKernels, SwigluForwardAndBackward) {
   REQUIRE_CUDA_KERNELS();
   const at::ScalarType dtype = GetParam();
-  for (int64_t f : {5632, 1000, 24}) {  // the reference shape, a non-multiple of the block, tiny
+  for (int64_t f : {5632, 1000, 1001, 24}) {  // reference shape, packed rows, unaligned rows (element path), tiny
     at::Tensor h = (2 * at::randn({1024, 2 * f}, at::TensorOptions(kGpu).dtype(dtype)));
     at::Tensor y_kernel = kernels::swiglu(h), y_composite = kernels::swiglu(h, kernels::Impl::Composite);
     EXPECT_LE(relative(y_kernel, y_composite), tolerance(dtype)) << "forward, f " << f;
