@@ -52,3 +52,27 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
                             DType dtype, Stream stream);
 
 }  // namespace megatron::kernels::cuda
+
+namespace megatron::kernels::cuda {
+
+// One AdamW step (PyTorch's AdamW arithmetic, decoupled weight decay) over n elements of fp32
+// master weights and moments, writing the updated weights also into `model` in its storage type
+// (the bf16 parameter the model computes with) when model is not null: one pass instead of
+// ATen's fused AdamW followed by a copy. grad_scale (nullable, device scalar): gradients are
+// divided by it as they are read (gradient clipping).
+struct AdamWArgs {
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const float* grad;
+  void* model;          // null: the master is the model's own fp32 tensor
+  DType model_dtype;
+  int64_t n;
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1;       // 1 - beta1^step
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  const float* grad_scale;
+};
+void adamw_step(const AdamWArgs& args, Stream stream);
+
+}  // namespace megatron::kernels::cuda

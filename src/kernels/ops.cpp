@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
+
 #ifdef MEGATRON_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 
@@ -223,6 +225,40 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
   return grad;
 #else
   return {};
+#endif
+}
+
+void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
+                const std::optional<at::Tensor>& grad_scale, Impl impl) {
+  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &grad}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == master.numel(),
+                "adamw_step: master, moments and gradient must be contiguous fp32 of one size");
+  }
+  TORCH_CHECK(model.is_contiguous() && model.numel() == master.numel(), "adamw_step: model must match the master");
+  const bool own_model = !model.is_same(master);
+  if (!uses_kernel(master, impl)) {
+    at::Tensor step = at::full({}, static_cast<double>(h.step), master.options());
+    at::_fused_adamw_({master}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step}, h.lr, h.beta1, h.beta2, h.weight_decay,
+                      h.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale);
+    if (own_model) model.copy_(master);
+    return;
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  cuda::AdamWArgs a{};
+  a.master = master.data_ptr<float>();
+  a.exp_avg = exp_avg.data_ptr<float>();
+  a.exp_avg_sq = exp_avg_sq.data_ptr<float>();
+  a.grad = grad.data_ptr<float>();
+  a.model = own_model ? model.data_ptr() : nullptr;
+  a.model_dtype = storage_type(model);
+  a.n = master.numel();
+  a.lr = static_cast<float>(h.lr), a.beta1 = static_cast<float>(h.beta1), a.beta2 = static_cast<float>(h.beta2);
+  a.eps = static_cast<float>(h.eps), a.weight_decay = static_cast<float>(h.weight_decay);
+  a.bias_correction1 = static_cast<float>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
+  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(h.step))));
+  a.grad_scale = grad_scale ? grad_scale->data_ptr<float>() : nullptr;
+  cuda::adamw_step(a, current_stream());
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace megatron::kernels {
 
@@ -39,5 +40,17 @@ CrossEntropyStats cross_entropy_stats(const at::Tensor& logits, const at::Tensor
 at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& max,
                                   const at::Tensor& sum_exp, const at::Tensor& grad_loss, int64_t first,
                                   Impl impl = Impl::Auto);
+
+// One AdamW step (PyTorch's arithmetic, decoupled weight decay) on one parameter's fp32 master
+// and moments [n], from its fp32 gradient [n] divided by grad_scale (if any); the result is
+// also written to `model` ([n], bf16 / fp16) unless model is the master itself. The kernel does
+// all of it in one pass; the fallback runs ATen's _fused_adamw_ and then copies.
+struct AdamWHyperparameters {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // counted from 1, this step included
+};
+void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
+                const std::optional<at::Tensor>& grad_scale, Impl impl = Impl::Auto);
 
 }  // namespace megatron::kernels

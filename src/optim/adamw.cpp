@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "core/errors.h"
+#include "kernels/ops.h"
 
 namespace megatron {
 
@@ -69,6 +70,18 @@ void AdamW::clip(double total_norm) {
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   step_.add_(1);
+  ++host_steps_;
+  if (!params_.empty() && kernels::uses_kernel(params_[0].master)) {
+    // One fused pass per parameter: masters, moments and the bf16 model weights together.
+    for (auto& p : params_) {
+      const kernels::AdamWHyperparameters h{lr, c_.adam_beta1, c_.adam_beta2, c_.adam_eps,
+                                            p.decay ? c_.weight_decay : 0.0, host_steps_};
+      kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, grad_scale_);
+    }
+    grad_scale_.reset();
+    gather_params();
+    return;
+  }
   for (bool decay : {true, false}) {
     std::vector<at::Tensor> masters, grads, m, v, steps;
     for (auto& p : params_) {
@@ -92,6 +105,10 @@ void AdamW::copy_master_to_model() {
   for (auto& p : params_) {
     if (!p.master.is_same(p.model_slice)) p.model_slice.copy_(p.master);
   }
+  gather_params();
+}
+
+void AdamW::gather_params() {
   buffer_.start_param_gather();
   if (!buffer_.overlap_param_gather()) buffer_.finish_param_gather();
 }
@@ -133,6 +150,7 @@ void AdamW::load_state(const std::vector<NamedTensor>& state, bool load_moments)
     auto it = by_name.find("step");
     if (it == by_name.end()) throw UserError("checkpoint has no optimizer tensor 'step': load with --no-load-optim");
     step_.copy_(it->second);
+    host_steps_ = static_cast<int64_t>(step_.item<float>());
   }
   copy_master_to_model();
 }
@@ -160,6 +178,7 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
     }
   }
   step_.copy_(step);
+  host_steps_ = static_cast<int64_t>(step_.item<float>());
   copy_master_to_model();
 }
 
@@ -170,6 +189,6 @@ void AdamW::reset_from_model() {
   }
 }
 
-int64_t AdamW::steps_taken() const { return static_cast<int64_t>(step_.item<float>()); }
+int64_t AdamW::steps_taken() const { return host_steps_; }
 
 }  // namespace megatron

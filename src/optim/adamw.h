@@ -72,10 +72,12 @@ class AdamW {
 
  private:
   void copy_master_to_model();
+  void gather_params();  // the model weights to every DP rank (distributed optimizer)
 
   ParamAndGradBuffer& buffer_;
   std::vector<OptimizerParam> params_;
   at::Tensor step_;  // [] fp32, shared by all parameters (they always step together)
+  int64_t host_steps_ = 0;  // step_ on the host: the kernels take the bias corrections as numbers
   std::optional<at::Tensor> grad_scale_;  // [] fp32, 1 / clip coefficient, set by clip() for the next step()
   TrainConfig c_;
 };

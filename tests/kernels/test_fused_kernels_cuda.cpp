@@ -131,6 +131,33 @@ TEST_P(CudaFusedKernels, RmsNormFusedKernelMatchesComposite) {
   EXPECT_LE(relative(w1.grad(), w2.grad()), 2 * tolerance(dtype));
 }
 
+TEST_P(CudaFusedKernels, AdamWMatchesAtenFusedAdamWThenCopy) {
+  // GetParam() is the model weights' dtype: bf16 (a separate copy written by the kernel) or fp32
+  // (the master is the model's own tensor).
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  auto f32 = at::TensorOptions(kGpu).dtype(at::kFloat);
+  for (int64_t n : {int64_t(1) << 20, (int64_t(1) << 20) + 3}) {  // packed, and the one-element path
+    at::Tensor master = at::randn({n}, f32), m = 0.01 * at::randn({n}, f32), v = 0.01 * at::rand({n}, f32);
+    std::vector<at::Tensor> kernel = {master.clone(), m.clone(), v.clone()}, fallback = {master.clone(), m.clone(), v.clone()};
+    at::Tensor model_kernel = dtype == at::kFloat ? kernel[0] : master.to(dtype);
+    at::Tensor model_fallback = dtype == at::kFloat ? fallback[0] : master.to(dtype);
+    for (int64_t step = 1; step <= 3; ++step) {
+      at::Tensor grad = at::randn({n}, f32);
+      std::optional<at::Tensor> scale;
+      if (step == 2) scale = at::full({}, 7.5, f32);  // a clipped step
+      const kernels::AdamWHyperparameters h{1e-3, 0.9, 0.95, 1e-8, step == 3 ? 0.0 : 0.1, step};
+      kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, scale);
+      kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, scale,
+                          kernels::Impl::Composite);
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_LE(relative(kernel[i], fallback[i]), 1e-5) << "state " << i << ", n " << n;
+    EXPECT_GT(relative(kernel[0], master), 1e-4);  // it moved
+    EXPECT_TRUE(at::equal(model_kernel, kernel[0].to(dtype))) << "the model copy is the master rounded once";
+    EXPECT_LE(relative(model_kernel, model_fallback), tolerance(dtype));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFusedKernels, ::testing::Values(at::kFloat, at::kBFloat16),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 

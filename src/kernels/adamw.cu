@@ -1,0 +1,72 @@
+// Fused AdamW over fp32 masters that also writes the bf16 model weights: per element it reads
+// gradient, master and both moments once and writes master, moments and model weight once.
+#include "kernels/cuda_common.cuh"
+
+namespace megatron::kernels::cuda {
+namespace {
+
+// 4 fp32 elements per thread (16-byte loads) where the pointers allow; Model is the storage type
+// of the model copy (void: none).
+template <typename Model, int N>
+__global__ void adamw_kernel(AdamWArgs a) {
+  const float scale = a.grad_scale != nullptr ? *a.grad_scale : 1.0f;
+  const float step_size = a.lr / a.bias_correction1;
+  const int64_t items = a.n / N;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
+    Pack<float, N> p = reinterpret_cast<const Pack<float, N>*>(a.master)[i];
+    Pack<float, N> m = reinterpret_cast<const Pack<float, N>*>(a.exp_avg)[i];
+    Pack<float, N> v = reinterpret_cast<const Pack<float, N>*>(a.exp_avg_sq)[i];
+    const Pack<float, N> g = reinterpret_cast<const Pack<float, N>*>(a.grad)[i];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      // The order of operations of ATen's fused AdamW, so the two agree to rounding.
+      const float grad = g.v[k] / scale;
+      p.v[k] -= a.lr * a.weight_decay * p.v[k];
+      m.v[k] = a.beta1 * m.v[k] + (1.0f - a.beta1) * grad;
+      v.v[k] = a.beta2 * v.v[k] + (1.0f - a.beta2) * grad * grad;
+      const float denom = sqrtf(v.v[k]) / a.bias_correction2_sqrt + a.eps;
+      p.v[k] -= step_size * m.v[k] / denom;
+    }
+    reinterpret_cast<Pack<float, N>*>(a.master)[i] = p;
+    reinterpret_cast<Pack<float, N>*>(a.exp_avg)[i] = m;
+    reinterpret_cast<Pack<float, N>*>(a.exp_avg_sq)[i] = v;
+    if constexpr (!std::is_void_v<Model>) {
+      Pack<Model, N> out;
+#pragma unroll
+      for (int k = 0; k < N; ++k) out.v[k] = from_float<Model>(p.v[k]);
+      reinterpret_cast<Pack<Model, N>*>(a.model)[i] = out;
+    }
+  }
+}
+
+template <typename Model>
+void launch(const AdamWArgs& a, Stream stream) {
+  // Packs of 4 need 16-byte aligned fp32 arrays and 8-byte aligned 16-bit model weights (slices
+  // of the flat buffers at odd offsets take the one-element kernel).
+  bool packed = a.n % 4 == 0 && aligned16(a.master) && aligned16(a.exp_avg) && aligned16(a.exp_avg_sq) &&
+                aligned16(a.grad) && (a.model == nullptr || reinterpret_cast<uintptr_t>(a.model) % 8 == 0);
+  constexpr int threads = 256;
+  auto blocks = [&](int64_t items) {
+    const int64_t b = (items + threads - 1) / threads;
+    return static_cast<unsigned>(b < 65536 * 8 ? b : 65536 * 8);
+  };
+  if (packed) {
+    adamw_kernel<Model, 4><<<blocks(a.n / 4), threads, 0, stream>>>(a);
+  } else {
+    adamw_kernel<Model, 1><<<blocks(a.n), threads, 0, stream>>>(a);
+  }
+}
+
+}  // namespace
+
+void adamw_step(const AdamWArgs& args, Stream stream) {
+  if (args.n == 0) return;
+  if (args.model == nullptr) {
+    launch<void>(args, stream);
+  } else {
+    with_storage_type(args.model_dtype, [&](auto type) { launch<decltype(type)>(args, stream); });
+  }
+  check_launch("adamw_step");
+}
+
+}  // namespace megatron::kernels::cuda
