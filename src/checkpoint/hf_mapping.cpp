@@ -12,6 +12,7 @@
 #include "core/errors.h"
 #include "core/files.h"
 #include "model/gpt_model.h"
+#include "model/parameter_names.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
@@ -113,7 +114,7 @@ void HfCheckpointReader::check_all_used() const {
 }
 
 std::vector<std::string> megatron_parameter_names(const ModelConfig& c) {
-  std::vector<std::string> names = {"embedding.word_embeddings.weight"};
+  std::vector<std::string> names = {kWordEmbeddings};
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = "decoder.layers." + std::to_string(i) + ".";
     names.push_back(p + "self_attention.linear_qkv.layer_norm_weight");
@@ -129,7 +130,7 @@ std::vector<std::string> megatron_parameter_names(const ModelConfig& c) {
     names.push_back(p + "mlp.linear_fc2.weight");
   }
   names.push_back("decoder.final_layernorm.weight");
-  if (c.untie_embeddings_and_output_weights) names.push_back("output_layer.weight");
+  if (c.untie_embeddings_and_output_weights) names.push_back(kOutputLayer);
   return names;
 }
 
@@ -156,8 +157,8 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 
 at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
   const int64_t H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
-  if (name == "embedding.word_embeddings.weight") return padded_rows(hf.take("model.embed_tokens.weight"), c.padded_vocab_size);
-  if (name == "output_layer.weight") {
+  if (name == kWordEmbeddings) return padded_rows(hf.take("model.embed_tokens.weight"), c.padded_vocab_size);
+  if (name == kOutputLayer) {
     return padded_rows(hf.has("lm_head.weight") ? hf.take("lm_head.weight") : hf.take("model.embed_tokens.weight"),
                        c.padded_vocab_size);
   }
@@ -185,8 +186,8 @@ at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& c, int64_t hf_vocab) {
   const int64_t H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
-  if (name == "embedding.word_embeddings.weight") return {{"model.embed_tokens.weight", full.narrow(0, 0, hf_vocab)}};
-  if (name == "output_layer.weight") return {{"lm_head.weight", full.narrow(0, 0, hf_vocab)}};
+  if (name == kWordEmbeddings) return {{"model.embed_tokens.weight", full.narrow(0, 0, hf_vocab)}};
+  if (name == kOutputLayer) return {{"lm_head.weight", full.narrow(0, 0, hf_vocab)}};
   if (name == "decoder.final_layernorm.weight") return {{"model.norm.weight", full}};
   const auto [p, rest] = split_layer_name(name);
   auto unfuse = [&](const std::string& suffix, int64_t cols) -> std::vector<std::pair<std::string, at::Tensor>> {

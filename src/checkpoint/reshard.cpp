@@ -10,15 +10,12 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_table.h"
 #include "core/errors.h"
+#include "model/parameter_names.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
 namespace {
-
-bool is_vocab_parallel(const std::string& name) {
-  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
-}
 
 // Elements [begin, end) along `dim` of a tensor saved as `count` equal parts along that dim
 // (part(s) gives saved part s, read lazily), `saved_length` long in all; positions at or past

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "model/parameter_names.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
@@ -68,21 +69,21 @@ void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
   const std::string first_layer = "decoder.layers." + std::to_string(chunks[0]->chunk().first_layer) + ".";
   std::vector<std::string> layer_suffixes;
   for (const auto& item : chunks[0]->layers.front()->named_parameters(/*recurse=*/true)) layer_suffixes.push_back(item.key());
-  std::vector<std::string> order = {"embedding.word_embeddings.weight"};
+  std::vector<std::string> order = {kWordEmbeddings};
   if (config.position_embedding_type == "learned_absolute") order.push_back("embedding.position_embeddings.weight");
   for (int l = 0; l < config.num_layers; ++l) {
     for (const auto& suffix : layer_suffixes) order.push_back("decoder.layers." + std::to_string(l) + "." + suffix);
   }
   order.push_back("decoder.final_layernorm.weight");
   if (norm_kind_from_name(config.normalization) == NormKind::LayerNorm) order.push_back("decoder.final_layernorm.bias");
-  if (config.untie_embeddings_and_output_weights) order.push_back("output_layer.weight");
+  if (config.untie_embeddings_and_output_weights) order.push_back(kOutputLayer);
 
   auto local_shape = [&](const std::string& name) -> std::vector<int64_t> {
     if (name.rfind("decoder.layers.", 0) == 0) {
       const std::string suffix = name.substr(name.find('.', std::string("decoder.layers.").size()) + 1);
       return held.at(first_layer + suffix).sizes().vec();
     }
-    if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") {
+    if (is_vocab_parallel(name)) {
       return {config.padded_vocab_size / tensor_parallel.size(), config.hidden_size};
     }
     if (name == "embedding.position_embeddings.weight") return {config.max_position_embeddings, config.hidden_size};
@@ -184,7 +185,7 @@ at::Tensor GPTModel::loss(const Batch& batch, const at::Tensor& input) {
 int64_t GPTModel::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : named_parameters()) {
-    if (holds_tied_output_copy() && p.key() == "embedding.word_embeddings.weight") continue;
+    if (holds_tied_output_copy() && p.key() == kWordEmbeddings) continue;
     n += tp::shard_spec(p.key(), config_.swiglu).replicated() ? p.value().numel() : p.value().numel() * tp_.size();
   }
   return n;

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "model/parameter_names.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/sharding.h"
 

@@ -43,8 +43,6 @@ struct GradBufferOptions {
   bool gradient_accumulation_fusion = false;
 };
 
-// The parameter that tied embeddings share between the first and the last pipeline stage.
-inline const char* kWordEmbeddings = "embedding.word_embeddings.weight";
 
 struct BufferedParam {
   std::string name;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "model/parameter_names.h"
 
 namespace megatron::pipeline {
 namespace {
@@ -89,7 +90,7 @@ bool stage_holds(const std::string& name, const ParallelConfig& p, const ModelCo
     }
     return false;
   }
-  if (name == "embedding.word_embeddings.weight") return pp_rank == 0 || (pp_rank == pp - 1 && !m.untie_embeddings_and_output_weights);
+  if (name == kWordEmbeddings) return pp_rank == 0 || (pp_rank == pp - 1 && !m.untie_embeddings_and_output_weights);
   if (name.rfind("embedding.", 0) == 0) return pp_rank == 0;
   return pp_rank == pp - 1;  // final norm, output layer
 }

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "model/parameter_names.h"
+
 namespace megatron::tp {
 namespace {
 
@@ -12,7 +14,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 ShardSpec shard_spec(const std::string& name, bool swiglu) {
-  if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return {0, false};
+  if (is_vocab_parallel(name)) return {0, false};
   if (ends_with(name, "linear_qkv.weight") || ends_with(name, "linear_qkv.bias")) return {0, false};
   if (ends_with(name, "linear_fc1.weight") || ends_with(name, "linear_fc1.bias")) return {0, swiglu};
   if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight")) return {1, false};

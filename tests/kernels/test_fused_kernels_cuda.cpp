@@ -9,6 +9,7 @@
 #include "model/gpt_model.h"
 #include "model/norm.h"
 #include "model/rope.h"
+#include "support/model_configs.h"
 #include "tensor_parallel/cross_entropy.h"
 
 namespace megatron {
@@ -162,21 +163,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFusedKernels, ::testing::Values(at::kFloat,
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 
 ModelConfig small_llama(bool fused) {
-  ModelConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 256;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 2;
-  c.kv_channels = 32;
-  c.ffn_hidden_size = 704;
-  c.seq_length = c.max_position_embeddings = 256;
-  c.vocab_size = c.padded_vocab_size = 2048;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = "rope";
-  c.untie_embeddings_and_output_weights = true;
-  c.hidden_dropout = c.attention_dropout = 0.0;
+  ModelConfig c = test::small_llama({256, 8, 2, 704, 256, 2048});
   c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = fused;
   return c;
 }

@@ -7,6 +7,7 @@
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
 #include "model/rope.h"
+#include "support/model_configs.h"
 #include "tensor_parallel/cross_entropy.h"
 
 namespace megatron {
@@ -99,22 +100,8 @@ TEST(FusedOps, CrossEntropyStatsOfAVocabularySlice) {
 }
 
 ModelConfig tiny_llama(bool fused) {
-  ModelConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 16;
-  c.ffn_hidden_size = 96;
-  c.seq_length = c.max_position_embeddings = 32;
-  c.vocab_size = c.padded_vocab_size = 128;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = "rope";
+  ModelConfig c = test::small_llama({64, 4, 2, 96, 32, 128});
   c.rotary_percent = 0.5;
-  c.untie_embeddings_and_output_weights = true;
-  c.hidden_dropout = c.attention_dropout = 0.0;
   c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = fused;
   return c;
 }

@@ -5,30 +5,13 @@
 #include <gtest/gtest.h>
 
 #include "model/gpt_model.h"
+#include "support/model_configs.h"
 #include "support/test_support.h"
 
 namespace megatron {
 namespace {
 
-ModelConfig small_llama() {
-  ModelConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 2;
-  c.kv_channels = 16;
-  c.ffn_hidden_size = 256;
-  c.seq_length = 64;
-  c.max_position_embeddings = 64;
-  c.vocab_size = c.padded_vocab_size = 512;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = "rope";
-  c.untie_embeddings_and_output_weights = true;
-  c.hidden_dropout = c.attention_dropout = 0.0;
-  return c;
-}
+ModelConfig small_llama() { return test::small_llama({128, 8, 2, 256, 64, 512}); }
 
 double relative(const at::Tensor& a, const at::Tensor& b) {
   return ((a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).norm() / b.cpu().to(at::kDouble).norm()).item<double>();

@@ -5,26 +5,14 @@
 #include <gtest/gtest.h>
 
 #include "model/gpt_model.h"
+#include "support/model_configs.h"
 
 namespace megatron {
 namespace {
 
 ModelConfig tiny_llama() {
-  ModelConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 8;
-  c.ffn_hidden_size = 48;
-  c.seq_length = 16;
-  c.max_position_embeddings = 16;
-  c.vocab_size = c.padded_vocab_size = 50;
-  c.normalization = "RMSNorm";
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = "rope";
-  c.hidden_dropout = c.attention_dropout = 0.0;
+  ModelConfig c = test::small_llama({32, 4, 2, 48, 16, 50});
+  c.untie_embeddings_and_output_weights = false;  // tied, as before
   return c;
 }
 

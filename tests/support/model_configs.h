@@ -1,0 +1,33 @@
+// Small Llama-shaped models for tests: RMSNorm, SwiGLU, RoPE, grouped-query attention, no
+// biases, no dropout, untied output layer; only the sizes differ from test to test.
+#pragma once
+
+#include "core/config.h"
+
+namespace megatron::test {
+
+struct LlamaSizes {
+  int hidden, heads, groups, ffn, seq, vocab;
+  int layers = 2;
+};
+
+inline ModelConfig small_llama(const LlamaSizes& s) {
+  ModelConfig c;
+  c.num_layers = s.layers;
+  c.hidden_size = s.hidden;
+  c.num_attention_heads = s.heads;
+  c.num_query_groups = s.groups;
+  c.kv_channels = s.hidden / s.heads;
+  c.ffn_hidden_size = s.ffn;
+  c.seq_length = c.max_position_embeddings = s.seq;
+  c.vocab_size = c.padded_vocab_size = s.vocab;
+  c.normalization = "RMSNorm";
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.position_embedding_type = "rope";
+  c.untie_embeddings_and_output_weights = true;
+  c.hidden_dropout = c.attention_dropout = 0.0;
+  return c;
+}
+
+}  // namespace megatron::test
