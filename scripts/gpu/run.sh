@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool), from the repository root, with .gpu carried:
-#   bash scripts/gpu/run.sh [bench|test|fusion|all|parallel|pipeline|checkpoint|profile]
+#   bash scripts/gpu/run.sh [bench|test|fusion|all|parallel|pipeline|checkpoint|profile|scaling PART]
 # `parallel` (two GPUs, nvidia-h200-x2): the NCCL equivalence checks and the 2-GPU benchmark
 # (bench/gpu_parallel.sh). `pipeline` (two GPUs): NCCL pipeline equivalence and the measured
 # bubble (bench/gpu_pipeline.sh). `profile`: where a step's time goes on the 1.1B shape
 # (`train --profile`, iterations 10-11, kernel table and Chrome trace into $OUT). `checkpoint`: the save stall, synchronous vs --async-save
 # (bench/gpu_checkpoint.sh). `fusion`: 100 steps of the reference shape with the fused kernels
 # against the unfused path (bench/gpu_fusion_check.sh). `all`: tests, fusion check, benchmark.
+# `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
 set -uo pipefail
@@ -36,6 +37,9 @@ fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
     --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out" 2>&1 | tee "$out/profile.log" | grep -v "^ iteration"
+fi
+if [ "$what" = scaling ]; then
+  bash bench/gpu_scaling.sh build-gpu/megatron "${2:?scaling needs a part: equivalence, dp, bubble or 8b}" 2>&1 | tee "$out/scaling-$2.log"
 fi
 if [ "$what" = pipeline ]; then
   bash bench/gpu_pipeline.sh build-gpu/megatron 2>&1 | tee "$out/pipeline.log"
