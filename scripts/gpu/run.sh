@@ -6,7 +6,8 @@
 # bubble (bench/gpu_pipeline.sh). `profile`: where a step's time goes on the 1.1B shape
 # (`train --profile`, iterations 10-11, kernel table and Chrome trace into $OUT). `checkpoint`: the save stall, synchronous vs --async-save
 # (bench/gpu_checkpoint.sh). `fusion`: 100 steps of the reference shape with the fused kernels
-# against the unfused path (bench/gpu_fusion_check.sh). `all`: tests, fusion check, benchmark.
+# against the unfused path (bench/gpu_fusion_check.sh; ~4 minutes, so a call of its own).
+# `all`: build, GPU tests (the fused kernels' CUDA tests among them), benchmark.
 # `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
@@ -47,7 +48,7 @@ fi
 if [ "$what" = test ] || [ "$what" = all ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda|HfParity|TrainingRuns|TensorBoard|Layer|FiniteDiff}" > "$out/ctest.log" 2>&1); tail -15 "$out/ctest.log"
 fi
-if [ "$what" = fusion ] || [ "$what" = all ]; then
+if [ "$what" = fusion ]; then
   bash bench/gpu_fusion_check.sh build-gpu/megatron "$py" "$out/fusion" 2>&1 | tee "$out/fusion.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
