@@ -204,6 +204,14 @@ TEST_F(ParallelEquivalence, TensorParallel2DataParallel2) {
   check("gpt", 4, 2, {"--tensor-model-parallel-size", "2"});
 }
 
+// Four tensor-parallel ranks (the 4-GPU layout's Gloo form), with the cross entropy through the
+// fused path: per-slice statistics combined over four vocabulary slices. Vocabulary padding as
+// the single process's (200 -> 256).
+TEST_F(ParallelEquivalence, TensorParallel4CrossEntropyFusion) {
+  check("gpt", 4, 4, {"--tensor-model-parallel-size", "4", "--make-vocab-size-divisible-by", "32",
+                      "--cross-entropy-loss-fusion"});
+}
+
 // Pipelines. Stages hold contiguous layers; the embedding is on the first, the output layer on
 // the last; the tied "gpt" model keeps a copy of the embedding on the last stage whose gradient
 // is summed with the first stage's.
@@ -230,6 +238,14 @@ TEST_F(ParallelEquivalence, PipelineParallel2TensorParallel2SequenceParallel) {
 TEST_F(ParallelEquivalence, PipelineParallel2DataParallel2DistributedOptimizerTied) {
   check("gpt4", 4, 1, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer", "--overlap-grad-reduce",
                        "--overlap-param-gather", "--ddp-bucket-size", "4000"});
+}
+
+// Every axis at once on eight ranks: TP=2 (sequence parallel) x PP=2 x DP=2, distributed optimizer
+// with overlapped reduction, fused cross entropy.
+TEST_F(ParallelEquivalence, TensorParallel2PipelineParallel2DataParallel2DistributedOptimizer) {
+  check("llama4", 8, 2, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
+                         "--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "4000",
+                         "--cross-entropy-loss-fusion"});
 }
 
 // Resharding on load: a checkpoint saved at iteration 10 under one layout resumes under another
