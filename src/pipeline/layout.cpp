@@ -29,9 +29,9 @@ void check_pipeline_layout(ParallelConfig& p, int num_layers) {
   }
   const bool uneven = first > 0 || last > 0;
   if (uneven) {
-    if (p.num_layers_per_virtual_pipeline_stage > 0 || p.num_virtual_stages_per_pipeline_rank > 1) {
-      throw UserError("uneven pipeline splits (--decoder-first/last-pipeline-num-layers) cannot be combined with virtual "
-                      "pipeline stages in megatron.cpp yet");
+    if (p.num_layers_per_virtual_pipeline_stage > 0) {
+      throw UserError("with --decoder-first/last-pipeline-num-layers stages differ in size: give the virtual stages as "
+                      "--num-virtual-stages-per-pipeline-rank instead of --num-layers-per-virtual-pipeline-stage");
     }
     const int middle_stages = pp - (first > 0) - (last > 0);
     const int rest = num_layers - first - last;
@@ -39,6 +39,16 @@ void check_pipeline_layout(ParallelConfig& p, int num_layers) {
       throw UserError("--num-layers " + str(num_layers) + " minus --decoder-first-pipeline-num-layers " + str(first) +
                       " and --decoder-last-pipeline-num-layers " + str(last) + " leaves " + str(rest) +
                       " layers, which do not split evenly (at least one each) over the other " + str(middle_stages) + " stage(s)");
+    }
+    // Interleaved: every stage splits its own layers evenly over its chunks (Megatron-Core's rule).
+    const int chunks = p.num_virtual_stages_per_pipeline_rank;
+    for (auto [flag, layers] : {std::pair<const char*, int>{"--decoder-first-pipeline-num-layers", first},
+                                {"--decoder-last-pipeline-num-layers", last},
+                                {"the middle stages' share", middle_stages > 0 ? rest / middle_stages : 0}}) {
+      if (layers % chunks != 0) {
+        throw UserError(std::string(flag) + " (" + str(layers) + " layers) is not divisible by "
+                        "--num-virtual-stages-per-pipeline-rank " + str(chunks));
+      }
     }
     return;
   }
@@ -65,17 +75,17 @@ ChunkLayers chunk_layers(const ParallelConfig& p, int num_layers, int pp_rank, i
   ChunkLayers c;
   c.pre_process = pp_rank == 0 && chunk == 0;
   c.post_process = pp_rank == pp - 1 && chunk == chunks - 1;
+  // Layers of each stage: L / pp, or the first / last stage's own count and the rest split evenly.
   const int first = p.decoder_first_pipeline_num_layers, last = p.decoder_last_pipeline_num_layers;
-  if (first > 0 || last > 0) {
-    const int middle_stages = pp - (first > 0) - (last > 0);
-    const int middle = middle_stages > 0 ? (num_layers - first - last) / middle_stages : 0;
-    auto size_of = [&](int r) { return r == 0 && first > 0 ? first : r == pp - 1 && last > 0 ? last : middle; };
-    for (int r = 0; r < pp_rank; ++r) c.first_layer += size_of(r);
-    c.num_layers = size_of(pp_rank);
-    return c;
+  const int middle_stages = pp - (first > 0) - (last > 0);
+  const int middle = middle_stages > 0 ? (num_layers - first - last) / middle_stages : 0;
+  auto stage_size = [&](int r) { return r == 0 && first > 0 ? first : r == pp - 1 && last > 0 ? last : middle; };
+  // Chunk v of rank r is virtual stage v * pp + r, holding stage_size(r) / chunks layers; the
+  // virtual stages hold consecutive layers in that order.
+  for (int v = 0; v <= chunk; ++v) {
+    for (int r = 0; r < pp && (v < chunk || r < pp_rank); ++r) c.first_layer += stage_size(r) / chunks;
   }
-  c.num_layers = num_layers / (pp * chunks);
-  c.first_layer = (chunk * pp + pp_rank) * c.num_layers;
+  c.num_layers = stage_size(pp_rank) / chunks;
   return c;
 }
 

@@ -24,7 +24,8 @@ struct ChunkLayers {
 void check_pipeline_layout(ParallelConfig& p, int num_layers);
 
 // The layers of model chunk `chunk` (0 .. virtual stages - 1) on pipeline rank `pp_rank`.
-// Interleaved: chunk v of rank r is virtual stage v * pp + r, each L / (pp * v) layers long.
+// Interleaved: chunk v of rank r is virtual stage v * pp + r, holding 1 / chunks of its stage's
+// layers (L / pp, or the uneven first / last stage's count).
 ChunkLayers chunk_layers(const ParallelConfig& p, int num_layers, int pp_rank, int chunk);
 
 // Whether pipeline rank `pp_rank` holds the parameter `name` (a global Megatron-Core name).

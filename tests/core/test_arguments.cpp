@@ -117,6 +117,32 @@ TEST(Arguments, PipelineLayouts) {
   EXPECT_TRUE(pipeline::stage_holds("decoder.layers.3.mlp.linear_fc2.weight", uneven.parallel, uneven.model, 2));
   EXPECT_TRUE(pipeline::stage_holds("embedding.word_embeddings.weight", uneven.parallel, uneven.model, 2));  // tied copy
 
+  // Uneven and interleaved: 6 layers, first stage 2, 2 chunks per rank -> virtual stages of
+  // 1 (rank 0), 2 (rank 1), 1 (rank 0), 2 (rank 1) layers.
+  const std::vector<std::string> six = {"--num-layers", "6", "--pipeline-model-parallel-size", "2",
+                                        "--decoder-first-pipeline-num-layers", "2", "--global-batch-size", "4"};
+  std::vector<std::string> interleaved = six;
+  interleaved.insert(interleaved.end(), {"--num-virtual-stages-per-pipeline-rank", "2"});
+  Config both = parse(interleaved, 2);
+  const int expected[2][2][2] = {{{0, 1}, {3, 1}}, {{1, 2}, {4, 2}}};  // [rank][chunk] = {first layer, layers}
+  for (int r = 0; r < 2; ++r) {
+    for (int v = 0; v < 2; ++v) {
+      const pipeline::ChunkLayers chunk = pipeline::chunk_layers(both.parallel, 6, r, v);
+      EXPECT_EQ(chunk.first_layer, expected[r][v][0]) << "rank " << r << " chunk " << v;
+      EXPECT_EQ(chunk.num_layers, expected[r][v][1]) << "rank " << r << " chunk " << v;
+    }
+  }
+  EXPECT_TRUE(pipeline::stage_holds("decoder.layers.4.mlp.linear_fc2.weight", both.parallel, both.model, 1));
+  EXPECT_FALSE(pipeline::stage_holds("decoder.layers.3.mlp.linear_fc2.weight", both.parallel, both.model, 1));
+  std::vector<std::string> three_chunks = six;
+  three_chunks.insert(three_chunks.end(), {"--num-virtual-stages-per-pipeline-rank", "4"});
+  EXPECT_NE(error_of(three_chunks, 2).find("--decoder-first-pipeline-num-layers (2 layers) is not divisible by "
+                                           "--num-virtual-stages-per-pipeline-rank 4"),
+            std::string::npos);
+  std::vector<std::string> per_stage = six;
+  per_stage.insert(per_stage.end(), {"--num-layers-per-virtual-pipeline-stage", "1"});
+  EXPECT_NE(error_of(per_stage, 2).find("stages differ in size"), std::string::npos);
+
   EXPECT_NE(error_of(with({"--pipeline-model-parallel-size", "3"}), 3).find("--num-layers 4 is not divisible by --pipeline-model-parallel-size 3"),
             std::string::npos);
   EXPECT_NE(error_of(with({"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "3"}), 2)

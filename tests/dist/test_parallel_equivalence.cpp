@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -29,9 +30,9 @@ constexpr double kTolerance = 1e-5;
 // Two tiny architectures between them cover every sharded and every partially-reduced parameter:
 // GQA + SwiGLU + RoPE + q/k norm + qkv bias + untied output ("llama"), and LayerNorm + GELU +
 // all biases + learned positions + tied output ("gpt"). A trailing 4 ("llama4") means four
-// layers instead of two, for pipelines.
+// layers instead of two, for pipelines (a trailing 6: six).
 std::vector<std::string> model_flags(const std::string& model) {
-  const std::string layers = model.back() == '4' ? "4" : "2";
+  const std::string layers = std::isdigit(static_cast<unsigned char>(model.back())) ? std::string(1, model.back()) : "2";
   std::vector<std::string> common = {"--num-layers", layers, "--hidden-size", "64", "--num-attention-heads", "4",
                                      "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
                                      "--train-iters", std::to_string(kSteps), "--lr", "1e-3", "--lr-decay-style", "cosine",
@@ -221,6 +222,13 @@ TEST_F(ParallelEquivalence, PipelineParallel4Tied) { check("gpt4", 4, 1, {"--pip
 
 TEST_F(ParallelEquivalence, PipelineParallel2Uneven) {
   check("llama4", 2, 1, {"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"});
+}
+
+// Uneven and interleaved: stage 0 holds 2 of 6 layers, stage 1 four; each splits its layers over
+// 2 chunks (virtual stages of 1, 2, 1, 2 layers).
+TEST_F(ParallelEquivalence, PipelineParallel2UnevenInterleaved) {
+  check("llama6", 2, 1, {"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2",
+                         "--num-virtual-stages-per-pipeline-rank", "2"});
 }
 
 // Two model chunks per rank (layers 0 and 2 on stage 0, 1 and 3 on stage 1); the last stage's
