@@ -46,14 +46,10 @@ void launch(const AdamWArgs& a, Stream stream) {
   bool packed = a.n % 4 == 0 && aligned16(a.master) && aligned16(a.exp_avg) && aligned16(a.exp_avg_sq) &&
                 aligned16(a.grad) && (a.model == nullptr || reinterpret_cast<uintptr_t>(a.model) % 8 == 0);
   constexpr int threads = 256;
-  auto blocks = [&](int64_t items) {
-    const int64_t b = (items + threads - 1) / threads;
-    return static_cast<unsigned>(b < 65536 * 8 ? b : 65536 * 8);
-  };
   if (packed) {
-    adamw_kernel<Model, 4><<<blocks(a.n / 4), threads, 0, stream>>>(a);
+    adamw_kernel<Model, 4><<<grid_for(a.n / 4, threads), threads, 0, stream>>>(a);
   } else {
-    adamw_kernel<Model, 1><<<blocks(a.n), threads, 0, stream>>>(a);
+    adamw_kernel<Model, 1><<<grid_for(a.n, threads), threads, 0, stream>>>(a);
   }
 }
 

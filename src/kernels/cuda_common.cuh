@@ -39,6 +39,13 @@ constexpr int kPack = 16 / sizeof(T);
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Blocks for `items` work items of one thread each: enough to cover them, capped where the
+// kernels' grid-stride loops take over.
+inline unsigned grid_for(int64_t items, int threads) {
+  const int64_t wanted = (items + threads - 1) / threads;
+  return static_cast<unsigned>(wanted < 65536 * 8 ? wanted : 65536 * 8);
+}
+
 // Calls f with a value of the storage type `dtype` names (its type selects the kernel).
 template <typename F>
 void with_storage_type(DType dtype, F&& f) {

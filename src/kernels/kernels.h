@@ -51,10 +51,6 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
                             const float* grad_loss, void* grad_logits, int64_t rows, int64_t vocab, int64_t first,
                             DType dtype, Stream stream);
 
-}  // namespace megatron::kernels::cuda
-
-namespace megatron::kernels::cuda {
-
 // One AdamW step (PyTorch's AdamW arithmetic, decoupled weight decay) over n elements of fp32
 // master weights and moments, writing the updated weights also into `model` in its storage type
 // (the bf16 parameter the model computes with) when model is not null: one pass instead of

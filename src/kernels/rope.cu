@@ -85,8 +85,7 @@ void rope(const RopeArgs& args, Stream stream) {
     if (packable<T>(args)) {
       constexpr int N = kPack<T>, threads = 256;
       const int64_t items = args.s * args.b * args.n * (args.rot_dim / 2 / N);
-      const int64_t blocks = (items + threads - 1) / threads;
-      rope_packed_kernel<T, N><<<static_cast<unsigned>(blocks < 65536 * 8 ? blocks : 65536 * 8), threads, 0, stream>>>(args);
+      rope_packed_kernel<T, N><<<grid_for(items, threads), threads, 0, stream>>>(args);
     } else {
       const int threads = static_cast<int>(args.n * args.d >= 512 ? 512 : ((args.n * args.d + 31) / 32) * 32);
       rope_kernel<T><<<static_cast<unsigned>(args.s * args.b), threads, 0, stream>>>(args);

@@ -48,11 +48,6 @@ __global__ void swiglu_backward_kernel(const T* grad_out, const T* in, T* grad_i
   }
 }
 
-unsigned blocks_for(int64_t items, int threads) {
-  const int64_t wanted = (items + threads - 1) / threads;
-  return static_cast<unsigned>(wanted < 65536 * 8 ? wanted : 65536 * 8);  // grid-stride beyond
-}
-
 // Packs of 16 bytes when every row starts on a pack boundary, else one element at a time.
 template <typename T, typename Launch>
 void with_pack(int64_t f, std::initializer_list<const void*> pointers, Launch&& launch) {
@@ -74,7 +69,7 @@ void swiglu_forward(const void* in, void* out, int64_t rows, int64_t f, DType dt
     using T = decltype(type);
     with_pack<T>(f, {in, out}, [&](auto pack) {
       constexpr int N = decltype(pack)::value;
-      swiglu_forward_kernel<T, N><<<blocks_for(rows * f / N, threads), threads, 0, stream>>>(
+      swiglu_forward_kernel<T, N><<<grid_for(rows * f / N, threads), threads, 0, stream>>>(
           static_cast<const T*>(in), static_cast<T*>(out), rows, f);
     });
   });
@@ -89,7 +84,7 @@ void swiglu_backward(const void* grad_out, const void* in, void* grad_in, int64_
     using T = decltype(type);
     with_pack<T>(f, {grad_out, in, grad_in}, [&](auto pack) {
       constexpr int N = decltype(pack)::value;
-      swiglu_backward_kernel<T, N><<<blocks_for(rows * f / N, threads), threads, 0, stream>>>(
+      swiglu_backward_kernel<T, N><<<grid_for(rows * f / N, threads), threads, 0, stream>>>(
           static_cast<const T*>(grad_out), static_cast<const T*>(in), static_cast<T*>(grad_in), rows, f);
     });
   });

@@ -37,7 +37,6 @@ AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : buffer_(bu
       params_.push_back(std::move(op));
     }
   }
-  step_ = at::zeros({}, buffer.grad_data.options());
 }
 
 double AdamW::grad_norm() const {
@@ -46,7 +45,7 @@ double AdamW::grad_norm() const {
   for (const auto& p : params_) {
     if ((!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) grads.push_back(p.main_grad);
   }
-  at::Tensor squared = grads.empty() ? at::zeros({}, step_.options())
+  at::Tensor squared = grads.empty() ? at::zeros({}, buffer_.grad_data.options())
                                      : at::stack(at::_foreach_norm(grads, 2)).pow(2).sum();
   // Replicas hold the same gradients, except that the distributed optimizer reduced each DP
   // rank's shard only.
@@ -64,40 +63,21 @@ void AdamW::clip(double total_norm) {
   if (coeff >= 1.0) return;
   // Applied inside the fused AdamW kernel (it divides each gradient by grad_scale as it reads
   // it) instead of a separate pass over every fp32 gradient.
-  grad_scale_ = at::full({}, 1.0 / coeff, step_.options());
+  grad_scale_ = at::full({}, 1.0 / coeff, buffer_.grad_data.options());
 }
 
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
-  step_.add_(1);
-  ++host_steps_;
-  if (!params_.empty() && kernels::uses_kernel(params_[0].master)) {
-    // One fused pass per parameter: masters, moments and the bf16 model weights together.
-    for (auto& p : params_) {
-      const kernels::AdamWHyperparameters h{lr, c_.adam_beta1, c_.adam_beta2, c_.adam_eps,
-                                            p.decay ? c_.weight_decay : 0.0, host_steps_};
-      kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, grad_scale_);
-    }
-    grad_scale_.reset();
-    gather_params();
-    return;
-  }
-  for (bool decay : {true, false}) {
-    std::vector<at::Tensor> masters, grads, m, v, steps;
-    for (auto& p : params_) {
-      if (p.decay != decay) continue;
-      masters.push_back(p.master);
-      grads.push_back(p.main_grad);
-      m.push_back(p.exp_avg);
-      v.push_back(p.exp_avg_sq);
-      steps.push_back(step_);
-    }
-    if (masters.empty()) continue;
-    at::_fused_adamw_(masters, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, c_.adam_beta1, c_.adam_beta2,
-                      decay ? c_.weight_decay : 0.0, c_.adam_eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale_);
+  ++steps_;
+  // Per parameter: masters, moments and the bf16 model weights in one fused kernel on CUDA;
+  // elsewhere ATen's fused AdamW and a copy (kernels/ops.h).
+  for (auto& p : params_) {
+    const kernels::AdamWHyperparameters h{lr, c_.adam_beta1, c_.adam_beta2, c_.adam_eps,
+                                          p.decay ? c_.weight_decay : 0.0, steps_};
+    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, grad_scale_);
   }
   grad_scale_.reset();
-  copy_master_to_model();
+  gather_params();
 }
 
 void AdamW::copy_master_to_model() {
@@ -121,7 +101,7 @@ std::vector<NamedTensor> AdamW::state() const {
     out.push_back({p.name + ".exp_avg", shaped(p.exp_avg)});
     out.push_back({p.name + ".exp_avg_sq", shaped(p.exp_avg_sq)});
   }
-  out.push_back({"step", step_});
+  out.push_back({"step", at::full({}, static_cast<double>(steps_), buffer_.grad_data.options())});  // [] fp32
   return out;
 }
 
@@ -149,8 +129,7 @@ void AdamW::load_state(const std::vector<NamedTensor>& state, bool load_moments)
   if (load_moments) {
     auto it = by_name.find("step");
     if (it == by_name.end()) throw UserError("checkpoint has no optimizer tensor 'step': load with --no-load-optim");
-    step_.copy_(it->second);
-    host_steps_ = static_cast<int64_t>(step_.item<float>());
+    steps_ = static_cast<int64_t>(it->second.item<float>());
   }
   copy_master_to_model();
 }
@@ -177,8 +156,7 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
       into->copy_(value.reshape({-1}));
     }
   }
-  step_.copy_(step);
-  host_steps_ = static_cast<int64_t>(step_.item<float>());
+  steps_ = static_cast<int64_t>(step.item<float>());
   copy_master_to_model();
 }
 
@@ -189,6 +167,6 @@ void AdamW::reset_from_model() {
   }
 }
 
-int64_t AdamW::steps_taken() const { return host_steps_; }
+int64_t AdamW::steps_taken() const { return steps_; }
 
 }  // namespace megatron

@@ -76,8 +76,7 @@ class AdamW {
 
   ParamAndGradBuffer& buffer_;
   std::vector<OptimizerParam> params_;
-  at::Tensor step_;  // [] fp32, shared by all parameters (they always step together)
-  int64_t host_steps_ = 0;  // step_ on the host: the kernels take the bias corrections as numbers
+  int64_t steps_ = 0;  // shared by all parameters (they always step together); "step" in checkpoints
   std::optional<at::Tensor> grad_scale_;  // [] fp32, 1 / clip coefficient, set by clip() for the next step()
   TrainConfig c_;
 };
