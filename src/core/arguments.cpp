@@ -69,6 +69,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"attention-dropout", Kind::Double, &m.attention_dropout, "dropout on attention probabilities"},
       {"no-rope-fusion", Kind::NegatedBool, &m.apply_rope_fusion, "RoPE through ATen ops instead of the fused kernel"},
       {"no-bias-swiglu-fusion", Kind::NegatedBool, &m.bias_swiglu_fusion, "SwiGLU through ATen ops instead of the fused kernel"},
+      {"no-bias-dropout-fusion", Kind::NegatedBool, &m.bias_dropout_fusion, "the residual add through ATen instead of fused with the RMSNorm after it"},
       {"cross-entropy-loss-fusion", Kind::Bool, &m.cross_entropy_loss_fusion, "cross entropy through the fused kernels (no fp32 logits)"},
       // parallelism
       {"tensor-model-parallel-size", Kind::Int, &p.tensor_model_parallel_size, "tensor-parallel size"},

@@ -49,10 +49,13 @@ struct ModelConfig {
 
   // Fused kernels (src/kernels; CUDA kernels on GPU, the same math composed from ATen ops
   // elsewhere). Megatron's flags and defaults: --no-rope-fusion, --no-bias-swiglu-fusion,
-  // --cross-entropy-loss-fusion. Runtime choices, not part of the model's saved config.
+  // --no-bias-dropout-fusion, --cross-entropy-loss-fusion. Runtime choices, not part of the model's saved config.
   bool apply_rope_fusion = true;
   bool bias_swiglu_fusion = true;
   bool cross_entropy_loss_fusion = false;
+  // The residual add (bias-dropout-add without bias or dropout) fused with the RMSNorm after it
+  // (--no-bias-dropout-fusion turns it off).
+  bool bias_dropout_fusion = true;
 
   int head_dim() const { return kv_channels; }
   int query_groups() const { return num_query_groups; }

@@ -10,7 +10,12 @@ namespace {
 template <typename Model, int N>
 __global__ void adamw_kernel(AdamWArgs a) {
   const float scale = a.grad_scale != nullptr ? *a.grad_scale : 1.0f;
-  const float step_size = a.lr / a.bias_correction1;
+  if (!isfinite(scale)) return;  // a skipped iteration (non-finite loss or gradient norm)
+  const double step = *a.step;
+  const float bias_correction1 = static_cast<float>(1.0 - pow(a.beta1, step));
+  const float bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(a.beta2, step)));
+  const float beta1 = static_cast<float>(a.beta1), beta2 = static_cast<float>(a.beta2);
+  const float step_size = a.lr / bias_correction1;
   const int64_t items = a.n / N;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
     Pack<float, N> p = reinterpret_cast<const Pack<float, N>*>(a.master)[i];
@@ -22,9 +27,9 @@ __global__ void adamw_kernel(AdamWArgs a) {
       // The order of operations of ATen's fused AdamW, so the two agree to rounding.
       const float grad = g.v[k] / scale;
       p.v[k] -= a.lr * a.weight_decay * p.v[k];
-      m.v[k] = a.beta1 * m.v[k] + (1.0f - a.beta1) * grad;
-      v.v[k] = a.beta2 * v.v[k] + (1.0f - a.beta2) * grad * grad;
-      const float denom = sqrtf(v.v[k]) / a.bias_correction2_sqrt + a.eps;
+      m.v[k] = beta1 * m.v[k] + (1.0f - beta1) * grad;
+      v.v[k] = beta2 * v.v[k] + (1.0f - beta2) * grad * grad;
+      const float denom = sqrtf(v.v[k]) / bias_correction2_sqrt + a.eps;
       p.v[k] -= step_size * m.v[k] / denom;
     }
     reinterpret_cast<Pack<float, N>*>(a.master)[i] = p;

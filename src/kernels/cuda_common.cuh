@@ -46,6 +46,20 @@ inline unsigned grid_for(int64_t items, int threads) {
   return static_cast<unsigned>(wanted < 65536 * 8 ? wanted : 65536 * 8);
 }
 
+// Sum of `v` over the block, returned to every thread. blockDim.x must be a multiple of 32
+// (at most 1024); `scratch` holds 32 floats in shared memory. Safe to call repeatedly (the first
+// barrier keeps a new call from overwriting what the last one's readers still read).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
+  return v;
+}
+
 // Calls f with a value of the storage type `dtype` names (its type selects the kernel).
 template <typename F>
 void with_storage_type(DType dtype, F&& f) {

@@ -17,7 +17,9 @@ enum class DType { Float32, BFloat16, Float16 };
 
 // Rotary embedding (rotate-half form) of x [s, b, n, d] into y [s, b, n, d] (contiguous):
 // the first rot_dim channels of each head rotate, the rest pass through. x may be a strided view
-// (the query / key part of the fused QKV output) as long as its last dimension is contiguous.
+// (the query / key part of the fused QKV output) as long as its last dimension is contiguous;
+// its heads may come in groups (the queries of each query group in the QKV output): head i is at
+// (i / heads_per_group) * x_stride_group + (i % heads_per_group) * x_stride_n.
 // cos / sin are fp32 [s, b or 1, 1, rot_dim]; a stride of 0 broadcasts over the batch.
 // `inverse` applies the transpose of the rotation (the backward pass: dx = R^T dy).
 struct RopeArgs {
@@ -27,6 +29,7 @@ struct RopeArgs {
   const float* sin;
   int64_t s, b, n, d, rot_dim;
   int64_t x_stride_s, x_stride_b, x_stride_n;      // in elements
+  int64_t heads_per_group, x_stride_group;         // n and 0 when the heads are not grouped
   int64_t table_stride_s, table_stride_b;          // in elements; table_stride_b 0: shared by the batch
   DType dtype;
   bool inverse;
@@ -51,11 +54,28 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
                             const float* grad_loss, void* grad_logits, int64_t rows, int64_t vocab, int64_t first,
                             DType dtype, Stream stream);
 
+// RMSNorm over rows of h channels (row-contiguous), optionally fused with the residual add in
+// front of it. Forward: x = a (+ b, rounded to the storage type and written to `sum`), then
+// y = x * rstd * weight with rstd = 1 / sqrt(mean(x^2) + eps) in fp32, rounded once; rstd [rows]
+// is kept for the backward. Supported when rms_norm_supported(h, dtype) and the pointers are
+// 16-byte aligned (the caller falls back to ATen otherwise).
+bool rms_norm_supported(int64_t h, DType dtype);
+void rms_norm_forward(const void* a, const void* b, const void* weight, void* sum, void* y, float* rstd, int64_t rows,
+                      int64_t h, float eps, DType dtype, Stream stream);
+// grad_x = rstd * (w * dy - xhat * mean(w * dy * xhat)) (+ grad_extra, the gradient reaching the
+// residual sum directly), xhat = x * rstd. The weight gradient's per-block partial sums of
+// dy * xhat go to weight_partial [rms_norm_backward_blocks(rows), h] fp32 (the caller sums them).
+int64_t rms_norm_backward_blocks(int64_t rows);
+void rms_norm_backward(const void* grad_y, const void* x, const void* weight, const float* rstd, const void* grad_extra,
+                       void* grad_x, float* weight_partial, int64_t rows, int64_t h, DType dtype, Stream stream);
+
 // One AdamW step (PyTorch's AdamW arithmetic, decoupled weight decay) over n elements of fp32
 // master weights and moments, writing the updated weights also into `model` in its storage type
 // (the bf16 parameter the model computes with) when model is not null: one pass instead of
-// ATen's fused AdamW followed by a copy. grad_scale (nullable, device scalar): gradients are
-// divided by it as they are read (gradient clipping).
+// ATen's fused AdamW followed by a copy. Step count and gradient scale live on the device so a
+// training step never waits for the host: bias corrections come from *step, gradients are
+// divided by *grad_scale as they are read (gradient clipping), and a grad_scale that is not
+// finite skips the step (nothing is written), as ATen's found_inf does.
 struct AdamWArgs {
   float* master;
   float* exp_avg;
@@ -64,10 +84,10 @@ struct AdamWArgs {
   void* model;          // null: the master is the model's own fp32 tensor
   DType model_dtype;
   int64_t n;
-  float lr, beta1, beta2, eps, weight_decay;
-  float bias_correction1;       // 1 - beta1^step
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
-  const float* grad_scale;
+  float lr, eps, weight_decay;
+  double beta1, beta2;      // double, as ATen forms the bias corrections
+  const float* step;        // device scalar: steps taken including this one (>= 1)
+  const float* grad_scale;  // device scalar, or null for 1
 };
 void adamw_step(const AdamWArgs& args, Stream stream);
 

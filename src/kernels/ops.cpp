@@ -51,17 +51,24 @@ at::Tensor rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::
   return out.to(x.scalar_type()).contiguous();
 }
 
+// x: [s, b, n, d], or [s, b, G, n / G, d] for heads in groups; y: [s, b, n, d].
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse, Impl impl) {
-  if (!uses_kernel(x, impl)) return rope_composite(x, cos, sin, inverse);
+  const bool grouped = x.dim() == 5;
+  const int64_t n = grouped ? x.size(2) * x.size(3) : x.size(2);
+  if (!uses_kernel(x, impl)) {
+    return rope_composite(grouped ? x.reshape({x.size(0), x.size(1), n, x.size(-1)}) : x, cos, sin, inverse);
+  }
 #ifdef MEGATRON_WITH_CUDA_KERNELS
-  at::Tensor y = at::empty(x.sizes(), x.options());
+  at::Tensor y = at::empty({x.size(0), x.size(1), n, x.size(-1)}, x.options());
   cuda::RopeArgs a{};
   a.x = x.data_ptr();
   a.y = y.data_ptr();
   a.cos = cos.data_ptr<float>();
   a.sin = sin.data_ptr<float>();
-  a.s = x.size(0), a.b = x.size(1), a.n = x.size(2), a.d = x.size(3), a.rot_dim = cos.size(-1);
-  a.x_stride_s = x.stride(0), a.x_stride_b = x.stride(1), a.x_stride_n = x.stride(2);
+  a.s = x.size(0), a.b = x.size(1), a.n = n, a.d = x.size(-1), a.rot_dim = cos.size(-1);
+  a.x_stride_s = x.stride(0), a.x_stride_b = x.stride(1), a.x_stride_n = x.stride(-2);
+  a.heads_per_group = grouped ? x.size(3) : n;
+  a.x_stride_group = grouped ? x.stride(2) : 0;
   a.table_stride_s = cos.stride(0);
   a.table_stride_b = cos.size(1) == 1 ? 0 : cos.stride(1);
   a.dtype = storage_type(x);
@@ -78,12 +85,14 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
                             int64_t impl) {
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["impl"] = impl;
+    ctx->saved_data["shape"] = x.sizes().vec();
     return rope_apply(x, cos, sin, /*inverse=*/false, static_cast<Impl>(impl));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
-    return {rope_apply(grads[0].contiguous(), saved[0], saved[1], /*inverse=*/true, impl), {}, {}, {}};
+    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
+    return {rope_apply(grads[0].contiguous(), saved[0], saved[1], /*inverse=*/true, impl).view(shape), {}, {}, {}};
   }
 };
 
@@ -145,6 +154,96 @@ void check_cross_entropy_inputs(const at::Tensor& logits, const at::Tensor& targ
               "cross entropy: targets must be contiguous int64 [rows]");
 }
 
+// ---- RMSNorm (and the residual add before it) ------------------------------------------------
+
+bool rms_norm_kernel_applies(const at::Tensor& x, const at::Tensor& weight, Impl impl) {
+  if (!uses_kernel(x, impl) || weight.scalar_type() != x.scalar_type() || !weight.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 != 0) {
+    return false;
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  return cuda::rms_norm_supported(x.size(-1), storage_type(x));
+#else
+  return false;
+#endif
+}
+
+// A contiguous tensor whose data starts on a 16-byte boundary (the kernels' packed loads).
+at::Tensor packed_input(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
+struct RmsNormForward {
+  at::Tensor x;     // the normalised input: a itself, or the residual sum a + b
+  at::Tensor y;     // x's shape
+  at::Tensor rstd;  // [rows] fp32
+};
+
+RmsNormForward rms_norm_kernel_forward(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight, double eps) {
+  RmsNormForward out;
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  const at::Tensor a_in = packed_input(a);
+  const at::Tensor b_in = b.defined() ? packed_input(b) : b;
+  const int64_t h = a.size(-1), rows = a.numel() / h;
+  out.x = b.defined() ? at::empty_like(a_in) : a_in;
+  out.y = at::empty_like(a_in);
+  out.rstd = at::empty({rows}, a.options().dtype(at::kFloat));
+  cuda::rms_norm_forward(a_in.data_ptr(), b.defined() ? b_in.data_ptr() : nullptr, weight.data_ptr(),
+                         b.defined() ? out.x.data_ptr() : nullptr, out.y.data_ptr(), out.rstd.data_ptr<float>(), rows,
+                         h, static_cast<float>(eps), storage_type(a), current_stream());
+#endif
+  return out;
+}
+
+// {grad_x (+ grad_extra), grad_weight}
+std::pair<at::Tensor, at::Tensor> rms_norm_kernel_backward(const at::Tensor& grad_y, const at::Tensor& x,
+                                                           const at::Tensor& weight, const at::Tensor& rstd,
+                                                           const at::Tensor& grad_extra) {
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  const at::Tensor dy = grad_y.defined() ? packed_input(grad_y) : at::zeros_like(x);
+  const at::Tensor extra = grad_extra.defined() ? packed_input(grad_extra) : grad_extra;
+  at::Tensor grad_x = at::empty_like(x);
+  at::Tensor partial = at::empty({cuda::rms_norm_backward_blocks(rows), h}, x.options().dtype(at::kFloat));
+  cuda::rms_norm_backward(dy.data_ptr(), x.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(),
+                          extra.defined() ? extra.data_ptr() : nullptr, grad_x.data_ptr(), partial.data_ptr<float>(),
+                          rows, h, storage_type(x), current_stream());
+  return {grad_x, partial.sum(0).to(weight.scalar_type())};
+#else
+  return {};
+#endif
+}
+
+struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    RmsNormForward f = rms_norm_kernel_forward(x, {}, weight, eps);
+    ctx->save_for_backward({f.x, weight, f.rstd});
+    return f.y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight] = rms_norm_kernel_backward(grads[0], saved[0], saved[1], saved[2], {});
+    return {grad_x, grad_weight, {}};
+  }
+};
+
+struct AddRmsNormFunction : torch::autograd::Function<AddRmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight,
+                               double eps) {
+    RmsNormForward f = rms_norm_kernel_forward(a, b, weight, eps);
+    ctx->save_for_backward({f.x, weight, f.rstd});
+    return {f.x, f.y};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    // The sum's gradient is what reached it directly plus what came through the norm; both
+    // addends of the sum receive it.
+    auto [grad_sum, grad_weight] = rms_norm_kernel_backward(grads[1], saved[0], saved[1], saved[2], grads[0]);
+    return {grad_sum, grad_sum, grad_weight, {}};
+  }
+};
+
 }  // namespace
 
 bool built_with_kernels() {
@@ -162,7 +261,8 @@ bool uses_kernel(const at::Tensor& t, Impl impl) {
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Impl impl) {
-  TORCH_CHECK(x.dim() == 4 && x.stride(-1) == 1, "rope: x must be [s, b, n, d] with a contiguous last dimension");
+  TORCH_CHECK((x.dim() == 4 || x.dim() == 5) && x.stride(-1) == 1,
+              "rope: x must be [s, b, n, d] or [s, b, groups, n / groups, d] with a contiguous last dimension");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 4 &&
                   cos.size(-1) % 2 == 0 && cos.size(-1) <= x.size(-1) && cos.size(0) >= x.size(0) &&
                   (cos.size(1) == 1 || cos.size(1) == x.size(1)),
@@ -229,18 +329,23 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
 }
 
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
-                const std::optional<at::Tensor>& grad_scale, Impl impl) {
+                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h, const at::Tensor& step,
+                const at::Tensor& grad_scale, Impl impl) {
   for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &grad}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == master.numel(),
                 "adamw_step: master, moments and gradient must be contiguous fp32 of one size");
   }
   TORCH_CHECK(model.is_contiguous() && model.numel() == master.numel(), "adamw_step: model must match the master");
+  for (const at::Tensor* t : {&step, &grad_scale}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1 && t->device() == master.device(),
+                "adamw_step: step and grad_scale must be fp32 scalars on the parameters' device");
+  }
   const bool own_model = !model.is_same(master);
   if (!uses_kernel(master, impl)) {
-    at::Tensor step = at::full({}, static_cast<double>(h.step), master.options());
+    const at::Tensor finite = grad_scale.isfinite();
     at::_fused_adamw_({master}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step}, h.lr, h.beta1, h.beta2, h.weight_decay,
-                      h.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale);
+                      h.eps, /*amsgrad=*/false, /*maximize=*/false, at::where(finite, grad_scale, 1.0),
+                      finite.logical_not().to(at::kFloat));
     if (own_model) model.copy_(master);
     return;
   }
@@ -253,13 +358,27 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   a.model = own_model ? model.data_ptr() : nullptr;
   a.model_dtype = storage_type(model);
   a.n = master.numel();
-  a.lr = static_cast<float>(h.lr), a.beta1 = static_cast<float>(h.beta1), a.beta2 = static_cast<float>(h.beta2);
-  a.eps = static_cast<float>(h.eps), a.weight_decay = static_cast<float>(h.weight_decay);
-  a.bias_correction1 = static_cast<float>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
-  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(h.step))));
-  a.grad_scale = grad_scale ? grad_scale->data_ptr<float>() : nullptr;
+  a.lr = static_cast<float>(h.lr), a.eps = static_cast<float>(h.eps), a.weight_decay = static_cast<float>(h.weight_decay);
+  a.beta1 = h.beta1, a.beta2 = h.beta2;
+  a.step = step.data_ptr<float>();
+  a.grad_scale = grad_scale.data_ptr<float>();
   cuda::adamw_step(a, current_stream());
 #endif
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, Impl impl) {
+  if (!rms_norm_kernel_applies(x, weight, impl)) return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+AddRmsNorm add_rms_norm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight, double eps, Impl impl) {
+  TORCH_CHECK(a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type(), "add_rms_norm: a and b must match");
+  if (!rms_norm_kernel_applies(a, weight, impl)) {
+    at::Tensor sum = a + b;
+    return {sum, at::rms_norm(sum, {sum.size(-1)}, weight, eps)};
+  }
+  variable_list out = AddRmsNormFunction::apply(a, b, weight, eps);
+  return {out[0], out[1]};
 }
 
 }  // namespace megatron::kernels

@@ -7,7 +7,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <optional>
 
 namespace megatron::kernels {
 
@@ -20,11 +19,26 @@ bool uses_kernel(const at::Tensor& t, Impl impl = Impl::Auto);
 
 // Rotary embedding of x [s, b, n, d] (last dim contiguous; a view into the QKV output is fine)
 // with fp32 tables cos / sin [>= s, 1 or b, 1, rot_dim]: the first rot_dim channels of each head
-// rotate (rotate-half form), the rest pass through. Returns a contiguous [s, b, n, d].
+// rotate (rotate-half form), the rest pass through. Returns a contiguous [s, b, n, d]. x may also
+// be [s, b, G, n / G, d], heads in groups (the queries of the QKV output read in place).
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Impl impl = Impl::Auto);
 
 // SwiGLU of h [..., 2f] = [gate | up] -> silu(gate) * up [..., f]; saves only h for backward.
 at::Tensor swiglu(const at::Tensor& h, Impl impl = Impl::Auto);
+
+// RMSNorm of x [..., h] with weight [h] of x's dtype, as ATen's rms_norm computes it (fp32
+// statistics, the product with the weight rounded once): the kernels where they apply (CUDA,
+// bf16/fp16/fp32, h a multiple of the 16-byte pack with 32..1024 packs), at::rms_norm elsewhere.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, Impl impl = Impl::Auto);
+// The residual add fused with the RMSNorm that follows it: sum = a + b (rounded to the storage
+// type, as a plain add), normed = rms_norm(sum). One read of a and b, one write of each output;
+// in backward one pass adds the sum's own gradient to the norm's.
+struct AddRmsNorm {
+  at::Tensor sum;
+  at::Tensor normed;
+};
+AddRmsNorm add_rms_norm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight, double eps,
+                        Impl impl = Impl::Auto);
 
 // Cross-entropy pieces over a vocabulary slice (no autograd; tensor_parallel/cross_entropy.cpp
 // composes them with the TP reductions). logits [rows, vocab] holds ids [first, first + vocab).
@@ -42,15 +56,17 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
                                   Impl impl = Impl::Auto);
 
 // One AdamW step (PyTorch's arithmetic, decoupled weight decay) on one parameter's fp32 master
-// and moments [n], from its fp32 gradient [n] divided by grad_scale (if any); the result is
-// also written to `model` ([n], bf16 / fp16) unless model is the master itself. The kernel does
-// all of it in one pass; the fallback runs ATen's _fused_adamw_ and then copies.
+// and moments [n], from its fp32 gradient [n] divided by grad_scale; the result is also written
+// to `model` ([n], bf16 / fp16) unless model is the master itself. `step` ([] fp32, steps taken
+// including this one) and `grad_scale` ([] fp32) are tensors on the parameter's device, so no
+// host synchronisation is needed: a grad_scale that is not finite skips the step (nothing
+// changes). The kernel does all of it in one pass; the fallback runs ATen's _fused_adamw_ (its
+// found_inf skips) and then copies.
 struct AdamWHyperparameters {
   double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // counted from 1, this step included
 };
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
-                const std::optional<at::Tensor>& grad_scale, Impl impl = Impl::Auto);
+                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h, const at::Tensor& step,
+                const at::Tensor& grad_scale, Impl impl = Impl::Auto);
 
 }  // namespace megatron::kernels

@@ -5,6 +5,10 @@
 namespace megatron::kernels::cuda {
 namespace {
 
+__device__ __forceinline__ int64_t head_offset(const RopeArgs& a, int64_t head) {
+  return (head / a.heads_per_group) * a.x_stride_group + (head % a.heads_per_group) * a.x_stride_n;
+}
+
 // Any layout (partial rotary, unaligned strides): one block per (position, sample); its threads
 // walk the n heads x d channels of that token, one element each.
 template <typename T>
@@ -18,7 +22,7 @@ __global__ void rope_kernel(RopeArgs a) {
   const int total = static_cast<int>(a.n) * d;
   for (int k = threadIdx.x; k < total; k += blockDim.x) {
     const int head = k / d, j = k % d;
-    const T* xh = x + head * a.x_stride_n;
+    const T* xh = x + head_offset(a, head);
     float out = to_float(xh[j]);
     if (j < rot) {
       const bool first = j < half;
@@ -45,7 +49,7 @@ __global__ void rope_packed_kernel(RopeArgs a) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t token = i / per_token, head = (i % per_token) / packs, j = (i % packs) * N;
     const int64_t si = token / a.b, bi = token % a.b;
-    const T* x = static_cast<const T*>(a.x) + si * a.x_stride_s + bi * a.x_stride_b + head * a.x_stride_n;
+    const T* x = static_cast<const T*>(a.x) + si * a.x_stride_s + bi * a.x_stride_b + head_offset(a, head);
     T* y = static_cast<T*>(a.y) + (token * a.n + head) * a.d;
     const float* cos = a.cos + si * a.table_stride_s + bi * a.table_stride_b;
     const float* sin = a.sin + si * a.table_stride_s + bi * a.table_stride_b;
@@ -73,7 +77,7 @@ template <typename T>
 bool packable(const RopeArgs& a) {
   constexpr int N = kPack<T>;
   return a.rot_dim == a.d && (a.rot_dim / 2) % N == 0 && a.x_stride_s % N == 0 && a.x_stride_b % N == 0 &&
-         a.x_stride_n % N == 0 && aligned16(a.x) && aligned16(a.y);
+         a.x_stride_n % N == 0 && a.x_stride_group % N == 0 && aligned16(a.x) && aligned16(a.y);
 }
 
 }  // namespace

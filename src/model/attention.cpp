@@ -37,7 +37,7 @@ at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* ro
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups_, (per_group + 2) * head_dim_});
   auto parts = qkv.split_with_sizes({per_group * head_dim_, head_dim_, head_dim_}, -1);
-  at::Tensor q = parts[0].reshape({s, b, heads_, head_dim_});   // [s, b, H, d]
+  at::Tensor q = parts[0].view({s, b, groups_, per_group, head_dim_});  // [s, b, G, H/G, d], in place
   at::Tensor k = parts[1];                                        // [s, b, G, d]
   at::Tensor v = parts[2];                                        // [s, b, G, d]
   if (q_layernorm_weight.defined()) {
@@ -45,12 +45,16 @@ at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* ro
     k = apply_norm(k, k_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
   }
   if (rope != nullptr && rope_fusion_) {
-    // Reads q and k straight out of the QKV output (strided views), one pass each way.
+    // Reads q and k straight out of the QKV output (strided views), one pass each way; q comes
+    // out as [s, b, H, d].
     q = kernels::rope(q, rope->cos, rope->sin);
     k = kernels::rope(k, rope->cos, rope->sin);
-  } else if (rope != nullptr) {
-    q = apply_rope(q, *rope);
-    k = apply_rope(k, *rope);
+  } else {
+    q = q.reshape({s, b, heads_, head_dim_});  // [s, b, H, d]
+    if (rope != nullptr) {
+      q = apply_rope(q, *rope);
+      k = apply_rope(k, *rope);
+    }
   }
   // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
   const double dropout = is_training() ? attention_dropout_ : 0.0;

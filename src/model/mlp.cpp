@@ -15,7 +15,14 @@ MLP::MLP(const ModelConfig& c, const tp::TensorParallel& tp) : swiglu_(c.swiglu)
 }
 
 at::Tensor MLP::forward(const at::Tensor& hidden) {
-  at::Tensor h = linear_fc1->forward(hidden);  // [s, b, 2f/tp] or [s, b, f/tp]
+  return activation_and_fc2(linear_fc1->forward(hidden));  // fc1: [s, b, 2f/tp] or [s, b, f/tp]
+}
+
+at::Tensor MLP::forward_normed(const at::Tensor& normed) {
+  return activation_and_fc2(linear_fc1->forward_normed(normed));
+}
+
+at::Tensor MLP::activation_and_fc2(at::Tensor h) {
   if (swiglu_ && swiglu_fusion_) {
     h = kernels::swiglu(h);                    // [s, b, f/tp]
   } else if (swiglu_) {

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/ops.h"
+
 namespace megatron {
 
 NormKind norm_kind_from_name(const std::string& name) {
@@ -13,9 +15,9 @@ at::ScalarType at_least_fp32(at::ScalarType t) { return t == at::kDouble ? at::k
 at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
                       double eps) {
   if (kind == NormKind::RMSNorm && !bias.defined() && weight.scalar_type() == x.scalar_type()) {
-    // ATen's RMSNorm: on CUDA one fused kernel each way (_fused_rms_norm), statistics and the
-    // weight product in fp32 whatever the activation dtype, rounded once; composite on CPU.
-    return at::rms_norm(x, {x.size(-1)}, weight, eps);
+    // One fused kernel each way on CUDA (kernels/rmsnorm.cu), statistics and the weight product
+    // in fp32 whatever the activation dtype, rounded once; ATen's rms_norm elsewhere.
+    return kernels::rms_norm(x, weight, eps);
   }
   at::Tensor x32 = x.to(at_least_fp32(x.scalar_type()));
   at::Tensor normed;

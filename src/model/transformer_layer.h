@@ -22,6 +22,8 @@ class TransformerLayer : public torch::nn::Module {
 
  private:
   double hidden_dropout_;
+  bool fuse_add_norm_;  // the residual add after attention fused with the pre-MLP RMSNorm
+  double norm_epsilon_;
   tp::TensorParallel tp_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include "core/errors.h"
@@ -11,7 +12,8 @@
 
 namespace megatron {
 
-AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : buffer_(buffer), c_(config) {
+AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config)
+    : buffer_(buffer), steps_(at::zeros({}, buffer.grad_data.options().dtype(at::kFloat))), c_(config) {
   at::NoGradGuard no_grad;
   // Registration order (the buffer holds parameters reversed), so state files read naturally.
   std::vector<const BufferedParam*> ordered;
@@ -39,7 +41,7 @@ AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : buffer_(bu
   }
 }
 
-double AdamW::grad_norm() const {
+at::Tensor AdamW::grad_norm() const {
   const dist::ParallelState& ps = buffer_.parallel_state();
   std::vector<at::Tensor> grads;
   for (const auto& p : params_) {
@@ -54,30 +56,27 @@ double AdamW::grad_norm() const {
     squared = squared.reshape({1}).contiguous();
     group.all_reduce(squared);
   }
-  return squared.sqrt().item<double>();
+  return squared.sqrt().reshape({});
 }
 
-void AdamW::clip(double total_norm) {
-  if (c_.clip_grad <= 0.0) return;
-  const double coeff = c_.clip_grad / (total_norm + 1e-6);
-  if (coeff >= 1.0) return;
-  // Applied inside the fused AdamW kernel (it divides each gradient by grad_scale as it reads
-  // it) instead of a separate pass over every fp32 gradient.
-  grad_scale_ = at::full({}, 1.0 / coeff, buffer_.grad_data.options());
-}
-
-void AdamW::step(double lr) {
+at::Tensor AdamW::step(double lr, const at::Tensor& grad_norm, const at::Tensor& loss) {
   at::NoGradGuard no_grad;
-  ++steps_;
+  at::Tensor applied = grad_norm.isfinite();
+  if (loss.defined()) applied = applied.logical_and(loss.isfinite().to(applied.device()));
+  // Megatron's clip multiplies by clip / (norm + 1e-6) when that is below 1; the kernel divides
+  // by its inverse. NaN marks a skipped step for the kernel.
+  at::Tensor grad_scale = c_.clip_grad > 0.0 ? ((grad_norm + 1e-6) / c_.clip_grad).clamp_min(1.0)
+                                             : at::ones({}, grad_norm.options());
+  grad_scale = at::where(applied, grad_scale, std::numeric_limits<double>::quiet_NaN()).to(at::kFloat);
+  steps_.add_(applied.to(at::kFloat));
   // Per parameter: masters, moments and the bf16 model weights in one fused kernel on CUDA;
   // elsewhere ATen's fused AdamW and a copy (kernels/ops.h).
   for (auto& p : params_) {
-    const kernels::AdamWHyperparameters h{lr, c_.adam_beta1, c_.adam_beta2, c_.adam_eps,
-                                          p.decay ? c_.weight_decay : 0.0, steps_};
-    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, grad_scale_);
+    const kernels::AdamWHyperparameters h{lr, c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
+    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, steps_, grad_scale);
   }
-  grad_scale_.reset();
   gather_params();
+  return applied;
 }
 
 void AdamW::copy_master_to_model() {
@@ -101,7 +100,7 @@ std::vector<NamedTensor> AdamW::state() const {
     out.push_back({p.name + ".exp_avg", shaped(p.exp_avg)});
     out.push_back({p.name + ".exp_avg_sq", shaped(p.exp_avg_sq)});
   }
-  out.push_back({"step", at::full({}, static_cast<double>(steps_), buffer_.grad_data.options())});  // [] fp32
+  out.push_back({"step", steps_});  // [] fp32
   return out;
 }
 
@@ -129,7 +128,7 @@ void AdamW::load_state(const std::vector<NamedTensor>& state, bool load_moments)
   if (load_moments) {
     auto it = by_name.find("step");
     if (it == by_name.end()) throw UserError("checkpoint has no optimizer tensor 'step': load with --no-load-optim");
-    steps_ = static_cast<int64_t>(it->second.item<float>());
+    steps_.copy_(it->second.reshape({}));
   }
   copy_master_to_model();
 }
@@ -156,7 +155,7 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
       into->copy_(value.reshape({-1}));
     }
   }
-  steps_ = static_cast<int64_t>(step.item<float>());
+  steps_.copy_(step.reshape({}));
   copy_master_to_model();
 }
 
@@ -167,6 +166,6 @@ void AdamW::reset_from_model() {
   }
 }
 
-int64_t AdamW::steps_taken() const { return steps_; }
+int64_t AdamW::steps_taken() const { return static_cast<int64_t>(steps_.item<float>()); }
 
 }  // namespace megatron

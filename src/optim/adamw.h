@@ -12,7 +12,6 @@
 
 #include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,14 +42,15 @@ class AdamW {
  public:
   AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config);
 
-  // Global L2 norm of the (reduced) gradients over all TP, PP and DP shards.
-  double grad_norm() const;
-  // Scales gradients so their norm is at most clip_grad (Megatron's clip_grad_norm_), within
-  // the next step().
-  void clip(double total_norm);
-  // One AdamW step at learning rate `lr`, then master -> model parameters (all-gathered over
-  // DP with the distributed optimizer).
-  void step(double lr);
+  // Global L2 norm of the (reduced) gradients over all TP, PP and DP shards: [] fp32 on the
+  // buffer's device, not read back (a training step never waits for the host).
+  at::Tensor grad_norm() const;
+  // One AdamW step at learning rate `lr` with the gradients clipped to --clip-grad by
+  // `grad_norm` (Megatron's clip_grad_norm_, applied by the kernel as it reads each gradient),
+  // then master -> model parameters (all-gathered over DP with the distributed optimizer).
+  // When grad_norm, or `loss` if given, is not finite the step is skipped on the device: no
+  // element changes and the step count stays. Returns whether it was applied ([] bool, device).
+  at::Tensor step(double lr, const at::Tensor& grad_norm, const at::Tensor& loss = {});
 
   // Checkpoint state of this rank: "<param name>.master|exp_avg|exp_avg_sq" (the parameter's
   // shape when this rank steps all of it, else its flat slice) and "step".
@@ -76,8 +76,9 @@ class AdamW {
 
   ParamAndGradBuffer& buffer_;
   std::vector<OptimizerParam> params_;
-  int64_t steps_ = 0;  // shared by all parameters (they always step together); "step" in checkpoints
-  std::optional<at::Tensor> grad_scale_;  // [] fp32, 1 / clip coefficient, set by clip() for the next step()
+  // [] fp32 on the device: steps applied, shared by all parameters (they always step together);
+  // "step" in checkpoints. On the device because whether a step applies is known only there.
+  at::Tensor steps_;
   TrainConfig c_;
 };
 

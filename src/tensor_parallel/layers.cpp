@@ -36,7 +36,11 @@ LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t
 
 at::Tensor LayerNormColumnParallelLinear::forward(const at::Tensor& x) const {
   // The norm runs where x lives (on the sequence shard under SP), before entering the region.
-  return tp::linear(enter(apply_norm(x, layer_norm_weight, layer_norm_bias, norm_, eps_)), weight, bias);
+  return forward_normed(apply_norm(x, layer_norm_weight, layer_norm_bias, norm_, eps_));
+}
+
+at::Tensor LayerNormColumnParallelLinear::forward_normed(const at::Tensor& normed) const {
+  return tp::linear(enter(normed), weight, bias);
 }
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp) : tp_(tp) {

@@ -50,6 +50,9 @@ class LayerNormColumnParallelLinear : public ColumnParallelLinear {
   LayerNormColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, NormKind norm, double eps,
                                 const TensorParallel& tp);
   at::Tensor forward(const at::Tensor& x) const;
+  // The linear part alone, for x the caller already normalised with layer_norm_weight (the
+  // residual add fused with the norm, kernels::add_rms_norm).
+  at::Tensor forward_normed(const at::Tensor& normed) const;
 
   at::Tensor layer_norm_weight;  // [in], replicated
   at::Tensor layer_norm_bias;    // [in] for LayerNorm, undefined for RMSNorm

@@ -34,6 +34,7 @@
 #include "tensor_parallel/sharding.h"
 #include "train/log_line.h"
 #include "train/profiler.h"
+#include "train/step_statistics.h"
 #include "train/tensorboard_writer.h"
 
 namespace megatron {
@@ -60,6 +61,13 @@ at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
     return device;
   }
   return at::Device(at::kCPU);
+}
+
+// Page-locked copies, so that to_device's copies run asynchronously (from pageable memory a
+// host-to-device copy waits for the stream, stalling the host once per micro-batch).
+Batch pinned(Batch b) {
+  auto pin = [](const at::Tensor& t) { return t.defined() ? t.pin_memory() : t; };
+  return {pin(b.tokens), pin(b.labels), pin(b.loss_mask), pin(b.position_ids), pin(b.attention_mask)};
 }
 
 Batch to_device(Batch b, const at::Device& device) {
@@ -95,7 +103,8 @@ class Trainer {
   // zero elsewhere.
   at::Tensor forward_backward(int64_t micro_batches, const std::function<Batch(int64_t)>& batch, bool forward_only);
   // A loss summed on the last pipeline stage: averaged over DP replicas and sent to every stage.
-  double global_loss(const at::Tensor& loss_sum);
+  // The step's mean loss over DP, sent to every pipeline rank: [] fp64 on the device.
+  at::Tensor global_loss(const at::Tensor& loss_sum);
   void report_memory();
   std::vector<GPTModel*> chunks() const;
   void save(const char* why);
@@ -103,7 +112,10 @@ class Trainer {
   // iteration without blocking), or wait for it.
   void finish_async_save(bool wait);
   void export_hf();
-  void log_iteration(double grad_norm);
+  void log_iteration();
+  // Reads the device-side statistics of the iterations since the last call into progress_ and
+  // the log interval's totals (one host synchronisation).
+  void settle_statistics();
   bool stop_requested();
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
@@ -139,8 +151,10 @@ class Trainer {
   std::map<std::string, at::Tensor> snapshot_buffers_;  // page-locked host copies, reused by every async save
 
   // Accumulated over the current log interval.
+  StepStatistics statistics_;  // on the device, not read yet
   double interval_loss_ = 0;
   int64_t interval_iterations_ = 0;
+  double last_grad_norm_ = 0;
   std::chrono::steady_clock::time_point interval_start_;
   double peak_tflops_ = 0;
   double flops_per_token_ = 0;
@@ -219,8 +233,9 @@ int Trainer::run() {
   valid_data_ = make_sample_source(c_, Split::Valid);
   train_batches_ = std::make_unique<BatchPrefetcher>(
       [this, dp_offset](int64_t first) {
-        return make_batch(*train_data_, first + dp_offset, t_.micro_batch_size, c_.model.seq_length, c_.model.vocab_size,
-                          ltor_);
+        Batch b = make_batch(*train_data_, first + dp_offset, t_.micro_batch_size, c_.model.seq_length,
+                             c_.model.vocab_size, ltor_);
+        return device_.is_cuda() ? pinned(std::move(b)) : b;  // prepared on the prefetcher's thread
       },
       dp_block);
 
@@ -269,31 +284,27 @@ int Trainer::run() {
       return train_batches_->get(progress_.consumed_train_samples + k * dp_block);
     }, /*forward_only=*/false);
     buffer_->finish_grad_sync();
-    const double grad_norm = optimizer_->grad_norm();
-    const double loss_value = global_loss(loss_sum);
-    if (!std::isfinite(grad_norm) || !std::isfinite(loss_value)) {
-      ++progress_.nan_iterations;  // the update is skipped; parameters stay as they were
-      ++progress_.skipped_iterations;
-    } else {
-      optimizer_->clip(grad_norm);
-      optimizer_->step(schedule_.at(progress_.iteration));
-      interval_loss_ += loss_value;
-    }
-    ++interval_iterations_;
+    const at::Tensor grad_norm = optimizer_->grad_norm();  // [] fp32, on the device
+    const at::Tensor loss = global_loss(loss_sum);         // [] fp64, on the device
+    // Nothing here waits for the GPU: a loss or norm that is not finite skips the update on the
+    // device (parameters stay as they were) and is counted when the statistics are read back.
+    const at::Tensor applied = optimizer_->step(schedule_.at(progress_.iteration), grad_norm, loss);
+    statistics_.add(loss, grad_norm, applied);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
     progress_.consumed_train_samples += t_.global_batch_size;
-    if (metrics_ != nullptr) {  // the last rank's
+    if (metrics_ != nullptr) {  // the last rank's; reading the values back waits for the step
+      const double loss_value = loss.item<double>(), norm = grad_norm.item<double>();
       // %a prints doubles exactly, so runs can be compared bit for bit.
       std::fprintf(metrics_, "{\"iteration\": %lld, \"lm_loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
                              "\"lm_loss_hex\": \"%a\"}\n",
-                   static_cast<long long>(progress_.iteration), loss_value, grad_norm, schedule_.at(progress_.iteration - 1),
+                   static_cast<long long>(progress_.iteration), loss_value, norm, schedule_.at(progress_.iteration - 1),
                    loss_value);
       std::fflush(metrics_);
     }
 
     if (progress_.iteration % t_.log_interval == 0) {
-      log_iteration(grad_norm);
+      log_iteration();
       if (!memory_reported_) report_memory();
     }
     if (t_.check_weight_hash_across_dp_replicas_interval > 0 &&
@@ -445,15 +456,14 @@ void Trainer::check_weight_hash() {
   }
 }
 
-double Trainer::global_loss(const at::Tensor& loss_sum) {
-  if (ps_.world_size == 1) return loss_sum.item<double>();
+at::Tensor Trainer::global_loss(const at::Tensor& loss_sum) {
   at::Tensor v = loss_sum.to(at::kDouble).reshape({1}).contiguous();
   if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
     ps_.dp.all_reduce(v);
     v.div_(ps_.dp.size());
   }
   if (ps_.pp.size() > 1) ps_.pp.broadcast(v, ps_.pp.size() - 1);
-  return v.item<double>();
+  return v.reshape({});
 }
 
 at::Tensor Trainer::forward_backward(int64_t micro_batches, const std::function<Batch(int64_t)>& batch, bool forward_only) {
@@ -505,7 +515,17 @@ void Trainer::report_memory() {
   std::fflush(stdout);
 }
 
-void Trainer::log_iteration(double grad_norm) {
+void Trainer::settle_statistics() {
+  const StepStatistics::Totals t = statistics_.take();
+  interval_loss_ += t.applied_loss_sum;
+  interval_iterations_ += t.iterations;
+  progress_.skipped_iterations += t.skipped;
+  progress_.nan_iterations += t.skipped;  // bf16 has no loss scaler: every skip is a non-finite value
+  if (t.iterations > 0) last_grad_norm_ = t.last_grad_norm;
+}
+
+void Trainer::log_iteration() {
+  settle_statistics();
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - interval_start_).count();
   const double per_iteration = elapsed / double(interval_iterations_);
@@ -524,7 +544,7 @@ void Trainer::log_iteration(double grad_norm) {
   l.global_batch_size = t_.global_batch_size;
   const int64_t counted = interval_iterations_;
   l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
-  l.grad_norm = grad_norm;
+  l.grad_norm = last_grad_norm_;
   l.skipped_iterations = progress_.skipped_iterations;
   l.nan_iterations = progress_.nan_iterations;
   if (prints_log()) std::printf("%s\n", format_iteration_log(l).c_str());
@@ -532,7 +552,7 @@ void Trainer::log_iteration(double grad_norm) {
   if (tensorboard_) {
     tensorboard_->add_scalar("lm loss", float(l.lm_loss), l.iteration);
     tensorboard_->add_scalar("learning-rate", float(l.learning_rate), l.iteration);
-    tensorboard_->add_scalar("grad-norm", float(grad_norm), l.iteration);
+    tensorboard_->add_scalar("grad-norm", float(last_grad_norm_), l.iteration);
     tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);
   }
   interval_loss_ = 0;
@@ -555,11 +575,12 @@ double Trainer::evaluate() {
     progress_.consumed_valid_samples += micro_batches * dp_block;
   }
   for (auto& chunk : chunks_) chunk->train();
-  return global_loss(total) / double(t_.eval_iters);
+  return global_loss(total).item<double>() / double(t_.eval_iters);
 }
 
 void Trainer::save(const char* why) {
   if (last_saved_ == progress_.iteration) return;
+  settle_statistics();  // the skipped-iteration counts go into the checkpoint
   if (t_.async_save) finish_async_save(/*wait=*/true);  // one save in flight at a time; its buffers are reused
   const auto start = std::chrono::steady_clock::now();
   buffer_->finish_param_gather();

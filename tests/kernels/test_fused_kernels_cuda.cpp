@@ -4,6 +4,9 @@
 // without the kernels in this build they report a skip, never a pass.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <limits>
 
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
@@ -57,6 +60,13 @@ TEST_P(CudaFusedKernels, RopeForwardAndBackward) {
       kernels::rope(x1, t.cos, t.sin).backward(grad);
       kernels::rope(x2, t.cos, t.sin, kernels::Impl::Composite).backward(grad);
       EXPECT_LE(relative(x1.grad(), x2.grad()), tolerance(dtype)) << "backward, rotary " << rotary_percent;
+
+      // q read in place: [s, b, G, H/G, d] with the groups a QKV row apart.
+      at::Tensor q = qkv.narrow(-1, 0, per_group * 64).view({s, b, groups, per_group, 64});
+      at::Tensor q_kernel = kernels::rope(q, t.cos, t.sin);
+      at::Tensor q_composite =
+          kernels::rope(q.reshape({s, b, groups * per_group, 64}), t.cos, t.sin, kernels::Impl::Composite);
+      EXPECT_LE(relative(q_kernel, q_composite), tolerance(dtype)) << "grouped queries, rotary " << rotary_percent;
     }
   }
 }
@@ -113,23 +123,51 @@ TEST_P(CudaFusedKernels, CrossEntropyLossMatchesAtenInFp32) {
   EXPECT_LE(relative(a.grad(), b.grad()), tolerance(dtype));
 }
 
-TEST_P(CudaFusedKernels, RmsNormFusedKernelMatchesComposite) {
-  // RMSNorm runs ATen's fused kernel (at::rms_norm -> _fused_rms_norm on CUDA); its fallback is
-  // the fp32 composite of model/norm.cpp (taken when the weight's dtype differs).
+TEST_P(CudaFusedKernels, RmsNormKernelMatchesAtenAndFp64) {
+  // kernels::rms_norm (kernels/rmsnorm.cu) against its fallback, ATen's rms_norm, and an fp64
+  // reference; h = 2048 takes the kernel, h = 1000 (not a whole number of packs) the fallback.
   REQUIRE_CUDA_KERNELS();
   const at::ScalarType dtype = GetParam();
-  at::Tensor x = at::randn({2048, 2, 2048}, at::TensorOptions(kGpu).dtype(dtype));
+  for (int64_t h : {2048, 1000}) {
+    at::Tensor x = at::randn({1024, 3, h}, at::TensorOptions(kGpu).dtype(dtype));
+    at::Tensor w = (1 + 0.1 * at::randn({h}, at::TensorOptions(kGpu))).to(dtype);
+    at::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
+    at::Tensor x2 = x.clone().requires_grad_(true), w2 = w.clone().requires_grad_(true);
+    at::Tensor x3 = x.to(at::kDouble).requires_grad_(true), w3 = w.to(at::kDouble).requires_grad_(true);
+    at::Tensor fused = kernels::rms_norm(x1, w1, 1e-5);
+    at::Tensor aten = kernels::rms_norm(x2, w2, 1e-5, kernels::Impl::Composite);
+    at::Tensor reference = x3 * at::rsqrt(x3.pow(2).mean(-1, true) + 1e-5) * w3;
+    EXPECT_LE(relative(fused, aten), tolerance(dtype)) << "h " << h;
+    EXPECT_LE(relative(fused, reference), tolerance(dtype)) << "h " << h;
+    at::Tensor grad = at::randn_like(fused);
+    fused.backward(grad);
+    aten.backward(grad);
+    reference.backward(grad.to(at::kDouble));
+    EXPECT_LE(relative(x1.grad(), x2.grad()), 2 * tolerance(dtype)) << "h " << h;
+    EXPECT_LE(relative(x1.grad(), x3.grad()), 2 * tolerance(dtype)) << "h " << h;
+    // The weight gradient sums 3072 rows: bf16 rounds only the final sum.
+    EXPECT_LE(relative(w1.grad(), w3.grad()), 2 * tolerance(dtype)) << "h " << h;
+    EXPECT_LE(relative(w1.grad(), w2.grad()), 2 * tolerance(dtype)) << "h " << h;
+  }
+}
+
+TEST_P(CudaFusedKernels, AddRmsNormMatchesAddThenRmsNorm) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  auto options = at::TensorOptions(kGpu).dtype(dtype);
+  at::Tensor a = at::randn({1024, 3, 2048}, options), b = at::randn({1024, 3, 2048}, options);
   at::Tensor w = (1 + 0.1 * at::randn({2048}, at::TensorOptions(kGpu))).to(dtype);
-  at::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
-  at::Tensor x2 = x.clone().to(at::kDouble).requires_grad_(true), w2 = w.clone().to(at::kDouble).requires_grad_(true);
-  at::Tensor fused = apply_norm(x1, w1, {}, NormKind::RMSNorm, 1e-5);
-  at::Tensor reference = x2 * at::rsqrt(x2.pow(2).mean(-1, true) + 1e-5) * w2;
-  EXPECT_LE(relative(fused, reference), tolerance(dtype));
-  at::Tensor grad = at::randn_like(fused);
-  fused.backward(grad);
-  reference.backward(grad.to(at::kDouble));
-  EXPECT_LE(relative(x1.grad(), x2.grad()), 2 * tolerance(dtype));
-  EXPECT_LE(relative(w1.grad(), w2.grad()), 2 * tolerance(dtype));
+  std::vector<at::Tensor> in1 = {a.clone().requires_grad_(true), b.clone().requires_grad_(true), w.clone().requires_grad_(true)};
+  std::vector<at::Tensor> in2 = {a.clone().requires_grad_(true), b.clone().requires_grad_(true), w.clone().requires_grad_(true)};
+  const kernels::AddRmsNorm fused = kernels::add_rms_norm(in1[0], in1[1], in1[2], 1e-5);
+  const kernels::AddRmsNorm plain = kernels::add_rms_norm(in2[0], in2[1], in2[2], 1e-5, kernels::Impl::Composite);
+  EXPECT_TRUE(at::equal(fused.sum, plain.sum)) << "the residual sum is the plain add, rounded the same way";
+  EXPECT_LE(relative(fused.normed, plain.normed), tolerance(dtype));
+  // Both outputs carry gradient, as in the layer (the sum continues down the residual stream).
+  at::Tensor grad_sum = at::randn_like(fused.sum), grad_normed = at::randn_like(fused.normed);
+  torch::autograd::backward({fused.sum, fused.normed}, {grad_sum, grad_normed});
+  torch::autograd::backward({plain.sum, plain.normed}, {grad_sum, grad_normed});
+  for (int i = 0; i < 3; ++i) EXPECT_LE(relative(in1[i].grad(), in2[i].grad()), 2 * tolerance(dtype)) << "input " << i;
 }
 
 TEST_P(CudaFusedKernels, AdamWMatchesAtenFusedAdamWThenCopy) {
@@ -143,14 +181,19 @@ TEST_P(CudaFusedKernels, AdamWMatchesAtenFusedAdamWThenCopy) {
     std::vector<at::Tensor> kernel = {master.clone(), m.clone(), v.clone()}, fallback = {master.clone(), m.clone(), v.clone()};
     at::Tensor model_kernel = dtype == at::kFloat ? kernel[0] : master.to(dtype);
     at::Tensor model_fallback = dtype == at::kFloat ? fallback[0] : master.to(dtype);
-    for (int64_t step = 1; step <= 3; ++step) {
+    at::Tensor step = at::zeros({}, f32);
+    for (int64_t k = 1; k <= 4; ++k) {
       at::Tensor grad = at::randn({n}, f32);
-      std::optional<at::Tensor> scale;
-      if (step == 2) scale = at::full({}, 7.5, f32);  // a clipped step
-      const kernels::AdamWHyperparameters h{1e-3, 0.9, 0.95, 1e-8, step == 3 ? 0.0 : 0.1, step};
-      kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, scale);
-      kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, scale,
+      at::Tensor scale = at::ones({}, f32);
+      if (k == 2) scale.fill_(7.5);                                     // a clipped step
+      if (k == 3) scale.fill_(std::numeric_limits<double>::quiet_NaN());  // a skipped step
+      if (k != 3) step.add_(1);
+      const kernels::AdamWHyperparameters h{1e-3, 0.9, 0.95, 1e-8, k == 4 ? 0.0 : 0.1};
+      const at::Tensor before = kernel[0].clone();
+      kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, step, scale);
+      kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, step, scale,
                           kernels::Impl::Composite);
+      if (k == 3) EXPECT_TRUE(at::equal(kernel[0], before)) << "a non-finite grad_scale must leave the master as it was";
     }
     for (int i = 0; i < 3; ++i) EXPECT_LE(relative(kernel[i], fallback[i]), 1e-5) << "state " << i << ", n " << n;
     EXPECT_GT(relative(kernel[0], master), 1e-4);  // it moved
@@ -164,7 +207,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFusedKernels, ::testing::Values(at::kFloat,
 
 ModelConfig small_llama(bool fused) {
   ModelConfig c = test::small_llama({256, 8, 2, 704, 256, 2048});
-  c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = fused;
+  c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = c.bias_dropout_fusion = fused;
   return c;
 }
 

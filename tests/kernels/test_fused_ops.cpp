@@ -3,6 +3,7 @@
 // kernels are checked against these same fallbacks in test_fused_kernels_cuda.cpp.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
@@ -48,6 +49,24 @@ void check_rope(double rotary_percent, bool per_sample_positions) {
 }
 
 TEST(FusedOps, RopeMatchesApplyRope) { check_rope(1.0, false); }
+
+TEST(FusedOps, RopeReadsGroupedQueriesInPlace) {
+  // The attention layer's queries: per query group, 3 query heads then k and v, in one QKV row.
+  at::manual_seed(2);
+  RopeTables tables = make_rope_tables(rope_config(1.0), 32, at::kCPU);
+  const int64_t s = 20, b = 2, groups = 2, per_group = 3, d = 16;
+  at::Tensor qkv = at::randn({s, b, groups, (per_group + 2) * d}, at::kDouble).requires_grad_(true);
+  at::Tensor q = qkv.narrow(-1, 0, per_group * d).view({s, b, groups, per_group, d});
+  at::Tensor y = kernels::rope(q, tables.cos, tables.sin);
+  at::Tensor y_plain = apply_rope(q.reshape({s, b, groups * per_group, d}),
+                                  {tables.cos.to(at::kDouble), tables.sin.to(at::kDouble)});
+  ASSERT_EQ(y.sizes(), y_plain.sizes());
+  EXPECT_LT(max_difference(y, y_plain), 1e-6);
+  at::Tensor grad = at::randn_like(y);
+  const at::Tensor grad_fused = torch::autograd::grad({y}, {qkv}, {grad})[0];
+  const at::Tensor grad_plain = torch::autograd::grad({y_plain}, {qkv}, {grad})[0];
+  EXPECT_LT(max_difference(grad_fused, grad_plain), 1e-6);
+}
 TEST(FusedOps, RopePartialRotaryAndPerSamplePositions) { check_rope(0.5, true); }
 
 TEST(FusedOps, SwigluMatchesSiluTimesUp) {
@@ -102,7 +121,7 @@ TEST(FusedOps, CrossEntropyStatsOfAVocabularySlice) {
 ModelConfig tiny_llama(bool fused) {
   ModelConfig c = test::small_llama({64, 4, 2, 96, 32, 128});
   c.rotary_percent = 0.5;
-  c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = fused;
+  c.apply_rope_fusion = c.bias_swiglu_fusion = c.cross_entropy_loss_fusion = c.bias_dropout_fusion = fused;
   return c;
 }
 
@@ -110,6 +129,16 @@ TEST(FusedOps, ModelWithEveryFusionMatchesTheUnfusedModel) {
   GPTModel fused(tiny_llama(true)), plain(tiny_llama(false));
   fused.initialize(5);
   plain.initialize(5);
+  // Norm weights that differ from 1 and from each other, so a fused path reading the wrong norm
+  // weight shows.
+  at::manual_seed(4);
+  auto plain_params = plain.named_parameters();
+  for (auto& p : fused.named_parameters()) {
+    if (p.key().find("norm") == std::string::npos) continue;
+    at::NoGradGuard no_grad;
+    p.value().copy_(1 + 0.3 * at::randn(p.value().sizes()));
+    plain_params[p.key()].copy_(p.value());
+  }
   at::manual_seed(6);
   Batch batch{at::randint(0, 128, {2, 32}), at::randint(0, 128, {2, 32}), at::ones({2, 32})};
   at::Tensor loss_fused = fused.loss(batch), loss_plain = plain.loss(batch);

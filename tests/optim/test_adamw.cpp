@@ -5,6 +5,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cmath>
+#include <limits>
 
 #include "dist/parallel_state.h"
 #include "optim/adamw.h"
@@ -40,12 +41,12 @@ void check_steps(double clip_grad, double gradient_size) {
         if (p.name == named[i].name) p.main_grad.copy_(grads[i]);
       }
     }
-    const double norm = adamw.grad_norm();
+    const at::Tensor norm_on_device = adamw.grad_norm();
+    const double norm = norm_on_device.item<double>();
     double expected_squared = 0;
     for (auto& g : grads) expected_squared += g.pow(2).sum().item<double>();
     EXPECT_NEAR(norm, std::sqrt(expected_squared), 1e-5 * norm);
-    adamw.clip(norm);
-    adamw.step(1e-2);
+    EXPECT_TRUE(adamw.step(1e-2, norm_on_device).item<bool>());
 
     // Megatron's clip: scale by clip / (norm + 1e-6) when that is below 1.
     const double coeff = clip_grad > 0 ? std::min(1.0, clip_grad / (norm + 1e-6)) : 1.0;
@@ -56,6 +57,37 @@ void check_steps(double clip_grad, double gradient_size) {
       EXPECT_LE((params[i].detach() - reference[i].detach()).abs().max().item<double>(), 1e-6) << named[i].name << " step " << step;
     }
   }
+}
+
+TEST(AdamW, NonFiniteGradientsOrLossSkipTheStepWithoutCountingIt) {
+  at::manual_seed(3);
+  at::Tensor weight = at::randn({4, 3}).requires_grad_();
+  at::Tensor reference = weight.detach().clone().requires_grad_(true);
+  torch::optim::AdamW torch_adamw({reference}, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  ParamAndGradBuffer buffer({{"w.weight", weight}}, dist::ParallelState::single(), /*swiglu=*/false, GradBufferOptions{});
+  TrainConfig config;
+  config.weight_decay = 0.1;
+  AdamW adamw(buffer, config);
+  const at::Tensor start = weight.detach().clone();
+  const at::Tensor& main_grad = buffer.params()[0].main_grad;
+
+  main_grad.copy_(at::randn({4, 3}));
+  main_grad[1][2] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(adamw.step(1e-2, adamw.grad_norm()).item<bool>());
+  main_grad.fill_(0.5);
+  EXPECT_FALSE(adamw.step(1e-2, adamw.grad_norm(), at::full({}, std::numeric_limits<double>::infinity())).item<bool>());
+  EXPECT_TRUE(at::equal(weight.detach(), start)) << "skipped steps must leave the weights as they were";
+  EXPECT_EQ(adamw.steps_taken(), 0);
+
+  // The next good step is the first one (bias corrections for step 1), as torch's.
+  const at::Tensor grad = at::randn({4, 3});
+  main_grad.copy_(grad);
+  EXPECT_TRUE(adamw.step(1e-2, adamw.grad_norm(), at::full({}, 2.5)).item<bool>());
+  EXPECT_EQ(adamw.steps_taken(), 1);
+  const double coeff = std::min(1.0, config.clip_grad / (grad.norm().item<double>() + 1e-6));
+  reference.mutable_grad() = grad * coeff;
+  torch_adamw.step();
+  EXPECT_LE((weight.detach() - reference.detach()).abs().max().item<double>(), 1e-6);
 }
 
 TEST(AdamW, ClippedStepsMatchTorchAdamWOnClippedGradients) { check_steps(1.0, 10.0); }
