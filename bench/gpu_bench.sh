@@ -3,14 +3,17 @@
 # 22 layers, 32 heads, 4 query groups, ffn 5632, vocab 32000, seq 2048, micro-batch 4, bf16)
 # next to the HF transformers baseline (eager and torch.compile), same machine, same call.
 #   bash bench/gpu_bench.sh MEGATRON_BINARY PYTHON HF_BASELINE_SCRIPT [extra train flags]
+# BENCH_SEQ=8192 runs both at another sequence length (same micro-batch).
 set -uo pipefail
 bin=$1; py=$2; baseline=$3
 iters=${BENCH_ITERS:-30}
-log=$("$bin" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 "${@:4}" 2>&1 | tee /dev/stderr)
+seq=${BENCH_SEQ:-2048}
+log=$("$bin" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 \
+        --seq-length "$seq" --max-position-embeddings "$seq" "${@:4}" 2>&1 | tee /dev/stderr)
 ours=$(grep " iteration" <<< "$log" | tail -1)
 ours_mem=$(sed -n 's/.*max allocated: \([0-9.]*\).*/\1/p' <<< "$log" | head -1)
-eager=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --iters 10 2>&1 | tail -1)
-compiled=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --compile --iters 10 2>&1 | tail -1)
+eager=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --seq "$seq" --iters 10 2>&1 | tail -1)
+compiled=$(PYTHONUNBUFFERED=1 "$py" "$baseline" --seq "$seq" --compile --iters 10 2>&1 | tail -1)
 echo "$eager"; echo "$compiled"
 ours_tok=$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$ours")
 ours_mfu=$(sed -n 's/.*MFU: \([0-9.]*\)%.*/\1/p' <<< "$ours")

@@ -20,7 +20,7 @@ run() {  # name, extra flags...
     --lr 1e-4 --lr-warmup-iters 10 --metrics-jsonl "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1 \
     || { echo "fusion check: the $name run failed:"; tail -20 "$out/$name.log"; exit 1; }
 }
-unfused=(--no-rope-fusion --no-bias-swiglu-fusion --cross-entropy-loss-fusion false --no-gradient-accumulation-fusion)
+unfused=(--no-rope-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion --cross-entropy-loss-fusion false --no-gradient-accumulation-fusion)
 run fused
 run unfused "${unfused[@]}"
 run unfused_again "${unfused[@]}"

@@ -9,12 +9,10 @@ namespace {
 // of the model copy (void: none).
 template <typename Model, int N>
 __global__ void adamw_kernel(AdamWArgs a) {
-  const float scale = a.grad_scale != nullptr ? *a.grad_scale : 1.0f;
-  if (!isfinite(scale)) return;  // a skipped iteration (non-finite loss or gradient norm)
-  const double step = *a.step;
-  const float bias_correction1 = static_cast<float>(1.0 - pow(a.beta1, step));
-  const float bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(a.beta2, step)));
-  const float beta1 = static_cast<float>(a.beta1), beta2 = static_cast<float>(a.beta2);
+  if (*a.found_inf != 0.0f) return;  // a skipped iteration (non-finite loss or gradient norm)
+  const float scale = *a.grad_scale;
+  const float bias_correction1 = a.bias_corrections[0], bias_correction2_sqrt = a.bias_corrections[1];
+  const float beta1 = a.beta1, beta2 = a.beta2;
   const float step_size = a.lr / bias_correction1;
   const int64_t items = a.n / N;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {

@@ -2,6 +2,8 @@
 // in their storage type for the row statistics, one read + write for the gradient. ATen's path
 // materialises fp32 logits, an fp32 softmax kept for backward and several passes over both.
 #include <cfloat>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda_common.cuh"
 
@@ -23,21 +25,30 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
 }
 
-// One block per row.
-template <typename T>
+// Folds one logit into a running (max, sum of exp(x - max)).
+__device__ __forceinline__ void accumulate(MaxSum& acc, float x) {
+  if (x > acc.max) {
+    acc.sum = acc.max == -FLT_MAX ? 1.0f : acc.sum * __expf(acc.max - x) + 1.0f;
+    acc.max = x;
+  } else {
+    acc.sum += __expf(x - acc.max);
+  }
+}
+
+// One block per row; N logits per 16-byte load where the rows allow (N = 1 otherwise), the
+// vocab % N tail one at a time.
+template <typename T, int N>
 __global__ void cross_entropy_stats_kernel(const T* logits, const int64_t* targets, int64_t vocab, int64_t first,
                                            float* max, float* sum_exp, float* target_logit) {
   const T* row = logits + blockIdx.x * vocab;
   MaxSum acc{-FLT_MAX, 0.0f};
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float x = to_float(row[j]);
-    if (x > acc.max) {
-      acc.sum = acc.max == -FLT_MAX ? 1.0f : acc.sum * __expf(acc.max - x) + 1.0f;
-      acc.max = x;
-    } else {
-      acc.sum += __expf(x - acc.max);
-    }
+  const int64_t packs = vocab / N;
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const Pack<T, N> v = reinterpret_cast<const Pack<T, N>*>(row)[p];
+#pragma unroll
+    for (int k = 0; k < N; ++k) accumulate(acc, to_float(v.v[k]));
   }
+  for (int64_t j = packs * N + threadIdx.x; j < vocab; j += blockDim.x) accumulate(acc, to_float(row[j]));
   for (int offset = 16; offset > 0; offset /= 2) {
     MaxSum other{__shfl_xor_sync(0xffffffff, acc.max, offset), __shfl_xor_sync(0xffffffff, acc.sum, offset)};
     acc = merge(acc, other);
@@ -56,7 +67,7 @@ __global__ void cross_entropy_stats_kernel(const T* logits, const int64_t* targe
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* targets, const float* max,
                                               const float* sum_exp, const float* grad_loss, T* grad_logits,
                                               int64_t vocab, int64_t first) {
@@ -64,9 +75,31 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
   T* grad = grad_logits + blockIdx.x * vocab;
   const float m = max[blockIdx.x], scale = grad_loss[blockIdx.x] / sum_exp[blockIdx.x], g = grad_loss[blockIdx.x];
   const int64_t local = targets[blockIdx.x] - first;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float p_times_g = __expf(to_float(row[j]) - m) * scale;
-    grad[j] = from_float<T>(j == local ? p_times_g - g : p_times_g);
+  auto value = [&](float x, int64_t j) {
+    const float p_times_g = __expf(x - m) * scale;
+    return from_float<T>(j == local ? p_times_g - g : p_times_g);
+  };
+  const int64_t packs = vocab / N;
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const Pack<T, N> v = reinterpret_cast<const Pack<T, N>*>(row)[p];
+    Pack<T, N> out;
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = value(to_float(v.v[k]), p * N + k);
+    reinterpret_cast<Pack<T, N>*>(grad)[p] = out;
+  }
+  for (int64_t j = packs * N + threadIdx.x; j < vocab; j += blockDim.x) grad[j] = value(to_float(row[j]), j);
+}
+
+// Calls f with the pack width the rows allow: 16-byte packs when every row starts aligned.
+template <typename T, typename F>
+void with_row_pack(int64_t vocab, std::initializer_list<const void*> rows, F&& f) {
+  constexpr int N = kPack<T>;
+  bool packed = vocab % N == 0;
+  for (const void* p : rows) packed = packed && aligned16(p);
+  if (packed) {
+    f(std::integral_constant<int, N>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
   }
 }
 
@@ -77,8 +110,10 @@ void cross_entropy_stats(const void* logits, const int64_t* targets, int64_t row
   if (rows == 0) return;
   with_storage_type(dtype, [&](auto type) {
     using T = decltype(type);
-    cross_entropy_stats_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), targets, vocab, first, max, sum_exp, target_logit);
+    with_row_pack<T>(vocab, {logits}, [&](auto n) {
+      cross_entropy_stats_kernel<T, decltype(n)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+          static_cast<const T*>(logits), targets, vocab, first, max, sum_exp, target_logit);
+    });
   });
   check_launch("cross_entropy_stats");
 }
@@ -89,8 +124,10 @@ void cross_entropy_backward(const void* logits, const int64_t* targets, const fl
   if (rows == 0) return;
   with_storage_type(dtype, [&](auto type) {
     using T = decltype(type);
-    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), targets, max, sum_exp, grad_loss, static_cast<T*>(grad_logits), vocab, first);
+    with_row_pack<T>(vocab, {logits, grad_logits}, [&](auto n) {
+      cross_entropy_backward_kernel<T, decltype(n)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+          static_cast<const T*>(logits), targets, max, sum_exp, grad_loss, static_cast<T*>(grad_logits), vocab, first);
+    });
   });
   check_launch("cross_entropy_backward");
 }

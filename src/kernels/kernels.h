@@ -63,19 +63,20 @@ bool rms_norm_supported(int64_t h, DType dtype);
 void rms_norm_forward(const void* a, const void* b, const void* weight, void* sum, void* y, float* rstd, int64_t rows,
                       int64_t h, float eps, DType dtype, Stream stream);
 // grad_x = rstd * (w * dy - xhat * mean(w * dy * xhat)) (+ grad_extra, the gradient reaching the
-// residual sum directly), xhat = x * rstd. The weight gradient's per-block partial sums of
-// dy * xhat go to weight_partial [rms_norm_backward_blocks(rows), h] fp32 (the caller sums them).
+// residual sum directly), xhat = x * rstd; grad_weight = sum over rows of dy * xhat, through
+// per-block partial sums in `workspace` [rms_norm_backward_blocks(rows), h] fp32.
 int64_t rms_norm_backward_blocks(int64_t rows);
 void rms_norm_backward(const void* grad_y, const void* x, const void* weight, const float* rstd, const void* grad_extra,
-                       void* grad_x, float* weight_partial, int64_t rows, int64_t h, DType dtype, Stream stream);
+                       void* grad_x, void* grad_weight, float* workspace, int64_t rows, int64_t h, DType dtype,
+                       Stream stream);
 
 // One AdamW step (PyTorch's AdamW arithmetic, decoupled weight decay) over n elements of fp32
 // master weights and moments, writing the updated weights also into `model` in its storage type
 // (the bf16 parameter the model computes with) when model is not null: one pass instead of
-// ATen's fused AdamW followed by a copy. Step count and gradient scale live on the device so a
-// training step never waits for the host: bias corrections come from *step, gradients are
-// divided by *grad_scale as they are read (gradient clipping), and a grad_scale that is not
-// finite skips the step (nothing is written), as ATen's found_inf does.
+// ATen's fused AdamW followed by a copy. The per-step scalars live on the device so a training
+// step never waits for the host: the bias corrections (formed once per step from the device step
+// count), gradients divided by *grad_scale as they are read (gradient clipping), and *found_inf
+// != 0 skipping the step (nothing is written), as in ATen's fused AdamW.
 struct AdamWArgs {
   float* master;
   float* exp_avg;
@@ -84,10 +85,10 @@ struct AdamWArgs {
   void* model;          // null: the master is the model's own fp32 tensor
   DType model_dtype;
   int64_t n;
-  float lr, eps, weight_decay;
-  double beta1, beta2;      // double, as ATen forms the bias corrections
-  const float* step;        // device scalar: steps taken including this one (>= 1)
-  const float* grad_scale;  // device scalar, or null for 1
+  float lr, beta1, beta2, eps, weight_decay;
+  const float* bias_corrections;  // device [2]: 1 - beta1^step, sqrt(1 - beta2^step)
+  const float* grad_scale;        // device scalar
+  const float* found_inf;         // device scalar
 };
 void adamw_step(const AdamWArgs& args, Stream stream);
 

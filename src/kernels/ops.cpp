@@ -168,11 +168,13 @@ bool rms_norm_kernel_applies(const at::Tensor& x, const at::Tensor& weight, Impl
 #endif
 }
 
+#ifdef MEGATRON_WITH_CUDA_KERNELS
 // A contiguous tensor whose data starts on a 16-byte boundary (the kernels' packed loads).
 at::Tensor packed_input(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
+#endif
 
 struct RmsNormForward {
   at::Tensor x;     // the normalised input: a itself, or the residual sum a + b
@@ -204,12 +206,12 @@ std::pair<at::Tensor, at::Tensor> rms_norm_kernel_backward(const at::Tensor& gra
   const int64_t h = x.size(-1), rows = x.numel() / h;
   const at::Tensor dy = grad_y.defined() ? packed_input(grad_y) : at::zeros_like(x);
   const at::Tensor extra = grad_extra.defined() ? packed_input(grad_extra) : grad_extra;
-  at::Tensor grad_x = at::empty_like(x);
-  at::Tensor partial = at::empty({cuda::rms_norm_backward_blocks(rows), h}, x.options().dtype(at::kFloat));
+  at::Tensor grad_x = at::empty_like(x), grad_weight = at::empty_like(weight);
+  at::Tensor workspace = at::empty({cuda::rms_norm_backward_blocks(rows), h}, x.options().dtype(at::kFloat));
   cuda::rms_norm_backward(dy.data_ptr(), x.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(),
-                          extra.defined() ? extra.data_ptr() : nullptr, grad_x.data_ptr(), partial.data_ptr<float>(),
-                          rows, h, storage_type(x), current_stream());
-  return {grad_x, partial.sum(0).to(weight.scalar_type())};
+                          extra.defined() ? extra.data_ptr() : nullptr, grad_x.data_ptr(), grad_weight.data_ptr(),
+                          workspace.data_ptr<float>(), rows, h, storage_type(x), current_stream());
+  return {grad_x, grad_weight};
 #else
   return {};
 #endif
@@ -328,24 +330,29 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
 #endif
 }
 
+AdamWStepScalars adamw_step_scalars(const at::Tensor& step, const at::Tensor& grad_scale, const at::Tensor& found_inf,
+                                    double beta1, double beta2) {
+  const at::Tensor t = step.to(at::kDouble);
+  at::Tensor corrections = at::stack({at::rsub(at::pow(beta1, t), 1.0), at::rsub(at::pow(beta2, t), 1.0).sqrt()});
+  return {step, corrections.to(at::kFloat), grad_scale.to(at::kFloat), found_inf.to(at::kFloat)};
+}
+
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h, const at::Tensor& step,
-                const at::Tensor& grad_scale, Impl impl) {
+                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
+                const AdamWStepScalars& s, Impl impl) {
   for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &grad}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == master.numel(),
                 "adamw_step: master, moments and gradient must be contiguous fp32 of one size");
   }
   TORCH_CHECK(model.is_contiguous() && model.numel() == master.numel(), "adamw_step: model must match the master");
-  for (const at::Tensor* t : {&step, &grad_scale}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1 && t->device() == master.device(),
-                "adamw_step: step and grad_scale must be fp32 scalars on the parameters' device");
+  for (const at::Tensor* t : {&s.step, &s.bias_corrections, &s.grad_scale, &s.found_inf}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device() == master.device(),
+                "adamw_step: the step's scalars must be fp32 on the parameters' device (adamw_step_scalars)");
   }
   const bool own_model = !model.is_same(master);
   if (!uses_kernel(master, impl)) {
-    const at::Tensor finite = grad_scale.isfinite();
-    at::_fused_adamw_({master}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step}, h.lr, h.beta1, h.beta2, h.weight_decay,
-                      h.eps, /*amsgrad=*/false, /*maximize=*/false, at::where(finite, grad_scale, 1.0),
-                      finite.logical_not().to(at::kFloat));
+    at::_fused_adamw_({master}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {s.step}, h.lr, h.beta1, h.beta2, h.weight_decay,
+                      h.eps, /*amsgrad=*/false, /*maximize=*/false, s.grad_scale, s.found_inf);
     if (own_model) model.copy_(master);
     return;
   }
@@ -358,10 +365,11 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   a.model = own_model ? model.data_ptr() : nullptr;
   a.model_dtype = storage_type(model);
   a.n = master.numel();
-  a.lr = static_cast<float>(h.lr), a.eps = static_cast<float>(h.eps), a.weight_decay = static_cast<float>(h.weight_decay);
-  a.beta1 = h.beta1, a.beta2 = h.beta2;
-  a.step = step.data_ptr<float>();
-  a.grad_scale = grad_scale.data_ptr<float>();
+  a.lr = static_cast<float>(h.lr), a.beta1 = static_cast<float>(h.beta1), a.beta2 = static_cast<float>(h.beta2);
+  a.eps = static_cast<float>(h.eps), a.weight_decay = static_cast<float>(h.weight_decay);
+  a.bias_corrections = s.bias_corrections.data_ptr<float>();
+  a.grad_scale = s.grad_scale.data_ptr<float>();
+  a.found_inf = s.found_inf.data_ptr<float>();
   cuda::adamw_step(a, current_stream());
 #endif
 }

@@ -56,17 +56,24 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
                                   Impl impl = Impl::Auto);
 
 // One AdamW step (PyTorch's arithmetic, decoupled weight decay) on one parameter's fp32 master
-// and moments [n], from its fp32 gradient [n] divided by grad_scale; the result is also written
-// to `model` ([n], bf16 / fp16) unless model is the master itself. `step` ([] fp32, steps taken
-// including this one) and `grad_scale` ([] fp32) are tensors on the parameter's device, so no
-// host synchronisation is needed: a grad_scale that is not finite skips the step (nothing
-// changes). The kernel does all of it in one pass; the fallback runs ATen's _fused_adamw_ (its
-// found_inf skips) and then copies.
+// and moments [n], from its fp32 gradient [n] divided by the step's grad_scale; the result is also
+// written to `model` ([n], bf16 / fp16) unless model is the master itself. The step's scalars are
+// tensors on the parameters' device, formed once per step for all parameters, so no host
+// synchronisation is needed; found_inf skips the step (nothing changes). The kernel does all of it
+// in one pass; the fallback runs ATen's _fused_adamw_ (same scalars) and then copies.
 struct AdamWHyperparameters {
   double lr, beta1, beta2, eps, weight_decay;
 };
+struct AdamWStepScalars {
+  at::Tensor step;              // [] fp32: steps taken, this one included
+  at::Tensor bias_corrections;  // [2] fp32: 1 - beta1^step, sqrt(1 - beta2^step), formed in fp64
+  at::Tensor grad_scale;        // [] fp32: gradients are divided by it (clipping)
+  at::Tensor found_inf;         // [] fp32: nonzero skips the step
+};
+AdamWStepScalars adamw_step_scalars(const at::Tensor& step, const at::Tensor& grad_scale, const at::Tensor& found_inf,
+                                    double beta1, double beta2);
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h, const at::Tensor& step,
-                const at::Tensor& grad_scale, Impl impl = Impl::Auto);
+                const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
+                const AdamWStepScalars& scalars, Impl impl = Impl::Auto);
 
 }  // namespace megatron::kernels

@@ -96,6 +96,16 @@ __global__ void rms_norm_backward_kernel(const T* grad_y, const T* x, const T* w
   for (int k = 0; k < N; ++k) partial[k] = dw[k];
 }
 
+// grad_weight[j] = sum over blocks of partial[block][j]: one thread per column, coalesced.
+template <typename T>
+__global__ void column_sum_kernel(const float* partial, T* out, int64_t blocks, int64_t h) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= h) return;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) sum += partial[b * h + j];
+  out[j] = from_float<T>(sum);
+}
+
 int multiprocessors() {
   static const int count = [] {
     int device = 0, n = 0;
@@ -131,13 +141,16 @@ int64_t rms_norm_backward_blocks(int64_t rows) {
 }
 
 void rms_norm_backward(const void* grad_y, const void* x, const void* weight, const float* rstd, const void* grad_extra,
-                       void* grad_x, float* weight_partial, int64_t rows, int64_t h, DType dtype, Stream stream) {
+                       void* grad_x, void* grad_weight, float* workspace, int64_t rows, int64_t h, DType dtype,
+                       Stream stream) {
+  const int64_t blocks = rms_norm_backward_blocks(rows);
   with_storage_type(dtype, [&](auto type) {
     using T = decltype(type);
-    rms_norm_backward_kernel<T><<<static_cast<unsigned>(rms_norm_backward_blocks(rows)), threads_for(h / kPack<T>), 0,
-                                  stream>>>(static_cast<const T*>(grad_y), static_cast<const T*>(x),
-                                            static_cast<const T*>(weight), rstd, static_cast<const T*>(grad_extra),
-                                            static_cast<T*>(grad_x), weight_partial, rows, h);
+    rms_norm_backward_kernel<T><<<static_cast<unsigned>(blocks), threads_for(h / kPack<T>), 0, stream>>>(
+        static_cast<const T*>(grad_y), static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
+        static_cast<const T*>(grad_extra), static_cast<T*>(grad_x), workspace, rows, h);
+    column_sum_kernel<T><<<static_cast<unsigned>((h + 255) / 256), 256, 0, stream>>>(workspace, static_cast<T*>(grad_weight),
+                                                                                     blocks, h);
   });
   check_launch("rms_norm_backward");
 }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <unordered_map>
 
 #include "core/errors.h"
@@ -64,16 +63,18 @@ at::Tensor AdamW::step(double lr, const at::Tensor& grad_norm, const at::Tensor&
   at::Tensor applied = grad_norm.isfinite();
   if (loss.defined()) applied = applied.logical_and(loss.isfinite().to(applied.device()));
   // Megatron's clip multiplies by clip / (norm + 1e-6) when that is below 1; the kernel divides
-  // by its inverse. NaN marks a skipped step for the kernel.
+  // by its inverse.
   at::Tensor grad_scale = c_.clip_grad > 0.0 ? ((grad_norm + 1e-6) / c_.clip_grad).clamp_min(1.0)
                                              : at::ones({}, grad_norm.options());
-  grad_scale = at::where(applied, grad_scale, std::numeric_limits<double>::quiet_NaN()).to(at::kFloat);
+  grad_scale = at::where(applied, grad_scale, 1.0);
   steps_.add_(applied.to(at::kFloat));
+  const kernels::AdamWStepScalars scalars =
+      kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), c_.adam_beta1, c_.adam_beta2);
   // Per parameter: masters, moments and the bf16 model weights in one fused kernel on CUDA;
   // elsewhere ATen's fused AdamW and a copy (kernels/ops.h).
   for (auto& p : params_) {
     const kernels::AdamWHyperparameters h{lr, c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
-    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, steps_, grad_scale);
+    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, scalars);
   }
   gather_params();
   return applied;

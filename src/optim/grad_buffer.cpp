@@ -71,7 +71,9 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
     p.param.set_data(view);  // the parameter now lives in the buffer
     p.main_grad = grad_data.narrow(0, p.offset, p.numel).view(p.param.sizes());
     torch::autograd::impl::set_post_acc_grad_hooks(p.param, std::make_unique<GradReadyHook>(this, i));
-    if (options.gradient_accumulation_fusion) tp::register_main_grad(p.param, {p.main_grad, [this, i] { grad_added(i); }});
+    if (options.gradient_accumulation_fusion) {
+      tp::register_main_grad(p.param, {p.main_grad, [this, i] { return take_first_add(i); }, [this, i] { grad_added(i); }});
+    }
     bucket_of_[p.param.unsafeGetTensorImpl()] = p.bucket;
   }
 }
@@ -84,7 +86,10 @@ ParamAndGradBuffer::~ParamAndGradBuffer() {
 }
 
 void ParamAndGradBuffer::zero_grad() {
-  grad_data.zero_();
+  // No pass over the 4-bytes-per-parameter buffer: each parameter's first gradient of the step
+  // overwrites its main_grad, and finish_grad_sync() zeroes those that received none. Padding
+  // between parameters is never written and stays zero from allocation.
+  for (auto& p : params_) p.has_grad = false;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.launched = false;
@@ -99,10 +104,21 @@ void ParamAndGradBuffer::on_grad_ready(size_t index) {
   if (!grad.defined()) return;
   {
     at::NoGradGuard no_grad;
-    p.main_grad.add_(grad);  // upcasts bf16 gradients into the fp32 accumulator
+    if (take_first_add(index)) {
+      p.main_grad.copy_(grad);  // upcasts bf16 gradients into the fp32 accumulator
+    } else {
+      p.main_grad.add_(grad);
+    }
   }
   grad = at::Tensor();
   grad_added(index);
+}
+
+bool ParamAndGradBuffer::take_first_add(size_t index) {
+  BufferedParam& p = params_[index];
+  const bool first = !p.has_grad;
+  p.has_grad = true;
+  return first;
 }
 
 void ParamAndGradBuffer::grad_added(size_t index) {
@@ -142,6 +158,11 @@ void ParamAndGradBuffer::launch(Bucket& b) {
 
 void ParamAndGradBuffer::finish_grad_sync() {
   at::NoGradGuard no_grad;
+  // A parameter no gradient reached this step (its bucket was not launched: pending > 0).
+  for (auto& p : params_) {
+    if (!p.has_grad) p.main_grad.zero_();
+    p.has_grad = true;
+  }
   for (auto& b : buckets_) launch(b);
   for (auto& b : buckets_) {
     b.work.wait();

@@ -55,6 +55,9 @@ struct BufferedParam {
   bool tp_partial_grad = false;  // each TP rank holds a partial gradient: all-reduced across TP
   bool stage_copy = false;       // a copy of a weight another pipeline stage holds: not counted in norms
   int chunk = 0;
+  // main_grad holds a gradient of this step (set by the first add after zero_grad(), which
+  // overwrites instead of adding: the buffer is not zero-filled every step).
+  bool has_grad = false;
 };
 
 class ParamAndGradBuffer {
@@ -107,6 +110,7 @@ class ParamAndGradBuffer {
   friend struct GradReadyHook;
   void on_grad_ready(size_t index);  // the hook: .grad into main_grad, then grad_added
   void grad_added(size_t index);     // bucket bookkeeping once a micro-batch's gradient is in
+  bool take_first_add(size_t index);  // whether this add is the step's first for the parameter (and marks it)
   void launch(Bucket& bucket);
   std::pair<int64_t, int64_t> shard_of(const Bucket& bucket) const;
 

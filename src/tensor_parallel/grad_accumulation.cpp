@@ -41,10 +41,15 @@ struct LinearAccumulatingWeightGrad : torch::autograd::Function<LinearAccumulati
     at::Tensor main_grad = target->main_grad;  // [out, in] fp32, shares the buffer's storage
     {
       at::NoGradGuard no_grad;
+      // += dy^T x, or = dy^T x for the step's first gradient (beta 0: the old contents, not
+      // zeroed, are not read).
+      const double beta = target->first_add() ? 0.0 : 1.0;
       if (main_grad.scalar_type() == dy2.scalar_type()) {
-        main_grad.addmm_(dy2.t(), x2);  // += dy^T x
+        main_grad.addmm_(dy2.t(), x2, beta);
       } else if (main_grad.is_cuda()) {
-        at::addmm_out(main_grad, main_grad, dy2.t(), x2, main_grad.scalar_type());  // bf16 in, fp32 accumulate
+        at::addmm_out(main_grad, main_grad, dy2.t(), x2, main_grad.scalar_type(), beta);  // bf16 in, fp32 accumulate
+      } else if (beta == 0.0) {
+        main_grad.copy_(at::mm(dy2.t(), x2));
       } else {
         main_grad.add_(at::mm(dy2.t(), x2));
       }

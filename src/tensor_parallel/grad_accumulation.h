@@ -17,6 +17,9 @@ namespace megatron::tp {
 
 struct MainGradTarget {
   at::Tensor main_grad;               // fp32, the weight's shape
+  // Called before each add: true when main_grad holds no gradient of this step yet, so the GEMM
+  // overwrites it (beta = 0) instead of adding to a zero-filled buffer.
+  std::function<bool()> first_add;
   std::function<void()> on_added;     // called after each micro-batch's gradient is added
 };
 

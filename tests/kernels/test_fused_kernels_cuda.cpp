@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <limits>
 
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
@@ -90,7 +89,7 @@ TEST_P(CudaFusedKernels, CrossEntropyStatsAndBackward) {
   REQUIRE_CUDA_KERNELS();
   const at::ScalarType dtype = GetParam();
   auto on_gpu = at::TensorOptions(kGpu);
-  for (int64_t vocab : {32000, 1000, 7}) {
+  for (int64_t vocab : {32000, 1000, 1001, 7}) {  // packed rows; 1001: unaligned rows (element path)
     const int64_t rows = 2048, first = vocab;  // this rank holds ids [vocab, 2 * vocab)
     at::Tensor logits = (5 * at::randn({rows, vocab}, on_gpu)).to(dtype);
     at::Tensor targets = at::randint(0, 3 * vocab, {rows}, on_gpu.dtype(at::kLong));  // a third in the slice
@@ -184,16 +183,16 @@ TEST_P(CudaFusedKernels, AdamWMatchesAtenFusedAdamWThenCopy) {
     at::Tensor step = at::zeros({}, f32);
     for (int64_t k = 1; k <= 4; ++k) {
       at::Tensor grad = at::randn({n}, f32);
-      at::Tensor scale = at::ones({}, f32);
-      if (k == 2) scale.fill_(7.5);                                     // a clipped step
-      if (k == 3) scale.fill_(std::numeric_limits<double>::quiet_NaN());  // a skipped step
+      const at::Tensor scale = at::full({}, k == 2 ? 7.5 : 1.0, f32);  // step 2 is clipped
+      const at::Tensor found_inf = at::full({}, k == 3 ? 1.0 : 0.0, f32);  // step 3 is skipped
       if (k != 3) step.add_(1);
+      const kernels::AdamWStepScalars scalars = kernels::adamw_step_scalars(step, scale, found_inf, 0.9, 0.95);
       const kernels::AdamWHyperparameters h{1e-3, 0.9, 0.95, 1e-8, k == 4 ? 0.0 : 0.1};
       const at::Tensor before = kernel[0].clone();
-      kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, step, scale);
-      kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, step, scale,
+      kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, scalars);
+      kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, scalars,
                           kernels::Impl::Composite);
-      if (k == 3) EXPECT_TRUE(at::equal(kernel[0], before)) << "a non-finite grad_scale must leave the master as it was";
+      if (k == 3) EXPECT_TRUE(at::equal(kernel[0], before)) << "found_inf must leave the master as it was";
     }
     for (int i = 0; i < 3; ++i) EXPECT_LE(relative(kernel[i], fallback[i]), 1e-5) << "state " << i << ", n " << n;
     EXPECT_GT(relative(kernel[0], master), 1e-4);  // it moved

@@ -1,7 +1,11 @@
-// Gradient-accumulation fusion: tp::linear with a registered main_grad adds dW into it in the
-// GEMM and leaves .grad alone; everything else about the linear is unchanged.
+// Gradient-accumulation fusion: tp::linear with a registered main_grad writes (first micro-batch)
+// or adds dW into it in the GEMM and leaves .grad alone; everything else about the linear is
+// unchanged.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <limits>
+#include <utility>
 
 #include "tensor_parallel/grad_accumulation.h"
 
@@ -13,11 +17,14 @@ void check_accumulation(const at::Device& device, at::ScalarType dtype, double t
   auto opts = at::TensorOptions(device).dtype(dtype);
   at::Tensor weight = at::randn({24, 16}, opts).requires_grad_(true);
   at::Tensor bias = at::randn({24}, opts).requires_grad_(true);
-  at::Tensor main_grad = at::full({24, 16}, 0.5, at::TensorOptions(device).dtype(at::kFloat));
+  // The buffer is not zero-filled between steps: the step's first GEMM overwrites main_grad
+  // (beta 0, so even NaN left there is not read), later ones add.
+  at::Tensor main_grad = at::full({24, 16}, std::numeric_limits<float>::quiet_NaN(), at::TensorOptions(device).dtype(at::kFloat));
   int added = 0;
-  tp::register_main_grad(weight, {main_grad, [&] { ++added; }});
+  bool has_grad = false;
+  tp::register_main_grad(weight, {main_grad, [&] { return !std::exchange(has_grad, true); }, [&] { ++added; }});
 
-  at::Tensor expected = main_grad.clone();
+  at::Tensor expected = at::zeros_like(main_grad);
   at::Tensor expected_bias_grad = at::zeros({24}, at::TensorOptions(device).dtype(at::kFloat));
   for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
     at::Tensor x = at::randn({5, 3, 16}, opts).requires_grad_(true);
