@@ -96,13 +96,23 @@ __global__ void rms_norm_backward_kernel(const T* grad_y, const T* x, const T* w
   for (int k = 0; k < N; ++k) partial[k] = dw[k];
 }
 
-// grad_weight[j] = sum over blocks of partial[block][j]: one thread per column, coalesced.
+// grad_weight[j] = sum over rows r of partial[r][j]. A block takes 32 columns; its 32 x 16
+// threads read 32 consecutive floats per row (coalesced), 16 rows at a time, then sum the 16
+// partial column sums in shared memory.
+constexpr int kColumnSumRows = 16;
+
 template <typename T>
-__global__ void column_sum_kernel(const float* partial, T* out, int64_t blocks, int64_t h) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= h) return;
+__global__ void column_sum_kernel(const float* partial, T* out, int64_t rows, int64_t h) {
+  __shared__ float sums[kColumnSumRows][33];
+  const int64_t j = blockIdx.x * 32 + threadIdx.x;
   float sum = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) sum += partial[b * h + j];
+  if (j < h) {
+    for (int64_t r = threadIdx.y; r < rows; r += kColumnSumRows) sum += partial[r * h + j];
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= h) return;
+  for (int k = 1; k < kColumnSumRows; ++k) sum += sums[k][threadIdx.x];
   out[j] = from_float<T>(sum);
 }
 
@@ -149,8 +159,8 @@ void rms_norm_backward(const void* grad_y, const void* x, const void* weight, co
     rms_norm_backward_kernel<T><<<static_cast<unsigned>(blocks), threads_for(h / kPack<T>), 0, stream>>>(
         static_cast<const T*>(grad_y), static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
         static_cast<const T*>(grad_extra), static_cast<T*>(grad_x), workspace, rows, h);
-    column_sum_kernel<T><<<static_cast<unsigned>((h + 255) / 256), 256, 0, stream>>>(workspace, static_cast<T*>(grad_weight),
-                                                                                     blocks, h);
+    column_sum_kernel<T><<<static_cast<unsigned>((h + 31) / 32), dim3(32, kColumnSumRows), 0, stream>>>(
+        workspace, static_cast<T*>(grad_weight), blocks, h);
   });
   check_launch("rms_norm_backward");
 }

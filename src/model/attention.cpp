@@ -32,8 +32,16 @@ SelfAttention::SelfAttention(const ModelConfig& c, const tp::TensorParallel& tp)
 }
 
 at::Tensor SelfAttention::forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask) {
+  return attend(linear_qkv->forward(hidden), rope, attention_mask);  // QKV: [s, b, (H + 2G) * d / tp], whole sequence
+}
+
+at::Tensor SelfAttention::forward_normed(const at::Tensor& normed, const RopeTables* rope,
+                                         const at::Tensor& attention_mask) {
+  return attend(linear_qkv->forward_normed(normed), rope, attention_mask);
+}
+
+at::Tensor SelfAttention::attend(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask) {
   const int64_t per_group = heads_ / groups_;
-  at::Tensor qkv = linear_qkv->forward(hidden);  // [s, b, (H + 2G) * d / tp], whole sequence
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups_, (per_group + 2) * head_dim_});
   auto parts = qkv.split_with_sizes({per_group * head_dim_, head_dim_, head_dim_}, -1);

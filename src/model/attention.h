@@ -21,6 +21,8 @@ class SelfAttention : public torch::nn::Module {
   // -> the same shape.
   // attention_mask: [b, 1, s, s] bool, true = may attend; undefined = causal.
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});
+  // For hidden already normalised with linear_qkv's norm weight (the fused residual add + norm).
+  at::Tensor forward_normed(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask = {});
 
   std::shared_ptr<tp::LayerNormColumnParallelLinear> linear_qkv;  // weight [(H + 2G) * d / tp, h]
   std::shared_ptr<tp::RowParallelLinear> linear_proj;             // weight [h, H * d / tp]
@@ -28,6 +30,7 @@ class SelfAttention : public torch::nn::Module {
   at::Tensor k_layernorm_weight;                // [d]
 
  private:
+  at::Tensor attend(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask);  // QKV output -> proj output
   tp::TensorParallel tp_;
   int64_t heads_, groups_, head_dim_;  // heads_ and groups_: this TP rank's
   double attention_dropout_;

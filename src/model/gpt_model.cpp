@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "kernels/ops.h"
 #include "model/parameter_names.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/grad_accumulation.h"
@@ -147,14 +148,19 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
     gathered = gather_rope_tables(*tables, position_ids);
     tables = &*gathered;
   }
+  ResidualStream stream{hidden, {}};
   for (const auto& layer : layers) {
     if (before_use) before_use(layer->parameters());
-    hidden = layer->forward(hidden, tables, attention_mask);
+    stream = layer->forward(stream, tables, attention_mask);
   }
-  if (!chunk_.post_process) return hidden;  // [s(/tp), b, h]
+  if (!chunk_.post_process) return stream.materialize();  // [s(/tp), b, h]
   if (before_use) before_use({final_layernorm_weight, final_layernorm_bias, output_layer_weight, word_embeddings});
-  hidden = apply_norm(hidden, final_layernorm_weight, final_layernorm_bias,
-                      norm_kind_from_name(config_.normalization), config_.norm_epsilon);
+  if (stream.delta.defined()) {  // the last layer's residual add, fused with the final RMSNorm
+    hidden = kernels::add_rms_norm(stream.base, stream.delta, final_layernorm_weight, config_.norm_epsilon).normed;
+  } else {
+    hidden = apply_norm(stream.base, final_layernorm_weight, final_layernorm_bias,
+                        norm_kind_from_name(config_.normalization), config_.norm_epsilon);
+  }
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
   // The output layer is column-parallel over the vocabulary.
   hidden = tp_.sequence_parallel ? tp::gather_from_sp(hidden, tp_.group) : tp::copy_to_tp(hidden, tp_.group);
