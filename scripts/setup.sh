@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 packages=(g++ cmake make ninja-build ccache git python3 python3-venv libgtest-dev libgmock-dev
           libgloo-dev libyaml-cpp-dev nlohmann-json3-dev pkg-config libpcre2-dev libutf8proc-dev
-          libsentencepiece-dev zlib1g-dev)
+          libsentencepiece-dev zlib1g-dev procps)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

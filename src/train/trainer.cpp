@@ -2,10 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/nn/module.h>
 
 #include <atomic>
+#include <deque>
+#include <optional>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -116,7 +119,15 @@ class Trainer {
   // Reads the device-side statistics of the iterations since the last call into progress_ and
   // the log interval's totals (one host synchronisation).
   void settle_statistics();
+  // SIGTERM / SIGINT seen by any rank, agreed on by all (kStopPollLag iterations after it
+  // arrived on multi-rank runs; see the definition).
   bool stop_requested();
+  struct StopPoll {
+    at::Tensor host;                 // [1] fp32: the world's max signal, in host memory once ready
+    std::optional<c10::Event> ready;  // recorded after the copy (GPU runs)
+  };
+  static constexpr size_t kStopPollLag = 2;
+  std::deque<StopPoll> stop_polls_;
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
   bool prints_log() const { return ps_.is_last_rank(); }
@@ -426,10 +437,29 @@ void Trainer::export_hf() {
 
 bool Trainer::stop_requested() {
   if (ps_.world_size == 1) return g_stop_signal.load() != 0;
-  // Ranks may see a signal at different steps; they stop together at the first step any saw it.
+  // Ranks may see a signal at different iterations and must stop at the same one. Each
+  // iteration all-reduces (max) this rank's signal and copies the result to host memory without
+  // waiting for it; the result of kStopPollLag iterations ago is read now. That collective
+  // finished long before (the GPU runs at most about one iteration behind the host), so the
+  // read does not stall the host as reading this iteration's would, and every rank reads the
+  // same value at the same iteration.
   at::Tensor flag = at::full({1}, double(g_stop_signal.load()), at::TensorOptions().device(device_).dtype(at::kFloat));
   ps_.world.all_reduce(flag, dist::ReduceOp::Max);
-  const int signal = static_cast<int>(flag.item<float>());
+  StopPoll poll;
+  if (device_.is_cpu()) {
+    poll.host = flag;
+  } else {
+    poll.host = at::empty({1}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+    poll.host.copy_(flag, /*non_blocking=*/true);
+    poll.ready.emplace(device_.type());
+    poll.ready->record(c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_));
+  }
+  stop_polls_.push_back(std::move(poll));
+  if (stop_polls_.size() <= kStopPollLag) return false;
+  StopPoll due = std::move(stop_polls_.front());
+  stop_polls_.pop_front();
+  if (due.ready) due.ready->synchronize();
+  const int signal = static_cast<int>(due.host.data_ptr<float>()[0]);
   if (signal != 0) g_stop_signal.store(signal);
   return signal != 0;
 }

@@ -134,6 +134,29 @@ TEST(TrainingRuns, SigtermFinishesTheStepSavesAndExitsZero) {
   EXPECT_TRUE(fs::is_directory(dir / ("ckpt/iter_" + std::string(7 - (latest.size() - 1), '0') + latest.substr(0, latest.size() - 1))));
 }
 
+TEST(TrainingRuns, SigtermToOneRankStopsEveryRankAtTheSameIteration) {
+  // Only rank 1 gets the signal (the launcher's newest child); rank 0 learns of it through the
+  // stop poll, and both stop after the same iteration, save it together and exit 0.
+  test::TempDir dir;
+  std::string command = test::shell_quote(test::megatron_binary()) + " launch --nproc-per-node 2 --master-port 0";
+  for (const auto& a : tiny({"--train-iters", "100000", "--log-interval", "1", "--save", dir / "ckpt"})) {
+    command += " " + test::shell_quote(a);
+  }
+  const std::string log = dir / "log";
+  auto r = test::run_command("(" + command + " > " + log + " 2>&1 & pid=$!; for i in $(seq 600); do grep -q 'iteration' " +
+                             log + " && break; sleep 0.1; done; pkill -TERM -n -P $pid; wait $pid; echo status=$?)");
+  const std::string output = file_bytes(log);
+  EXPECT_NE(r.output.find("status=0"), std::string::npos) << r.output << output;
+  std::regex stopped(R"(received signal 15: stopping after iteration (\d+))");
+  std::vector<std::string> iterations;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), stopped); it != std::sregex_iterator(); ++it) {
+    iterations.push_back((*it)[1]);
+  }
+  ASSERT_EQ(iterations.size(), 2u) << output;
+  EXPECT_EQ(iterations[0], iterations[1]) << output;
+  EXPECT_EQ(file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt"), iterations[0] + "\n") << output;
+}
+
 TEST(TrainingRuns, SigkillDuringSavesLeavesALoadableCheckpoint) {
   test::TempDir dir;
   std::string command = test::shell_quote(test::megatron_binary());
