@@ -12,6 +12,8 @@
 # TensorBoard, HfParity, ParallelEquivalence): they crash inside std::filesystem in this image's
 # toolchain (a libstdc++ mismatch, see docs/performance.md) and run on CPU in CI instead.
 # `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
+# `dp2` (two GPUs): only the DP=2 scaling figure (1 GPU vs DP=2 with the distributed optimizer,
+# overlapped), building the megatron binary alone: the cheapest check of that target.
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
 set -uo pipefail
@@ -28,7 +30,8 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
+targets=(); [ "$what" = dp2 ] && targets=(--target megatron)
+cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
 if [ "$what" = checkpoint ]; then
@@ -37,6 +40,14 @@ fi
 if [ "$what" = parallel ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -5 "$out/ctest.log"
   bash bench/gpu_parallel.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/parallel.log"
+fi
+if [ "$what" = dp2 ]; then
+  bin=build-gpu/megatron work=$(mktemp -d) iters=${BENCH_ITERS:-30} status=0
+  source bench/lib.sh
+  one=$(bench gpu1 1 4)
+  two=$(bench dp2_distopt 2 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
+  echo "1 GPU: $one tokens/s/GPU; DP=2 distributed optimizer: $two tokens/s/GPU;" \
+       "efficiency $(awk -v a="$two" -v b="$one" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b }')"
 fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
