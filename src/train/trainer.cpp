@@ -7,12 +7,12 @@
 #include <torch/nn/module.h>
 
 #include <atomic>
-#include <deque>
-#include <optional>
 #include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <optional>
 #include <memory>
 #include <filesystem>
 #include <map>
