@@ -156,9 +156,12 @@ void check_cross_entropy_inputs(const at::Tensor& logits, const at::Tensor& targ
 
 // ---- RMSNorm (and the residual add before it) ------------------------------------------------
 
+// Whether t's data starts on a 16-byte boundary (the kernels' packed loads).
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
 bool rms_norm_kernel_applies(const at::Tensor& x, const at::Tensor& weight, Impl impl) {
   if (!uses_kernel(x, impl) || weight.scalar_type() != x.scalar_type() || !weight.is_contiguous() ||
-      reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 != 0) {
+      !aligned16(weight)) {
     return false;
   }
 #ifdef MEGATRON_WITH_CUDA_KERNELS
@@ -169,10 +172,10 @@ bool rms_norm_kernel_applies(const at::Tensor& x, const at::Tensor& weight, Impl
 }
 
 #ifdef MEGATRON_WITH_CUDA_KERNELS
-// A contiguous tensor whose data starts on a 16-byte boundary (the kernels' packed loads).
+// A contiguous, 16-byte aligned tensor with t's values.
 at::Tensor packed_input(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
-  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+  return aligned16(c) ? c : c.clone();
 }
 #endif
 
@@ -383,7 +386,7 @@ AddRmsNorm add_rms_norm(const at::Tensor& a, const at::Tensor& b, const at::Tens
   TORCH_CHECK(a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type(), "add_rms_norm: a and b must match");
   if (!rms_norm_kernel_applies(a, weight, impl)) {
     at::Tensor sum = a + b;
-    return {sum, at::rms_norm(sum, {sum.size(-1)}, weight, eps)};
+    return {sum, rms_norm(sum, weight, eps, impl)};
   }
   variable_list out = AddRmsNormFunction::apply(a, b, weight, eps);
   return {out[0], out[1]};

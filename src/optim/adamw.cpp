@@ -63,10 +63,9 @@ at::Tensor AdamW::step(double lr, const at::Tensor& grad_norm, const at::Tensor&
   at::Tensor applied = grad_norm.isfinite();
   if (loss.defined()) applied = applied.logical_and(loss.isfinite().to(applied.device()));
   // Megatron's clip multiplies by clip / (norm + 1e-6) when that is below 1; the kernel divides
-  // by its inverse.
-  at::Tensor grad_scale = c_.clip_grad > 0.0 ? ((grad_norm + 1e-6) / c_.clip_grad).clamp_min(1.0)
-                                             : at::ones({}, grad_norm.options());
-  grad_scale = at::where(applied, grad_scale, 1.0);
+  // by its inverse. A skipped step never reads it (found_inf is checked first).
+  const at::Tensor grad_scale = c_.clip_grad > 0.0 ? ((grad_norm + 1e-6) / c_.clip_grad).clamp_min(1.0)
+                                                   : at::ones({}, grad_norm.options());
   steps_.add_(applied.to(at::kFloat));
   const kernels::AdamWStepScalars scalars =
       kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), c_.adam_beta1, c_.adam_beta2);
