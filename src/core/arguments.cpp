@@ -142,6 +142,10 @@ std::vector<Flag> train_flags(Config& c) {
       {"finetune", Kind::Bool, &t.finetune, "with --load: weights only, start at iteration 0 with a fresh optimizer"},
       {"load-hf", Kind::String, &t.load_hf, "start from a Hugging Face model directory (architecture from its config.json)"},
       {"save-hf", Kind::String, &t.save_hf, "at the end, export the model as a Hugging Face directory"},
+      {"cuda-graph-impl", Kind::String, &t.cuda_graph_impl, "none, or local: replay the training step as a CUDA graph"},
+      {"enable-cuda-graph", Kind::Bool, &t.enable_cuda_graph, "the same as --cuda-graph-impl local"},
+      {"cuda-graph-scope", Kind::String, &t.cuda_graph_scope, "what one graph holds: full_iteration (the whole step)"},
+      {"cuda-graph-warmup-steps", Kind::Int64, &t.cuda_graph_warmup_steps, "eager iterations before capture (default 3)"},
       {"device", Kind::String, &t.device, "auto, cpu or cuda"},
       {"cpu-threads", Kind::Int, &t.cpu_threads, "intra-op threads on CPU (default: one per core)"},
       {"peak-tflops", Kind::Double, &t.peak_tflops, "peak TFLOP/s per device for MFU (default 989 on CUDA)"},
@@ -512,6 +516,25 @@ void finalize_config(Config& c, int world_size) {
     throw UserError("--device must be auto, cpu or cuda (got '" + t.device + "')");
   }
   if (t.cpu_threads < 0) throw UserError("--cpu-threads must be >= 0");
+  if (t.enable_cuda_graph && t.cuda_graph_impl == "none") t.cuda_graph_impl = "local";
+  if (t.cuda_graph_impl == "transformer_engine") {
+    throw UserError("--cuda-graph-impl transformer_engine: megatron.cpp has no Transformer Engine; use --cuda-graph-impl local");
+  }
+  if (t.cuda_graph_impl != "none" && t.cuda_graph_impl != "local") {
+    throw UserError("--cuda-graph-impl must be none or local (got '" + t.cuda_graph_impl + "')");
+  }
+  if (t.cuda_graph_impl == "local") {
+    if (t.cuda_graph_scope != "full_iteration") {
+      throw UserError("--cuda-graph-scope " + t.cuda_graph_scope +
+                      ": only full_iteration (the whole training step as one graph) is implemented; per-layer graphs "
+                      "(full, attn) are not");
+    }
+    if (t.cuda_graph_warmup_steps < 1) {
+      throw UserError("--cuda-graph-warmup-steps must be at least 1: the eager steps set up cuBLAS, cuDNN and the "
+                      "model's caches outside the graph");
+    }
+    if (t.device == "cpu") throw UserError("--cuda-graph-impl local needs a CUDA device (--device cpu was given)");
+  }
   if (!t.save_hf.empty()) {
     if (m.normalization != "RMSNorm" || !m.swiglu || m.add_bias_linear || m.position_embedding_type != "rope") {
       throw UserError("--save-hf exports Llama-family models (--normalization RMSNorm --swiglu --disable-bias-linear "

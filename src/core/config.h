@@ -149,6 +149,14 @@ struct TrainConfig {
 
   int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never
 
+  // --cuda-graph-impl local --cuda-graph-scope full_iteration (Megatron's flags; --enable-cuda-graph
+  // is the older spelling of the first): after --cuda-graph-warmup-steps eager iterations the
+  // whole training step is captured as one CUDA graph and replayed (train/step_graph.h).
+  std::string cuda_graph_impl = "none";  // none | local
+  bool enable_cuda_graph = false;         // read as cuda_graph_impl = local
+  std::string cuda_graph_scope = "full_iteration";
+  int64_t cuda_graph_warmup_steps = 3;
+
   std::string device = "auto";   // auto | cpu | cuda
   int cpu_threads = 0;           // 0: one per core
   double peak_tflops = 0.0;      // MFU denominator; 0: 989 on CUDA (H100/H200 dense bf16), none on CPU

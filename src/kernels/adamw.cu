@@ -12,8 +12,9 @@ __global__ void adamw_kernel(AdamWArgs a) {
   if (*a.found_inf != 0.0f) return;  // a skipped iteration (non-finite loss or gradient norm)
   const float scale = *a.grad_scale;
   const float bias_correction1 = a.bias_corrections[0], bias_correction2_sqrt = a.bias_corrections[1];
+  const float lr = static_cast<float>(*a.lr);
   const float beta1 = a.beta1, beta2 = a.beta2;
-  const float step_size = a.lr / bias_correction1;
+  const float step_size = lr / bias_correction1;
   const int64_t items = a.n / N;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
     Pack<float, N> p = reinterpret_cast<const Pack<float, N>*>(a.master)[i];
@@ -24,7 +25,7 @@ __global__ void adamw_kernel(AdamWArgs a) {
     for (int k = 0; k < N; ++k) {
       // The order of operations of ATen's fused AdamW, so the two agree to rounding.
       const float grad = g.v[k] / scale;
-      p.v[k] -= a.lr * a.weight_decay * p.v[k];
+      p.v[k] -= lr * a.weight_decay * p.v[k];
       m.v[k] = beta1 * m.v[k] + (1.0f - beta1) * grad;
       v.v[k] = beta2 * v.v[k] + (1.0f - beta2) * grad * grad;
       const float denom = sqrtf(v.v[k]) / bias_correction2_sqrt + a.eps;

@@ -85,7 +85,8 @@ struct AdamWArgs {
   void* model;          // null: the master is the model's own fp32 tensor
   DType model_dtype;
   int64_t n;
-  float lr, beta1, beta2, eps, weight_decay;
+  float beta1, beta2, eps, weight_decay;
+  const double* lr;               // device scalar: the learning rate (so a captured step reads the current one)
   const float* bias_corrections;  // device [2]: 1 - beta1^step, sqrt(1 - beta2^step)
   const float* grad_scale;        // device scalar
   const float* found_inf;         // device scalar

@@ -334,10 +334,10 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
 }
 
 AdamWStepScalars adamw_step_scalars(const at::Tensor& step, const at::Tensor& grad_scale, const at::Tensor& found_inf,
-                                    double beta1, double beta2) {
+                                    const at::Tensor& lr, double beta1, double beta2) {
   const at::Tensor t = step.to(at::kDouble);
   at::Tensor corrections = at::stack({at::rsub(at::pow(beta1, t), 1.0), at::rsub(at::pow(beta2, t), 1.0).sqrt()});
-  return {step, corrections.to(at::kFloat), grad_scale.to(at::kFloat), found_inf.to(at::kFloat)};
+  return {step, corrections.to(at::kFloat), grad_scale.to(at::kFloat), found_inf.to(at::kFloat), lr.to(at::kDouble)};
 }
 
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
@@ -352,9 +352,13 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device() == master.device(),
                 "adamw_step: the step's scalars must be fp32 on the parameters' device (adamw_step_scalars)");
   }
+  TORCH_CHECK(s.lr.scalar_type() == at::kDouble && s.lr.numel() == 1 && s.lr.device() == master.device(),
+              "adamw_step: the learning rate must be a [] fp64 tensor on the parameters' device");
   const bool own_model = !model.is_same(master);
   if (!uses_kernel(master, impl)) {
-    at::_fused_adamw_({master}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {s.step}, h.lr, h.beta1, h.beta2, h.weight_decay,
+    // The reference path (CPU, and the CUDA tests' comparison): reading the learning rate back is
+    // free on the CPU; a CUDA build steps with the kernel below, which reads it on the device.
+    at::_fused_adamw_({master}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {s.step}, s.lr.item<double>(), h.beta1, h.beta2, h.weight_decay,
                       h.eps, /*amsgrad=*/false, /*maximize=*/false, s.grad_scale, s.found_inf);
     if (own_model) model.copy_(master);
     return;
@@ -368,7 +372,8 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   a.model = own_model ? model.data_ptr() : nullptr;
   a.model_dtype = storage_type(model);
   a.n = master.numel();
-  a.lr = static_cast<float>(h.lr), a.beta1 = static_cast<float>(h.beta1), a.beta2 = static_cast<float>(h.beta2);
+  a.lr = s.lr.data_ptr<double>();
+  a.beta1 = static_cast<float>(h.beta1), a.beta2 = static_cast<float>(h.beta2);
   a.eps = static_cast<float>(h.eps), a.weight_decay = static_cast<float>(h.weight_decay);
   a.bias_corrections = s.bias_corrections.data_ptr<float>();
   a.grad_scale = s.grad_scale.data_ptr<float>();

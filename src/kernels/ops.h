@@ -62,16 +62,18 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
 // synchronisation is needed; found_inf skips the step (nothing changes). The kernel does all of it
 // in one pass; the fallback runs ATen's _fused_adamw_ (same scalars) and then copies.
 struct AdamWHyperparameters {
-  double lr, beta1, beta2, eps, weight_decay;
+  double beta1, beta2, eps, weight_decay;
 };
 struct AdamWStepScalars {
   at::Tensor step;              // [] fp32: steps taken, this one included
   at::Tensor bias_corrections;  // [2] fp32: 1 - beta1^step, sqrt(1 - beta2^step), formed in fp64
   at::Tensor grad_scale;        // [] fp32: gradients are divided by it (clipping)
   at::Tensor found_inf;         // [] fp32: nonzero skips the step
+  at::Tensor lr;                // [] fp64: the learning rate, on the device so that a step captured
+                                // as a CUDA graph reads each iteration's value
 };
 AdamWStepScalars adamw_step_scalars(const at::Tensor& step, const at::Tensor& grad_scale, const at::Tensor& found_inf,
-                                    double beta1, double beta2);
+                                    const at::Tensor& lr, double beta1, double beta2);
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                 const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
                 const AdamWStepScalars& scalars, Impl impl = Impl::Auto);

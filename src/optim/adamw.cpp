@@ -12,7 +12,10 @@
 namespace megatron {
 
 AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config)
-    : buffer_(buffer), steps_(at::zeros({}, buffer.grad_data.options().dtype(at::kFloat))), c_(config) {
+    : buffer_(buffer),
+      steps_(at::zeros({}, buffer.grad_data.options().dtype(at::kFloat))),
+      lr_(at::zeros({}, buffer.grad_data.options().dtype(at::kDouble))),
+      c_(config) {
   at::NoGradGuard no_grad;
   // Registration order (the buffer holds parameters reversed), so state files read naturally.
   std::vector<const BufferedParam*> ordered;
@@ -58,7 +61,9 @@ at::Tensor AdamW::grad_norm() const {
   return squared.sqrt().reshape({});
 }
 
-at::Tensor AdamW::step(double lr, const at::Tensor& grad_norm, const at::Tensor& loss) {
+void AdamW::set_learning_rate(double lr) { lr_.fill_(lr); }
+
+at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   at::NoGradGuard no_grad;
   at::Tensor applied = grad_norm.isfinite();
   if (loss.defined()) applied = applied.logical_and(loss.isfinite().to(applied.device()));
@@ -68,11 +73,11 @@ at::Tensor AdamW::step(double lr, const at::Tensor& grad_norm, const at::Tensor&
                                                    : at::ones({}, grad_norm.options());
   steps_.add_(applied.to(at::kFloat));
   const kernels::AdamWStepScalars scalars =
-      kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), c_.adam_beta1, c_.adam_beta2);
+      kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), lr_, c_.adam_beta1, c_.adam_beta2);
   // Per parameter: masters, moments and the bf16 model weights in one fused kernel on CUDA;
   // elsewhere ATen's fused AdamW and a copy (kernels/ops.h).
   for (auto& p : params_) {
-    const kernels::AdamWHyperparameters h{lr, c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
+    const kernels::AdamWHyperparameters h{c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
     kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, scalars);
   }
   gather_params();

@@ -45,12 +45,16 @@ class AdamW {
   // Global L2 norm of the (reduced) gradients over all TP, PP and DP shards: [] fp32 on the
   // buffer's device, not read back (a training step never waits for the host).
   at::Tensor grad_norm() const;
-  // One AdamW step at learning rate `lr` with the gradients clipped to --clip-grad by
+  // The learning rate of the next step(), written to the device without waiting for it (a step
+  // captured as a CUDA graph reads it there on every replay).
+  void set_learning_rate(double lr);
+  // One AdamW step at the learning rate set last with the gradients clipped to --clip-grad by
   // `grad_norm` (Megatron's clip_grad_norm_, applied by the kernel as it reads each gradient),
   // then master -> model parameters (all-gathered over DP with the distributed optimizer).
   // When grad_norm, or `loss` if given, is not finite the step is skipped on the device: no
   // element changes and the step count stays. Returns whether it was applied ([] bool, device).
-  at::Tensor step(double lr, const at::Tensor& grad_norm, const at::Tensor& loss = {});
+  // Enqueues device work only, so it can be captured in a CUDA graph.
+  at::Tensor step(const at::Tensor& grad_norm, const at::Tensor& loss = {});
 
   // Checkpoint state of this rank: "<param name>.master|exp_avg|exp_avg_sq" (the parameter's
   // shape when this rank steps all of it, else its flat slice) and "step".
@@ -79,6 +83,7 @@ class AdamW {
   // [] fp32 on the device: steps applied, shared by all parameters (they always step together);
   // "step" in checkpoints. On the device because whether a step applies is known only there.
   at::Tensor steps_;
+  at::Tensor lr_;  // [] fp64 on the device: set_learning_rate's value
   TrainConfig c_;
 };
 

@@ -37,6 +37,7 @@
 #include "tensor_parallel/sharding.h"
 #include "train/log_line.h"
 #include "train/profiler.h"
+#include "train/step_graph.h"
 #include "train/step_statistics.h"
 #include "train/tensorboard_writer.h"
 
@@ -79,6 +80,25 @@ Batch to_device(Batch b, const at::Device& device) {
   return {move(b.tokens), move(b.labels), move(b.loss_mask), move(b.position_ids), move(b.attention_mask)};
 }
 
+// Copies `from` (host) into the device tensors of `into`, allocating them the first time: the
+// fixed-address inputs a captured step reads.
+void copy_batch(const Batch& from, Batch& into, const at::Device& device) {
+  auto copy = [&](const at::Tensor& src, at::Tensor& dst, const char* field) {
+    if (!dst.defined() && src.defined()) dst = at::empty(src.sizes(), src.options().device(device).pinned_memory(false));
+    if (src.defined() != dst.defined() || (src.defined() && !src.sizes().equals(dst.sizes()))) {
+      throw std::runtime_error(std::string("--cuda-graph-impl: the batch's ") + field +
+                               " changed shape between iterations; a captured step needs the same shapes every "
+                               "iteration (train without --cuda-graph-impl)");
+    }
+    if (src.defined()) dst.copy_(src, /*non_blocking=*/true);
+  };
+  copy(from.tokens, into.tokens, "tokens");
+  copy(from.labels, into.labels, "labels");
+  copy(from.loss_mask, into.loss_mask, "loss mask");
+  copy(from.position_ids, into.position_ids, "position ids");
+  copy(from.attention_mask, into.attention_mask, "attention mask");
+}
+
 // Model FLOPs per token as the baseline counts them: 6 per parameter (forward + backward) plus
 // causal attention's 6 * layers * hidden * seq.
 double flops_per_token(const ModelConfig& m, int64_t parameters) {
@@ -99,12 +119,26 @@ class Trainer {
   int run();
 
  private:
+  using BatchFn = std::function<Batch(int64_t)>;
+  // What one training step leaves on the device, none of it read back yet.
+  struct StepResult {
+    at::Tensor loss;       // [] fp64: the global batch's mean loss
+    at::Tensor grad_norm;  // [] fp32
+    at::Tensor applied;    // [] bool: false when the update was skipped (loss or norm not finite)
+  };
+  // One iteration: forward and backward over the global batch, gradient sync, clip and AdamW at
+  // the learning rate set on the optimizer. Enqueues device work without waiting for it, so the
+  // whole of it can be captured as a CUDA graph.
+  StepResult train_step(int64_t micro_batches, const BatchFn& batch);
+  // --cuda-graph-impl local: train_step eagerly for the warm-up iterations, then captured once and
+  // replayed, with each iteration's batch copied into the graph's inputs.
+  StepResult graphed_step(int64_t micro_batches, const BatchFn& batch);
   double evaluate();
   // One step's forward and backward passes (or forwards only) over `micro_batches` through
   // this rank's chunks under the pipeline schedule; `batch(k)` gives micro-batch k. Returns
   // the sum of the micro-batch losses (each divided by micro_batches) on the last stage,
   // zero elsewhere.
-  at::Tensor forward_backward(int64_t micro_batches, const std::function<Batch(int64_t)>& batch, bool forward_only);
+  at::Tensor forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only);
   // A loss summed on the last pipeline stage: averaged over DP replicas and sent to every stage.
   // The step's mean loss over DP, sent to every pipeline rank: [] fp64 on the device.
   at::Tensor global_loss(const at::Tensor& loss_sum);
@@ -147,6 +181,10 @@ class Trainer {
   std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<StepProfiler> profiler_;
+  std::unique_ptr<StepGraph> step_graph_;  // --cuda-graph-impl local
+  int64_t graph_warmup_left_ = 0;
+  std::vector<Batch> graph_inputs_;        // one per micro-batch, at fixed addresses
+  StepResult graph_result_;                // in the graph's pool, rewritten by every replay
   std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
   int64_t last_saved_ = -1;
@@ -284,23 +322,28 @@ int Trainer::run() {
   std::signal(SIGINT, on_stop_signal);
 
   const int64_t micro_batches = t_.global_batch_size / dp_block;
+  if (t_.cuda_graph_impl == "local") {
+    if (ps_.world_size > 1) {
+      throw UserError("--cuda-graph-impl local captures the step of a single process; this run has " +
+                      std::to_string(ps_.world_size) + " ranks (collectives inside a graph are not supported yet)");
+    }
+    step_graph_ = std::make_unique<StepGraph>(device_);  // from here on this thread runs on the graph's stream
+    graph_warmup_left_ = t_.cuda_graph_warmup_steps;
+  }
   profiler_ = std::make_unique<StepProfiler>(t_, ps_.rank, device_);
   interval_start_ = std::chrono::steady_clock::now();
   std::fflush(stdout);
   while (progress_.iteration < t_.train_iters) {
     profiler_->before_iteration(progress_.iteration);
     buffer_->zero_grad();
-    // Gradients land in the buffer's main_grad through its hooks.
-    const at::Tensor loss_sum = forward_backward(micro_batches, [&](int64_t k) {
-      return train_batches_->get(progress_.consumed_train_samples + k * dp_block);
-    }, /*forward_only=*/false);
-    buffer_->finish_grad_sync();
-    const at::Tensor grad_norm = optimizer_->grad_norm();  // [] fp32, on the device
-    const at::Tensor loss = global_loss(loss_sum);         // [] fp64, on the device
-    // Nothing here waits for the GPU: a loss or norm that is not finite skips the update on the
-    // device (parameters stay as they were) and is counted when the statistics are read back.
-    const at::Tensor applied = optimizer_->step(schedule_.at(progress_.iteration), grad_norm, loss);
-    statistics_.add(loss, grad_norm, applied);
+    optimizer_->set_learning_rate(schedule_.at(progress_.iteration));
+    const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
+    const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
+    // Nothing so far waited for the GPU: a loss or norm that is not finite skipped the update on
+    // the device (parameters stay as they were) and is counted when the statistics are read back.
+    const at::Tensor& loss = step.loss;
+    const at::Tensor& grad_norm = step.grad_norm;
+    statistics_.add(loss, grad_norm, step.applied);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
     progress_.consumed_train_samples += t_.global_batch_size;
@@ -486,6 +529,40 @@ void Trainer::check_weight_hash() {
   }
 }
 
+Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
+  // Gradients land in the buffer's main_grad through its hooks.
+  const at::Tensor loss_sum = forward_backward(micro_batches, batch, /*forward_only=*/false);
+  buffer_->finish_grad_sync();
+  StepResult r;
+  r.grad_norm = optimizer_->grad_norm();
+  r.loss = global_loss(loss_sum);
+  r.applied = optimizer_->step(r.grad_norm, r.loss);
+  return r;
+}
+
+Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& batch) {
+  if (graph_warmup_left_ > 0) {
+    --graph_warmup_left_;
+    return train_step(micro_batches, batch);
+  }
+  graph_inputs_.resize(size_t(micro_batches));
+  for (int64_t k = 0; k < micro_batches; ++k) copy_batch(batch(k), graph_inputs_[size_t(k)], device_);
+  if (!step_graph_->captured()) {
+    const auto start = std::chrono::steady_clock::now();
+    const size_t nodes = step_graph_->capture([&] {
+      graph_result_ = train_step(micro_batches, [this](int64_t k) { return graph_inputs_[size_t(k)]; });
+    });
+    if (prints_setup()) {
+      std::printf("> CUDA graph: captured the training step at iteration %lld (%zu nodes, %.2f s); replayed from now on\n",
+                  static_cast<long long>(progress_.iteration), nodes,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      std::fflush(stdout);
+    }
+  }
+  step_graph_->replay();
+  return graph_result_;
+}
+
 at::Tensor Trainer::global_loss(const at::Tensor& loss_sum) {
   at::Tensor v = loss_sum.to(at::kDouble).reshape({1}).contiguous();
   if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
@@ -496,7 +573,7 @@ at::Tensor Trainer::global_loss(const at::Tensor& loss_sum) {
   return v.reshape({});
 }
 
-at::Tensor Trainer::forward_backward(int64_t micro_batches, const std::function<Batch(int64_t)>& batch, bool forward_only) {
+at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only) {
   const ModelConfig& m = c_.model;
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
   std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it

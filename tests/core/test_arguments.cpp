@@ -92,6 +92,21 @@ TEST(Arguments, ContradictionsAreNamed) {
             std::string::npos);
 }
 
+// --cuda-graph-impl local (or Megatron's older --enable-cuda-graph) with the one scope that is
+// implemented; every other choice is named in the error.
+TEST(Arguments, CudaGraphFlags) {
+  EXPECT_EQ(parse({}).train.cuda_graph_impl, "none");
+  EXPECT_EQ(parse({"--enable-cuda-graph"}).train.cuda_graph_impl, "local");
+  const Config c = parse({"--cuda-graph-impl", "local", "--cuda-graph-warmup-steps", "2"});
+  EXPECT_EQ(c.train.cuda_graph_scope, "full_iteration");
+  EXPECT_EQ(c.train.cuda_graph_warmup_steps, 2);
+  EXPECT_NE(error_of({"--cuda-graph-impl", "transformer_engine"}).find("no Transformer Engine"), std::string::npos);
+  EXPECT_NE(error_of({"--cuda-graph-impl", "graphs"}).find("--cuda-graph-impl must be none or local"), std::string::npos);
+  EXPECT_NE(error_of({"--enable-cuda-graph", "--cuda-graph-scope", "attn"}).find("only full_iteration"), std::string::npos);
+  EXPECT_NE(error_of({"--enable-cuda-graph", "--cuda-graph-warmup-steps", "0"}).find("at least 1"), std::string::npos);
+  EXPECT_NE(error_of({"--enable-cuda-graph", "--device", "cpu"}).find("needs a CUDA device"), std::string::npos);
+}
+
 // Pipeline layouts: stages split the layers evenly unless told otherwise, virtual stages divide
 // each stage's layers, and the interleaved schedule needs whole groups of micro-batches.
 TEST(Arguments, PipelineLayouts) {

@@ -186,8 +186,10 @@ TEST_P(CudaFusedKernels, AdamWMatchesAtenFusedAdamWThenCopy) {
       const at::Tensor scale = at::full({}, k == 2 ? 7.5 : 1.0, f32);  // step 2 is clipped
       const at::Tensor found_inf = at::full({}, k == 3 ? 1.0 : 0.0, f32);  // step 3 is skipped
       if (k != 3) step.add_(1);
-      const kernels::AdamWStepScalars scalars = kernels::adamw_step_scalars(step, scale, found_inf, 0.9, 0.95);
-      const kernels::AdamWHyperparameters h{1e-3, 0.9, 0.95, 1e-8, k == 4 ? 0.0 : 0.1};
+      // A learning rate that changes every step: the kernel must read it from the device.
+      const at::Tensor lr = at::full({}, 1e-3 * double(k), f32.dtype(at::kDouble));
+      const kernels::AdamWStepScalars scalars = kernels::adamw_step_scalars(step, scale, found_inf, lr, 0.9, 0.95);
+      const kernels::AdamWHyperparameters h{0.9, 0.95, 1e-8, k == 4 ? 0.0 : 0.1};
       const at::Tensor before = kernel[0].clone();
       kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, scalars);
       kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, scalars,

@@ -4,6 +4,11 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
 #include "model/gpt_model.h"
 #include "support/model_configs.h"
 #include "support/test_support.h"
@@ -59,6 +64,43 @@ TEST(CudaParity, TrainingOnCudaLowersTheLoss) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("on cuda:0"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("validation loss at iteration 50"), std::string::npos) << run.output;
+}
+
+// The "lm loss" of every iteration's log line, in order.
+std::vector<double> logged_losses(const std::string& output) {
+  std::vector<double> losses;
+  const std::string key = "| lm loss: ";
+  for (size_t at = output.find(key); at != std::string::npos; at = output.find(key, at + 1)) {
+    losses.push_back(std::strtod(output.c_str() + at + key.size(), nullptr));
+  }
+  return losses;
+}
+
+// The step replayed from a CUDA graph trains as the eager step does. The learning rate changes
+// every iteration (warm-up, then cosine decay) and every iteration has a new batch: a graph that
+// had either baked in would drift off the eager losses. Two micro-batches per step (the first
+// overwrites the gradient buffer, the second adds to it); a validation run between replays.
+TEST(CudaParity, CudaGraphStepTrainsAsTheEagerStep) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  const std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
+                                         "--device", "cuda", "--bf16", "--train-iters", "30", "--log-interval", "1",
+                                         "--eval-interval", "10", "--hidden-dropout", "0", "--attention-dropout", "0"};
+  auto eager = test::run_megatron(args);
+  std::vector<std::string> graph_args = args;
+  for (const char* flag : {"--cuda-graph-impl", "local", "--cuda-graph-warmup-steps", "3"}) graph_args.push_back(flag);
+  auto graphed = test::run_megatron(graph_args);
+  ASSERT_EQ(eager.status, 0) << eager.output;
+  ASSERT_EQ(graphed.status, 0) << graphed.output;
+  EXPECT_NE(graphed.output.find("CUDA graph: captured the training step at iteration 3"), std::string::npos)
+      << graphed.output;
+  const std::vector<double> expected = logged_losses(eager.output), got = logged_losses(graphed.output);
+  ASSERT_EQ(expected.size(), 30u) << eager.output;
+  ASSERT_EQ(got.size(), expected.size()) << graphed.output;
+  double largest = 0;
+  for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - expected[i]) / expected[i]);
+  std::printf("largest relative loss difference, graph replay vs eager: %.3e\n", largest);
+  EXPECT_LE(largest, 2e-3) << graphed.output;
+  EXPECT_LT(expected.back(), expected.front() - 0.1) << "the run must train, or the comparison says little";
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // the same command gives bitwise-identical losses, a run stopped and resumed prints exactly
 // the uninterrupted run's losses and ends with identical weights, SIGTERM saves and exits 0,
 // SIGKILL during saves never leaves an unloadable checkpoint, and TensorBoard reads our events.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -280,6 +281,16 @@ TEST(TrainingRuns, TokenIdsBeyondTheVocabularyAreAnError) {
                                  dir / "big_ids", "--split", "1,0,0", "--data-cache-path", dir / "cache", "--train-iters", "6"});
   EXPECT_EQ(run.status, 2);
   EXPECT_NE(run.output.find("holds token id 5000, outside the model's vocabulary"), std::string::npos) << run.output;
+}
+
+// Without a CUDA device, asking for the captured step is a UserError naming the flag (on the GPU
+// machine CudaParity.CudaGraphStepTrainsAsTheEagerStep trains with it).
+TEST(TrainingRuns, CudaGraphWithoutACudaDeviceIsAnError) {
+  if (at::hasCUDA()) GTEST_SKIP() << "this machine has a CUDA device";
+  auto run = test::run_megatron({"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
+                                 "--train-iters", "6", "--cuda-graph-impl", "local"});
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("--cuda-graph-impl local"), std::string::npos) << run.output;
 }
 
 }  // namespace
