@@ -51,7 +51,7 @@ if [ "$what" = dp2 ]; then
 fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
-    --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out" 2>&1 | tee "$out/profile.log" | grep -v "^ iteration"
+    --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out" ${PROFILE_FLAGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^ iteration"
 fi
 if [ "$what" = scaling ]; then
   bash bench/gpu_scaling.sh build-gpu/megatron "${2:?scaling needs a part: equivalence, dp, bubble or 8b}" 2>&1 | tee "$out/scaling-$2.log"
