@@ -6,6 +6,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -19,6 +20,14 @@ namespace megatron {
 
 struct StepGraph::State {
   explicit State(c10::cuda::CUDAStream s) : stream(s), current(s) {}
+  // The stream does not order itself after the default one: what ran there (initialisation,
+  // checkpoint loading) is finished first, and what runs there afterwards waits for this one.
+  ~State() {
+    try {
+      stream.synchronize();
+    } catch (...) {  // a destructor must not throw; an error here was reported by the failing call
+    }
+  }
   c10::cuda::CUDAStream stream;
   c10::cuda::CUDAStreamGuard current;
   at::cuda::CUDAGraph graph{/*keep_graph=*/true};  // kept until instantiated, to count its nodes
@@ -29,6 +38,7 @@ StepGraph::StepGraph(const at::Device& device) {
   if (!device.is_cuda()) {
     throw UserError("--cuda-graph-impl local needs a CUDA device; this run is on " + device.str());
   }
+  c10::cuda::device_synchronize();  // see State
   state_ = std::make_unique<State>(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
 }
 
