@@ -1,7 +1,8 @@
 // One training step recorded as a CUDA graph and replayed (--cuda-graph-impl local
 // --cuda-graph-scope full_iteration). A step at the 1.1B reference shape launches about 1,300
-// kernels; replaying them as one graph removes the host's launch work and the gaps between
-// kernels that it leaves (~2.7 ms of ~114 ms per step on an H200, docs/performance.md).
+// kernels; replaying them as one graph removes the host's launch work. That pays where steps are
+// short enough for the host to fall behind; at the 1.1B shape on an H200 the GPU was already kept
+// busy and replaying gained 0.15% (docs/performance.md).
 //
 // What the captured work may do, and what the trainer provides for it:
 // - It must not wait for the host (no .item(), no host copies): the trainer's step enqueues

@@ -86,9 +86,9 @@ void copy_batch(const Batch& from, Batch& into, const at::Device& device) {
   auto copy = [&](const at::Tensor& src, at::Tensor& dst, const char* field) {
     if (!dst.defined() && src.defined()) dst = at::empty(src.sizes(), src.options().device(device).pinned_memory(false));
     if (src.defined() != dst.defined() || (src.defined() && !src.sizes().equals(dst.sizes()))) {
-      throw std::runtime_error(std::string("--cuda-graph-impl: the batch's ") + field +
-                               " changed shape between iterations; a captured step needs the same shapes every "
-                               "iteration (train without --cuda-graph-impl)");
+      throw UserError(std::string("--cuda-graph-impl: the batch's ") + field +
+                      " changed shape between iterations; a captured step needs the same shapes every iteration "
+                      "(train without --cuda-graph-impl)");
     }
     if (src.defined()) dst.copy_(src, /*non_blocking=*/true);
   };
@@ -186,7 +186,9 @@ class Trainer {
   std::unique_ptr<StepGraph> step_graph_;  // --cuda-graph-impl local
   int64_t graph_warmup_left_ = 0;
   std::vector<Batch> graph_inputs_;        // one per micro-batch, at fixed addresses
-  StepResult graph_result_;                // in the graph's pool, rewritten by every replay
+  // In the graph's pool, rewritten by every replay; statistics_ keeps the latest grad norm tensor,
+  // which therefore reads as the latest iteration's when the statistics are taken.
+  StepResult graph_result_;
   std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
   int64_t last_saved_ = -1;
