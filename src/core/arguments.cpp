@@ -86,6 +86,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"overlap-param-gather", Kind::Bool, &p.overlap_param_gather, "with the distributed optimizer: all-gather parameters during the next forward"},
       {"no-gradient-accumulation-fusion", Kind::NegatedBool, &p.gradient_accumulation_fusion, "weight gradients through .grad and a separate fp32 add instead of accumulating in the GEMM"},
       {"ddp-bucket-size", Kind::Int64, &p.ddp_bucket_size, "elements per gradient bucket (default max(40M, 1M x DP))"},
+      {"grad-reduce-in-bf16", Kind::Bool, &p.grad_reduce_in_bf16, "accumulate and reduce gradients in bf16 instead of fp32 (needs --bf16)"},
       {"distributed-backend", Kind::String, &p.distributed_backend, "nccl or gloo (default: nccl on CUDA, gloo on CPU)"},
       {"distributed-timeout-minutes", Kind::Double, &p.distributed_timeout_minutes, "rendezvous and collective timeout"},
       // data
@@ -455,6 +456,9 @@ void finalize_config(Config& c, int world_size) {
   }
   if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
   if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
+  if (p.grad_reduce_in_bf16 && !t.bf16) {
+    throw UserError("--grad-reduce-in-bf16 needs --bf16: the gradients are kept in the bf16 parameters' dtype");
+  }
 
   // Batches.
   const int64_t per_step = int64_t(t.micro_batch_size) * p.data_parallel_size;

@@ -79,6 +79,9 @@ struct ParallelConfig {
   bool overlap_param_gather = false;  // distributed optimizer: all-gather layer by layer into the next forward
   bool gradient_accumulation_fusion = true;  // weight-gradient GEMMs add into fp32 main_grad (--no-gradient-accumulation-fusion)
   int64_t ddp_bucket_size = 0;        // elements per gradient bucket; 0: max(40M, 1M x DP) as Megatron
+  // --grad-reduce-in-bf16: main_grad in bf16, so gradients are accumulated over micro-batches and
+  // reduced over DP in bf16 (half the bytes of Megatron's default fp32); masters stay fp32.
+  bool grad_reduce_in_bf16 = false;
   std::string distributed_backend;    // nccl | gloo; "": nccl on CUDA, gloo on CPU
   double distributed_timeout_minutes = 10.0;
   int data_parallel_size = 1;    // derived: world / (tp * pp * cp)

@@ -6,8 +6,8 @@ namespace megatron::kernels::cuda {
 namespace {
 
 // 4 fp32 elements per thread (16-byte loads) where the pointers allow; Model is the storage type
-// of the model copy (void: none).
-template <typename Model, int N>
+// of the model copy (void: none), Grad the gradients' (fp32, or bf16 reduced in bf16).
+template <typename Model, typename Grad, int N>
 __global__ void adamw_kernel(AdamWArgs a) {
   if (*a.found_inf != 0.0f) return;  // a skipped iteration (non-finite loss or gradient norm)
   const float scale = *a.grad_scale;
@@ -20,11 +20,11 @@ __global__ void adamw_kernel(AdamWArgs a) {
     Pack<float, N> p = reinterpret_cast<const Pack<float, N>*>(a.master)[i];
     Pack<float, N> m = reinterpret_cast<const Pack<float, N>*>(a.exp_avg)[i];
     Pack<float, N> v = reinterpret_cast<const Pack<float, N>*>(a.exp_avg_sq)[i];
-    const Pack<float, N> g = reinterpret_cast<const Pack<float, N>*>(a.grad)[i];
+    const Pack<Grad, N> g = reinterpret_cast<const Pack<Grad, N>*>(a.grad)[i];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       // The order of operations of ATen's fused AdamW, so the two agree to rounding.
-      const float grad = g.v[k] / scale;
+      const float grad = to_float(g.v[k]) / scale;
       p.v[k] -= lr * a.weight_decay * p.v[k];
       m.v[k] = beta1 * m.v[k] + (1.0f - beta1) * grad;
       v.v[k] = beta2 * v.v[k] + (1.0f - beta2) * grad * grad;
@@ -43,17 +43,27 @@ __global__ void adamw_kernel(AdamWArgs a) {
   }
 }
 
-template <typename Model>
+template <typename Model, typename Grad>
 void launch(const AdamWArgs& a, Stream stream) {
-  // Packs of 4 need 16-byte aligned fp32 arrays and 8-byte aligned 16-bit model weights (slices
-  // of the flat buffers at odd offsets take the one-element kernel).
+  // Packs of 4 need 16-byte aligned fp32 arrays and 8-byte aligned 16-bit model weights and
+  // gradients (slices of the flat buffers at odd offsets take the one-element kernel).
+  auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   bool packed = a.n % 4 == 0 && aligned16(a.master) && aligned16(a.exp_avg) && aligned16(a.exp_avg_sq) &&
-                aligned16(a.grad) && (a.model == nullptr || reinterpret_cast<uintptr_t>(a.model) % 8 == 0);
+                aligned(a.grad, 4 * sizeof(Grad)) && (a.model == nullptr || aligned(a.model, 8));
   constexpr int threads = 256;
   if (packed) {
-    adamw_kernel<Model, 4><<<grid_for(a.n / 4, threads), threads, 0, stream>>>(a);
+    adamw_kernel<Model, Grad, 4><<<grid_for(a.n / 4, threads), threads, 0, stream>>>(a);
   } else {
-    adamw_kernel<Model, 1><<<grid_for(a.n, threads), threads, 0, stream>>>(a);
+    adamw_kernel<Model, Grad, 1><<<grid_for(a.n, threads), threads, 0, stream>>>(a);
+  }
+}
+
+template <typename Model>
+void launch_for_grad(const AdamWArgs& a, Stream stream) {
+  if (a.grad_dtype == DType::BFloat16) {
+    launch<Model, __nv_bfloat16>(a, stream);
+  } else {
+    launch<Model, float>(a, stream);
   }
 }
 
@@ -62,9 +72,9 @@ void launch(const AdamWArgs& a, Stream stream) {
 void adamw_step(const AdamWArgs& args, Stream stream) {
   if (args.n == 0) return;
   if (args.model == nullptr) {
-    launch<void>(args, stream);
+    launch_for_grad<void>(args, stream);
   } else {
-    with_storage_type(args.model_dtype, [&](auto type) { launch<decltype(type)>(args, stream); });
+    with_storage_type(args.model_dtype, [&](auto type) { launch_for_grad<decltype(type)>(args, stream); });
   }
   check_launch("adamw_step");
 }

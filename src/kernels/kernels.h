@@ -81,7 +81,8 @@ struct AdamWArgs {
   float* master;
   float* exp_avg;
   float* exp_avg_sq;
-  const float* grad;
+  const void* grad;     // fp32, or bf16 with --grad-reduce-in-bf16
+  DType grad_dtype;
   void* model;          // null: the master is the model's own fp32 tensor
   DType model_dtype;
   int64_t n;

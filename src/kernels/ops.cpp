@@ -343,10 +343,13 @@ AdamWStepScalars adamw_step_scalars(const at::Tensor& step, const at::Tensor& gr
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                 const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
                 const AdamWStepScalars& s, Impl impl) {
-  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &grad}) {
+  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == master.numel(),
-                "adamw_step: master, moments and gradient must be contiguous fp32 of one size");
+                "adamw_step: master and moments must be contiguous fp32 of one size");
   }
+  TORCH_CHECK((grad.scalar_type() == at::kFloat || grad.scalar_type() == at::kBFloat16) && grad.is_contiguous() &&
+                  grad.numel() == master.numel(),
+              "adamw_step: the gradient must be contiguous fp32 or bf16, one element per master weight");
   TORCH_CHECK(model.is_contiguous() && model.numel() == master.numel(), "adamw_step: model must match the master");
   for (const at::Tensor* t : {&s.step, &s.bias_corrections, &s.grad_scale, &s.found_inf}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device() == master.device(),
@@ -358,8 +361,9 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   if (!uses_kernel(master, impl)) {
     // The reference path (CPU, and the CUDA tests' comparison): reading the learning rate back is
     // free on the CPU; a CUDA build steps with the kernel below, which reads it on the device.
-    at::_fused_adamw_({master}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {s.step}, s.lr.item<double>(), h.beta1, h.beta2, h.weight_decay,
-                      h.eps, /*amsgrad=*/false, /*maximize=*/false, s.grad_scale, s.found_inf);
+    at::_fused_adamw_({master}, {grad.to(at::kFloat)}, {exp_avg}, {exp_avg_sq}, {}, {s.step}, s.lr.item<double>(),
+                      h.beta1, h.beta2, h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, s.grad_scale,
+                      s.found_inf);
     if (own_model) model.copy_(master);
     return;
   }
@@ -368,7 +372,8 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   a.master = master.data_ptr<float>();
   a.exp_avg = exp_avg.data_ptr<float>();
   a.exp_avg_sq = exp_avg_sq.data_ptr<float>();
-  a.grad = grad.data_ptr<float>();
+  a.grad = grad.data_ptr();
+  a.grad_dtype = storage_type(grad);
   a.model = own_model ? model.data_ptr() : nullptr;
   a.model_dtype = storage_type(model);
   a.n = master.numel();

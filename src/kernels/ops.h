@@ -56,11 +56,12 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
                                   Impl impl = Impl::Auto);
 
 // One AdamW step (PyTorch's arithmetic, decoupled weight decay) on one parameter's fp32 master
-// and moments [n], from its fp32 gradient [n] divided by the step's grad_scale; the result is also
-// written to `model` ([n], bf16 / fp16) unless model is the master itself. The step's scalars are
-// tensors on the parameters' device, formed once per step for all parameters, so no host
-// synchronisation is needed; found_inf skips the step (nothing changes). The kernel does all of it
-// in one pass; the fallback runs ATen's _fused_adamw_ (same scalars) and then copies.
+// and moments [n], from its gradient [n] (fp32, or bf16 with --grad-reduce-in-bf16) divided by
+// the step's grad_scale; the result is also written to `model` ([n], bf16 / fp16) unless model is
+// the master itself. The step's scalars are tensors on the parameters' device, formed once per
+// step for all parameters, so no host synchronisation is needed; found_inf skips the step
+// (nothing changes). The kernel does all of it in one pass; the fallback runs ATen's
+// _fused_adamw_ (same scalars, the gradient upcast) and then copies.
 struct AdamWHyperparameters {
   double beta1, beta2, eps, weight_decay;
 };

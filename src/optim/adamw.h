@@ -29,7 +29,7 @@ struct OptimizerParam {
   int64_t numel = 0;
   at::Tensor model_slice;   // [numel] view of the parameter's elements
   at::Tensor master;        // [numel] fp32; model_slice itself when the model is fp32
-  at::Tensor main_grad;     // [numel] fp32 view into the gradient buffer
+  at::Tensor main_grad;     // [numel] view into the gradient buffer (fp32; bf16 with --grad-reduce-in-bf16)
   at::Tensor exp_avg;       // [numel] fp32
   at::Tensor exp_avg_sq;    // [numel] fp32
   bool decay = true;        // weight decay applies

@@ -63,7 +63,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
 
   at::NoGradGuard no_grad;
   param_data = at::zeros({offset}, param_options);
-  grad_data = at::zeros({offset}, param_options.dtype(at::kFloat));
+  grad_data = at::zeros({offset}, param_options.dtype(options.grad_reduce_in_bf16 ? at::kBFloat16 : at::kFloat));
   for (size_t i = 0; i < params_.size(); ++i) {
     BufferedParam& p = params_[i];
     at::Tensor view = param_data.narrow(0, p.offset, p.numel).view(p.param.sizes());

@@ -1,8 +1,9 @@
-// Parameters and their fp32 gradients in contiguous buffers, reduced over data-parallel
-// replicas in buckets (Megatron-Core's ParamAndGradBuffer + DistributedDataParallel).
+// Parameters and their gradients (fp32, as Megatron reduces them; bf16 with --grad-reduce-in-bf16)
+// in contiguous buffers, reduced over data-parallel replicas in buckets (Megatron-Core's
+// ParamAndGradBuffer + DistributedDataParallel).
 //
 // The model's parameters become views into `param_data`, so the distributed optimizer can
-// all-gather them in place; each parameter's gradient is added into its fp32 `main_grad` view
+// all-gather them in place; each parameter's gradient is added into its `main_grad` view
 // of `grad_data` by a hook the moment autograd produces it (the parameter's .grad is then
 // dropped). Parameters are laid out in reverse registration order, roughly the order backward
 // produces them, and grouped into buckets; during the last micro-batch a bucket's reduction
@@ -41,13 +42,15 @@ struct GradBufferOptions {
   // Every parameter's main_grad is registered for tensor_parallel/grad_accumulation.h: a weight
   // going through tp::linear gets its gradient added there by the weight-gradient GEMM.
   bool gradient_accumulation_fusion = false;
+  // main_grad (and so accumulation over micro-batches and the DP reduction) in bf16, not fp32.
+  bool grad_reduce_in_bf16 = false;
 };
 
 
 struct BufferedParam {
   std::string name;
   at::Tensor param;       // the model's parameter, a view into param_data
-  at::Tensor main_grad;   // fp32, the parameter's shape, a view into grad_data
+  at::Tensor main_grad;   // fp32 (bf16 with grad_reduce_in_bf16), the parameter's shape, a view into grad_data
   int64_t offset = 0;     // of the parameter in both buffers
   int64_t numel = 0;
   size_t bucket = 0;

@@ -271,6 +271,7 @@ int Trainer::run() {
   buffer_options.overlap_param_gather = p.overlap_param_gather && p.use_distributed_optimizer;
   buffer_options.sequence_parallel = p.sequence_parallel;
   buffer_options.gradient_accumulation_fusion = p.gradient_accumulation_fusion;
+  buffer_options.grad_reduce_in_bf16 = p.grad_reduce_in_bf16;
   buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
   buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
   optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
@@ -305,7 +306,7 @@ int Trainer::run() {
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
               m.padded_vocab_size, m.seq_length);
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
-                static_cast<long long>(parameters), t_.bf16 ? "bf16 (fp32 master weights)" : "fp32", device_.str().c_str(),
+                static_cast<long long>(parameters), !t_.bf16 ? "fp32" : p.grad_reduce_in_bf16 ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (fp32 master weights)", device_.str().c_str(),
                 at::get_num_threads(), buffer_->num_buckets());
     std::printf("> training data: %s\n", train_data_->describe().c_str());
   }

@@ -107,6 +107,11 @@ TEST(Arguments, CudaGraphFlags) {
   EXPECT_NE(error_of({"--enable-cuda-graph", "--device", "cpu"}).find("needs a CUDA device"), std::string::npos);
 }
 
+TEST(Arguments, GradReduceInBf16NeedsBf16) {
+  EXPECT_TRUE(parse({"--bf16", "--grad-reduce-in-bf16"}).parallel.grad_reduce_in_bf16);
+  EXPECT_NE(error_of({"--grad-reduce-in-bf16"}).find("--grad-reduce-in-bf16 needs --bf16"), std::string::npos);
+}
+
 // Pipeline layouts: stages split the layers evenly unless told otherwise, virtual stages divide
 // each stage's layers, and the interleaved schedule needs whole groups of micro-batches.
 TEST(Arguments, PipelineLayouts) {

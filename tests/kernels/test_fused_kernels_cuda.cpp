@@ -203,6 +203,30 @@ TEST_P(CudaFusedKernels, AdamWMatchesAtenFusedAdamWThenCopy) {
   }
 }
 
+// --grad-reduce-in-bf16: the kernel reads bf16 gradients (packed and one element at a time) as
+// the fallback reads them upcast.
+TEST(CudaFusedKernelsBf16Gradients, AdamWMatchesAtenOnUpcastGradients) {
+  REQUIRE_CUDA_KERNELS();
+  auto f32 = at::TensorOptions(kGpu).dtype(at::kFloat);
+  for (int64_t n : {int64_t(1) << 20, (int64_t(1) << 20) + 3}) {
+    at::Tensor master = at::randn({n}, f32), m = 0.01 * at::randn({n}, f32), v = 0.01 * at::rand({n}, f32);
+    std::vector<at::Tensor> kernel = {master.clone(), m.clone(), v.clone()}, fallback = {master.clone(), m.clone(), v.clone()};
+    at::Tensor model_kernel = master.to(at::kBFloat16), model_fallback = master.to(at::kBFloat16);
+    at::Tensor step = at::zeros({}, f32);
+    for (int64_t k = 1; k <= 3; ++k) {
+      const at::Tensor grad = at::randn({n}, f32).to(at::kBFloat16);
+      step.add_(1);
+      const kernels::AdamWStepScalars scalars =
+          kernels::adamw_step_scalars(step, at::full({}, 2.0, f32), at::zeros({}, f32), at::full({}, 1e-3, f32.dtype(at::kDouble)), 0.9, 0.95);
+      const kernels::AdamWHyperparameters h{0.9, 0.95, 1e-8, 0.1};
+      kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, scalars);
+      kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, scalars, kernels::Impl::Composite);
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_LE(relative(kernel[i], fallback[i]), 1e-5) << "state " << i << ", n " << n;
+    EXPECT_GT(relative(kernel[0], master), 1e-4);  // it moved
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFusedKernels, ::testing::Values(at::kFloat, at::kBFloat16),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 

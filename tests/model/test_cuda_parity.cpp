@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "model/gpt_model.h"
 #include "support/model_configs.h"
@@ -66,16 +65,6 @@ TEST(CudaParity, TrainingOnCudaLowersTheLoss) {
   EXPECT_NE(run.output.find("validation loss at iteration 50"), std::string::npos) << run.output;
 }
 
-// The "lm loss" of every iteration's log line, in order.
-std::vector<double> logged_losses(const std::string& output) {
-  std::vector<double> losses;
-  const std::string key = "| lm loss: ";
-  for (size_t at = output.find(key); at != std::string::npos; at = output.find(key, at + 1)) {
-    losses.push_back(std::strtod(output.c_str() + at + key.size(), nullptr));
-  }
-  return losses;
-}
-
 // The step replayed from a CUDA graph trains as the eager step does. The learning rate changes
 // every iteration (warm-up, then cosine decay) and every iteration has a new batch: a graph that
 // had either baked in would drift off the eager losses. Two micro-batches per step (the first
@@ -93,7 +82,7 @@ TEST(CudaParity, CudaGraphStepTrainsAsTheEagerStep) {
   ASSERT_EQ(graphed.status, 0) << graphed.output;
   EXPECT_NE(graphed.output.find("CUDA graph: captured the training step at iteration 3"), std::string::npos)
       << graphed.output;
-  const std::vector<double> expected = logged_losses(eager.output), got = logged_losses(graphed.output);
+  const std::vector<double> expected = test::logged_losses(eager.output), got = test::logged_losses(graphed.output);
   ASSERT_EQ(expected.size(), 30u) << eager.output;
   ASSERT_EQ(got.size(), expected.size()) << graphed.output;
   double largest = 0;

@@ -92,6 +92,38 @@ TEST(AdamW, NonFiniteGradientsOrLossSkipTheStepWithoutCountingIt) {
   EXPECT_LE((weight.detach() - reference.detach()).abs().max().item<double>(), 1e-6);
 }
 
+// --grad-reduce-in-bf16: bf16 gradients step the fp32 masters exactly as the same values held
+// in fp32 do, and the gradient norm is formed in fp32 all the same.
+TEST(AdamW, Bf16GradientsStepAsTheirFp32Values) {
+  at::manual_seed(5);
+  const at::Tensor init = at::randn({6, 5}).to(at::kBFloat16);
+  at::Tensor w16 = init.clone().requires_grad_(), w32 = init.clone().requires_grad_();
+  GradBufferOptions bf16_grads;
+  bf16_grads.grad_reduce_in_bf16 = true;
+  ParamAndGradBuffer b16({{"w.weight", w16}}, dist::ParallelState::single(), /*swiglu=*/false, bf16_grads);
+  ParamAndGradBuffer b32({{"w.weight", w32}}, dist::ParallelState::single(), /*swiglu=*/false, GradBufferOptions{});
+  ASSERT_EQ(b16.grad_data.scalar_type(), at::kBFloat16);
+  ASSERT_EQ(b32.grad_data.scalar_type(), at::kFloat);
+  TrainConfig config;
+  config.clip_grad = 0.0;  // the norms may differ in their last bit; the steps must not depend on them
+  AdamW a16(b16, config), a32(b32, config);
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor grad = (3.0 * at::randn({6, 5})).to(at::kBFloat16);
+    b16.params()[0].main_grad.copy_(grad);
+    b32.params()[0].main_grad.copy_(grad.to(at::kFloat));
+    const at::Tensor n16 = a16.grad_norm(), n32 = a32.grad_norm();
+    EXPECT_EQ(n16.scalar_type(), at::kFloat);
+    EXPECT_NEAR(n16.item<double>(), n32.item<double>(), 1e-6 * n32.item<double>());
+    a16.set_learning_rate(1e-2 * (step + 1));
+    a32.set_learning_rate(1e-2 * (step + 1));
+    EXPECT_TRUE(a16.step(n16).item<bool>());
+    EXPECT_TRUE(a32.step(n32).item<bool>());
+    EXPECT_TRUE(at::equal(a16.params()[0].master, a32.params()[0].master)) << "step " << step;
+    EXPECT_TRUE(at::equal(w16.detach(), w32.detach())) << "step " << step;
+  }
+  EXPECT_FALSE(at::equal(w16.detach(), init)) << "the weights must have moved";
+}
+
 TEST(AdamW, ClippedStepsMatchTorchAdamWOnClippedGradients) { check_steps(1.0, 10.0); }
 TEST(AdamW, UnclippedStepsMatchTorchAdamW) { check_steps(1.0, 0.001); }
 TEST(AdamW, NoClippingWhenClipGradIsZero) { check_steps(0.0, 10.0); }

@@ -21,33 +21,44 @@ const at::Tensor& main_grad_of(const ParamAndGradBuffer& buffer, const std::stri
   throw std::runtime_error("no parameter " + name);
 }
 
-void check_steps(bool gradient_accumulation_fusion) {
+// bf16: bf16 parameters with --grad-reduce-in-bf16 (main_grad in bf16), against the fp32
+// gradients of the same values within bf16 rounding.
+void check_steps(bool gradient_accumulation_fusion, bool bf16 = false) {
   at::manual_seed(11);
-  at::Tensor weight = at::randn({6, 4}).requires_grad_();  // through tp::linear (the fused GEMM when registered)
-  at::Tensor scale = at::randn({6}).requires_grad_();      // through the hook, like a norm weight
-  at::Tensor unused = at::randn({3}).requires_grad_();     // no gradient in this model
+  const at::ScalarType dtype = bf16 ? at::kBFloat16 : at::kFloat;
+  at::Tensor weight = at::randn({6, 4}).to(dtype).requires_grad_();  // through tp::linear (the fused GEMM when registered)
+  at::Tensor scale = at::randn({6}).to(dtype).requires_grad_();      // through the hook, like a norm weight
+  at::Tensor unused = at::randn({3}).to(dtype).requires_grad_();     // no gradient in this model
   GradBufferOptions options;
   options.gradient_accumulation_fusion = gradient_accumulation_fusion;
+  options.grad_reduce_in_bf16 = bf16;
   ParamAndGradBuffer buffer({{"w.weight", weight}, {"s.weight", scale}, {"u.weight", unused}},
                             dist::ParallelState::single(), /*swiglu=*/false, options);
   for (int step = 0; step < 3; ++step) {
     buffer.zero_grad();
     if (step == 2) main_grad_of(buffer, "u.weight").fill_(std::numeric_limits<float>::quiet_NaN());
-    at::Tensor w_ref = weight.detach().clone().requires_grad_(), s_ref = scale.detach().clone().requires_grad_();
+    at::Tensor w_ref = weight.detach().to(at::kFloat).requires_grad_(), s_ref = scale.detach().to(at::kFloat).requires_grad_();
     for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
-      const at::Tensor x = at::randn({5, 4});
+      const at::Tensor x = at::randn({5, 4}).to(dtype);
       (tp::linear(x, weight) * scale).pow(2).sum().backward();
-      (at::linear(x, w_ref) * s_ref).pow(2).sum().backward();
+      (at::linear(x.to(at::kFloat), w_ref) * s_ref).pow(2).sum().backward();
     }
     buffer.finish_grad_sync();
-    EXPECT_TRUE(at::allclose(main_grad_of(buffer, "w.weight"), w_ref.grad())) << "step " << step;
-    EXPECT_TRUE(at::allclose(main_grad_of(buffer, "s.weight"), s_ref.grad())) << "step " << step;
-    EXPECT_TRUE(at::equal(main_grad_of(buffer, "u.weight"), at::zeros({3}))) << "step " << step;
+    const double rtol = bf16 ? 2e-2 : 1e-5, atol = bf16 ? 5e-2 : 1e-8;
+    for (const char* name : {"w.weight", "s.weight"}) {
+      const at::Tensor& got = main_grad_of(buffer, name);
+      EXPECT_EQ(got.scalar_type(), bf16 ? at::kBFloat16 : at::kFloat) << name;
+      const at::Tensor& want = std::string(name) == "w.weight" ? w_ref.grad() : s_ref.grad();
+      EXPECT_TRUE(at::allclose(got.to(at::kFloat), want, rtol, atol)) << name << " step " << step;
+    }
+    EXPECT_TRUE(at::equal(main_grad_of(buffer, "u.weight").to(at::kFloat), at::zeros({3}))) << "step " << step;
   }
 }
 
 TEST(GradBuffer, EachStepStartsFromItsOwnGradientsWithFusion) { check_steps(true); }
 TEST(GradBuffer, EachStepStartsFromItsOwnGradientsThroughTheHook) { check_steps(false); }
+TEST(GradBuffer, Bf16GradientsWithFusion) { check_steps(true, /*bf16=*/true); }
+TEST(GradBuffer, Bf16GradientsThroughTheHook) { check_steps(false, /*bf16=*/true); }
 
 }  // namespace
 }  // namespace megatron

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <stdexcept>
 
 namespace megatron::test {
@@ -78,6 +79,15 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   fs::remove_all(path_, ec);
+}
+
+std::vector<double> logged_losses(const std::string& output) {
+  std::vector<double> losses;
+  std::regex pattern(R"(\| lm loss: ([0-9.E+-]+) \|)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    losses.push_back(std::stod((*it)[1]));
+  }
+  return losses;
 }
 
 }  // namespace megatron::test

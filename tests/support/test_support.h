@@ -24,6 +24,9 @@ CommandResult run_command(const std::string& command);
 // `megatron <args>` with output captured.
 CommandResult run_megatron(const std::vector<std::string>& args);
 
+// The "lm loss" of every iteration's log line in a training run's output, in order.
+std::vector<double> logged_losses(const std::string& output);
+
 // A fresh directory under the system temp dir, removed with its contents on destruction.
 class TempDir {
  public:
