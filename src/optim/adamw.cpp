@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 
 #include "core/errors.h"
@@ -50,12 +51,11 @@ at::Tensor AdamW::grad_norm() const {
     if ((!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) grads.push_back(p.main_grad);
   }
   // Norms in fp32 whatever the gradients' dtype (bf16 with --grad-reduce-in-bf16); fp32
-  // gradients take the call without a dtype, the one measured on GPUs.
+  // gradients pass no dtype, the call measured on GPUs.
   const at::TensorOptions fp32 = buffer_.grad_data.options().dtype(at::kFloat);
-  const bool bf16_grads = buffer_.grad_data.scalar_type() != at::kFloat;
-  at::Tensor squared = grads.empty() ? at::zeros({}, fp32)
-                       : bf16_grads  ? at::stack(at::_foreach_norm(grads, 2, at::kFloat)).pow(2).sum()
-                                     : at::stack(at::_foreach_norm(grads, 2)).pow(2).sum();
+  const std::optional<at::ScalarType> norm_dtype =
+      buffer_.grad_data.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
+  at::Tensor squared = grads.empty() ? at::zeros({}, fp32) : at::stack(at::_foreach_norm(grads, 2, norm_dtype)).pow(2).sum();
   // Replicas hold the same gradients, except that the distributed optimizer reduced each DP
   // rank's shard only.
   const dist::Group& group = buffer_.distributed_optimizer() ? ps.world : ps.model_parallel;

@@ -38,7 +38,7 @@ struct LinearAccumulatingWeightGrad : torch::autograd::Function<LinearAccumulati
     at::Tensor dy2 = dy.reshape({-1, dy.size(-1)}), x2 = x.reshape({-1, x.size(-1)});
     const MainGradTarget* target = find_target(weight);
     TORCH_CHECK(target != nullptr, "gradient-accumulation fusion: the weight lost its main_grad registration");
-    at::Tensor main_grad = target->main_grad;  // [out, in] fp32, shares the buffer's storage
+    at::Tensor main_grad = target->main_grad;  // [out, in] fp32 (bf16 with --grad-reduce-in-bf16), the buffer's storage
     {
       at::NoGradGuard no_grad;
       // += dy^T x, or = dy^T x for the step's first gradient (beta 0: the old contents, not

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
@@ -67,36 +68,47 @@ at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
   return at::Device(at::kCPU);
 }
 
+// A Batch's tensors and their names, for the helpers below.
+constexpr std::pair<at::Tensor Batch::*, const char*> kBatchFields[] = {
+    {&Batch::tokens, "tokens"},
+    {&Batch::labels, "labels"},
+    {&Batch::loss_mask, "loss mask"},
+    {&Batch::position_ids, "position ids"},
+    {&Batch::attention_mask, "attention mask"}};
+
+// `f` applied to each defined tensor of `b` (undefined ones stay undefined).
+template <typename F>
+Batch map_batch(const Batch& b, F&& f) {
+  Batch out;
+  for (const auto& [field, name] : kBatchFields) out.*field = (b.*field).defined() ? f(b.*field) : b.*field;
+  return out;
+}
+
 // Page-locked copies, so that to_device's copies run asynchronously (from pageable memory a
 // host-to-device copy waits for the stream, stalling the host once per micro-batch).
-Batch pinned(Batch b) {
-  auto pin = [](const at::Tensor& t) { return t.defined() ? t.pin_memory() : t; };
-  return {pin(b.tokens), pin(b.labels), pin(b.loss_mask), pin(b.position_ids), pin(b.attention_mask)};
+Batch pinned(const Batch& b) {
+  return map_batch(b, [](const at::Tensor& t) { return t.pin_memory(); });
 }
 
 Batch to_device(Batch b, const at::Device& device) {
   if (device.is_cpu()) return b;
-  auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(device, /*non_blocking=*/true) : t; };
-  return {move(b.tokens), move(b.labels), move(b.loss_mask), move(b.position_ids), move(b.attention_mask)};
+  return map_batch(b, [&](const at::Tensor& t) { return t.to(device, /*non_blocking=*/true); });
 }
 
 // Copies `from` (host) into the device tensors of `into`, allocating them the first time: the
 // fixed-address inputs a captured step reads.
 void copy_batch(const Batch& from, Batch& into, const at::Device& device) {
-  auto copy = [&](const at::Tensor& src, at::Tensor& dst, const char* field) {
+  for (const auto& [field, name] : kBatchFields) {
+    const at::Tensor& src = from.*field;
+    at::Tensor& dst = into.*field;
     if (!dst.defined() && src.defined()) dst = at::empty(src.sizes(), src.options().device(device).pinned_memory(false));
     if (src.defined() != dst.defined() || (src.defined() && !src.sizes().equals(dst.sizes()))) {
-      throw UserError(std::string("--cuda-graph-impl: the batch's ") + field +
+      throw UserError(std::string("--cuda-graph-impl: the batch's ") + name +
                       " changed shape between iterations; a captured step needs the same shapes every iteration "
                       "(train without --cuda-graph-impl)");
     }
     if (src.defined()) dst.copy_(src, /*non_blocking=*/true);
-  };
-  copy(from.tokens, into.tokens, "tokens");
-  copy(from.labels, into.labels, "labels");
-  copy(from.loss_mask, into.loss_mask, "loss mask");
-  copy(from.position_ids, into.position_ids, "position ids");
-  copy(from.attention_mask, into.attention_mask, "attention mask");
+  }
 }
 
 // Model FLOPs per token as the baseline counts them: 6 per parameter (forward + backward) plus
@@ -289,7 +301,7 @@ int Trainer::run() {
       [this, dp_offset](int64_t first) {
         Batch b = make_batch(*train_data_, first + dp_offset, t_.micro_batch_size, c_.model.seq_length,
                              c_.model.vocab_size, ltor_);
-        return device_.is_cuda() ? pinned(std::move(b)) : b;  // prepared on the prefetcher's thread
+        return device_.is_cuda() ? pinned(b) : b;  // prepared on the prefetcher's thread
       },
       dp_block);
 
@@ -346,14 +358,12 @@ int Trainer::run() {
     const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
     // Nothing so far waited for the GPU: a loss or norm that is not finite skipped the update on
     // the device (parameters stay as they were) and is counted when the statistics are read back.
-    const at::Tensor& loss = step.loss;
-    const at::Tensor& grad_norm = step.grad_norm;
-    statistics_.add(loss, grad_norm, step.applied);
+    statistics_.add(step.loss, step.grad_norm, step.applied);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
     progress_.consumed_train_samples += t_.global_batch_size;
     if (metrics_ != nullptr) {  // the last rank's; reading the values back waits for the step
-      const double loss_value = loss.item<double>(), norm = grad_norm.item<double>();
+      const double loss_value = step.loss.item<double>(), norm = step.grad_norm.item<double>();
       // %a prints doubles exactly, so runs can be compared bit for bit.
       std::fprintf(metrics_, "{\"iteration\": %lld, \"lm_loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
                              "\"lm_loss_hex\": \"%a\"}\n",
