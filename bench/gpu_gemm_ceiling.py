@@ -7,7 +7,7 @@ fc2, and the output layer. Each runs three GEMMs per step: forward (Y = X W^T), 
 times each one alone (CUDA events, after warm-up) and then the whole step's set back to back,
 as a training step issues them, and prints TFLOP/s per GEMM and the step total: the time the
 step's GEMMs cannot go below with cuBLAS on this GPU, to hold against the profile's GEMM time.
-  python3 bench/gpu_gemm_ceiling.py [--tokens 8192] [--reps 20]
+  python3 bench/gpu_gemm_ceiling.py [--tokens 8192] [--reps 20] [--blas cublas|cublaslt]
 """
 import argparse
 
@@ -16,7 +16,10 @@ import torch
 p = argparse.ArgumentParser()
 p.add_argument("--tokens", type=int, default=8192)
 p.add_argument("--reps", type=int, default=20)
+p.add_argument("--blas", choices=["cublas", "cublaslt"], help="torch's preferred BLAS library (default: torch's choice)")
 a = p.parse_args()
+if a.blas:
+    torch.backends.cuda.preferred_blas_library(a.blas)
 t = a.tokens
 hidden, ffn, layers, vocab, groups, head = 2048, 5632, 22, 32000, 4, 64
 linears = {  # name: (input features, output features, how many per step)
@@ -54,7 +57,8 @@ def timed(fn, reps):
     return start.elapsed_time(end) / reps  # ms
 
 
-print(f"GEMMs of the reference step ({t} tokens), cuBLAS via torch {torch.__version__} on {torch.cuda.get_device_name()}")
+print(f"GEMMs of the reference step ({t} tokens), {torch.backends.cuda.preferred_blas_library()} via torch "
+      f"{torch.__version__} on {torch.cuda.get_device_name()}")
 print(f"{'linear':8} {'GEMM':8} {'M x N x K':>22} {'ms':>8} {'TFLOP/s':>8} {'per step':>9}")
 step_fns, step_ms, step_flops = [], 0.0, 0.0
 for name, (k, n, count) in linears.items():

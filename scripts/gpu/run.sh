@@ -13,7 +13,7 @@
 # toolchain (a libstdc++ mismatch, see docs/performance.md) and run on CPU in CI instead.
 # `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
 # `dp2` (two GPUs): only the DP=2 scaling figures (1 GPU vs DP=2 with the distributed optimizer,
-# overlapped; fp32 and --grad-reduce-in-bf16 gradient reduction), building the megatron binary
+# overlapped; fp32 and --grad-reduce-in-bf16 gradients, each against one GPU with the same flags), building the megatron binary
 # alone: the cheapest check of that target.
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
@@ -47,10 +47,12 @@ if [ "$what" = dp2 ]; then
   source bench/lib.sh
   one=$(bench gpu1 1 4)
   two=$(bench dp2_distopt 2 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
+  one_bf16=$(bench gpu1_bf16_grads 1 4 --grad-reduce-in-bf16)
   bf16=$(bench dp2_distopt_bf16_grads 2 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --grad-reduce-in-bf16)
-  efficiency() { awk -v a="$1" -v b="$one" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b }'; }
-  echo "1 GPU: $one tokens/s/GPU; DP=2 distributed optimizer: $two tokens/s/GPU, efficiency $(efficiency "$two");" \
-       "with --grad-reduce-in-bf16: $bf16, efficiency $(efficiency "$bf16")"
+  efficiency() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b }'; }
+  echo "fp32 gradients: 1 GPU $one tokens/s, DP=2 distributed optimizer $two tokens/s/GPU, efficiency $(efficiency "$two" "$one")"
+  echo "--grad-reduce-in-bf16: 1 GPU $one_bf16 tokens/s, DP=2 distributed optimizer $bf16 tokens/s/GPU," \
+       "efficiency $(efficiency "$bf16" "$one_bf16") (against the fp32-gradient GPU: $(efficiency "$bf16" "$one"))"
 fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
