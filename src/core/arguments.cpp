@@ -71,6 +71,10 @@ std::vector<Flag> train_flags(Config& c) {
       {"no-bias-swiglu-fusion", Kind::NegatedBool, &m.bias_swiglu_fusion, "SwiGLU through ATen ops instead of the fused kernel"},
       {"no-bias-dropout-fusion", Kind::NegatedBool, &m.bias_dropout_fusion, "the residual add through ATen instead of fused with the RMSNorm after it"},
       {"cross-entropy-loss-fusion", Kind::Bool, &m.cross_entropy_loss_fusion, "cross entropy through the fused kernels (no fp32 logits)"},
+      {"recompute-granularity", Kind::String, &m.recompute_granularity, "recompute activations in the backward: full (whole layers) or selective (core attention)"},
+      {"recompute-method", Kind::String, &m.recompute_method, "with full: uniform (every group of --recompute-num-layers layers) or block (the first N layers of each chunk)"},
+      {"recompute-num-layers", Kind::Int, &m.recompute_num_layers, "with full: layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
+      {"recompute-activations", Kind::Bool, &m.recompute_activations, "the same as --recompute-granularity selective"},
       // parallelism
       {"tensor-model-parallel-size", Kind::Int, &p.tensor_model_parallel_size, "tensor-parallel size"},
       {"pipeline-model-parallel-size", Kind::Int, &p.pipeline_model_parallel_size, "pipeline-parallel size"},
@@ -272,6 +276,38 @@ SplitArgs split_args(const std::vector<std::string>& args) {
   return out;
 }
 
+// --recompute-*: Megatron's combinations (full needs a method and a layer count; selective
+// takes neither), named in each error.
+void validate_recompute(ModelConfig& m, const TrainConfig& t) {
+  if (m.recompute_activations) {
+    if (!m.recompute_granularity.empty() && m.recompute_granularity != "selective") {
+      throw UserError("--recompute-activations means --recompute-granularity selective, but --recompute-granularity " +
+                      m.recompute_granularity + " was also given: keep one");
+    }
+    m.recompute_granularity = "selective";
+  }
+  const std::string& g = m.recompute_granularity;
+  if (!g.empty() && g != "full" && g != "selective") {
+    throw UserError("--recompute-granularity must be full or selective (got '" + g + "')");
+  }
+  if (g == "full") {
+    if (m.recompute_method != "uniform" && m.recompute_method != "block") {
+      throw UserError("--recompute-granularity full needs --recompute-method uniform or block" +
+                      (m.recompute_method.empty() ? std::string() : " (got '" + m.recompute_method + "')"));
+    }
+    if (m.recompute_num_layers < 1 || m.recompute_num_layers > m.num_layers) {
+      throw UserError("--recompute-granularity full needs --recompute-num-layers between 1 and --num-layers " +
+                      std::to_string(m.num_layers) + " (got " + std::to_string(m.recompute_num_layers) + ")");
+    }
+  } else if (!m.recompute_method.empty() || m.recompute_num_layers != 0) {
+    throw UserError("--recompute-method and --recompute-num-layers apply to --recompute-granularity full only");
+  }
+  if (!g.empty() && (t.cuda_graph_impl != "none" || t.enable_cuda_graph) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
+    throw UserError("--recompute-granularity with dropout replays the generators' states, which a captured CUDA graph "
+                    "cannot: set --hidden-dropout 0 --attention-dropout 0, or drop --cuda-graph-impl");
+  }
+}
+
 }  // namespace
 
 TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
@@ -456,6 +492,7 @@ void finalize_config(Config& c, int world_size) {
   }
   if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
   if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
+  validate_recompute(m, t);
   if (p.grad_reduce_in_bf16 && !t.bf16) {
     throw UserError("--grad-reduce-in-bf16 needs --bf16: the gradients are kept in the bf16 parameters' dtype");
   }

@@ -57,6 +57,15 @@ struct ModelConfig {
   // (--no-bias-dropout-fusion turns it off).
   bool bias_dropout_fusion = true;
 
+  // Activation recomputation (Megatron's flags; runtime choices, not saved with the model).
+  // full: whole layers keep only their input and run again in the backward, in groups of
+  // recompute_num_layers layers (uniform) or only the first recompute_num_layers layers of each
+  // model chunk (block). selective: only core attention (--recompute-activations says the same).
+  std::string recompute_granularity;  // "" | full | selective
+  std::string recompute_method;       // uniform | block (full only)
+  int recompute_num_layers = 0;
+  bool recompute_activations = false;  // read as recompute_granularity = selective
+
   int head_dim() const { return kv_channels; }
   int query_groups() const { return num_query_groups; }
 };

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/ops.h"
+#include "tensor_parallel/recompute.h"
 
 namespace megatron {
 
@@ -14,7 +15,8 @@ SelfAttention::SelfAttention(const ModelConfig& c, const tp::TensorParallel& tp)
       attention_dropout_(c.attention_dropout),
       norm_epsilon_(c.norm_epsilon),
       norm_kind_(norm_kind_from_name(c.normalization)),
-      rope_fusion_(c.apply_rope_fusion) {
+      rope_fusion_(c.apply_rope_fusion),
+      recompute_core_attention_(c.recompute_granularity == "selective") {
   TORCH_CHECK(c.num_query_groups % tp.size() == 0, "query groups do not split across tensor-parallel ranks");
   // Per query group: its query heads, one key head, one value head; TP ranks take whole groups.
   const int64_t qkv_out = int64_t(c.num_attention_heads + 2 * c.num_query_groups) * head_dim_;
@@ -64,16 +66,32 @@ at::Tensor SelfAttention::attend(at::Tensor qkv, const RopeTables* rope, const a
       k = apply_rope(k, *rope);
     }
   }
-  // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
   const double dropout = is_training() ? attention_dropout_ : 0.0;
+  at::Tensor out;
+  if (recompute_core_attention_) {
+    // Selective recomputation: the attention output and its softmax statistics are not kept;
+    // the backward runs attention again from q, k and v (saved anyway).
+    auto region = [this, dropout, attention_mask](const std::vector<at::Tensor>& qkv_in) {
+      return std::vector<at::Tensor>{core_attention(qkv_in[0], qkv_in[1], qkv_in[2], attention_mask, dropout)};
+    };
+    out = tp::recompute_in_backward(region, {q, k, v}, tp_, dropout > 0.0)[0];
+  } else {
+    out = core_attention(q, k, v, attention_mask, dropout);
+  }
+  return linear_proj->forward(out);  // [s, b, h] ([s/tp, b, h] with sequence parallelism)
+}
+
+at::Tensor SelfAttention::core_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& attention_mask, double dropout) const {
+  const int64_t s = q.size(0), b = q.size(1);
+  // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
   at::Tensor out = tp_.random(dropout > 0.0, [&] {
     return at::scaled_dot_product_attention(
         q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}),
         attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt, dropout,
         /*is_causal=*/!attention_mask.defined(), /*scale=*/std::nullopt, /*enable_gqa=*/groups_ != heads_);
   });                                                             // [b, H/tp, s, d]
-  out = out.permute({2, 0, 1, 3}).reshape({s, b, heads_ * head_dim_});  // [s, b, H*d]
-  return linear_proj->forward(out);  // [s, b, h] ([s/tp, b, h] with sequence parallelism)
+  return out.permute({2, 0, 1, 3}).reshape({s, b, heads_ * head_dim_});  // [s, b, H*d]
 }
 
 }  // namespace megatron

@@ -31,12 +31,16 @@ class SelfAttention : public torch::nn::Module {
 
  private:
   at::Tensor attend(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask);  // QKV output -> proj output
+  // q: [s, b, H/tp, d], k and v: [s, b, G/tp, d] -> [s, b, H/tp * d]
+  at::Tensor core_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
+                            double dropout) const;
   tp::TensorParallel tp_;
   int64_t heads_, groups_, head_dim_;  // heads_ and groups_: this TP rank's
   double attention_dropout_;
   double norm_epsilon_;
   NormKind norm_kind_;
   bool rope_fusion_;
+  bool recompute_core_attention_;  // --recompute-granularity selective
 };
 
 }  // namespace megatron

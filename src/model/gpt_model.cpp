@@ -11,6 +11,7 @@
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
+#include "tensor_parallel/recompute.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
@@ -149,9 +150,28 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
     tables = &*gathered;
   }
   ResidualStream stream{hidden, {}};
-  for (const auto& layer : layers) {
-    if (before_use) before_use(layer->parameters());
-    stream = layer->forward(stream, tables, attention_mask);
+  for (size_t first = 0; first < layers.size();) {
+    const size_t count = recomputed_group_at(first);
+    if (count == 0) {
+      stream = run_layers(first, 1, stream, tables, attention_mask);
+      ++first;
+      continue;
+    }
+    // The group keeps only its input; its layers run again in the backward. The closure holds
+    // copies of the tables and the mask: it runs after this forward has returned.
+    std::optional<RopeTables> rope_copy;
+    if (tables != nullptr) rope_copy = *tables;
+    auto region = [this, first, count, rope_copy, attention_mask](const std::vector<at::Tensor>& in) {
+      const ResidualStream out = run_layers(first, count, {in[0], in.size() > 1 ? in[1] : at::Tensor()},
+                                            rope_copy ? &*rope_copy : nullptr, attention_mask);
+      return out.delta.defined() ? std::vector<at::Tensor>{out.base, out.delta} : std::vector<at::Tensor>{out.base};
+    };
+    std::vector<at::Tensor> in = {stream.base};
+    if (stream.delta.defined()) in.push_back(stream.delta);
+    const bool draws_random = is_training() && (config_.hidden_dropout > 0.0 || config_.attention_dropout > 0.0);
+    const std::vector<at::Tensor> out = tp::recompute_in_backward(region, in, tp_, draws_random);
+    stream = {out[0], out.size() > 1 ? out[1] : at::Tensor()};
+    first += count;
   }
   if (!chunk_.post_process) return stream.materialize();  // [s(/tp), b, h]
   if (before_use) before_use({final_layernorm_weight, final_layernorm_bias, output_layer_weight, word_embeddings});
@@ -168,6 +188,22 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
   // embedding lookup adds to the same gradient, so it takes the ordinary path.
   if (output_layer_weight.defined()) return tp::linear(hidden, out_weight);  // [s, b, V/tp]
   return at::linear(hidden, out_weight);
+}
+
+ResidualStream GPTModel::run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,
+                                    const at::Tensor& attention_mask) {
+  for (size_t l = first; l < first + count; ++l) {
+    if (before_use) before_use(layers[l]->parameters());
+    stream = layers[l]->forward(stream, tables, attention_mask);
+  }
+  return stream;
+}
+
+size_t GPTModel::recomputed_group_at(size_t layer) const {
+  if (config_.recompute_granularity != "full" || !is_training()) return 0;
+  const size_t n = static_cast<size_t>(config_.recompute_num_layers);
+  if (config_.recompute_method == "block") return layer < n ? 1 : 0;  // the chunk's first n layers, one by one
+  return std::min(n, layers.size() - layer);                            // uniform: groups of n (the last may be short)
 }
 
 at::Tensor GPTModel::token_losses(const Batch& batch, const at::Tensor& input) {

@@ -86,6 +86,12 @@ class GPTModel : public torch::nn::Module {
 
  private:
   const RopeTables* rope_for(int64_t seq_len, const at::Device& device);
+  // Layers [first, first + count) of this chunk on the residual stream.
+  ResidualStream run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,
+                            const at::Tensor& attention_mask);
+  // How many layers from `layer` on form one recomputed group (--recompute-granularity full);
+  // 0: layer `layer` keeps its activations.
+  size_t recomputed_group_at(size_t layer) const;
 
   ModelConfig config_;
   tp::TensorParallel tp_;

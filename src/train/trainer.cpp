@@ -129,6 +129,8 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   int run();
+  // After run() returned normally: the communicators closed (destroy_process_group).
+  void close() { world_.shutdown(); }
 
  private:
   using BatchFn = std::function<Batch(int64_t)>;
@@ -320,6 +322,13 @@ int Trainer::run() {
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
                 static_cast<long long>(parameters), !t_.bf16 ? "fp32" : p.grad_reduce_in_bf16 ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (fp32 master weights)", device_.str().c_str(),
                 at::get_num_threads(), buffer_->num_buckets());
+    if (m.recompute_granularity == "full") {
+      std::printf("> activation recomputation: full, %s %d layer(s)%s\n",
+                  m.recompute_method == "uniform" ? "groups of" : "the first", m.recompute_num_layers,
+                  m.recompute_method == "uniform" ? "" : " of each model chunk");
+    } else if (m.recompute_granularity == "selective") {
+      std::printf("> activation recomputation: selective (core attention)\n");
+    }
     std::printf("> training data: %s\n", train_data_->describe().c_str());
   }
 
@@ -754,7 +763,9 @@ void Trainer::save(const char* why) {
 
 int run_training(const Config& config, const dist::LaunchEnv& env) {
   Trainer trainer(config, env);
-  return trainer.run();
+  const int status = trainer.run();
+  trainer.close();
+  return status;
 }
 
 }  // namespace megatron

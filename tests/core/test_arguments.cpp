@@ -112,6 +112,26 @@ TEST(Arguments, GradReduceInBf16NeedsBf16) {
   EXPECT_NE(error_of({"--grad-reduce-in-bf16"}).find("--grad-reduce-in-bf16 needs --bf16"), std::string::npos);
 }
 
+// --recompute-*: Megatron's spellings and combinations; --recompute-activations is selective.
+TEST(Arguments, RecomputeFlags) {
+  const ModelConfig full = parse({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}).model;
+  EXPECT_EQ(full.recompute_granularity, "full");
+  EXPECT_EQ(full.recompute_method, "uniform");
+  EXPECT_EQ(full.recompute_num_layers, 1);
+  EXPECT_EQ(parse({"--recompute-activations"}).model.recompute_granularity, "selective");
+  EXPECT_EQ(parse({"--recompute-granularity", "selective"}).model.recompute_granularity, "selective");
+  EXPECT_NE(error_of({"--recompute-granularity", "full"}).find("needs --recompute-method uniform or block"), std::string::npos);
+  EXPECT_NE(error_of({"--recompute-granularity", "full", "--recompute-method", "blocks", "--recompute-num-layers", "1"})
+                .find("(got 'blocks')"), std::string::npos);
+  EXPECT_NE(error_of({"--recompute-granularity", "full", "--recompute-method", "block"}).find("--recompute-num-layers between 1"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--recompute-granularity", "layer"}).find("must be full or selective"), std::string::npos);
+  EXPECT_NE(error_of({"--recompute-method", "uniform"}).find("apply to --recompute-granularity full only"), std::string::npos);
+  EXPECT_NE(error_of({"--recompute-activations", "--recompute-granularity", "full"}).find("keep one"), std::string::npos);
+  EXPECT_NE(error_of({"--recompute-activations", "--enable-cuda-graph", "--attention-dropout", "0.1"}).find("cannot"),
+            std::string::npos);
+}
+
 // Pipeline layouts: stages split the layers evenly unless told otherwise, virtual stages divide
 // each stage's layers, and the interleaved schedule needs whole groups of micro-batches.
 TEST(Arguments, PipelineLayouts) {

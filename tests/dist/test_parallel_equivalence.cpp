@@ -334,6 +334,36 @@ TEST(DataParallelReplicas, WeightsIdenticalAfterTraining) {
   EXPECT_NE(hashes[tp0][0], hashes[tp1][0]);
 }
 
+// Recomputation across processes: under TP=2 + SP with dropout on (the model-parallel generator
+// draws the attention masks, the sequence-parallel hidden masks), and under PP=2 (block), the
+// losses are bitwise those of the same layout keeping its activations.
+TEST(ParallelRecompute, EqualsKeepingActivations) {
+  test::TempDir dir;
+  const std::vector<std::string> tp2 = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-dropout", "0.1",
+                                        "--attention-dropout", "0.1", "--train-iters", "6", "--eval-interval", "0"};
+  auto with = [](std::vector<std::string> layout, const std::vector<std::string>& extra) {
+    layout.insert(layout.end(), extra.begin(), extra.end());
+    return layout;
+  };
+  const TrainingRun plain = train(dir, "tp_plain", "llama", 2, tp2);
+  ASSERT_EQ(plain.losses.size(), 6u) << plain.output;
+  const TrainingRun full = train(dir, "tp_full", "llama", 2,
+                                 with(tp2, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}));
+  EXPECT_EQ(full.losses, plain.losses) << full.output;
+  EXPECT_NE(full.output.find("> activation recomputation: full, groups of 1 layer(s)"), std::string::npos) << full.output;
+  const TrainingRun selective = train(dir, "tp_selective", "llama", 2, with(tp2, {"--recompute-activations"}));
+  EXPECT_EQ(selective.losses, plain.losses) << selective.output;
+
+  const std::vector<std::string> pp2 = {"--pipeline-model-parallel-size", "2", "--hidden-dropout", "0.1", "--train-iters", "6",
+                                        "--eval-interval", "0"};
+  const TrainingRun pp_plain = train(dir, "pp_plain", "llama4", 2, pp2);
+  ASSERT_EQ(pp_plain.losses.size(), 6u) << pp_plain.output;
+  const TrainingRun pp_block = train(dir, "pp_block", "llama4", 2,
+                                     with(pp2, {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}));
+  EXPECT_EQ(pp_block.losses, pp_plain.losses) << pp_block.output;
+  EXPECT_NE(pp_block.output.find("the first 1 layer(s) of each model chunk"), std::string::npos) << pp_block.output;
+}
+
 // Checkpoints under TP x DP with the distributed optimizer (written asynchronously, so publishing
 // waits for every rank): every rank saves its part; a run
 // stopped at iteration 4 and resumed prints exactly the uninterrupted run's losses (dropout on, so

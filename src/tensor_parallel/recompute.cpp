@@ -1,0 +1,108 @@
+#include "tensor_parallel/recompute.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/autograd.h>
+
+#include <optional>
+
+namespace megatron::tp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Every generator a region's dropout can draw from, as it stood at one moment.
+struct GeneratorStates {
+  at::Tensor cpu, cuda;                  // the default generators (cuda: when the region runs on CUDA)
+  at::Tensor tracker_cpu, tracker_cuda;  // the model-parallel generator, where TP has one
+
+  static GeneratorStates now(const TensorParallel& tp, bool cuda) {
+    GeneratorStates s;
+    s.cpu = at::detail::getDefaultCPUGenerator().get_state();
+    if (cuda) s.cuda = at::globalContext().defaultGenerator(at::Device(at::kCUDA)).get_state();
+    if (tp.rng) {
+      s.tracker_cpu = tp.rng->cpu_state().clone();
+      if (tp.rng->cuda_state().defined()) s.tracker_cuda = tp.rng->cuda_state().clone();
+    }
+    return s;
+  }
+  void restore(const TensorParallel& tp) const {
+    at::Generator default_cpu = at::detail::getDefaultCPUGenerator();
+    default_cpu.set_state(cpu);
+    if (cuda.defined()) {
+      at::Generator default_cuda = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
+      default_cuda.set_state(cuda);
+    }
+    if (tp.rng) tp.rng->set_states(tracker_cpu, tracker_cuda);
+  }
+};
+
+// What the backward needs besides the saved inputs, carried through ctx->saved_data.
+struct RegionCapsule : torch::CustomClassHolder {
+  RecomputedRegion region;
+  TensorParallel tp;
+  std::optional<GeneratorStates> forward_states;  // set when the region draws random numbers
+  std::vector<bool> input_requires_grad;
+};
+
+struct Recompute : torch::autograd::Function<Recompute> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, const c10::intrusive_ptr<RegionCapsule>& capsule) {
+    ctx->save_for_backward(inputs.vec());
+    ctx->saved_data["region"] = at::IValue::make_capsule(capsule);
+    return capsule->region(inputs.vec());  // grad mode is off here: nothing inside is kept
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto capsule = c10::static_intrusive_pointer_cast<RegionCapsule>(ctx->saved_data["region"].toCapsule());
+    const variable_list saved = ctx->get_saved_variables();
+    variable_list inputs;  // fresh leaves, so the second run's graph ends at them
+    for (size_t i = 0; i < saved.size(); ++i) {
+      inputs.push_back(saved[i].detach().requires_grad_(capsule->input_requires_grad[i]));
+    }
+    variable_list outputs;
+    {
+      std::optional<GeneratorStates> current;
+      if (capsule->forward_states) {
+        current = GeneratorStates::now(capsule->tp, capsule->forward_states->cuda.defined());
+        capsule->forward_states->restore(capsule->tp);
+      }
+      at::AutoGradMode grad_on(true);
+      outputs = capsule->region(inputs);
+      if (current) current->restore(capsule->tp);
+    }
+    variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].requires_grad() && grads[i].defined()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grads[i]);
+      }
+    }
+    // Parameters inside the region get their gradients here, through their usual accumulation
+    // (and the gradient buffer's hooks), as in a backward without recomputation.
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    variable_list input_grads;
+    for (const at::Tensor& x : inputs) input_grads.push_back(x.requires_grad() ? x.grad() : at::Tensor());
+    input_grads.push_back({});  // the capsule
+    return input_grads;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> recompute_in_backward(const RecomputedRegion& region, const std::vector<at::Tensor>& inputs,
+                                              const TensorParallel& tp, bool draws_random) {
+  bool any_requires_grad = false;
+  for (const at::Tensor& x : inputs) any_requires_grad |= x.requires_grad();
+  // Without a graph to hang the backward on (evaluation, or inputs that need no gradient, when
+  // the parameters inside would get none) the region just runs.
+  if (!at::GradMode::is_enabled() || !any_requires_grad) return region(inputs);
+  auto capsule = c10::make_intrusive<RegionCapsule>();
+  capsule->region = region;
+  capsule->tp = tp;
+  for (const at::Tensor& x : inputs) capsule->input_requires_grad.push_back(x.requires_grad());
+  if (draws_random) capsule->forward_states = GeneratorStates::now(tp, !inputs.empty() && inputs[0].is_cuda());
+  return Recompute::apply(at::TensorList(inputs), capsule);
+}
+
+}  // namespace megatron::tp
