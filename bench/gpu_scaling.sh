@@ -11,6 +11,8 @@
 #   1F1B and interleaved; measured bubble 1 - (tokens/s/GPU) / (1 GPU's) vs (p-1)/(v m+p-1).
 # 8b: the Llama-3-8B shape at seq 8192 (examples/llama3-8b.yaml, micro-batch 1) under the TP x PP x
 #   DP layouts that fit the GPUs, all with the distributed optimizer: tokens/s/GPU, MFU, memory.
+#   BENCH_8B_LAYOUTS ("TP:PP ...") picks layouts; BENCH_8B_FLAGS adds flags to every run (e.g.
+#   activation recomputation).
 set -uo pipefail
 bin=$1; part=$2
 gpus=${BENCH_GPUS:-$(nvidia-smi -L | wc -l)}
@@ -77,16 +79,17 @@ bubble)
 8b)
   echo "== Llama-3-8B shape, seq 8192, micro-batch 1, bf16, distributed optimizer, ${BENCH_8B_ITERS:-10} iterations, $gpus GPUs"
   printf '| layout (TP x PP x DP) | global batch | tokens/s/GPU | TFLOP/s/GPU | MFU | max allocated (MB) |\n|---|---|---|---|---|---|\n'
-  for layout in "1:1" "2:1" "4:1" "8:1" "2:2" "4:2" "1:2"; do
+  echo "extra flags: ${BENCH_8B_FLAGS:-none}"
+  for layout in ${BENCH_8B_LAYOUTS:-1:1 2:1 4:1 8:1 2:2 4:2 1:2}; do
     tp=${layout%%:*}; pp=${layout#*:}
     [ $((tp * pp)) -le "$gpus" ] || continue
     dp=$((gpus / (tp * pp))); gbs=$((dp * 8))  # 8 micro-batches per data-parallel replica
     name="tp${tp}_pp${pp}_dp$dp"
     "$bin" launch --nproc-per-node "$gpus" --master-port 0 train --config examples/llama3-8b.yaml --mock-data \
-      --tokenizer-type NullTokenizer --vocab-size 128255 --train-iters "${BENCH_8B_ITERS:-10}" --log-interval 5 \
+      --tokenizer-type NullTokenizer --vocab-size 128255 --train-iters "${BENCH_8B_ITERS:-10}" --log-interval $(( ${BENCH_8B_ITERS:-10} / 2 )) \
       --eval-interval 0 --save-interval 0 --global-batch-size "$gbs" --tensor-model-parallel-size "$tp" \
       --pipeline-model-parallel-size "$pp" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
-      $([ "$tp" -gt 1 ] && echo --sequence-parallel) > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; tail -5 "$work/$name.log"; }
+      $([ "$tp" -gt 1 ] && echo --sequence-parallel) ${BENCH_8B_FLAGS:-} > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; tail -5 "$work/$name.log"; }
     line=$(grep " iteration" "$work/$name.log" | tail -1)
     printf '| %s x %s x %s | %s | %s | %s | %s%% | %s |\n' "$tp" "$pp" "$dp" "$gbs" \
       "$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \

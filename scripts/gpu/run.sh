@@ -14,7 +14,9 @@
 # `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
 # `dp2` (two GPUs): only the DP=2 scaling figures (1 GPU vs DP=2 with the distributed optimizer,
 # overlapped; fp32 and --grad-reduce-in-bf16 gradients, each against one GPU with the same flags), building the megatron binary
-# alone: the cheapest check of that target.
+# alone: the cheapest check of that target. `build`: only the megatron binary, for commands that follow.
+# `recompute` (after `build`): the reference shape without / with selective / with full activation
+# recomputation: tokens/s, peak memory and activations at peak.
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
 set -uo pipefail
@@ -31,7 +33,7 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-targets=(); [ "$what" = dp2 ] && targets=(--target megatron)
+targets=(); case $what in dp2|build) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
@@ -53,6 +55,17 @@ if [ "$what" = dp2 ]; then
   echo "fp32 gradients: 1 GPU $one tokens/s, DP=2 distributed optimizer $two tokens/s/GPU, efficiency $(efficiency "$two" "$one")"
   echo "--grad-reduce-in-bf16: 1 GPU $one_bf16 tokens/s, DP=2 distributed optimizer $bf16 tokens/s/GPU," \
        "efficiency $(efficiency "$bf16" "$one_bf16") (against the fp32-gradient GPU: $(efficiency "$bf16" "$one"))"
+fi
+if [ "$what" = recompute ]; then
+  # What activation recomputation costs and saves on the reference shape (one GPU).
+  bin=build-gpu/megatron work=$(mktemp -d) iters=${BENCH_ITERS:-30} status=0
+  source bench/lib.sh
+  for variant in "none:" "selective:--recompute-granularity selective" \
+                 "full uniform 1:--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"; do
+    name=${variant%%:*}
+    tokens=$(bench recompute 1 4 ${variant#*:})
+    echo "recompute $name: $tokens tokens/s, $(grep -o 'max allocated: [0-9.]*\|activations at peak: [0-9.]*' "$work/recompute.log" | head -2 | paste -sd ' ') MB"
+  done
 fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \

@@ -22,6 +22,7 @@ struct World::Shared {
   std::string master;                                   // "addr:port", for messages
   std::shared_ptr<::gloo::transport::Device> gloo_device;
   std::map<std::vector<int>, Group> groups;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> backends;  // every group's, for shutdown()
 };
 
 namespace {
@@ -95,6 +96,12 @@ World World::connect(const LaunchEnv& env, const std::string& backend, std::chro
   return w;
 }
 
+void World::shutdown() {
+  if (!shared_) return;
+  for (auto& backend : shared_->backends) backend->shutdown();
+  shared_->backends.clear();
+}
+
 Group World::everyone() {
   std::vector<int> all(size_);
   for (int i = 0; i < size_; ++i) all[i] = i;
@@ -132,6 +139,7 @@ Group World::group(const std::vector<int>& ranks) {
     throw UserError("rank " + std::to_string(rank_) + ": creating the " + backend_ + " process group of ranks " +
                     Group(impl).describe() + " failed: " + e.what_without_backtrace());
   }
+  shared_->backends.push_back(impl->backend);
   Group g(impl);
   shared_->groups.emplace(ranks, g);
   return g;

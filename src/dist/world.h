@@ -33,6 +33,11 @@ class World {
   Group group(const std::vector<int>& ranks);
   Group everyone();
 
+  // Closes every group's communicators (NCCL's finalize + destroy; a no-op for Gloo), as
+  // destroy_process_group does. Only after a normal end, with no collective pending: a rank
+  // leaving on an error skips it, since a communicator whose peer has gone cannot finish.
+  void shutdown();
+
  private:
   struct Shared;
   std::shared_ptr<Shared> shared_;

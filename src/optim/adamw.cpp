@@ -39,6 +39,7 @@ AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config)
       op.decay = p->param.dim() > 1;  // norms and biases are 1-D
       op.tp_duplicate = p->tp_duplicate;
       op.stage_copy = p->stage_copy;
+      op.bucket = p->bucket;
       params_.push_back(std::move(op));
     }
   }
@@ -80,12 +81,23 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   const kernels::AdamWStepScalars scalars =
       kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), lr_, c_.adam_beta1, c_.adam_beta2);
   // Per parameter: masters, moments and the bf16 model weights in one fused kernel on CUDA;
-  // elsewhere ATen's fused AdamW and a copy (kernels/ops.h).
-  for (auto& p : params_) {
+  // elsewhere ATen's fused AdamW and a copy (kernels/ops.h). The parameters come in
+  // registration order, so the buckets in descending order (the buffer is reversed): once a
+  // bucket is stepped its all-gather (distributed optimizer) runs under the remaining updates.
+  // Buckets are started strictly from the last down, also past those this rank holds none of,
+  // so every DP rank issues the same sequence of collectives.
+  size_t not_started = buffer_.num_buckets();
+  auto start_gathers_down_to = [&](size_t bucket) {
+    while (not_started > bucket) buffer_.start_param_gather(--not_started);
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    OptimizerParam& p = params_[i];
     const kernels::AdamWHyperparameters h{c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
     kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, scalars);
+    if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket) start_gathers_down_to(p.bucket);
   }
-  gather_params();
+  start_gathers_down_to(0);
+  if (!buffer_.overlap_param_gather()) buffer_.finish_param_gather();
   return applied;
 }
 

@@ -35,6 +35,7 @@ struct OptimizerParam {
   bool decay = true;        // weight decay applies
   bool tp_duplicate = false;
   bool stage_copy = false;  // the tied output copy of the embedding on the last pipeline stage
+  size_t bucket = 0;        // the gradient bucket holding the parameter
   bool whole() const { return param_offset == 0 && numel == model_param.numel(); }
 };
 

@@ -197,16 +197,18 @@ void ParamAndGradBuffer::finish_grad_sync() {
 }
 
 void ParamAndGradBuffer::start_param_gather() {
-  if (!options_.distributed_optimizer || ps_.dp.size() == 1) return;
   // The last buckets hold the first layers (the buffer is in reverse order): they go first.
-  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
-    Bucket& b = *it;
-    const auto [begin, end] = shard_of(b);
-    at::Tensor bucket = param_data.narrow(0, b.begin, b.end - b.begin);
-    b.gathered_shard = param_data.narrow(0, begin, end - begin);
-    if (!ps_.dp.supports_in_place()) b.gathered_shard = b.gathered_shard.clone();
-    b.gather = ps_.dp.all_gather_async(bucket, b.gathered_shard);
-  }
+  for (size_t b = buckets_.size(); b-- > 0;) start_param_gather(b);
+}
+
+void ParamAndGradBuffer::start_param_gather(size_t index) {
+  if (!options_.distributed_optimizer || ps_.dp.size() == 1) return;
+  Bucket& b = buckets_.at(index);
+  const auto [begin, end] = shard_of(b);
+  at::Tensor bucket = param_data.narrow(0, b.begin, b.end - b.begin);
+  b.gathered_shard = param_data.narrow(0, begin, end - begin);
+  if (!ps_.dp.supports_in_place()) b.gathered_shard = b.gathered_shard.clone();
+  b.gather = ps_.dp.all_gather_async(bucket, b.gathered_shard);
 }
 
 void ParamAndGradBuffer::finish_param_gather() {

@@ -83,6 +83,9 @@ class ParamAndGradBuffer {
   // step (first layers' buckets first); finish waits for all, wait_for_params for the buckets
   // holding `params` only, so the next forward can start while later layers still arrive.
   void start_param_gather();
+  // The same for one bucket, so the optimizer can start a bucket's gather as soon as it has
+  // stepped that bucket. Every DP rank must start the buckets in the same order.
+  void start_param_gather(size_t bucket);
   void finish_param_gather();
   void wait_for_params(const std::vector<at::Tensor>& params);
   bool overlap_param_gather() const { return options_.overlap_param_gather; }
