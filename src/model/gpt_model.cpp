@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <mutex>
 
 #include "kernels/ops.h"
 #include "model/parameter_names.h"
@@ -57,62 +58,65 @@ GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::opti
 
 void GPTModel::initialize(uint64_t seed) { initialize_chunks({this}, seed); }
 
-void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
+namespace {
+
+// Each parameter's own seed: FNV-1a of its name mixed into the run's seed (splitmix64), so
+// streams of different parameters, and of nearby seeds, are unrelated.
+uint64_t parameter_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : name) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (h | 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// normal(0, std) of `shape` in fp32 on `device` from a generator seeded with `seed`. CUDA: the
+// device's default generator, reseeded for the draw and put back afterwards.
+at::Tensor seeded_normal(at::IntArrayRef shape, double std, uint64_t seed, const at::Device& device) {
+  if (device.is_cpu()) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    return at::empty(shape, at::kFloat).normal_(0.0, std, gen);
+  }
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  const at::Tensor saved = gen.get_state();
+  gen.set_current_seed(seed);
+  at::Tensor value = at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(device)).normal_(0.0, std, gen);
+  gen.set_state(saved);
+  return value;
+}
+
+}  // namespace
+
+void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed, const at::Device& draw_device) {
   TORCH_CHECK(!chunks.empty(), "initialize_chunks: no chunks");
   at::NoGradGuard no_grad;
   const ModelConfig& config = chunks[0]->config();
   const tp::TensorParallel& tensor_parallel = chunks[0]->tensor_parallel();
-  std::map<std::string, at::Tensor> held;
+  std::map<std::string, at::Tensor> held;  // a tied embedding's copies share the name
   for (GPTModel* chunk : chunks) {
     for (auto& item : chunk->named_parameters(/*recurse=*/true)) held[item.key()] = item.value();
   }
-  // The whole model's parameters in the single-process order: a layer's parameters are those
-  // of this rank's first layer under each layer index.
-  const std::string first_layer = "decoder.layers." + std::to_string(chunks[0]->chunk().first_layer) + ".";
-  std::vector<std::string> layer_suffixes;
-  for (const auto& item : chunks[0]->layers.front()->named_parameters(/*recurse=*/true)) layer_suffixes.push_back(item.key());
-  std::vector<std::string> order = {kWordEmbeddings};
-  if (config.position_embedding_type == "learned_absolute") order.push_back("embedding.position_embeddings.weight");
-  for (int l = 0; l < config.num_layers; ++l) {
-    for (const auto& suffix : layer_suffixes) order.push_back("decoder.layers." + std::to_string(l) + "." + suffix);
-  }
-  order.push_back("decoder.final_layernorm.weight");
-  if (norm_kind_from_name(config.normalization) == NormKind::LayerNorm) order.push_back("decoder.final_layernorm.bias");
-  if (config.untie_embeddings_and_output_weights) order.push_back(kOutputLayer);
-
-  auto local_shape = [&](const std::string& name) -> std::vector<int64_t> {
-    if (name.rfind("decoder.layers.", 0) == 0) {
-      const std::string suffix = name.substr(name.find('.', std::string("decoder.layers.").size()) + 1);
-      return held.at(first_layer + suffix).sizes().vec();
-    }
-    if (is_vocab_parallel(name)) {
-      return {config.padded_vocab_size / tensor_parallel.size(), config.hidden_size};
-    }
-    if (name == "embedding.position_embeddings.weight") return {config.max_position_embeddings, config.hidden_size};
-    return {config.hidden_size};
-  };
-
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std = config.init_method_std;
   const double output_std = std / std::sqrt(2.0 * config.num_layers);
-  for (const std::string& name : order) {
-    auto it = held.find(name);
+  for (auto& [name, param] : held) {
     const tp::ShardSpec spec = tp::shard_spec(name, config.swiglu);
-    const std::vector<int64_t> shape = tp::full_shape(local_shape(name), spec, tensor_parallel.size());
+    const std::vector<int64_t> shape = tp::full_shape(param.sizes(), spec, tensor_parallel.size());
     at::Tensor value;
     if (name.find("layer_norm_weight") != std::string::npos || name.find("layernorm") != std::string::npos) {
-      if (it == held.end()) continue;  // no draw from the generator
       value = ends_with(name, "bias") ? at::zeros(shape) : at::ones(shape);
     } else if (ends_with(name, "bias")) {
-      if (it == held.end()) continue;
       value = at::zeros(shape);
     } else {
-      // Drawn even where no chunk of this rank holds it, to keep the generator in step.
       const bool into_residual = ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight");
-      value = at::empty(shape, at::kFloat).normal_(0.0, into_residual ? output_std : std, gen);
-      if (it == held.end()) continue;
+      value = seeded_normal(shape, into_residual ? output_std : std, parameter_seed(seed, name), draw_device);
     }
-    it->second.copy_(tp::shard_of(value, spec, tensor_parallel.rank(), tensor_parallel.size()));
+    // Every TP rank draws the whole tensor and keeps its shard.
+    param.copy_(tp::shard_of(value, spec, tensor_parallel.rank(), tensor_parallel.size()));
   }
 }
 

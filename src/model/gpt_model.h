@@ -42,13 +42,9 @@ class GPTModel : public torch::nn::Module {
   explicit GPTModel(const ModelConfig& config, const tp::TensorParallel& tp = {},
                     std::optional<pipeline::ChunkLayers> chunk = std::nullopt);
 
-  // Megatron's initialisation, drawn from `seed` in parameter order: normal(0, std) for weights,
-  // std / sqrt(2 * num_layers) for the projections into the residual stream, ones / zeros for
-  // norms and biases. Runs on CPU in fp32 so every device and dtype starts from the same values;
-  // under TP every rank draws the full tensors and keeps its shard, so any layout starts from
-  // the weights a single process would (Megatron's --use-cpu-initialization).
-  // Under a pipeline every chunk draws the whole model's values and keeps its own, so any
-  // layout starts from the same weights (see initialize_chunks).
+  // Megatron's initialisation: normal(0, std) for weights, std / sqrt(2 * num_layers) for the
+  // projections into the residual stream, ones / zeros for norms and biases, drawn on CPU in
+  // fp32 (see initialize_chunks).
   void initialize(uint64_t seed);
 
   // tokens [b, s] -> logits [s, b, V/tp] (this rank's vocabulary slice) in the parameters' dtype.
@@ -99,8 +95,12 @@ class GPTModel : public torch::nn::Module {
   std::optional<RopeTables> rope_;
 };
 
-// Megatron's initialisation for the chunks of one pipeline rank: the whole model's values are
-// drawn from `seed` in the single-process parameter order and each chunk keeps those it holds.
-void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed);
+// Megatron's initialisation for the chunks of one rank. Each parameter's full tensor is drawn
+// in fp32 on `draw_device` from a generator of its own, seeded from `seed` and the parameter's
+// name, and each TP rank keeps its shard: every TP x PP layout starts from the weights a single
+// process would (as Megatron's --use-cpu-initialization), a rank draws only the parameters it
+// holds, and on CUDA the draws take milliseconds (CPU and CUDA generators give different
+// values).
+void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed, const at::Device& draw_device = at::kCPU);
 
 }  // namespace megatron

@@ -258,7 +258,7 @@ int Trainer::run() {
   for (int v = 0; v < p.num_virtual_stages_per_pipeline_rank; ++v) {
     chunks_.push_back(std::make_unique<GPTModel>(m, tensor_parallel, pipeline::chunk_layers(p, m.num_layers, ps_.pp.rank(), v)));
   }
-  initialize_chunks(chunks(), static_cast<uint64_t>(t_.seed));
+  initialize_chunks(chunks(), static_cast<uint64_t>(t_.seed), device_);
   if (!t_.load_hf.empty()) load_hf_weights(t_.load_hf, chunks());
   int64_t parameters = 0;
   for (auto& chunk : chunks_) {
