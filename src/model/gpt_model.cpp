@@ -2,10 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <map>
-#include <mutex>
 
 #include "kernels/ops.h"
 #include "model/parameter_names.h"
@@ -74,50 +74,41 @@ uint64_t parameter_seed(uint64_t seed, const std::string& name) {
   return z ^ (z >> 31);
 }
 
-// normal(0, std) of `shape` in fp32 on `device` from a generator seeded with `seed`. CUDA: the
-// device's default generator, reseeded for the draw and put back afterwards.
-at::Tensor seeded_normal(at::IntArrayRef shape, double std, uint64_t seed, const at::Device& device) {
-  if (device.is_cpu()) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    return at::empty(shape, at::kFloat).normal_(0.0, std, gen);
-  }
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  const at::Tensor saved = gen.get_state();
-  gen.set_current_seed(seed);
-  at::Tensor value = at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(device)).normal_(0.0, std, gen);
-  gen.set_state(saved);
-  return value;
-}
-
 }  // namespace
 
-void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed, const at::Device& draw_device) {
+void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
   TORCH_CHECK(!chunks.empty(), "initialize_chunks: no chunks");
-  at::NoGradGuard no_grad;
   const ModelConfig& config = chunks[0]->config();
   const tp::TensorParallel& tensor_parallel = chunks[0]->tensor_parallel();
   std::map<std::string, at::Tensor> held;  // a tied embedding's copies share the name
   for (GPTModel* chunk : chunks) {
     for (auto& item : chunk->named_parameters(/*recurse=*/true)) held[item.key()] = item.value();
   }
+  const std::vector<std::pair<std::string, at::Tensor>> params(held.begin(), held.end());
   const double std = config.init_method_std;
   const double output_std = std / std::sqrt(2.0 * config.num_layers);
-  for (auto& [name, param] : held) {
-    const tp::ShardSpec spec = tp::shard_spec(name, config.swiglu);
-    const std::vector<int64_t> shape = tp::full_shape(param.sizes(), spec, tensor_parallel.size());
-    at::Tensor value;
-    if (name.find("layer_norm_weight") != std::string::npos || name.find("layernorm") != std::string::npos) {
-      value = ends_with(name, "bias") ? at::zeros(shape) : at::ones(shape);
-    } else if (ends_with(name, "bias")) {
-      value = at::zeros(shape);
-    } else {
-      const bool into_residual = ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight");
-      value = seeded_normal(shape, into_residual ? output_std : std, parameter_seed(seed, name), draw_device);
+  // Independent generators, so the parameters are drawn in parallel (one per thread at a time)
+  // with the same result as one by one.
+  at::parallel_for(0, static_cast<int64_t>(params.size()), 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;
+    for (int64_t i = begin; i < end; ++i) {
+      const auto& [name, param] = params[i];
+      const tp::ShardSpec spec = tp::shard_spec(name, config.swiglu);
+      const std::vector<int64_t> shape = tp::full_shape(param.sizes(), spec, tensor_parallel.size());
+      at::Tensor value;
+      if (name.find("layer_norm_weight") != std::string::npos || name.find("layernorm") != std::string::npos) {
+        value = ends_with(name, "bias") ? at::zeros(shape) : at::ones(shape);
+      } else if (ends_with(name, "bias")) {
+        value = at::zeros(shape);
+      } else {
+        const bool into_residual = ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight");
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, name));
+        value = at::empty(shape, at::kFloat).normal_(0.0, into_residual ? output_std : std, gen);
+      }
+      // Every TP rank draws the whole tensor and keeps its shard.
+      param.copy_(tp::shard_of(value, spec, tensor_parallel.rank(), tensor_parallel.size()));
     }
-    // Every TP rank draws the whole tensor and keeps its shard.
-    param.copy_(tp::shard_of(value, spec, tensor_parallel.rank(), tensor_parallel.size()));
-  }
+  });
 }
 
 const RopeTables* GPTModel::rope_for(int64_t seq_len, const at::Device& device) {

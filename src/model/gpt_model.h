@@ -96,11 +96,10 @@ class GPTModel : public torch::nn::Module {
 };
 
 // Megatron's initialisation for the chunks of one rank. Each parameter's full tensor is drawn
-// in fp32 on `draw_device` from a generator of its own, seeded from `seed` and the parameter's
-// name, and each TP rank keeps its shard: every TP x PP layout starts from the weights a single
+// in fp32 on the CPU from a generator of its own, seeded from `seed` and the parameter's name,
+// and each TP rank keeps its shard: every TP x PP layout starts from the weights a single
 // process would (as Megatron's --use-cpu-initialization), a rank draws only the parameters it
-// holds, and on CUDA the draws take milliseconds (CPU and CUDA generators give different
-// values).
-void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed, const at::Device& draw_device = at::kCPU);
+// holds, and the parameters are drawn in parallel over the CPU threads.
+void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed);
 
 }  // namespace megatron

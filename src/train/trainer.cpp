@@ -258,7 +258,9 @@ int Trainer::run() {
   for (int v = 0; v < p.num_virtual_stages_per_pipeline_rank; ++v) {
     chunks_.push_back(std::make_unique<GPTModel>(m, tensor_parallel, pipeline::chunk_layers(p, m.num_layers, ps_.pp.rank(), v)));
   }
-  initialize_chunks(chunks(), static_cast<uint64_t>(t_.seed), device_);
+  const auto init_start = std::chrono::steady_clock::now();
+  initialize_chunks(chunks(), static_cast<uint64_t>(t_.seed));
+  const double init_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count();
   if (!t_.load_hf.empty()) load_hf_weights(t_.load_hf, chunks());
   int64_t parameters = 0;
   for (auto& chunk : chunks_) {
@@ -322,6 +324,7 @@ int Trainer::run() {
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
                 static_cast<long long>(parameters), !t_.bf16 ? "fp32" : p.grad_reduce_in_bf16 ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (fp32 master weights)", device_.str().c_str(),
                 at::get_num_threads(), buffer_->num_buckets());
+    std::printf("> initialised the weights in %.1f s\n", init_seconds);
     if (m.recompute_granularity == "full") {
       std::printf("> activation recomputation: full, %s %d layer(s)%s\n",
                   m.recompute_method == "uniform" ? "groups of" : "the first", m.recompute_num_layers,
