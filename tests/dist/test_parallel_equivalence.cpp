@@ -341,27 +341,32 @@ TEST(ParallelRecompute, EqualsKeepingActivations) {
   test::TempDir dir;
   const std::vector<std::string> tp2 = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-dropout", "0.1",
                                         "--attention-dropout", "0.1", "--train-iters", "6", "--eval-interval", "0"};
-  auto with = [](std::vector<std::string> layout, const std::vector<std::string>& extra) {
-    layout.insert(layout.end(), extra.begin(), extra.end());
-    return layout;
-  };
-  const TrainingRun plain = train(dir, "tp_plain", "llama", 2, tp2);
-  ASSERT_EQ(plain.losses.size(), 6u) << plain.output;
-  const TrainingRun full = train(dir, "tp_full", "llama", 2,
-                                 with(tp2, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}));
-  EXPECT_EQ(full.losses, plain.losses) << full.output;
-  EXPECT_NE(full.output.find("> activation recomputation: full, groups of 1 layer(s)"), std::string::npos) << full.output;
-  const TrainingRun selective = train(dir, "tp_selective", "llama", 2, with(tp2, {"--recompute-activations"}));
-  EXPECT_EQ(selective.losses, plain.losses) << selective.output;
-
   const std::vector<std::string> pp2 = {"--pipeline-model-parallel-size", "2", "--hidden-dropout", "0.1", "--train-iters", "6",
                                         "--eval-interval", "0"};
-  const TrainingRun pp_plain = train(dir, "pp_plain", "llama4", 2, pp2);
-  ASSERT_EQ(pp_plain.losses.size(), 6u) << pp_plain.output;
-  const TrainingRun pp_block = train(dir, "pp_block", "llama4", 2,
-                                     with(pp2, {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}));
-  EXPECT_EQ(pp_block.losses, pp_plain.losses) << pp_block.output;
-  EXPECT_NE(pp_block.output.find("the first 1 layer(s) of each model chunk"), std::string::npos) << pp_block.output;
+  struct Case {
+    std::string name, model;
+    const std::vector<std::string>* layout;
+    std::vector<std::string> recompute;
+    std::string setup_line;  // what the trainer says it recomputes
+  };
+  const std::vector<Case> cases = {
+      {"tp_full", "llama", &tp2, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"},
+       "> activation recomputation: full, groups of 1 layer(s)"},
+      {"tp_selective", "llama", &tp2, {"--recompute-activations"}, "> activation recomputation: selective (core attention)"},
+      {"pp_block", "llama4", &pp2, {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"},
+       "the first 1 layer(s) of each model chunk"},
+  };
+  std::map<const std::vector<std::string>*, TrainingRun> plain;  // per layout, keeping activations
+  for (const Case& c : cases) {
+    if (!plain.count(c.layout)) plain[c.layout] = train(dir, c.name + "_plain", c.model, 2, *c.layout);
+    const TrainingRun& reference = plain[c.layout];
+    ASSERT_EQ(reference.losses.size(), 6u) << reference.output;
+    std::vector<std::string> layout = *c.layout;
+    layout.insert(layout.end(), c.recompute.begin(), c.recompute.end());
+    const TrainingRun run = train(dir, c.name, c.model, 2, layout);
+    EXPECT_EQ(run.losses, reference.losses) << c.name << "\n" << run.output;
+    EXPECT_NE(run.output.find(c.setup_line), std::string::npos) << c.name << "\n" << run.output;
+  }
 }
 
 // Checkpoints under TP x DP with the distributed optimizer (written asynchronously, so publishing
