@@ -87,17 +87,15 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   // Buckets are started strictly from the last down, also past those this rank holds none of,
   // so every DP rank issues the same sequence of collectives.
   size_t not_started = buffer_.num_buckets();
-  auto start_gathers_down_to = [&](size_t bucket) {
-    while (not_started > bucket) buffer_.start_param_gather(--not_started);
-  };
   for (size_t i = 0; i < params_.size(); ++i) {
     OptimizerParam& p = params_[i];
     const kernels::AdamWHyperparameters h{c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
     kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, scalars);
-    if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket) start_gathers_down_to(p.bucket);
+    if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket) {
+      while (not_started > p.bucket) buffer_.start_param_gather(--not_started);
+    }
   }
-  start_gathers_down_to(0);
-  if (!buffer_.overlap_param_gather()) buffer_.finish_param_gather();
+  gather_params(not_started);
   return applied;
 }
 
@@ -106,11 +104,11 @@ void AdamW::copy_master_to_model() {
   for (auto& p : params_) {
     if (!p.master.is_same(p.model_slice)) p.model_slice.copy_(p.master);
   }
-  gather_params();
+  gather_params(buffer_.num_buckets());
 }
 
-void AdamW::gather_params() {
-  buffer_.start_param_gather();
+void AdamW::gather_params(size_t not_started) {
+  while (not_started > 0) buffer_.start_param_gather(--not_started);
   if (!buffer_.overlap_param_gather()) buffer_.finish_param_gather();
 }
 

@@ -77,7 +77,10 @@ class AdamW {
 
  private:
   void copy_master_to_model();
-  void gather_params();  // the model weights to every DP rank (distributed optimizer)
+  // The model weights to every DP rank (distributed optimizer): starts the all-gathers of buckets
+  // [0, not_started), from the last down, as the buckets already started were, so every DP rank
+  // issues the same sequence; then waits for all unless they overlap the next forward.
+  void gather_params(size_t not_started);
 
   ParamAndGradBuffer& buffer_;
   std::vector<OptimizerParam> params_;

@@ -196,11 +196,6 @@ void ParamAndGradBuffer::finish_grad_sync() {
   }
 }
 
-void ParamAndGradBuffer::start_param_gather() {
-  // The last buckets hold the first layers (the buffer is in reverse order): they go first.
-  for (size_t b = buckets_.size(); b-- > 0;) start_param_gather(b);
-}
-
 void ParamAndGradBuffer::start_param_gather(size_t index) {
   if (!options_.distributed_optimizer || ps_.dp.size() == 1) return;
   Bucket& b = buckets_.at(index);

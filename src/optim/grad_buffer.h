@@ -79,12 +79,11 @@ class ParamAndGradBuffer {
   // shard of each bucket), then partial TP gradients all-reduced, then tied embedding
   // gradients summed over the first and last pipeline stage.
   void finish_grad_sync();
-  // Distributed optimizer: every rank's updated shard to every DP replica. Started after the
-  // step (first layers' buckets first); finish waits for all, wait_for_params for the buckets
-  // holding `params` only, so the next forward can start while later layers still arrive.
-  void start_param_gather();
-  // The same for one bucket, so the optimizer can start a bucket's gather as soon as it has
-  // stepped that bucket. Every DP rank must start the buckets in the same order.
+  // Distributed optimizer: every rank's updated shard of a bucket to every DP replica. The
+  // optimizer starts each bucket's gather as soon as it has stepped that bucket (first layers'
+  // buckets first); every DP rank must start the buckets in the same order. finish waits for
+  // all, wait_for_params for the buckets holding `params` only, so the next forward can start
+  // while later layers still arrive.
   void start_param_gather(size_t bucket);
   void finish_param_gather();
   void wait_for_params(const std::vector<at::Tensor>& params);

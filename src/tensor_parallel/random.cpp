@@ -24,24 +24,31 @@ RngTracker::RngTracker(uint64_t seed, int tp_rank, bool cuda) {
   }
 }
 
+DefaultGeneratorStates DefaultGeneratorStates::save(bool cuda) {
+  DefaultGeneratorStates s;
+  s.cpu = at::detail::getDefaultCPUGenerator().get_state();
+  if (cuda) s.cuda = cuda_generator().get_state();
+  return s;
+}
+
+void DefaultGeneratorStates::restore() const {
+  at::Generator default_cpu = at::detail::getDefaultCPUGenerator();
+  default_cpu.set_state(cpu);
+  if (cuda.defined()) {
+    at::Generator default_cuda = cuda_generator();
+    default_cuda.set_state(cuda);
+  }
+}
+
 at::Tensor RngTracker::fork(const std::function<at::Tensor()>& draw) {
-  at::Generator cpu = at::detail::getDefaultCPUGenerator();
-  at::Tensor cpu_saved = cpu.get_state();
-  cpu.set_state(cpu_state_);
-  at::Tensor cuda_saved;
-  if (cuda_state_.defined()) {
-    at::Generator g = cuda_generator();
-    cuda_saved = g.get_state();
-    g.set_state(cuda_state_);
-  }
+  const bool cuda = cuda_state_.defined();
+  const DefaultGeneratorStates outside = DefaultGeneratorStates::save(cuda);
+  DefaultGeneratorStates{cpu_state_, cuda_state_}.restore();
   at::Tensor out = draw();
-  cpu_state_ = cpu.get_state();
-  cpu.set_state(cpu_saved);
-  if (cuda_state_.defined()) {
-    at::Generator g = cuda_generator();
-    cuda_state_ = g.get_state();
-    g.set_state(cuda_saved);
-  }
+  const DefaultGeneratorStates inside = DefaultGeneratorStates::save(cuda);
+  cpu_state_ = inside.cpu;
+  cuda_state_ = inside.cuda;
+  outside.restore();
   return out;
 }
 

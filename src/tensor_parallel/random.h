@@ -12,6 +12,13 @@
 
 namespace megatron::tp {
 
+// The default generators' states: the CPU one, and the current CUDA device's where `cuda`.
+struct DefaultGeneratorStates {
+  at::Tensor cpu, cuda;  // cuda undefined: left alone
+  static DefaultGeneratorStates save(bool cuda);
+  void restore() const;  // makes them the default generators' states
+};
+
 class RngTracker {
  public:
   RngTracker(uint64_t seed, int tp_rank, bool cuda);

@@ -1,7 +1,6 @@
 #include "tensor_parallel/recompute.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/autograd.h>
 
 #include <optional>
@@ -12,28 +11,22 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Every generator a region's dropout can draw from, as it stood at one moment.
+// Every generator a region's dropout can draw from, as it stood at one moment. The tracker's
+// states are replaced, never changed in place, so holding them is enough.
 struct GeneratorStates {
-  at::Tensor cpu, cuda;                  // the default generators (cuda: when the region runs on CUDA)
+  DefaultGeneratorStates defaults;       // cuda: when the region runs on CUDA
   at::Tensor tracker_cpu, tracker_cuda;  // the model-parallel generator, where TP has one
 
   static GeneratorStates now(const TensorParallel& tp, bool cuda) {
-    GeneratorStates s;
-    s.cpu = at::detail::getDefaultCPUGenerator().get_state();
-    if (cuda) s.cuda = at::globalContext().defaultGenerator(at::Device(at::kCUDA)).get_state();
+    GeneratorStates s{DefaultGeneratorStates::save(cuda), {}, {}};
     if (tp.rng) {
-      s.tracker_cpu = tp.rng->cpu_state().clone();
-      if (tp.rng->cuda_state().defined()) s.tracker_cuda = tp.rng->cuda_state().clone();
+      s.tracker_cpu = tp.rng->cpu_state();
+      s.tracker_cuda = tp.rng->cuda_state();
     }
     return s;
   }
   void restore(const TensorParallel& tp) const {
-    at::Generator default_cpu = at::detail::getDefaultCPUGenerator();
-    default_cpu.set_state(cpu);
-    if (cuda.defined()) {
-      at::Generator default_cuda = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
-      default_cuda.set_state(cuda);
-    }
+    defaults.restore();
     if (tp.rng) tp.rng->set_states(tracker_cpu, tracker_cuda);
   }
 };
@@ -64,7 +57,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
     {
       std::optional<GeneratorStates> current;
       if (capsule->forward_states) {
-        current = GeneratorStates::now(capsule->tp, capsule->forward_states->cuda.defined());
+        current = GeneratorStates::now(capsule->tp, capsule->forward_states->defaults.cuda.defined());
         capsule->forward_states->restore(capsule->tp);
       }
       at::AutoGradMode grad_on(true);
