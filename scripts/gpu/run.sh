@@ -16,7 +16,8 @@
 # overlapped; fp32 and --grad-reduce-in-bf16 gradients, each against one GPU with the same flags), building the megatron binary
 # alone: the cheapest check of that target. `build`: only the megatron binary, for commands that follow.
 # `recompute` (after `build`): the reference shape without / with selective / with full activation
-# recomputation: tokens/s, peak memory and activations at peak.
+# recomputation: tokens/s, peak memory and activations at peak. `overlap`: the optimizer step serial
+# and overlapped with the next forward, alternated twice (`test-overlap`: the GPU tests first).
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
 set -uo pipefail
@@ -67,6 +68,17 @@ if [ "$what" = recompute ]; then
     echo "recompute $name: $tokens tokens/s, $(grep -o 'max allocated: [0-9.]*\|activations at peak: [0-9.]*' "$work/recompute.log" | head -2 | paste -sd ' ') MB"
   done
 fi
+if [ "$what" = overlap ] || [ "$what" = test-overlap ]; then
+  # The optimizer step serial and overlapped with the next forward (--overlap-optimizer-step),
+  # alternated twice on the reference shape (one GPU): the difference against the run-to-run noise.
+  bin=build-gpu/megatron work=$(mktemp -d) iters=${BENCH_ITERS:-30} status=0
+  source bench/lib.sh
+  for round in 1 2; do
+    for variant in "serial:" "overlapped:--overlap-optimizer-step"; do
+      echo "optimizer step ${variant%%:*} (round $round): $(bench overlap 1 4 ${variant#*:}) tokens/s, $(grep -o "initialised the weights in [0-9.]* s" "$work/overlap.log")"
+    done
+  done
+fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
     --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out" ${PROFILE_FLAGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^ iteration"
@@ -77,7 +89,7 @@ fi
 if [ "$what" = pipeline ]; then
   bash bench/gpu_pipeline.sh build-gpu/megatron 2>&1 | tee "$out/pipeline.log"
 fi
-if [ "$what" = test ] || [ "$what" = all ]; then
+if [ "$what" = test ] || [ "$what" = all ] || [ "$what" = test-overlap ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda|LayerReference|FiniteDiff|GradAccumulation|GradBuffer}" > "$out/ctest.log" 2>&1); tail -15 "$out/ctest.log"
 fi
 if [ "$what" = fusion ]; then

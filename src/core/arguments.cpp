@@ -123,6 +123,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"adam-beta2", Kind::Double, &t.adam_beta2, "Adam beta2"},
       {"adam-eps", Kind::Double, &t.adam_eps, "Adam epsilon"},
       {"clip-grad", Kind::Double, &t.clip_grad, "clip gradients to this global L2 norm (0: off)"},
+      {"overlap-optimizer-step", Kind::Bool, &t.overlap_optimizer_step, "CUDA: step the optimizer on a stream of its own, bucket by bucket, under the next forward"},
       {"bf16", Kind::Bool, &t.bf16, "bf16 parameters and activations, fp32 master weights and gradients"},
       {"seed", Kind::Int64, &t.seed, "random seed"},
       {"log-interval", Kind::Int64, &t.log_interval, "iterations between log lines"},

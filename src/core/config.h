@@ -131,6 +131,9 @@ struct TrainConfig {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;
+  // megatron.cpp's own: on CUDA the optimizer steps bucket by bucket on a stream of its own
+  // while the next forward starts on the buckets already stepped (first layers first).
+  bool overlap_optimizer_step = false;
 
   bool bf16 = false;
   int64_t seed = 1234;

@@ -1,6 +1,9 @@
 #include "optim/adamw.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cmath>
@@ -43,6 +46,11 @@ AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config)
       params_.push_back(std::move(op));
     }
   }
+  const c10::Device device = buffer.param_data.device();
+  if (buffer.overlap_optimizer_step()) {
+    TORCH_CHECK(device.is_cuda(), "AdamW: overlapping the optimizer step needs a CUDA buffer");
+    update_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+  }
 }
 
 at::Tensor AdamW::grad_norm() const {
@@ -78,20 +86,44 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   const at::Tensor grad_scale = c_.clip_grad > 0.0 ? ((grad_norm + 1e-6) / c_.clip_grad).clamp_min(1.0)
                                                    : at::ones({}, grad_norm.options());
   steps_.add_(applied.to(at::kFloat));
+  // Overlapped, the updates may still run when the next step's set_learning_rate writes lr_:
+  // they read a copy of it.
+  const at::Tensor lr = update_stream_ ? lr_.clone() : lr_;
   const kernels::AdamWStepScalars scalars =
-      kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), lr_, c_.adam_beta1, c_.adam_beta2);
+      kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), lr, c_.adam_beta1, c_.adam_beta2);
+  std::optional<c10::StreamGuard> on_update_stream;
+  if (update_stream_) {
+    // The update stream starts after everything the trainer's stream has queued (gradients,
+    // norm, scalars), and the scalars' memory is not reused until it has read them.
+    const c10::Device device = buffer_.param_data.device();
+    const c10::impl::DeviceGuardImplInterface* guard = c10::impl::getDeviceGuardImpl(device.type());
+    c10::Event inputs_ready(device.type());
+    inputs_ready.record(guard->getStream(device));
+    inputs_ready.block(*update_stream_);
+    for (const at::Tensor* t : {&scalars.bias_corrections, &scalars.grad_scale, &scalars.found_inf, &scalars.lr}) {
+      guard->recordDataPtrOnStream(t->storage().data_ptr(), *update_stream_);
+    }
+    on_update_stream.emplace(*update_stream_);
+  }
   // Per parameter: masters, moments and the bf16 model weights in one fused kernel on CUDA;
   // elsewhere ATen's fused AdamW and a copy (kernels/ops.h). The parameters come in
   // registration order, so the buckets in descending order (the buffer is reversed): once a
-  // bucket is stepped its all-gather (distributed optimizer) runs under the remaining updates.
-  // Buckets are started strictly from the last down, also past those this rank holds none of,
-  // so every DP rank issues the same sequence of collectives.
+  // bucket is stepped its all-gather (distributed optimizer) runs under the remaining updates,
+  // and overlapped, the next forward's first layers can start on it. Buckets are started
+  // strictly from the last down, also past those this rank holds none of, so every DP rank
+  // issues the same sequence of collectives.
   size_t not_started = buffer_.num_buckets();
   for (size_t i = 0; i < params_.size(); ++i) {
     OptimizerParam& p = params_[i];
     const kernels::AdamWHyperparameters h{c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
     kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, scalars);
     if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket) {
+      if (update_stream_) {
+        c10::Event updated(update_stream_->device_type());
+        updated.record(*update_stream_);
+        buffer_.set_params_updated(p.bucket, std::move(updated));
+      }
+      // On the update stream when overlapped: the collective then follows the update.
       while (not_started > p.bucket) buffer_.start_param_gather(--not_started);
     }
   }
@@ -109,7 +141,7 @@ void AdamW::copy_master_to_model() {
 
 void AdamW::gather_params(size_t not_started) {
   while (not_started > 0) buffer_.start_param_gather(--not_started);
-  if (!buffer_.overlap_param_gather()) buffer_.finish_param_gather();
+  if (!buffer_.params_arrive_during_forward()) buffer_.finish_param_gather();
 }
 
 std::vector<NamedTensor> AdamW::state() const {

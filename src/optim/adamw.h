@@ -9,9 +9,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,7 +56,9 @@ class AdamW {
   // then master -> model parameters (all-gathered over DP with the distributed optimizer).
   // When grad_norm, or `loss` if given, is not finite the step is skipped on the device: no
   // element changes and the step count stays. Returns whether it was applied ([] bool, device).
-  // Enqueues device work only, so it can be captured in a CUDA graph.
+  // Enqueues device work only, so it can be captured in a CUDA graph. With the buffer's
+  // overlap_optimizer_step the updates run on a stream of their own, bucket by bucket, and
+  // return before they finish: the buffer's wait_for_params / finish_param_gather wait for them.
   at::Tensor step(const at::Tensor& grad_norm, const at::Tensor& loss = {});
 
   // Checkpoint state of this rank: "<param name>.master|exp_avg|exp_avg_sq" (the parameter's
@@ -88,6 +92,8 @@ class AdamW {
   // "step" in checkpoints. On the device because whether a step applies is known only there.
   at::Tensor steps_;
   at::Tensor lr_;  // [] fp64 on the device: set_learning_rate's value
+  // The stream the updates run on with the buffer's overlap_optimizer_step (a CUDA buffer).
+  std::optional<c10::Stream> update_stream_;
   TrainConfig c_;
 };
 

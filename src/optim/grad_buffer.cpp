@@ -1,6 +1,7 @@
 #include "optim/grad_buffer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -118,6 +119,9 @@ bool ParamAndGradBuffer::take_first_add(size_t index) {
   BufferedParam& p = params_[index];
   const bool first = !p.has_grad;
   p.has_grad = true;
+  // The first write into main_grad this step: the previous optimizer step must have read it.
+  // The forward has normally waited already (every parameter is used before its gradient).
+  if (first) wait_for_update(buckets_[p.bucket]);
   return first;
 }
 
@@ -206,20 +210,31 @@ void ParamAndGradBuffer::start_param_gather(size_t index) {
   b.gather = ps_.dp.all_gather_async(bucket, b.gathered_shard);
 }
 
+void ParamAndGradBuffer::set_params_updated(size_t bucket, c10::Event updated) {
+  buckets_.at(bucket).updated.emplace(std::move(updated));
+}
+
+void ParamAndGradBuffer::wait_for_update(Bucket& b) {
+  if (!b.updated) return;
+  const c10::Device device = param_data.device();
+  b.updated->block(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+  b.updated.reset();  // later work on this stream is ordered after it anyway
+}
+
+void ParamAndGradBuffer::wait_for_bucket(Bucket& b) {
+  wait_for_update(b);
+  b.gather.wait();  // started on the optimizer's stream after the update, so it follows it
+  b.gathered_shard = at::Tensor();
+}
+
 void ParamAndGradBuffer::finish_param_gather() {
-  for (auto& b : buckets_) {
-    b.gather.wait();
-    b.gathered_shard = at::Tensor();
-  }
+  for (auto& b : buckets_) wait_for_bucket(b);
 }
 
 void ParamAndGradBuffer::wait_for_params(const std::vector<at::Tensor>& params) {
   for (const auto& p : params) {
     auto it = bucket_of_.find(p.unsafeGetTensorImpl());
-    if (it == bucket_of_.end()) continue;
-    Bucket& b = buckets_[it->second];
-    b.gather.wait();
-    b.gathered_shard = at::Tensor();
+    if (it != bucket_of_.end()) wait_for_bucket(buckets_[it->second]);
   }
 }
 

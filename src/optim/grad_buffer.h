@@ -12,9 +12,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +36,9 @@ struct GradBufferOptions {
   bool overlap_grad_reduce = false;
   bool distributed_optimizer = false;  // reduce-scatter: each DP rank keeps its shard of each bucket
   bool overlap_param_gather = false;   // all-gathers run into the next forward (see wait_for_params)
+  // The optimizer steps bucket by bucket on a stream of its own while the next forward runs
+  // (CUDA): each bucket's parameters are ready once its update event completes.
+  bool overlap_optimizer_step = false;
   bool sequence_parallel = false;
   // Tied embedding and output weights split over the first and last pipeline stage: both hold
   // `embedding.word_embeddings.weight`; it gets a bucket of its own (so with the distributed
@@ -88,6 +93,15 @@ class ParamAndGradBuffer {
   void finish_param_gather();
   void wait_for_params(const std::vector<at::Tensor>& params);
   bool overlap_param_gather() const { return options_.overlap_param_gather; }
+  // --overlap-optimizer-step: the optimizer stepped a bucket on its own stream; `updated` is
+  // recorded there after the bucket's last kernel. wait_for_params and finish_param_gather make
+  // the current stream wait for it, and so does the first gradient of the next backward written
+  // into the bucket (the update reads main_grad).
+  void set_params_updated(size_t bucket, c10::Event updated);
+  bool overlap_optimizer_step() const { return options_.overlap_optimizer_step; }
+  // Parameters may still be arriving when the next forward starts: the model must call
+  // wait_for_params before it uses them.
+  bool params_arrive_during_forward() const { return overlap_param_gather() || overlap_optimizer_step(); }
 
   // [begin, end) ranges of the buffers this DP rank's optimizer steps: its shard of every
   // bucket with the distributed optimizer, everything otherwise.
@@ -111,12 +125,15 @@ class ParamAndGradBuffer {
     at::Tensor reduced;          // reduce-scatter output where the backend cannot write into the shard
     dist::Work gather;
     at::Tensor gathered_shard;   // all-gather input (a copy of the shard where the backend cannot alias)
+    std::optional<c10::Event> updated;  // the optimizer's step of this bucket (overlap_optimizer_step)
   };
   friend struct GradReadyHook;
   void on_grad_ready(size_t index);  // the hook: .grad into main_grad, then grad_added
   void grad_added(size_t index);     // bucket bookkeeping once a micro-batch's gradient is in
   bool take_first_add(size_t index);  // whether this add is the step's first for the parameter (and marks it)
   void launch(Bucket& bucket);
+  void wait_for_update(Bucket& bucket);  // the current stream waits for the bucket's optimizer step
+  void wait_for_bucket(Bucket& bucket);  // ... and for its all-gather
   std::pair<int64_t, int64_t> shard_of(const Bucket& bucket) const;
 
   dist::ParallelState ps_;

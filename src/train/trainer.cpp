@@ -288,10 +288,11 @@ int Trainer::run() {
   buffer_options.sequence_parallel = p.sequence_parallel;
   buffer_options.gradient_accumulation_fusion = p.gradient_accumulation_fusion;
   buffer_options.grad_reduce_in_bf16 = p.grad_reduce_in_bf16;
+  buffer_options.overlap_optimizer_step = t_.overlap_optimizer_step && device_.is_cuda();
   buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
   buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
   optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
-  if (buffer_->overlap_param_gather()) {
+  if (buffer_->params_arrive_during_forward()) {
     for (auto& chunk : chunks_) chunk->before_use = [this](const std::vector<at::Tensor>& params) { buffer_->wait_for_params(params); };
   }
 
@@ -325,6 +326,11 @@ int Trainer::run() {
                 static_cast<long long>(parameters), !t_.bf16 ? "fp32" : p.grad_reduce_in_bf16 ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (fp32 master weights)", device_.str().c_str(),
                 at::get_num_threads(), buffer_->num_buckets());
     std::printf("> initialised the weights in %.1f s\n", init_seconds);
+    if (buffer_->overlap_optimizer_step()) {
+      std::printf("> optimizer step: on a stream of its own, bucket by bucket, under the next forward\n");
+    } else if (t_.overlap_optimizer_step) {
+      std::printf("> optimizer step: not overlapped (--overlap-optimizer-step needs a CUDA device)\n");
+    }
     if (m.recompute_granularity == "full") {
       std::printf("> activation recomputation: full, %s %d layer(s)%s\n",
                   m.recompute_method == "uniform" ? "groups of" : "the first", m.recompute_num_layers,
@@ -587,6 +593,8 @@ Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& 
     const auto start = std::chrono::steady_clock::now();
     const size_t nodes = step_graph_->capture([&] {
       graph_result_ = train_step(micro_batches, [this](int64_t k) { return graph_inputs_[size_t(k)]; });
+      // A graph must end on its own stream: the overlapped optimizer step joins it here.
+      buffer_->finish_param_gather();
     });
     if (prints_setup()) {
       std::printf("> CUDA graph: captured the training step at iteration %lld (%zu nodes, %.2f s); replayed from now on\n",

@@ -92,5 +92,37 @@ TEST(CudaParity, CudaGraphStepTrainsAsTheEagerStep) {
   EXPECT_LT(expected.back(), expected.front() - 0.1) << "the run must train, or the comparison says little";
 }
 
+// --overlap-optimizer-step trains as the serial step: eagerly (the next forward waits for each
+// bucket's update) and captured as a CUDA graph (the capture joins the update stream). Two
+// micro-batches per step and a validation run between steps, as above.
+TEST(CudaParity, OverlappedOptimizerStepTrainsAsTheSerialStep) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  const std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
+                                         "--device", "cuda", "--bf16", "--train-iters", "30", "--log-interval", "1",
+                                         "--eval-interval", "10", "--hidden-dropout", "0", "--attention-dropout", "0"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = args;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return test::run_megatron(all);
+  };
+  auto serial = with({});
+  ASSERT_EQ(serial.status, 0) << serial.output;
+  const std::vector<double> expected = test::logged_losses(serial.output);
+  ASSERT_EQ(expected.size(), 30u) << serial.output;
+  EXPECT_LT(expected.back(), expected.front() - 0.1) << "the run must train, or the comparison says little";
+  for (const auto& extra : {std::vector<std::string>{"--overlap-optimizer-step"},
+                            std::vector<std::string>{"--overlap-optimizer-step", "--cuda-graph-impl", "local"}}) {
+    auto run = with(extra);
+    ASSERT_EQ(run.status, 0) << run.output;
+    EXPECT_NE(run.output.find("> optimizer step: on a stream of its own"), std::string::npos) << run.output;
+    const std::vector<double> got = test::logged_losses(run.output);
+    ASSERT_EQ(got.size(), expected.size()) << run.output;
+    double largest = 0;
+    for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - expected[i]) / expected[i]);
+    std::printf("largest relative loss difference, %s vs the serial step: %.3e\n", extra.back().c_str(), largest);
+    EXPECT_LE(largest, 2e-3) << run.output;
+  }
+}
+
 }  // namespace
 }  // namespace megatron

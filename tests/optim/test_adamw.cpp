@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "dist/parallel_state.h"
 #include "optim/adamw.h"
@@ -122,6 +125,84 @@ TEST(AdamW, Bf16GradientsStepAsTheirFp32Values) {
     EXPECT_TRUE(at::equal(w16.detach(), w32.detach())) << "step " << step;
   }
   EXPECT_FALSE(at::equal(w16.detach(), init)) << "the weights must have moved";
+}
+
+// --overlap-optimizer-step: step() returns while the update stream still runs, and the
+// trainer's stream goes on at once: it writes the next learning rate (the updates must read
+// their own copy), runs the next backward into main_grad (the first gradient into a bucket must
+// wait for that bucket's update, which reads main_grad) and reads the parameters stepped last
+// first (wait_for_params must wait, or it reads them stale). Everything it reads must be bitwise
+// the serial step's. Buckets of 16M elements (~0.1 ms of AdamW each) leave wide windows for
+// those races.
+TEST(CudaOverlappedOptimizerStep, WaitedParametersAreBitwiseTheSerialStep) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(13);
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const std::vector<std::string> names = {"embedding.weight", "layer.0.weight", "layer.0.bias", "layer.1.weight", "output.weight"};
+  std::vector<at::Tensor> init;
+  for (const std::string& name : names) {
+    init.push_back(name.find("bias") != std::string::npos ? at::randn({4096}, bf16) : at::randn({4096, 4096}, bf16));
+  }
+  struct Setup {
+    std::vector<at::Tensor> params;
+    std::unique_ptr<ParamAndGradBuffer> buffer;
+    std::unique_ptr<AdamW> adamw;
+  };
+  TrainConfig config;
+  config.weight_decay = 0.1;
+  auto make = [&](bool overlap) {
+    Setup s;
+    std::vector<NamedTensor> named;
+    for (size_t i = 0; i < names.size(); ++i) {
+      s.params.push_back(init[i].clone().requires_grad_());
+      named.push_back({names[i], s.params.back()});
+    }
+    GradBufferOptions options;
+    options.bucket_size = 4096 * 4096;  // a bucket per matrix
+    options.overlap_optimizer_step = overlap;
+    s.buffer = std::make_unique<ParamAndGradBuffer>(named, dist::ParallelState::single(), /*swiglu=*/false, options);
+    s.adamw = std::make_unique<AdamW>(*s.buffer, config);
+    return s;
+  };
+  Setup serial = make(false), overlapped = make(true);
+  ASSERT_EQ(overlapped.buffer->num_buckets(), 4u);
+  ASSERT_TRUE(overlapped.buffer->params_arrive_during_forward());
+  auto new_grads = [&] {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : init) grads.push_back(at::randn(p.sizes(), bf16));
+    return grads;
+  };
+  // Through autograd, as training writes them: the hooks copy .grad into main_grad.
+  auto backward = [](Setup& s, const std::vector<at::Tensor>& grads) {
+    s.buffer->zero_grad();
+    for (size_t i = 0; i < s.params.size(); ++i) (s.params[i] * grads[i]).sum().backward();
+  };
+  std::vector<at::Tensor> grads = new_grads();
+  backward(overlapped, grads);
+  for (int step = 0; step < 3; ++step) {
+    backward(serial, grads);
+    const double lr = 1e-3 * (step + 1);
+    serial.adamw->set_learning_rate(lr);
+    overlapped.adamw->set_learning_rate(lr);
+    EXPECT_TRUE(serial.adamw->step(serial.adamw->grad_norm()).item<bool>());
+    overlapped.adamw->step(overlapped.adamw->grad_norm());
+    overlapped.adamw->set_learning_rate(-1.0);  // must not reach this step's updates
+    grads = new_grads();
+    backward(overlapped, grads);
+    std::vector<at::Tensor> seen(names.size());
+    for (size_t i = names.size(); i-- > 0;) {
+      overlapped.buffer->wait_for_params({overlapped.params[i]});
+      seen[i] = overlapped.params[i].detach().clone();
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_TRUE(at::equal(seen[i], serial.params[i].detach())) << names[i] << ", step " << step;
+    }
+    overlapped.buffer->finish_param_gather();
+    const std::vector<NamedTensor> a = serial.adamw->state(), b = overlapped.adamw->state();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].tensor, b[i].tensor)) << a[i].name << ", step " << step;
+  }
+  EXPECT_FALSE(at::equal(serial.params[0].detach(), init[0])) << "the weights must have moved";
 }
 
 TEST(AdamW, ClippedStepsMatchTorchAdamWOnClippedGradients) { check_steps(1.0, 10.0); }

@@ -317,5 +317,17 @@ TEST(TrainingRuns, CudaGraphWithoutACudaDeviceIsAnError) {
   EXPECT_NE(run.output.find("--cuda-graph-impl local"), std::string::npos) << run.output;
 }
 
+// The overlapped optimizer step needs a second CUDA stream; on the CPU the run says so and
+// trains with the serial step (CudaParity.OverlappedOptimizerStepTrainsAsTheSerialStep on the GPU).
+TEST(TrainingRuns, OverlappedOptimizerStepOnTheCpuSaysItIsSerial) {
+  if (at::hasCUDA()) GTEST_SKIP() << "this machine has a CUDA device";
+  auto run = test::run_megatron({"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
+                                 "--train-iters", "6", "--overlap-optimizer-step"});
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("> optimizer step: not overlapped (--overlap-optimizer-step needs a CUDA device)"),
+            std::string::npos)
+      << run.output;
+}
+
 }  // namespace
 }  // namespace megatron
