@@ -48,10 +48,11 @@ fi
 if [ "$what" = dp2 ]; then
   bin=build-gpu/megatron work=$(mktemp -d) iters=${BENCH_ITERS:-30} status=0
   source bench/lib.sh
-  one=$(bench gpu1 1 4)
-  two=$(bench dp2_distopt 2 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
-  one_bf16=$(bench gpu1_bf16_grads 1 4 --grad-reduce-in-bf16)
-  bf16=$(bench dp2_distopt_bf16_grads 2 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --grad-reduce-in-bf16)
+  extra=(${DP2_FLAGS:-})  # e.g. --overlap-optimizer-step, given to all four
+  one=$(bench gpu1 1 4 "${extra[@]}")
+  two=$(bench dp2_distopt 2 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "${extra[@]}")
+  one_bf16=$(bench gpu1_bf16_grads 1 4 --grad-reduce-in-bf16 "${extra[@]}")
+  bf16=$(bench dp2_distopt_bf16_grads 2 8 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --grad-reduce-in-bf16 "${extra[@]}")
   efficiency() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b }'; }
   echo "fp32 gradients: 1 GPU $one tokens/s, DP=2 distributed optimizer $two tokens/s/GPU, efficiency $(efficiency "$two" "$one")"
   echo "--grad-reduce-in-bf16: 1 GPU $one_bf16 tokens/s, DP=2 distributed optimizer $bf16 tokens/s/GPU," \
@@ -77,6 +78,9 @@ if [ "$what" = overlap ] || [ "$what" = test-overlap ]; then
     for variant in "serial:" "overlapped:--overlap-optimizer-step"; do
       echo "optimizer step ${variant%%:*} (round $round): $(bench overlap 1 4 ${variant#*:}) tokens/s, $(grep -o "initialised the weights in [0-9.]* s" "$work/overlap.log")"
     done
+  done
+  for variant in "serial:" "overlapped:--overlap-optimizer-step"; do
+    echo "CUDA graph step, optimizer step ${variant%%:*}: $(bench overlap 1 4 --cuda-graph-impl local ${variant#*:}) tokens/s"
   done
 fi
 if [ "$what" = profile ]; then

@@ -590,6 +590,9 @@ Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& 
   graph_inputs_.resize(size_t(micro_batches));
   for (int64_t k = 0; k < micro_batches; ++k) copy_batch(batch(k), graph_inputs_[size_t(k)], device_);
   if (!step_graph_->captured()) {
+    // The eager steps' overlapped updates are joined first: a graph cannot wait for work
+    // queued outside it.
+    buffer_->finish_param_gather();
     const auto start = std::chrono::steady_clock::now();
     const size_t nodes = step_graph_->capture([&] {
       graph_result_ = train_step(micro_batches, [this](int64_t k) { return graph_inputs_[size_t(k)]; });
