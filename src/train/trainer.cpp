@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/nn/module.h>
 
@@ -46,6 +47,37 @@ namespace megatron {
 namespace {
 
 std::atomic<int> g_stop_signal{0};  // set by the signal handler, read between iterations
+
+// The training loop on a high-priority stream of its own, for its lifetime: with the optimizer
+// step overlapped, the block scheduler then dispatches the forward's kernels before the updates
+// (queued on a normal-priority stream), which fill the SMs those leave idle. It starts after the
+// work queued on the stream it replaces, and that stream resumes after it.
+class HighPriorityStream {
+ public:
+  explicit HighPriorityStream(const at::Device& device)
+      : guard_impl_(c10::impl::getDeviceGuardImpl(device.type())),
+        previous_(guard_impl_->getStream(device)),
+        stream_(guard_impl_->getStreamFromGlobalPool(device, /*isHighPriority=*/true)) {
+    order(previous_, stream_);
+    current_.emplace(stream_);
+  }
+  ~HighPriorityStream() {
+    current_.reset();
+    order(stream_, previous_);
+  }
+  HighPriorityStream(const HighPriorityStream&) = delete;
+  HighPriorityStream& operator=(const HighPriorityStream&) = delete;
+
+ private:
+  static void order(const c10::Stream& before, const c10::Stream& after) {
+    c10::Event done(before.device_type());
+    done.record(before);
+    done.block(after);
+  }
+  const c10::impl::DeviceGuardImplInterface* guard_impl_;
+  c10::Stream previous_, stream_;
+  std::optional<c10::StreamGuard> current_;
+};
 
 extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
 
@@ -130,7 +162,10 @@ class Trainer {
 
   int run();
   // After run() returned normally: the communicators closed (destroy_process_group).
-  void close() { world_.shutdown(); }
+  void close() {
+    buffer_->finish_param_gather();  // the last step's overlapped updates and all-gathers
+    world_.shutdown();
+  }
 
  private:
   using BatchFn = std::function<Batch(int64_t)>;
@@ -365,6 +400,8 @@ int Trainer::run() {
     step_graph_ = std::make_unique<StepGraph>(device_);  // from here on this thread runs on the graph's stream
     graph_warmup_left_ = t_.cuda_graph_warmup_steps;
   }
+  std::optional<HighPriorityStream> training_stream;
+  if (buffer_->overlap_optimizer_step() && !step_graph_) training_stream.emplace(device_);
   profiler_ = std::make_unique<StepProfiler>(t_, ps_.rank, device_);
   interval_start_ = std::chrono::steady_clock::now();
   std::fflush(stdout);
