@@ -30,6 +30,7 @@ struct RopeArgs {
   int64_t s, b, n, d, rot_dim;
   int64_t x_stride_s, x_stride_b, x_stride_n;      // in elements
   int64_t heads_per_group, x_stride_group;         // n and 0 when the heads are not grouped
+  int64_t y_stride_s, y_stride_b, y_stride_n, y_stride_group;  // y's, alike (d contiguous in both)
   int64_t table_stride_s, table_stride_b;          // in elements; table_stride_b 0: shared by the batch
   DType dtype;
   bool inverse;

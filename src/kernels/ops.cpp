@@ -51,33 +51,51 @@ at::Tensor rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::
   return out.to(x.scalar_type()).contiguous();
 }
 
-// x: [s, b, n, d], or [s, b, G, n / G, d] for heads in groups; y: [s, b, n, d].
-at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse, Impl impl) {
-  const bool grouped = x.dim() == 5;
-  const int64_t n = grouped ? x.size(2) * x.size(3) : x.size(2);
-  if (!uses_kernel(x, impl)) {
-    return rope_composite(grouped ? x.reshape({x.size(0), x.size(1), n, x.size(-1)}) : x, cos, sin, inverse);
-  }
+// x and y: [s, b, n, d], or [s, b, G, n / G, d] for heads in groups (either or both), any strides
+// with d contiguous: y = the rotation of x (`inverse`: its transpose), on the kernel.
+void rope_kernel_into(const at::Tensor& x, const at::Tensor& y, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
 #ifdef MEGATRON_WITH_CUDA_KERNELS
-  at::Tensor y = at::empty({x.size(0), x.size(1), n, x.size(-1)}, x.options());
+  const int64_t n = x.dim() == 5 ? x.size(2) * x.size(3) : x.size(2);
+  const int64_t per_group = x.dim() == 5 ? x.size(3) : y.dim() == 5 ? y.size(3) : n;
+  // A head h sits at (h / per_group) * group stride + (h % per_group) * head stride; ungrouped
+  // heads are evenly spaced, so their group stride is per_group head strides.
+  auto group_stride = [per_group](const at::Tensor& t) { return t.dim() == 5 ? t.stride(2) : per_group * t.stride(2); };
   cuda::RopeArgs a{};
   a.x = x.data_ptr();
   a.y = y.data_ptr();
   a.cos = cos.data_ptr<float>();
   a.sin = sin.data_ptr<float>();
   a.s = x.size(0), a.b = x.size(1), a.n = n, a.d = x.size(-1), a.rot_dim = cos.size(-1);
-  a.x_stride_s = x.stride(0), a.x_stride_b = x.stride(1), a.x_stride_n = x.stride(-2);
-  a.heads_per_group = grouped ? x.size(3) : n;
-  a.x_stride_group = grouped ? x.stride(2) : 0;
+  a.heads_per_group = per_group;
+  a.x_stride_s = x.stride(0), a.x_stride_b = x.stride(1), a.x_stride_n = x.stride(-2), a.x_stride_group = group_stride(x);
+  a.y_stride_s = y.stride(0), a.y_stride_b = y.stride(1), a.y_stride_n = y.stride(-2), a.y_stride_group = group_stride(y);
   a.table_stride_s = cos.stride(0);
   a.table_stride_b = cos.size(1) == 1 ? 0 : cos.stride(1);
   a.dtype = storage_type(x);
   a.inverse = inverse;
   cuda::rope(a, current_stream());
-  return y;
-#else
-  return {};
 #endif
+}
+
+// x: [s, b, n, d], or [s, b, G, n / G, d] for heads in groups; returns y: [s, b, n, d].
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse, Impl impl) {
+  const int64_t n = x.dim() == 5 ? x.size(2) * x.size(3) : x.size(2);
+  if (!uses_kernel(x, impl)) {
+    return rope_composite(x.dim() == 5 ? x.reshape({x.size(0), x.size(1), n, x.size(-1)}) : x, cos, sin, inverse);
+  }
+  at::Tensor y = at::empty({x.size(0), x.size(1), n, x.size(-1)}, x.options());
+  rope_kernel_into(x, y, cos, sin, inverse);
+  return y;
+}
+
+// The same, written into y (a view, e.g. a slot of a gradient being assembled).
+void rope_into(const at::Tensor& x, const at::Tensor& y, const at::Tensor& cos, const at::Tensor& sin, bool inverse,
+               Impl impl) {
+  if (uses_kernel(x, impl)) {
+    rope_kernel_into(x, y, cos, sin, inverse);
+  } else {
+    y.copy_(rope_apply(x, cos, sin, inverse, impl).view(y.sizes()));
+  }
 }
 
 struct RopeFunction : torch::autograd::Function<RopeFunction> {
@@ -93,6 +111,51 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
     const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
     return {rope_apply(grads[0].contiguous(), saved[0], saved[1], /*inverse=*/true, impl).view(shape), {}, {}, {}};
+  }
+};
+
+// The three parts of the QKV output [s, b, G, (P + 2) * d]: q [s, b, G, P, d], k and v [s, b, G, d].
+struct QkvParts {
+  at::Tensor q, k, v;
+};
+QkvParts qkv_parts(const at::Tensor& qkv, int64_t per_group) {
+  const int64_t d = qkv.size(-1) / (per_group + 2);
+  auto parts = qkv.split_with_sizes({per_group * d, d, d}, -1);
+  return {parts[0].view({qkv.size(0), qkv.size(1), qkv.size(2), per_group, d}), parts[1], parts[2]};
+}
+
+struct QkvRopeFunction : torch::autograd::Function<QkvRopeFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                               int64_t per_group, int64_t impl) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["impl"] = impl;
+    ctx->saved_data["per_group"] = per_group;
+    ctx->saved_data["shape"] = qkv.sizes().vec();
+    const QkvParts in = qkv_parts(qkv, per_group);
+    const auto i = static_cast<Impl>(impl);
+    // v is copied (G / (H + 2G) of the output), so nothing keeps the whole QKV output alive.
+    return {rope_apply(in.q, cos, sin, /*inverse=*/false, i), rope_apply(in.k, cos, sin, /*inverse=*/false, i),
+            in.v.contiguous()};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
+    const at::TensorOptions options = (grads[0].defined() ? grads[0] : grads[1].defined() ? grads[1] : grads[2]).options();
+    at::Tensor grad = at::empty(ctx->saved_data["shape"].toIntVector(), options);  // [s, b, G, (P + 2) * d]
+    const QkvParts out = qkv_parts(grad, ctx->saved_data["per_group"].toInt());
+    for (auto [dy, into] : {std::pair<const at::Tensor&, const at::Tensor&>{grads[0], out.q}, {grads[1], out.k}}) {
+      if (!dy.defined()) {
+        into.zero_();
+      } else {
+        rope_into(dy.stride(-1) == 1 ? dy : dy.contiguous(), into, saved[0], saved[1], /*inverse=*/true, impl);
+      }
+    }
+    if (grads[2].defined()) {
+      out.v.copy_(grads[2]);
+    } else {
+      out.v.zero_();
+    }
+    return {grad, {}, {}, {}, {}};
   }
 };
 
@@ -274,6 +337,19 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
               "rope: cos/sin must be fp32 [>= s, 1 or b, 1, even rot_dim <= d]");
   // Tables gathered for per-sample positions come out of advanced indexing possibly permuted.
   return RopeFunction::apply(x, cos.contiguous(), sin.contiguous(), static_cast<int64_t>(impl));
+}
+
+QkvRope split_qkv_rope(const at::Tensor& qkv, int64_t heads_per_group, const at::Tensor& cos, const at::Tensor& sin,
+                       Impl impl) {
+  TORCH_CHECK(qkv.dim() == 4 && qkv.stride(-1) == 1 && heads_per_group > 0 && qkv.size(-1) % (heads_per_group + 2) == 0,
+              "split_qkv_rope: qkv must be [s, b, groups, (heads_per_group + 2) * d] with a contiguous last dimension");
+  const int64_t d = qkv.size(-1) / (heads_per_group + 2);
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 4 &&
+                  cos.size(-1) % 2 == 0 && cos.size(-1) <= d && cos.size(0) >= qkv.size(0) &&
+                  (cos.size(1) == 1 || cos.size(1) == qkv.size(1)),
+              "split_qkv_rope: cos/sin must be fp32 [>= s, 1 or b, 1, even rot_dim <= d]");
+  variable_list out = QkvRopeFunction::apply(qkv, cos.contiguous(), sin.contiguous(), heads_per_group, static_cast<int64_t>(impl));
+  return {out[0], out[1], out[2]};
 }
 
 at::Tensor swiglu(const at::Tensor& h, Impl impl) {

@@ -23,6 +23,17 @@ bool uses_kernel(const at::Tensor& t, Impl impl = Impl::Auto);
 // be [s, b, G, n / G, d], heads in groups (the queries of the QKV output read in place).
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Impl impl = Impl::Auto);
 
+// The QKV projection's output qkv [s, b, G, (P + 2) * d] (per query group: its P query heads, one
+// key head, one value head) as q [s, b, G * P, d] and k [s, b, G, d], both rotated as rope()
+// does, and v [s, b, G, d]; all three are new tensors. Backward writes the three gradients
+// straight into their places in one gradient of qkv's shape: no concatenation pass, and no part
+// of the QKV output is kept for it.
+struct QkvRope {
+  at::Tensor q, k, v;
+};
+QkvRope split_qkv_rope(const at::Tensor& qkv, int64_t heads_per_group, const at::Tensor& cos, const at::Tensor& sin,
+                       Impl impl = Impl::Auto);
+
 // SwiGLU of h [..., 2f] = [gate | up] -> silu(gate) * up [..., f]; saves only h for backward.
 at::Tensor swiglu(const at::Tensor& h, Impl impl = Impl::Auto);
 

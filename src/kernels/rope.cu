@@ -1,5 +1,5 @@
-// Fused rotary embedding: one pass reading x (a strided view of the QKV output is fine) and
-// writing the rotated tensor, instead of ATen's narrow / neg / cat / two multiplies / add.
+// Fused rotary embedding: one pass reading x and writing y (either may be a strided view of the
+// QKV output or its gradient), instead of ATen's narrow / neg / cat / two multiplies / add.
 #include "kernels/cuda_common.cuh"
 
 namespace megatron::kernels::cuda {
@@ -8,6 +8,9 @@ namespace {
 __device__ __forceinline__ int64_t head_offset(const RopeArgs& a, int64_t head) {
   return (head / a.heads_per_group) * a.x_stride_group + (head % a.heads_per_group) * a.x_stride_n;
 }
+__device__ __forceinline__ int64_t y_head_offset(const RopeArgs& a, int64_t head) {
+  return (head / a.heads_per_group) * a.y_stride_group + (head % a.heads_per_group) * a.y_stride_n;
+}
 
 // Any layout (partial rotary, unaligned strides): one block per (position, sample); its threads
 // walk the n heads x d channels of that token, one element each.
@@ -15,7 +18,7 @@ template <typename T>
 __global__ void rope_kernel(RopeArgs a) {
   const int64_t si = blockIdx.x / a.b, bi = blockIdx.x % a.b;
   const T* x = static_cast<const T*>(a.x) + si * a.x_stride_s + bi * a.x_stride_b;
-  T* y = static_cast<T*>(a.y) + (si * a.b + bi) * a.n * a.d;
+  T* y = static_cast<T*>(a.y) + si * a.y_stride_s + bi * a.y_stride_b;
   const float* cos = a.cos + si * a.table_stride_s + bi * a.table_stride_b;
   const float* sin = a.sin + si * a.table_stride_s + bi * a.table_stride_b;
   const int d = static_cast<int>(a.d), rot = static_cast<int>(a.rot_dim), half = rot / 2;
@@ -36,7 +39,7 @@ __global__ void rope_kernel(RopeArgs a) {
         out = out * cos[j] + (first ? xp : -xp) * sin[partner];
       }
     }
-    y[k] = from_float<T>(out);
+    y[y_head_offset(a, head) + j] = from_float<T>(out);
   }
 }
 
@@ -50,7 +53,7 @@ __global__ void rope_packed_kernel(RopeArgs a) {
     const int64_t token = i / per_token, head = (i % per_token) / packs, j = (i % packs) * N;
     const int64_t si = token / a.b, bi = token % a.b;
     const T* x = static_cast<const T*>(a.x) + si * a.x_stride_s + bi * a.x_stride_b + head_offset(a, head);
-    T* y = static_cast<T*>(a.y) + (token * a.n + head) * a.d;
+    T* y = static_cast<T*>(a.y) + si * a.y_stride_s + bi * a.y_stride_b + y_head_offset(a, head);
     const float* cos = a.cos + si * a.table_stride_s + bi * a.table_stride_b;
     const float* sin = a.sin + si * a.table_stride_s + bi * a.table_stride_b;
     const Pack<T, N> x1 = *reinterpret_cast<const Pack<T, N>*>(x + j);
@@ -77,7 +80,8 @@ template <typename T>
 bool packable(const RopeArgs& a) {
   constexpr int N = kPack<T>;
   return a.rot_dim == a.d && (a.rot_dim / 2) % N == 0 && a.x_stride_s % N == 0 && a.x_stride_b % N == 0 &&
-         a.x_stride_n % N == 0 && a.x_stride_group % N == 0 && aligned16(a.x) && aligned16(a.y);
+         a.x_stride_n % N == 0 && a.x_stride_group % N == 0 && a.y_stride_s % N == 0 && a.y_stride_b % N == 0 &&
+         a.y_stride_n % N == 0 && a.y_stride_group % N == 0 && aligned16(a.x) && aligned16(a.y);
 }
 
 }  // namespace

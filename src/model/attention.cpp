@@ -46,6 +46,12 @@ at::Tensor SelfAttention::attend(at::Tensor qkv, const RopeTables* rope, const a
   const int64_t per_group = heads_ / groups_;
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups_, (per_group + 2) * head_dim_});
+  if (rope != nullptr && rope_fusion_ && !q_layernorm_weight.defined()) {
+    // One autograd node: q and k rotated straight out of the QKV output, and in backward the
+    // three gradients written straight into the QKV output's gradient.
+    const kernels::QkvRope parts = kernels::split_qkv_rope(qkv, per_group, rope->cos, rope->sin);
+    return attend_heads(parts.q, parts.k, parts.v, attention_mask);  // q: [s, b, H, d]; k, v: [s, b, G, d]
+  }
   auto parts = qkv.split_with_sizes({per_group * head_dim_, head_dim_, head_dim_}, -1);
   at::Tensor q = parts[0].view({s, b, groups_, per_group, head_dim_});  // [s, b, G, H/G, d], in place
   at::Tensor k = parts[1];                                        // [s, b, G, d]
@@ -55,8 +61,7 @@ at::Tensor SelfAttention::attend(at::Tensor qkv, const RopeTables* rope, const a
     k = apply_norm(k, k_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
   }
   if (rope != nullptr && rope_fusion_) {
-    // Reads q and k straight out of the QKV output (strided views), one pass each way; q comes
-    // out as [s, b, H, d].
+    // After the q/k norms: one pass each way; q comes out as [s, b, H, d].
     q = kernels::rope(q, rope->cos, rope->sin);
     k = kernels::rope(k, rope->cos, rope->sin);
   } else {
@@ -66,6 +71,11 @@ at::Tensor SelfAttention::attend(at::Tensor qkv, const RopeTables* rope, const a
       k = apply_rope(k, *rope);
     }
   }
+  return attend_heads(q, k, v, attention_mask);
+}
+
+at::Tensor SelfAttention::attend_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& attention_mask) {
   const double dropout = is_training() ? attention_dropout_ : 0.0;
   at::Tensor out;
   if (recompute_core_attention_) {

@@ -31,6 +31,8 @@ class SelfAttention : public torch::nn::Module {
 
  private:
   at::Tensor attend(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask);  // QKV output -> proj output
+  // The heads (q: [s, b, H/tp, d], k and v: [s, b, G/tp, d]) -> proj output, with recomputation.
+  at::Tensor attend_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask);
   // q: [s, b, H/tp, d], k and v: [s, b, G/tp, d] -> [s, b, H/tp * d]
   at::Tensor core_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
                             double dropout) const;

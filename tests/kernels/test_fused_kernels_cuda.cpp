@@ -70,6 +70,40 @@ TEST_P(CudaFusedKernels, RopeForwardAndBackward) {
   }
 }
 
+// The attention layer's fused split: the kernel writes each rotated gradient straight into its
+// strided place of the QKV output's gradient (packed path at d 64, element path at partial rotary).
+TEST_P(CudaFusedKernels, SplitQkvRopeForwardAndBackward) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  for (double rotary_percent : {1.0, 0.5}) {
+    ModelConfig c;
+    c.kv_channels = 64;
+    c.rotary_percent = rotary_percent;
+    c.seq_length = 2048;
+    const RopeTables t = make_rope_tables(c, 2048, kGpu);
+    const int64_t s = 2048, b = 2, groups = 4, per_group = 8;
+    const at::Tensor qkv = at::randn({s, b, groups, (per_group + 2) * 64}, at::TensorOptions(kGpu).dtype(dtype));
+    at::Tensor x1 = qkv.clone().requires_grad_(true), x2 = qkv.clone().requires_grad_(true);
+    const kernels::QkvRope kernel = kernels::split_qkv_rope(x1, per_group, t.cos, t.sin);
+    const kernels::QkvRope composite = kernels::split_qkv_rope(x2, per_group, t.cos, t.sin, kernels::Impl::Composite);
+    EXPECT_LE(relative(kernel.q, composite.q), tolerance(dtype)) << "q, rotary " << rotary_percent;
+    EXPECT_LE(relative(kernel.k, composite.k), tolerance(dtype)) << "k, rotary " << rotary_percent;
+    EXPECT_TRUE(at::equal(kernel.v, composite.v));
+    const at::Tensor dq = at::randn_like(kernel.q), dk = at::randn_like(kernel.k), dv = at::randn_like(kernel.v);
+    torch::autograd::backward({kernel.q, kernel.k, kernel.v}, {dq, dk, dv});
+    torch::autograd::backward({composite.q, composite.k, composite.v}, {dq, dk, dv});
+    EXPECT_LE(relative(x1.grad(), x2.grad()), tolerance(dtype)) << "backward, rotary " << rotary_percent;
+    // And against the unfused split: kernels::rope on the views, whose gradients autograd concatenates.
+    at::Tensor x3 = qkv.clone().requires_grad_(true);
+    auto parts = x3.split_with_sizes({per_group * 64, 64, 64}, -1);
+    const at::Tensor q = kernels::rope(parts[0].view({s, b, groups, per_group, 64}), t.cos, t.sin);
+    const at::Tensor k = kernels::rope(parts[1], t.cos, t.sin);
+    EXPECT_TRUE(at::equal(kernel.q, q) && at::equal(kernel.k, k)) << "the same kernel, the same values";
+    torch::autograd::backward({q, k, parts[2]}, {dq, dk, dv});
+    EXPECT_TRUE(at::equal(x1.grad(), x3.grad())) << "rotary " << rotary_percent;
+  }
+}
+
 TEST_P(CudaFusedKernels, SwigluForwardAndBackward) {
   REQUIRE_CUDA_KERNELS();
   const at::ScalarType dtype = GetParam();

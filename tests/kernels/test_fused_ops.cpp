@@ -69,6 +69,39 @@ TEST(FusedOps, RopeReadsGroupedQueriesInPlace) {
 }
 TEST(FusedOps, RopePartialRotaryAndPerSamplePositions) { check_rope(0.5, true); }
 
+// The attention layer's split: q and k rotated, v as it is, each gradient landing in its place
+// of the QKV output's gradient (the parts no output reached stay zero).
+TEST(FusedOps, SplitQkvRopeMatchesSplitThenApplyRope) {
+  at::manual_seed(4);
+  RopeTables tables = make_rope_tables(rope_config(1.0), 32, at::kCPU);
+  const int64_t s = 20, b = 2, groups = 2, per_group = 3, d = 16;
+  at::Tensor qkv = at::randn({s, b, groups, (per_group + 2) * d}, at::kDouble).requires_grad_(true);
+  const kernels::QkvRope fused = kernels::split_qkv_rope(qkv, per_group, tables.cos, tables.sin);
+  const RopeTables fp64{tables.cos.to(at::kDouble), tables.sin.to(at::kDouble)};
+  auto parts = qkv.split_with_sizes({per_group * d, d, d}, -1);
+  const at::Tensor q = apply_rope(parts[0].reshape({s, b, groups * per_group, d}), fp64);
+  const at::Tensor k = apply_rope(parts[1], fp64);
+  ASSERT_EQ(fused.q.sizes(), q.sizes());
+  ASSERT_EQ(fused.k.sizes(), k.sizes());
+  EXPECT_LT(max_difference(fused.q, q), 1e-6);
+  EXPECT_LT(max_difference(fused.k, k), 1e-6);
+  EXPECT_TRUE(at::equal(fused.v, parts[2]));
+  EXPECT_FALSE(fused.v.is_alias_of(qkv)) << "v is copied, so the QKV output is not kept for backward";
+  for (int without : {-1, 0, 1, 2}) {  // every gradient, then each one missing in turn
+    std::vector<at::Tensor> outputs_fused, outputs_plain, grads;
+    const std::vector<at::Tensor> fused_out = {fused.q, fused.k, fused.v}, plain_out = {q, k, parts[2]};
+    for (int i = 0; i < 3; ++i) {
+      if (i == without) continue;
+      outputs_fused.push_back(fused_out[size_t(i)]);
+      outputs_plain.push_back(plain_out[size_t(i)]);
+      grads.push_back(at::randn_like(plain_out[size_t(i)]));
+    }
+    const at::Tensor grad_fused = torch::autograd::grad(outputs_fused, {qkv}, grads, /*retain_graph=*/true)[0];
+    const at::Tensor grad_plain = torch::autograd::grad(outputs_plain, {qkv}, grads, /*retain_graph=*/true)[0];
+    EXPECT_LT(max_difference(grad_fused, grad_plain), 1e-6) << "without output " << without;
+  }
+}
+
 TEST(FusedOps, SwigluMatchesSiluTimesUp) {
   at::manual_seed(2);
   at::Tensor h_fused = at::randn({5, 3, 2 * 12}, at::kDouble).requires_grad_(true);
