@@ -34,15 +34,20 @@ double tolerance(at::ScalarType t) { return t == at::kBFloat16 ? 1e-2 : 1e-5; }
 
 class CudaFusedKernels : public ::testing::TestWithParam<at::ScalarType> {};
 
+// RoPE tables for d = 64 over 2048 positions, all channels or half of them rotating.
+RopeTables rope_tables_d64(double rotary_percent) {
+  ModelConfig c;
+  c.kv_channels = 64;
+  c.rotary_percent = rotary_percent;
+  c.seq_length = 2048;
+  return make_rope_tables(c, 2048, kGpu);
+}
+
 TEST_P(CudaFusedKernels, RopeForwardAndBackward) {
   REQUIRE_CUDA_KERNELS();
   const at::ScalarType dtype = GetParam();
   for (double rotary_percent : {1.0, 0.5}) {
-    ModelConfig c;
-    c.kv_channels = 64;
-    c.rotary_percent = rotary_percent;
-    c.seq_length = 2048;
-    RopeTables tables = make_rope_tables(c, 2048, kGpu);
+    const RopeTables tables = rope_tables_d64(rotary_percent);
     for (bool per_sample : {false, true}) {
       const int64_t s = 2048, b = 2, groups = 4, per_group = 8;
       RopeTables t = per_sample ? gather_rope_tables(tables, at::randint(0, 2048, {b, s}, at::TensorOptions(kGpu).dtype(at::kLong)))
@@ -76,11 +81,7 @@ TEST_P(CudaFusedKernels, SplitQkvRopeForwardAndBackward) {
   REQUIRE_CUDA_KERNELS();
   const at::ScalarType dtype = GetParam();
   for (double rotary_percent : {1.0, 0.5}) {
-    ModelConfig c;
-    c.kv_channels = 64;
-    c.rotary_percent = rotary_percent;
-    c.seq_length = 2048;
-    const RopeTables t = make_rope_tables(c, 2048, kGpu);
+    const RopeTables t = rope_tables_d64(rotary_percent);
     const int64_t s = 2048, b = 2, groups = 4, per_group = 8;
     const at::Tensor qkv = at::randn({s, b, groups, (per_group + 2) * 64}, at::TensorOptions(kGpu).dtype(dtype));
     at::Tensor x1 = qkv.clone().requires_grad_(true), x2 = qkv.clone().requires_grad_(true);
