@@ -13,6 +13,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -124,11 +125,19 @@ std::map<std::string, at::Tensor> full_parameters(const std::string& save_dir, i
 
 class ParallelEquivalence : public ::testing::Test {
  protected:
+  // The single-process reference runs, trained once per test process and shared by its tests;
+  // their directory goes with the suite.
   static const TrainingRun& reference(const std::string& model) {
-    static test::TempDir* dir = new test::TempDir();
+    std::unique_ptr<test::TempDir>& dir = reference_dir();
+    if (!dir) dir = std::make_unique<test::TempDir>();
     static std::map<std::string, TrainingRun> runs;
     if (!runs.count(model)) runs[model] = train(*dir, "single_" + model, model, 1, {});
     return runs[model];
+  }
+  static void TearDownTestSuite() { reference_dir().reset(); }
+  static std::unique_ptr<test::TempDir>& reference_dir() {
+    static std::unique_ptr<test::TempDir> dir;
+    return dir;
   }
 
   void check(const std::string& model, int nproc, int tp, const std::vector<std::string>& layout) {

@@ -1,5 +1,6 @@
 #include "support/test_support.h"
 
+#include <ftw.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -70,15 +71,19 @@ CommandResult run_megatron(const std::vector<std::string>& args) {
   return run_command(command);
 }
 
+// POSIX calls, not std::filesystem: in the GPU machine's image, std::filesystem calls made by
+// the test binary crashed (docs/performance.md), taking every suite with a TempDir with them.
 TempDir::TempDir() {
-  std::string pattern = (fs::temp_directory_path() / "megatron-test-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/megatron-test-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
   path_ = pattern;
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
-  fs::remove_all(path_, ec);
+  // Depth first, links not followed: files before their directories.
+  ::nftw(path_.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+         FTW_DEPTH | FTW_PHYS);
 }
 
 std::vector<double> logged_losses(const std::string& output) {
