@@ -4,14 +4,12 @@
 
 #include <gtest/gtest.h>
 
-#include "support/test_support.h"
-#include <unistd.h>
+#include <dirent.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -21,41 +19,31 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "support/test_support.h"
 
 namespace megatron {
 namespace {
 
-namespace fs = std::filesystem;
 using tensorboard_detail::crc32c;
 using tensorboard_detail::mask_crc32c;
 
 uint32_t crc_of(const std::string& s) { return crc32c(s.data(), s.size()); }
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() /
-              ("megatron_tb_" + name + "_" + std::to_string(getpid()))) {
-    fs::remove_all(path_);
+// Directory entries through POSIX calls (as test::TempDir): std::filesystem calls made by the
+// test binary crashed in the GPU machine's image (docs/performance.md).
+std::vector<std::string> event_files(const std::string& dir) {
+  std::vector<std::string> files;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return files;
+  while (const dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") files.push_back(dir + "/" + name);
   }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::vector<fs::path> event_files(const fs::path& dir) {
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir)) files.push_back(entry.path());
+  ::closedir(d);
   return files;
 }
 
-std::string read_all(const fs::path& path) {
+std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
@@ -116,17 +104,17 @@ TEST(TensorBoardCrc32c, KnownVectors) {
 }
 
 TEST(TensorBoardWriter, FramingAndCrcs) {
-  TempDir dir("framing");
-  const fs::path log_dir = dir.path() / "nested" / "run";  // parents must be created too
+  test::TempDir dir;
+  const std::string log_dir = dir / "nested/run";  // parents must be created too
   {
-    TensorBoardWriter writer(log_dir.string());
+    TensorBoardWriter writer(log_dir);
     writer.add_scalar("lm loss", 2.5f, 1);
     writer.add_scalar("learning-rate", 3e-4f, 1);
     writer.add_scalar("lm loss", 2.25f, 2);
   }
   const auto files = event_files(log_dir);
   ASSERT_EQ(files.size(), 1u);
-  const std::string name = files[0].filename().string();
+  const std::string name = files[0].substr(files[0].rfind('/') + 1);
   EXPECT_EQ(name.rfind("events.out.tfevents.", 0), 0u) << name;
   EXPECT_TRUE(name.size() > 9 && name.substr(name.size() - 9) == ".megatron") << name;
 
@@ -146,10 +134,9 @@ TEST(TensorBoardWriter, FramingAndCrcs) {
 }
 
 TEST(TensorBoardWriter, UnusableDirectoryIsUserError) {
-  TempDir dir("blocked");
-  fs::create_directories(dir.path());
-  std::ofstream(dir.path() / "file") << "not a directory";
-  const std::string bad = (dir.path() / "file" / "run").string();
+  test::TempDir dir;
+  std::ofstream(dir / "file") << "not a directory";
+  const std::string bad = dir / "file/run";
   try {
     TensorBoardWriter writer(bad);
     FAIL() << "expected UserError for " << bad;
@@ -172,9 +159,9 @@ TEST(TensorBoardWriter, ReferenceReaderParsesOutput) {
   // (tag, step, value): floats are widened to double exactly, as the reader reports them.
   using Scalar = std::tuple<std::string, int64_t, double>;
   std::vector<Scalar> expected;
-  TempDir dir("reference");
+  test::TempDir dir;
   {
-    TensorBoardWriter writer(dir.path().string());
+    TensorBoardWriter writer(dir.path());
     for (int64_t step = 1; step <= 5; ++step) {
       const float loss = 10.0f / static_cast<float>(step) + 0.1f;
       const float lr = 1e-4f * static_cast<float>(step);
@@ -187,7 +174,7 @@ TEST(TensorBoardWriter, ReferenceReaderParsesOutput) {
 
   const std::string command = shell_quote(venv + "/bin/python") + " " +
                               shell_quote(source_dir + "/tests/train/read_tensorboard.py") +
-                              " " + shell_quote(dir.path().string());
+                              " " + shell_quote(dir.path());
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr) << "cannot run: " << command;
   std::string output;
