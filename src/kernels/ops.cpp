@@ -328,13 +328,19 @@ bool uses_kernel(const at::Tensor& t, Impl impl) {
          (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
 }
 
+namespace {
+// The tables rope() and split_qkv_rope() take, for s positions of b samples with head size d.
+void check_rope_tables(const at::Tensor& cos, const at::Tensor& sin, int64_t s, int64_t b, int64_t d, const char* who) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 4 &&
+                  cos.size(-1) % 2 == 0 && cos.size(-1) <= d && cos.size(0) >= s && (cos.size(1) == 1 || cos.size(1) == b),
+              who, ": cos/sin must be fp32 [>= s, 1 or b, 1, even rot_dim <= d]");
+}
+}  // namespace
+
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Impl impl) {
   TORCH_CHECK((x.dim() == 4 || x.dim() == 5) && x.stride(-1) == 1,
               "rope: x must be [s, b, n, d] or [s, b, groups, n / groups, d] with a contiguous last dimension");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 4 &&
-                  cos.size(-1) % 2 == 0 && cos.size(-1) <= x.size(-1) && cos.size(0) >= x.size(0) &&
-                  (cos.size(1) == 1 || cos.size(1) == x.size(1)),
-              "rope: cos/sin must be fp32 [>= s, 1 or b, 1, even rot_dim <= d]");
+  check_rope_tables(cos, sin, x.size(0), x.size(1), x.size(-1), "rope");
   // Tables gathered for per-sample positions come out of advanced indexing possibly permuted.
   return RopeFunction::apply(x, cos.contiguous(), sin.contiguous(), static_cast<int64_t>(impl));
 }
@@ -343,11 +349,7 @@ QkvRope split_qkv_rope(const at::Tensor& qkv, int64_t heads_per_group, const at:
                        Impl impl) {
   TORCH_CHECK(qkv.dim() == 4 && qkv.stride(-1) == 1 && heads_per_group > 0 && qkv.size(-1) % (heads_per_group + 2) == 0,
               "split_qkv_rope: qkv must be [s, b, groups, (heads_per_group + 2) * d] with a contiguous last dimension");
-  const int64_t d = qkv.size(-1) / (heads_per_group + 2);
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 4 &&
-                  cos.size(-1) % 2 == 0 && cos.size(-1) <= d && cos.size(0) >= qkv.size(0) &&
-                  (cos.size(1) == 1 || cos.size(1) == qkv.size(1)),
-              "split_qkv_rope: cos/sin must be fp32 [>= s, 1 or b, 1, even rot_dim <= d]");
+  check_rope_tables(cos, sin, qkv.size(0), qkv.size(1), qkv.size(-1) / (heads_per_group + 2), "split_qkv_rope");
   variable_list out = QkvRopeFunction::apply(qkv, cos.contiguous(), sin.contiguous(), heads_per_group, static_cast<int64_t>(impl));
   return {out[0], out[1], out[2]};
 }

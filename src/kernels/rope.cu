@@ -5,11 +5,9 @@
 namespace megatron::kernels::cuda {
 namespace {
 
-__device__ __forceinline__ int64_t head_offset(const RopeArgs& a, int64_t head) {
-  return (head / a.heads_per_group) * a.x_stride_group + (head % a.heads_per_group) * a.x_stride_n;
-}
-__device__ __forceinline__ int64_t y_head_offset(const RopeArgs& a, int64_t head) {
-  return (head / a.heads_per_group) * a.y_stride_group + (head % a.heads_per_group) * a.y_stride_n;
+// Where head `head` of a token starts in x or y, given that tensor's group and head strides.
+__device__ __forceinline__ int64_t head_offset(const RopeArgs& a, int64_t head, int64_t stride_group, int64_t stride_n) {
+  return (head / a.heads_per_group) * stride_group + (head % a.heads_per_group) * stride_n;
 }
 
 // Any layout (partial rotary, unaligned strides): one block per (position, sample); its threads
@@ -25,7 +23,7 @@ __global__ void rope_kernel(RopeArgs a) {
   const int total = static_cast<int>(a.n) * d;
   for (int k = threadIdx.x; k < total; k += blockDim.x) {
     const int head = k / d, j = k % d;
-    const T* xh = x + head_offset(a, head);
+    const T* xh = x + head_offset(a, head, a.x_stride_group, a.x_stride_n);
     float out = to_float(xh[j]);
     if (j < rot) {
       const bool first = j < half;
@@ -39,7 +37,7 @@ __global__ void rope_kernel(RopeArgs a) {
         out = out * cos[j] + (first ? xp : -xp) * sin[partner];
       }
     }
-    y[y_head_offset(a, head) + j] = from_float<T>(out);
+    y[head_offset(a, head, a.y_stride_group, a.y_stride_n) + j] = from_float<T>(out);
   }
 }
 
@@ -52,8 +50,9 @@ __global__ void rope_packed_kernel(RopeArgs a) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t token = i / per_token, head = (i % per_token) / packs, j = (i % packs) * N;
     const int64_t si = token / a.b, bi = token % a.b;
-    const T* x = static_cast<const T*>(a.x) + si * a.x_stride_s + bi * a.x_stride_b + head_offset(a, head);
-    T* y = static_cast<T*>(a.y) + si * a.y_stride_s + bi * a.y_stride_b + y_head_offset(a, head);
+    const T* x = static_cast<const T*>(a.x) + si * a.x_stride_s + bi * a.x_stride_b +
+                 head_offset(a, head, a.x_stride_group, a.x_stride_n);
+    T* y = static_cast<T*>(a.y) + si * a.y_stride_s + bi * a.y_stride_b + head_offset(a, head, a.y_stride_group, a.y_stride_n);
     const float* cos = a.cos + si * a.table_stride_s + bi * a.table_stride_b;
     const float* sin = a.sin + si * a.table_stride_s + bi * a.table_stride_b;
     const Pack<T, N> x1 = *reinterpret_cast<const Pack<T, N>*>(x + j);

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/errors.h"
+#include "core/streams.h"
 #include "kernels/ops.h"
 
 namespace megatron {
@@ -46,10 +46,9 @@ AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config)
       params_.push_back(std::move(op));
     }
   }
-  const c10::Device device = buffer.param_data.device();
   if (buffer.overlap_optimizer_step()) {
-    TORCH_CHECK(device.is_cuda(), "AdamW: overlapping the optimizer step needs a CUDA buffer");
-    update_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+    TORCH_CHECK(buffer.param_data.is_cuda(), "AdamW: overlapping the optimizer step needs a CUDA buffer");
+    update_stream_ = pooled_stream(buffer.param_data.device(), /*high_priority=*/false);
   }
 }
 
@@ -95,13 +94,9 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   if (update_stream_) {
     // The update stream starts after everything the trainer's stream has queued (gradients,
     // norm, scalars), and the scalars' memory is not reused until it has read them.
-    const c10::Device device = buffer_.param_data.device();
-    const c10::impl::DeviceGuardImplInterface* guard = c10::impl::getDeviceGuardImpl(device.type());
-    c10::Event inputs_ready(device.type());
-    inputs_ready.record(guard->getStream(device));
-    inputs_ready.block(*update_stream_);
+    order_after(current_stream(buffer_.param_data.device()), *update_stream_);
     for (const at::Tensor* t : {&scalars.bias_corrections, &scalars.grad_scale, &scalars.found_inf, &scalars.lr}) {
-      guard->recordDataPtrOnStream(t->storage().data_ptr(), *update_stream_);
+      c10::impl::getDeviceGuardImpl(t->device().type())->recordDataPtrOnStream(t->storage().data_ptr(), *update_stream_);
     }
     on_update_stream.emplace(*update_stream_);
   }

@@ -1,10 +1,10 @@
 #include "optim/grad_buffer.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "core/streams.h"
 #include "model/parameter_names.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/sharding.h"
@@ -216,8 +216,7 @@ void ParamAndGradBuffer::set_params_updated(size_t bucket, c10::Event updated) {
 
 void ParamAndGradBuffer::wait_for_update(Bucket& b) {
   if (!b.updated) return;
-  const c10::Device device = param_data.device();
-  b.updated->block(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+  b.updated->block(current_stream(param_data.device()));
   b.updated.reset();  // later work on this stream is ordered after it anyway
 }
 

@@ -25,6 +25,7 @@
 #include "checkpoint/hf_mapping.h"
 #include "core/errors.h"
 #include "core/memory.h"
+#include "core/streams.h"
 #include "data/batch.h"
 #include "data/prefetcher.h"
 #include "data/samples.h"
@@ -55,26 +56,18 @@ std::atomic<int> g_stop_signal{0};  // set by the signal handler, read between i
 class HighPriorityStream {
  public:
   explicit HighPriorityStream(const at::Device& device)
-      : guard_impl_(c10::impl::getDeviceGuardImpl(device.type())),
-        previous_(guard_impl_->getStream(device)),
-        stream_(guard_impl_->getStreamFromGlobalPool(device, /*isHighPriority=*/true)) {
-    order(previous_, stream_);
+      : previous_(current_stream(device)), stream_(pooled_stream(device, /*high_priority=*/true)) {
+    order_after(previous_, stream_);
     current_.emplace(stream_);
   }
   ~HighPriorityStream() {
     current_.reset();
-    order(stream_, previous_);
+    order_after(stream_, previous_);
   }
   HighPriorityStream(const HighPriorityStream&) = delete;
   HighPriorityStream& operator=(const HighPriorityStream&) = delete;
 
  private:
-  static void order(const c10::Stream& before, const c10::Stream& after) {
-    c10::Event done(before.device_type());
-    done.record(before);
-    done.block(after);
-  }
-  const c10::impl::DeviceGuardImplInterface* guard_impl_;
   c10::Stream previous_, stream_;
   std::optional<c10::StreamGuard> current_;
 };
@@ -565,7 +558,7 @@ void Trainer::launch_stop_poll() {
     poll.host = at::empty({1}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
     poll.host.copy_(flag, /*non_blocking=*/true);
     poll.ready.emplace(device_.type());
-    poll.ready->record(c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_));
+    poll.ready->record(current_stream(device_));
   }
   stop_polls_.push_back(std::move(poll));
 }
