@@ -12,6 +12,8 @@
 # ParallelEquivalence, ...) run in CI. In this image std::filesystem calls made by the test
 # binary crash: the tests' temporary directories now use POSIX calls, and a GPU_TESTS selection
 # of those suites passed here (docs/performance.md).
+# `gemm-algos` (after a build): cuBLASLt's first-ranked algorithm against the fastest of its
+# candidates for each GEMM of the step (bench/gpu_gemm_algos.cu), then bench/gpu_gemm_ceiling.py.
 # `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
 # `dp2` (two GPUs): only the DP=2 scaling figures (1 GPU vs DP=2 with the distributed optimizer,
 # overlapped; fp32 and --grad-reduce-in-bf16 gradients, each against one GPU with the same flags), building the megatron binary
@@ -35,7 +37,7 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-targets=(); case $what in dp2|build) targets=(--target megatron) ;; esac
+targets=(); case $what in dp2|build|gemm-algos|bench) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
@@ -87,6 +89,13 @@ fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
     --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out" ${PROFILE_FLAGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^ iteration"
+fi
+if [ "$what" = gemm-algos ]; then
+  # cuBLASLt's heuristic first choice against the fastest of its candidates for the step's GEMMs
+  # (bench/gpu_gemm_algos.cu), next to the same GEMMs through torch (bench/gpu_gemm_ceiling.py).
+  nvcc -O2 -arch=sm_90 bench/gpu_gemm_algos.cu -lcublasLt -o build-gpu/gemm_algos 2>&1 | grep -v "^$" | head -20
+  build-gpu/gemm_algos ${GEMM_ALGOS_FLAGS:-} 2>&1 | tee "$out/gemm_algos.log"
+  $py bench/gpu_gemm_ceiling.py 2>&1 | tee "$out/gemm_ceiling.log"
 fi
 if [ "$what" = scaling ]; then
   bash bench/gpu_scaling.sh build-gpu/megatron "${2:?scaling needs a part: equivalence, dp, bubble or 8b}" 2>&1 | tee "$out/scaling-$2.log"
