@@ -12,6 +12,8 @@
 # ParallelEquivalence, ...) run in CI. In this image std::filesystem calls made by the test
 # binary crash: the tests' temporary directories now use POSIX calls, and a GPU_TESTS selection
 # of those suites passed here (docs/performance.md).
+# `zero-weights`: the reference step with all-zero weights against the normal initialisation
+# (same kernels and bytes, operands that toggle no bits), with power and clock: is the step power-bound?
 # `gemm-algos` (after a build): cuBLASLt's first-ranked algorithm against the fastest of its
 # candidates for each GEMM of the step (bench/gpu_gemm_algos.cu), then bench/gpu_gemm_ceiling.py.
 # `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
@@ -37,7 +39,7 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-targets=(); case $what in dp2|build|gemm-algos|bench) targets=(--target megatron) ;; esac
+targets=(); case $what in dp2|build|gemm-algos|bench|zero-weights) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
@@ -89,6 +91,21 @@ fi
 if [ "$what" = profile ]; then
   build-gpu/megatron train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters 14 --log-interval 7 \
     --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out" ${PROFILE_FLAGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^ iteration"
+fi
+if [ "$what" = zero-weights ]; then
+  # Is the step limited by power? The same step (same kernels, same shapes, same bytes) with
+  # every weight zero (--init-method-std 0: all GEMM operands zero, gradients zero) against the
+  # normal initialisation, alternated twice, with the GPU's power and SM clock sampled.
+  bin=build-gpu/megatron work=$(mktemp -d) iters=${BENCH_ITERS:-30} status=0
+  source bench/lib.sh
+  for round in 1 2; do
+    for variant in "normal init:" "zero weights:--init-method-std 0"; do
+      nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$work/power" & sampler=$!
+      tokens=$(bench zero 1 4 ${variant#*:}); kill $sampler; wait $sampler 2>/dev/null
+      echo "${variant%%:*} (round $round): $tokens tokens/s, $(awk -F', *' '{ p[NR] = $1; c[NR] = $2; if ($1 > m) m = $1 }
+        END { for (i = 1; i <= NR; i++) if (p[i] >= 0.6 * m) { sp += p[i]; sc += c[i]; k++ }; printf "%.0f W / %.0f MHz", sp / k, sc / k }' "$work/power")"
+    done
+  done
 fi
 if [ "$what" = gemm-algos ]; then
   # cuBLASLt's heuristic first choice against the fastest of its candidates for the step's GEMMs
