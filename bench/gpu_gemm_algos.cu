@@ -104,6 +104,10 @@ void setup(cublasLtHandle_t lt, Gemm& g, int max_algos) {
   g.candidates.resize(max_algos);
   int found = 0;
   CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, g.op, g.la, g.lb, g.lc, g.lc, pref, max_algos, g.candidates.data(), &found));
+  if (found == 0) {
+    std::fprintf(stderr, "%s: cuBLASLt offers no algorithm for this GEMM\n", g.name.c_str());
+    std::exit(1);
+  }
   g.candidates.resize(found);
   cublasLtMatmulPreferenceDestroy(pref);
 }
@@ -190,7 +194,7 @@ int main(int argc, char** argv) {
       ms[i] = time_ms(stream, reps, [&] { run(lt, g, (int)i, workspace, stream); });
     }
     // Time the first again last, so that a warming GPU does not favour later candidates.
-    if (!ms.empty()) ms[0] = std::min(ms[0], time_ms(stream, reps, [&] { run(lt, g, 0, workspace, stream); }));
+    if (!ms.empty() && ms[0] < 1e30f) ms[0] = std::min(ms[0], time_ms(stream, reps, [&] { run(lt, g, 0, workspace, stream); }));
     for (size_t i = 0; i < ms.size(); ++i) if (ms[i] < ms[g.fastest]) g.fastest = (int)i;
     const double flops = 2.0 * g.m * g.n * g.k;
     std::printf("%-15s %5zu %10.4f %10.4f %7.1f%% %8.1f  #%d %s\n", g.name.c_str(), g.candidates.size(), ms[0],
