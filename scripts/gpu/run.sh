@@ -13,7 +13,8 @@
 # binary crash: the tests' temporary directories now use POSIX calls, and a GPU_TESTS selection
 # of those suites passed here (docs/performance.md).
 # `zero-weights`: the reference step with all-zero weights against the normal initialisation
-# (same kernels and bytes, operands that toggle no bits), with power and clock: is the step power-bound?
+# and the HF torch.compile baseline the same two ways (same kernels and bytes, operands that toggle no
+# bits), with power and clock: is the step power-bound?
 # `gemm-algos` (after a build): cuBLASLt's first-ranked algorithm against the fastest of its
 # candidates for each GEMM of the step (bench/gpu_gemm_algos.cu), then bench/gpu_gemm_ceiling.py.
 # `scaling PART` (4 or 8 GPUs): bench/gpu_scaling.sh's equivalence, dp, bubble or 8b runs.
@@ -95,17 +96,27 @@ fi
 if [ "$what" = zero-weights ]; then
   # Is the step limited by power? The same step (same kernels, same shapes, same bytes) with
   # every weight zero (--init-method-std 0: all GEMM operands zero, gradients zero) against the
-  # normal initialisation, alternated twice, with the GPU's power and SM clock sampled.
+  # normal initialisation, and the HF torch.compile baseline the same two ways
+  # (bench/hf_baseline_zero_weights.py), with the GPU's power and SM clock sampled.
   bin=build-gpu/megatron work=$(mktemp -d) iters=${BENCH_ITERS:-30} status=0
   source bench/lib.sh
-  for round in 1 2; do
-    for variant in "normal init:" "zero weights:--init-method-std 0"; do
-      nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$work/power" & sampler=$!
-      tokens=$(bench zero 1 4 ${variant#*:}); kill $sampler; wait $sampler 2>/dev/null
-      echo "${variant%%:*} (round $round): $tokens tokens/s, $(awk -F', *' '{ p[NR] = $1; c[NR] = $2; if ($1 > m) m = $1 }
-        END { for (i = 1; i <= NR; i++) if (p[i] >= 0.6 * m) { sp += p[i]; sc += c[i]; k++ }; printf "%.0f W / %.0f MHz", sp / k, sc / k }' "$work/power")"
-    done
-  done
+  power() {  # the mean power / SM clock of the samples above 60% of the run's highest power
+    awk -F', *' '{ p[NR] = $1; c[NR] = $2; if ($1 > m) m = $1 }
+      END { for (i = 1; i <= NR; i++) if (p[i] >= 0.6 * m) { sp += p[i]; sc += c[i]; k++ }; if (k) printf "%.0f W / %.0f MHz", sp / k, sc / k }' "$work/power"
+  }
+  sampled() {  # label command... -> "label: tokens/s, power / clock" (the command prints tokens/s last)
+    local label=$1; shift
+    nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$work/power" & local sampler=$!
+    local tokens; tokens=$("$@" | tail -1); kill $sampler; wait $sampler 2>/dev/null
+    echo "$label: $tokens tokens/s, $(power)" | tee -a "$out/zero-weights.log"
+  }
+  hf() { "$py" "$@" 2>&1 | tail -1 | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p'; }
+  sampled "megatron.cpp, normal init" bench zero 1 4
+  sampled "megatron.cpp, zero weights" bench zero 1 4 --init-method-std 0
+  sampled "HF torch.compile, normal init" hf .gpu/hf_baseline.py --compile --iters 10
+  sampled "HF torch.compile, zero weights" hf bench/hf_baseline_zero_weights.py .gpu/hf_baseline.py --compile --iters 10
+  sampled "megatron.cpp, normal init (again)" bench zero 1 4
+  sampled "megatron.cpp, zero weights (again)" bench zero 1 4 --init-method-std 0
 fi
 if [ "$what" = gemm-algos ]; then
   # cuBLASLt's heuristic first choice against the fastest of its candidates for the step's GEMMs
