@@ -10,6 +10,7 @@ namespace megatron::cli {
 using Args = std::vector<std::string>;
 
 int train(const Args& args);
+int eval(const Args& args);  // a checkpoint's validation / test loss
 int generate(const Args& args);
 int convert(const Args& args);
 int preprocess(const Args& args);

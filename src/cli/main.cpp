@@ -26,7 +26,7 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"preprocess", {megatron::cli::preprocess, "turn JSONL into Megatron .bin/.idx datasets", ""}},
       {"convert", {megatron::cli::convert, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
       {"generate", {megatron::cli::generate, "sample text from a checkpoint", ""}},
-      {"eval", {nullptr, "evaluate a checkpoint on a dataset", "evaluation"}},
+      {"eval", {megatron::cli::eval, "evaluate a checkpoint on the validation and test splits", ""}},
       {"plan", {nullptr, "plan a parallel layout for a cluster", "the planner"}},
       {"version", {megatron::cli::version, "print the version and the LibTorch it runs on", ""}},
       // Names starting with '_' are for tests and never listed.

@@ -34,10 +34,10 @@ std::string format_iteration_log(const IterationLog& l) {
   return s;
 }
 
-std::string format_validation_log(const std::string& label, int64_t iteration, double loss) {
+std::string format_validation_log(const std::string& label, int64_t iteration, double loss, const std::string& which) {
   std::string body;
-  append(body, " %s loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | ", label.c_str(),
-         (long long)iteration, loss, std::exp(std::min(20.0, loss)));
+  append(body, " %s loss at iteration %lld%s%s | lm loss value: %.6E | lm loss PPL: %.6E | ", label.c_str(),
+         (long long)iteration, which.empty() ? "" : " ", which.c_str(), loss, std::exp(std::min(20.0, loss)));
   const std::string rule(body.size() + 1, '-');
   return rule + "\n" + body + "\n" + rule;
 }

@@ -31,7 +31,8 @@ struct IterationLog {
 std::string format_iteration_log(const IterationLog& log);
 
 // Megatron's validation block: a dashed rule, " validation loss at iteration N | lm loss value:
-// X | lm loss PPL: Y | ", a dashed rule.
-std::string format_validation_log(const std::string& label, int64_t iteration, double loss);
+// X | lm loss PPL: Y | ", a dashed rule. `which` names the data after the iteration ("for test
+// data"), as `megatron eval` prints each split.
+std::string format_validation_log(const std::string& label, int64_t iteration, double loss, const std::string& which = "");
 
 }  // namespace megatron

@@ -144,8 +144,8 @@ double flops_per_token(const ModelConfig& m, int64_t parameters) {
 
 class Trainer {
  public:
-  Trainer(const Config& c, const dist::LaunchEnv& env)
-      : c_(c), t_(c.train), env_(env), schedule_(c.train), device_(pick_device(c.train, env)), ltor_(ltor_options(c)) {}
+  Trainer(const Config& c, const dist::LaunchEnv& env, RunMode mode)
+      : c_(c), t_(c.train), env_(env), mode_(mode), schedule_(c.train), device_(pick_device(c.train, env)), ltor_(ltor_options(c)) {}
   ~Trainer() {
     if (async_save_ && async_save_->writer.joinable()) async_save_->writer.join();
     if (metrics_ != nullptr) std::fclose(metrics_);
@@ -175,7 +175,12 @@ class Trainer {
   // --cuda-graph-impl local: train_step eagerly for the warm-up iterations, then captured once and
   // replayed, with each iteration's batch copied into the graph's inputs.
   StepResult graphed_step(int64_t micro_batches, const BatchFn& batch);
-  double evaluate();
+  // The mean loss over --eval-iters global batches of `source`, starting at sample `consumed`,
+  // which it advances past them.
+  double evaluate(SampleSource& source, int64_t& consumed);
+  // `megatron eval`: the loaded weights on the first --eval-iters global batches of the validation
+  // and test splits, the same batches for every checkpoint.
+  int evaluate_splits();
   // One step's forward and backward passes (or forwards only) over `micro_batches` through
   // this rank's chunks under the pipeline schedule; `batch(k)` gives micro-batch k. Returns
   // the sum of the micro-batch losses (each divided by micro_batches) on the last stage,
@@ -213,6 +218,7 @@ class Trainer {
   const Config& c_;
   const TrainConfig& t_;
   dist::LaunchEnv env_;
+  RunMode mode_;
   dist::World world_;
   dist::ParallelState ps_;
   LearningRateSchedule schedule_;
@@ -330,6 +336,9 @@ int Trainer::run() {
   const int64_t dp_offset = int64_t(t_.micro_batch_size) * ps_.dp.rank();
   train_data_ = make_sample_source(c_, Split::Train);
   valid_data_ = make_sample_source(c_, Split::Valid);
+  if (!train_data_ && mode_ == RunMode::Train) {
+    throw UserError("no training samples: --split " + c_.data.split + " leaves the training split empty");
+  }
   train_batches_ = std::make_unique<BatchPrefetcher>(
       [this, dp_offset](int64_t first) {
         Batch b = make_batch(*train_data_, first + dp_offset, t_.micro_batch_size, c_.model.seq_length,
@@ -366,7 +375,7 @@ int Trainer::run() {
     } else if (m.recompute_granularity == "selective") {
       std::printf("> activation recomputation: selective (core attention)\n");
     }
-    std::printf("> training data: %s\n", train_data_->describe().c_str());
+    std::printf("> training data: %s\n", train_data_ ? train_data_->describe().c_str() : "none (--split leaves it empty)");
   }
 
   if (!t_.load.empty()) {
@@ -383,6 +392,8 @@ int Trainer::run() {
 
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
+
+  if (mode_ == RunMode::Evaluate) return evaluate_splits();
 
   const int64_t micro_batches = t_.global_batch_size / dp_block;
   if (t_.cuda_graph_impl == "local") {
@@ -429,7 +440,7 @@ int Trainer::run() {
       check_weight_hash();
     }
     if (t_.eval_interval > 0 && t_.eval_iters > 0 && valid_data_ && progress_.iteration % t_.eval_interval == 0) {
-      const double valid_loss = evaluate();
+      const double valid_loss = evaluate(*valid_data_, progress_.consumed_valid_samples);
       if (prints_log()) std::printf("%s\n", format_validation_log("validation", progress_.iteration, valid_loss).c_str());
       if (tensorboard_) tensorboard_->add_scalar("lm loss validation", float(valid_loss), progress_.iteration);
       std::fflush(stdout);
@@ -744,7 +755,7 @@ void Trainer::log_iteration() {
   interval_start_ = std::chrono::steady_clock::now();
 }
 
-double Trainer::evaluate() {
+double Trainer::evaluate(SampleSource& source, int64_t& consumed) {
   const ModelConfig& m = c_.model;
   for (auto& chunk : chunks_) chunk->eval();
   at::NoGradGuard no_grad;
@@ -752,14 +763,39 @@ double Trainer::evaluate() {
   const int64_t micro_batches = t_.global_batch_size / dp_block;
   at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
   for (int64_t i = 0; i < t_.eval_iters; ++i) {
-    const int64_t base = progress_.consumed_valid_samples + int64_t(t_.micro_batch_size) * ps_.dp.rank();
+    const int64_t base = consumed + int64_t(t_.micro_batch_size) * ps_.dp.rank();
     total += forward_backward(micro_batches, [&](int64_t k) {
-      return make_batch(*valid_data_, base + k * dp_block, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_);
+      return make_batch(source, base + k * dp_block, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_);
     }, /*forward_only=*/true).to(at::kDouble);
-    progress_.consumed_valid_samples += micro_batches * dp_block;
+    consumed += micro_batches * dp_block;
   }
   for (auto& chunk : chunks_) chunk->train();
   return global_loss(total).item<double>() / double(t_.eval_iters);
+}
+
+int Trainer::evaluate_splits() {
+  if (t_.eval_iters <= 0) {
+    throw UserError("megatron eval: --eval-iters is " + std::to_string(t_.eval_iters) +
+                    "; give the number of global batches to evaluate on each split");
+  }
+  std::unique_ptr<SampleSource> test_data = make_sample_source(c_, Split::Test);
+  if (!valid_data_ && !test_data) {
+    throw UserError("megatron eval: no validation or test data; give --mock-data, or --data-path with a --split that "
+                    "leaves samples to the validation or test split (e.g. 98,2,0)");
+  }
+  const std::pair<SampleSource*, const char*> splits[] = {{valid_data_.get(), "val"}, {test_data.get(), "test"}};
+  for (const auto& [source, name] : splits) {
+    if (source == nullptr) continue;
+    int64_t consumed = 0;  // from the split's first sample: every checkpoint is scored on the same batches
+    const double loss = evaluate(*source, consumed);
+    if (prints_log()) {
+      std::printf("%s\n", format_validation_log("validation", progress_.iteration, loss,
+                                                std::string("for ") + name + " data").c_str());
+    }
+    if (tensorboard_) tensorboard_->add_scalar(std::string("lm loss ") + name, float(loss), progress_.iteration);
+    std::fflush(stdout);
+  }
+  return 0;
 }
 
 void Trainer::save(const char* why) {
@@ -805,8 +841,8 @@ void Trainer::save(const char* why) {
 
 }  // namespace
 
-int run_training(const Config& config, const dist::LaunchEnv& env) {
-  Trainer trainer(config, env);
+int run_training(const Config& config, const dist::LaunchEnv& env, RunMode mode) {
+  Trainer trainer(config, env, mode);
   const int status = trainer.run();
   trainer.close();
   return status;

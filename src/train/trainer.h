@@ -10,7 +10,11 @@
 
 namespace megatron {
 
+// What a run does once the model is built and the checkpoint loaded: train (`megatron train`), or
+// only evaluate the weights on the validation and test splits and exit (`megatron eval`).
+enum class RunMode { Train, Evaluate };
+
 // `config` must be finalized for env.world_size. Returns the process exit status.
-int run_training(const Config& config, const dist::LaunchEnv& env = {});
+int run_training(const Config& config, const dist::LaunchEnv& env = {}, RunMode mode = RunMode::Train);
 
 }  // namespace megatron
