@@ -11,6 +11,7 @@
 # BENCH_SEQ=8192 runs both at another sequence length (same micro-batch).
 set -uo pipefail
 bin=$1; py=$2; baseline=$3
+source "$(dirname "$0")/lib.sh"  # power_summary
 iters=${BENCH_ITERS:-30}
 seq=${BENCH_SEQ:-2048}
 ours() {  # train flags -> megatron.cpp's log (also on stderr)
@@ -23,9 +24,7 @@ sampled() {  # command... -> its output; the power / clock summary into $power_o
   local sampler=$!
   "$@"
   kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
-  power_of_last=$(awk -F', *' '{ p[NR] = $1; c[NR] = $2; if ($1 > max) max = $1 }
-    END { for (i = 1; i <= NR; i++) if (p[i] >= 0.6 * max) { sp += p[i]; sc += c[i]; k++ }
-          if (k) printf "%.0f W / %.0f MHz", sp / k, sc / k; else print "n/a" }' "$samples")
+  power_of_last=$(power_summary "$samples")
 }
 sampled ours "${@:4}" > "$samples.out"; eager_log=$(cat "$samples.out"); eager_power=$power_of_last
 sampled ours "${@:4}" --cuda-graph-impl local > "$samples.out"; graph_log=$(cat "$samples.out"); graph_power=$power_of_last

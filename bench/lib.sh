@@ -1,4 +1,4 @@
-# Shared by the two-GPU benchmark scripts (sourced; expects $bin, $work and $status set).
+# Shared by the GPU benchmark scripts (sourced; the run helpers expect $bin, $work and $status set).
 # The small Llama-shaped model of the NCCL equivalence checks.
 small=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 4
        --ffn-hidden-size 1408 --swiglu --normalization RMSNorm --position-embedding-type rope --seq-length 512
@@ -23,4 +23,10 @@ bench() {  # name nproc global-batch flags... -> tokens/s/GPU of the last log in
   "${cmd[@]}" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 \
     --global-batch-size "$gbs" "$@" > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; tail -20 "$work/$name.log"; status=1; }
   grep " iteration" "$work/$name.log" | tail -1 | sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p'
+}
+power_summary() {  # nvidia-smi samples ("W, MHz" per line) -> "P W / C MHz", averaged over the
+  # samples above 60% of the highest power: the training steps, not start-up or compilation
+  awk -F', *' '{ p[NR] = $1; c[NR] = $2; if ($1 > max) max = $1 }
+    END { for (i = 1; i <= NR; i++) if (p[i] >= 0.6 * max) { sp += p[i]; sc += c[i]; k++ }
+          if (k) printf "%.0f W / %.0f MHz", sp / k, sc / k; else print "n/a" }' "$1"
 }

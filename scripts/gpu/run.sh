@@ -100,15 +100,11 @@ if [ "$what" = zero-weights ]; then
   # (bench/hf_baseline_zero_weights.py), with the GPU's power and SM clock sampled.
   bin=build-gpu/megatron work=$(mktemp -d) iters=${BENCH_ITERS:-30} status=0
   source bench/lib.sh
-  power() {  # the mean power / SM clock of the samples above 60% of the run's highest power
-    awk -F', *' '{ p[NR] = $1; c[NR] = $2; if ($1 > m) m = $1 }
-      END { for (i = 1; i <= NR; i++) if (p[i] >= 0.6 * m) { sp += p[i]; sc += c[i]; k++ }; if (k) printf "%.0f W / %.0f MHz", sp / k, sc / k }' "$work/power"
-  }
   sampled() {  # label command... -> "label: tokens/s, power / clock" (the command prints tokens/s last)
     local label=$1; shift
     nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 100 > "$work/power" & local sampler=$!
     local tokens; tokens=$("$@" | tail -1); kill $sampler; wait $sampler 2>/dev/null
-    echo "$label: $tokens tokens/s, $(power)" | tee -a "$out/zero-weights.log"
+    echo "$label: $tokens tokens/s, $(power_summary "$work/power")" | tee -a "$out/zero-weights.log"
   }
   hf() { "$py" "$@" 2>&1 | tail -1 | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p'; }
   sampled "megatron.cpp, normal init" bench zero 1 4

@@ -368,9 +368,15 @@ TrainingProgress progress_of(const nlohmann::json& state) {
   return progress;
 }
 
+// The optimizer whose state a checkpoint load reads: only a run that steps loads one.
+AdamW& optimizer_to_load(AdamW* optimizer) {
+  TORCH_CHECK(optimizer != nullptr, "load_checkpoint: optimizer state requested without an optimizer");
+  return *optimizer;
+}
+
 // Another layout: each rank reads only the saved slices that overlap its own shards.
 TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& state, const nlohmann::json& saved_layout,
-                                const std::vector<GPTModel*>& chunks, AdamW& optimizer, const Config& config,
+                                const std::vector<GPTModel*>& chunks, AdamW* optimizer, const Config& config,
                                 const dist::ParallelState& ps) {
   at::NoGradGuard no_grad;
   const bool swiglu = config.model.swiglu;
@@ -388,9 +394,9 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
   }
   const bool weights_only = config.train.finetune || config.train.no_load_optim;
   if (weights_only) {
-    optimizer.reset_from_model();
+    if (optimizer != nullptr) optimizer->reset_from_model();
   } else {
-    optimizer.load_resharded([&](const std::string& name, const std::string& field, int64_t offset, int64_t numel) {
+    optimizer_to_load(optimizer).load_resharded([&](const std::string& name, const std::string& field, int64_t offset, int64_t numel) {
       return reader.optimizer(name, field, rows, tensor_parallel.rank(), tensor_parallel.size(), offset, numel);
     }, reader.step());
   }
@@ -405,7 +411,7 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
 }  // namespace
 
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
-                                                AdamW& optimizer, const Config& config, const dist::ParallelState& ps) {
+                                                AdamW* optimizer, const Config& config, const dist::ParallelState& ps) {
   const std::string dir = latest_checkpoint_directory(load_dir);
   if (dir.empty()) {
     std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
@@ -435,7 +441,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     load_parameters(weights, chunk_parameters(chunks));
   }
   if (config.train.finetune) {
-    optimizer.reset_from_model();
+    if (optimizer != nullptr) optimizer->reset_from_model();
     if (ps.rank == 0) std::printf("loaded weights from %s (--finetune: starting at iteration 0)\n", dir.c_str());
     return TrainingProgress();
   }
@@ -443,13 +449,13 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     throw UserError(dir + " holds weights only (converted): load it with --finetune, or --no-load-optim --no-load-rng");
   }
   if (config.train.no_load_optim) {
-    optimizer.reset_from_model();
+    if (optimizer != nullptr) optimizer->reset_from_model();
   } else {
     SafetensorsFile optim(dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer));
     optim.verify_checksum();
     std::vector<NamedTensor> tensors;
     for (const auto& name : optim.names()) tensors.push_back({name, optim.view(name)});
-    optimizer.load_state(tensors, /*load_moments=*/true);
+    optimizer_to_load(optimizer).load_state(tensors, /*load_moments=*/true);
   }
   if (!config.train.no_load_rng) {
     const std::string rng_file = dir + "/" + checkpoint_file("rng", ps, distributed_optimizer);

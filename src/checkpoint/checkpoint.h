@@ -88,8 +88,10 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
 // Loads the latest checkpoint under `load_dir` into model and optimizer (and the RNGs unless
 // --no-load-rng). Returns nothing, after saying so, when the directory has no checkpoint yet
 // (as Megatron, a fresh start); throws UserError on a missing, truncated or mismatching one.
+// `optimizer` may be null for a run that never steps (`megatron eval`), which must then load the
+// weights alone (--finetune or --no-load-optim).
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
-                                                AdamW& optimizer,
+                                                AdamW* optimizer,
                                                 const Config& config,
                                                 const dist::ParallelState& ps = dist::ParallelState::single());
 

@@ -1,24 +1,68 @@
+// `megatron train` and `megatron eval`: the two ways into the trainer. Both take train's flags;
+// eval builds the model and loads the weights as a run would, then scores the validation and
+// test splits instead of training (the first --eval-iters global batches of each, so every
+// checkpoint is measured on the same batches). Both run under `megatron launch`.
 #include <cstdio>
 
-#include "cli/commands.h"
 #include "checkpoint/hf_mapping.h"
+#include "cli/commands.h"
 #include "core/arguments.h"
+#include "core/errors.h"
 #include "train/trainer.h"
 
 namespace megatron::cli {
+namespace {
 
-int train(const Args& args) {
+bool asks_for_help(const Args& args) {
   for (const auto& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(train_help().c_str(), stdout);
-      return 0;
-    }
+    if (a == "--help" || a == "-h") return true;
   }
-  Config config = parse_train_arguments(args);
+  return false;
+}
+
+// The parsed flags, with the architecture of a --load-hf model, finalized for this launch.
+int run_trainer(Config config, RunMode mode) {
   if (!config.train.load_hf.empty()) adopt_hf_architecture(config);
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   finalize_config(config, env.world_size);
-  return run_training(config, env);
+  return run_training(config, env, mode);
+}
+
+}  // namespace
+
+int train(const Args& args) {
+  if (asks_for_help(args)) {
+    std::fputs(train_help().c_str(), stdout);
+    return 0;
+  }
+  return run_trainer(parse_train_arguments(args), RunMode::Train);
+}
+
+int eval(const Args& args) {
+  if (asks_for_help(args)) {
+    std::fputs("usage: megatron eval --load DIR | --load-hf DIR [--config recipe.yaml] [train flags]\n\n"
+               "Prints the validation and test loss (and perplexity) of a checkpoint over the first\n"
+               "--eval-iters global batches of each split, in Megatron's validation format. It takes\n"
+               "`megatron train`'s flags: give those the run trained with (model, data, --split,\n"
+               "--train-iters, --eval-interval and the parallel layout), so that the splits are the\n"
+               "run's. Nothing is trained or saved.\n",
+               stdout);
+    return 0;
+  }
+  Config config = parse_train_arguments(args);
+  if (config.train.load.empty() && config.train.load_hf.empty()) {
+    throw UserError("megatron eval needs the weights to evaluate: --load DIR (a megatron.cpp checkpoint) or "
+                    "--load-hf DIR (a Hugging Face model)");
+  }
+  if (!config.train.save.empty() || !config.train.save_hf.empty()) {
+    throw UserError("megatron eval trains nothing and saves nothing: drop --save / --save-hf");
+  }
+  // No optimizer is built: a run's recipe may give --lr, a bare HF model need not, and only the
+  // weights are read (a converted, weights-only checkpoint loads as a full one does).
+  if (config.train.lr <= 0.0) config.train.lr = 1.0;
+  config.train.no_load_optim = true;
+  config.train.no_load_rng = true;
+  return run_trainer(std::move(config), RunMode::Evaluate);
 }
 
 }  // namespace megatron::cli

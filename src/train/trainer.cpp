@@ -325,7 +325,8 @@ int Trainer::run() {
   buffer_options.overlap_optimizer_step = t_.overlap_optimizer_step && device_.is_cuda();
   buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
   buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
-  optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
+  // `megatron eval` never steps: no fp32 masters or moments (12 bytes per parameter in bf16).
+  if (mode_ == RunMode::Train) optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
   if (buffer_->params_arrive_during_forward()) {
     for (auto& chunk : chunks_) chunk->before_use = [this](const std::vector<at::Tensor>& params) { buffer_->wait_for_params(params); };
   }
@@ -379,7 +380,7 @@ int Trainer::run() {
   }
 
   if (!t_.load.empty()) {
-    if (auto loaded = load_checkpoint(t_.load, chunks(), *optimizer_, c_, ps_)) {
+    if (auto loaded = load_checkpoint(t_.load, chunks(), optimizer_.get(), c_, ps_)) {
       progress_ = *loaded;
       last_saved_ = progress_.iteration;
     }
