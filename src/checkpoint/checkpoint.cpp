@@ -18,7 +18,6 @@
 #include "core/files.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
-#include "tensor_parallel/sharding.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
@@ -64,6 +63,13 @@ std::vector<std::pair<std::string, at::Tensor>> chunk_parameters(const std::vect
     for (const auto& p : chunk->named_parameters()) params.emplace_back(p.key(), p.value());
   }
   return params;
+}
+
+// What every parameter of this rank's chunks is (a tied embedding's copies are one entry).
+tp::ParamTable chunk_table(const std::vector<GPTModel*>& chunks) {
+  tp::ParamTable table;
+  for (GPTModel* chunk : chunks) table.merge(chunk->parameter_table());
+  return table;
 }
 
 // Copies the tensors of `file` into `params`, shapes checked.
@@ -236,7 +242,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   // Every file's tensors described in state.json (gathered: each rank knows its own files).
   const at::Device device = chunks.at(0)->parameters().at(0).device();
   const std::vector<std::string> descriptions = gather_on_rank0(
-      ps, describe_files(snap.files, config.model.swiglu, ps.tp.rank(), ps.tp.size()).dump(), device);
+      ps, describe_files(snap.files, chunk_table(chunks), ps.tp.rank(), ps.tp.size()).dump(), device);
   if (snap.leader) {
     std::vector<nlohmann::json> parsed;
     for (const auto& d : descriptions) parsed.push_back(nlohmann::json::parse(d));
@@ -281,7 +287,7 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
   publish_checkpoint(snap, ps);
 }
 
-void save_weights_checkpoint(const std::string& save_dir, const Config& config,
+void save_weights_checkpoint(const std::string& save_dir, const Config& config, const tp::ParamTable& params,
                              const std::function<void(int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files) {
   make_directories(save_dir);
@@ -309,7 +315,7 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config,
       SafetensorsFile written(tmp_dir + "/" + name);
       CheckpointSnapshot::File f{name, {}, {}};
       for (const auto& tensor : written.names()) f.tensors.push_back({tensor, written.view(tensor)});
-      descriptions.push_back(describe_files({f}, config.model.swiglu, t, tp_size));
+      descriptions.push_back(describe_files({f}, params, t, tp_size));
     }
   }
   const nlohmann::json table = merge_file_descriptions(descriptions);
@@ -379,8 +385,7 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
                                 const std::vector<GPTModel*>& chunks, AdamW* optimizer, const Config& config,
                                 const dist::ParallelState& ps) {
   at::NoGradGuard no_grad;
-  const bool swiglu = config.model.swiglu;
-  ShardedCheckpointReader reader(dir, state, swiglu);
+  ShardedCheckpointReader reader(dir, state, chunk_table(chunks));
   const int64_t rows = config.model.padded_vocab_size;
   const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
   // Each rank reads its own shards only.

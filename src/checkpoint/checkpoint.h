@@ -29,6 +29,7 @@
 #include "core/config.h"
 #include "checkpoint/safetensors.h"
 #include "dist/parallel_state.h"
+#include "tensor_parallel/parameters.h"
 
 namespace megatron {
 
@@ -98,8 +99,9 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
 // A weights-only checkpoint at iteration 0, as `megatron convert` writes it: one model file per
 // TP rank and pipeline stage from write_model_file(tp_rank, pp_rank, path), `extra_files`
 // (name in the directory -> source path) copied in, state.json and the tracker. `megatron
-// train --load DIR --finetune` starts from it. config.parallel gives the layout.
-void save_weights_checkpoint(const std::string& save_dir, const Config& config,
+// train --load DIR --finetune` starts from it. config.parallel gives the layout; `params`
+// describes the tensors written (the model's parameter table).
+void save_weights_checkpoint(const std::string& save_dir, const Config& config, const tp::ParamTable& params,
                              const std::function<void(int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files);
 

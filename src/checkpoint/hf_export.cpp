@@ -11,40 +11,18 @@
 #include "checkpoint/safetensors.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "model/family.h"
+#include "model/gpt_model.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
 
 nlohmann::json hf_config_json(const ModelConfig& m, int64_t hf_vocab, at::ScalarType dtype) {
-  if (m.normalization != "RMSNorm" || !m.swiglu || m.add_bias_linear || m.position_embedding_type != "rope") {
+  const ModelFamily& family = family_of(m);
+  if (!family.config_to_hf) {
     throw UserError("only Llama-family models (RMSNorm, SwiGLU, RoPE, no linear biases but QKV's) export to Hugging Face");
   }
-  const std::string type = m.qk_layernorm ? "qwen3" : m.add_qkv_bias ? "qwen2" : "llama";
-  const std::string arch = type == "qwen3" ? "Qwen3ForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-  nlohmann::json j = {{"architectures", {arch}},
-                      {"model_type", type},
-                      {"hidden_size", m.hidden_size},
-                      {"intermediate_size", m.ffn_hidden_size},
-                      {"num_hidden_layers", m.num_layers},
-                      {"num_attention_heads", m.num_attention_heads},
-                      {"num_key_value_heads", m.num_query_groups},
-                      {"head_dim", m.kv_channels},
-                      {"vocab_size", hf_vocab},
-                      {"max_position_embeddings", m.max_position_embeddings},
-                      {"rms_norm_eps", m.norm_epsilon},
-                      {"rope_theta", m.rotary_base},
-                      {"hidden_act", "silu"},
-                      {"tie_word_embeddings", !m.untie_embeddings_and_output_weights},
-                      {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32"}};
-  if (type == "llama") j["attention_bias"] = false;
-  if (m.use_rope_scaling) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", m.rope_scaling_factor},
-                         {"low_freq_factor", m.rope_low_freq_factor},
-                         {"high_freq_factor", m.rope_high_freq_factor},
-                         {"original_max_position_embeddings", m.rope_original_max_position_embeddings}};
-  }
-  return j;
+  return family.config_to_hf(m, hf_vocab, dtype);
 }
 
 void save_hf_checkpoint(const std::string& out_dir, const ModelConfig& model, int64_t hf_vocab,
@@ -72,7 +50,7 @@ void save_hf_checkpoint(const std::string& out_dir, const ModelConfig& model, in
     pending.clear();
     pending_bytes = 0;
   };
-  for (const auto& name : megatron_parameter_names(model)) {
+  for (const auto& name : describe_model(model).names()) {
     const at::Tensor full = full_tensor(name);
     dtype = full.scalar_type();
     for (auto& [hf_name, tensor] : hf_tensors_from_megatron(name, full, model, hf_vocab)) {

@@ -12,7 +12,7 @@
 #include "core/errors.h"
 #include "core/files.h"
 #include "model/gpt_model.h"
-#include "model/parameter_names.h"
+#include "model/family.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
@@ -32,50 +32,7 @@ nlohmann::json read_json(const std::string& path) {
 ModelConfig model_config_from_hf(const std::string& dir) {
   const std::string path = dir + "/config.json";
   const nlohmann::json j = read_json(path);
-  const std::string type = j.value("model_type", "");
-  static const std::set<std::string> supported = {"llama", "mistral", "qwen2", "qwen3"};
-  if (!supported.count(type)) {
-    throw UserError(path + ": model_type '" + type + "' is not supported yet (llama, mistral, qwen2, qwen3)");
-  }
-  ModelConfig m;
-  m.num_layers = j.at("num_hidden_layers");
-  m.hidden_size = j.at("hidden_size");
-  m.ffn_hidden_size = j.at("intermediate_size");
-  m.num_attention_heads = j.at("num_attention_heads");
-  m.num_query_groups = j.value("num_key_value_heads", m.num_attention_heads);
-  m.group_query_attention = m.num_query_groups != m.num_attention_heads;
-  m.kv_channels = j.contains("head_dim") && !j["head_dim"].is_null() ? j["head_dim"].get<int>()
-                                                                      : m.hidden_size / m.num_attention_heads;
-  m.vocab_size = j.at("vocab_size");
-  m.padded_vocab_size = m.vocab_size;
-  m.max_position_embeddings = j.value("max_position_embeddings", 4096);
-  m.seq_length = std::min(m.max_position_embeddings, 4096);
-  m.normalization = "RMSNorm";
-  m.norm_epsilon = j.value("rms_norm_eps", 1e-6);
-  m.swiglu = true;
-  m.add_bias_linear = false;
-  m.add_qkv_bias = type == "qwen2" || j.value("attention_bias", false);
-  m.qk_layernorm = type == "qwen3";
-  m.position_embedding_type = "rope";
-  m.untie_embeddings_and_output_weights = !j.value("tie_word_embeddings", false);
-  m.hidden_dropout = 0.0;
-  m.attention_dropout = 0.0;
-  // transformers v5 writes rope_parameters, earlier versions rope_theta + rope_scaling.
-  nlohmann::json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
-                        : j.contains("rope_scaling") && j["rope_scaling"].is_object()   ? j["rope_scaling"]
-                                                                                        : nlohmann::json::object();
-  m.rotary_base = rope.value("rope_theta", j.value("rope_theta", 10000.0));
-  const std::string rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
-  if (rope_type == "llama3") {
-    m.use_rope_scaling = true;
-    m.rope_scaling_factor = rope.at("factor");
-    m.rope_low_freq_factor = rope.value("low_freq_factor", 1.0);
-    m.rope_high_freq_factor = rope.value("high_freq_factor", 4.0);
-    m.rope_original_max_position_embeddings = rope.value("original_max_position_embeddings", 8192);
-  } else if (rope_type != "default") {
-    throw UserError(path + ": rope type '" + rope_type + "' is not supported yet (default, llama3)");
-  }
-  return m;
+  return family_for_hf_type(j.value("model_type", ""), path).config_from_hf(j, path);
 }
 
 HfCheckpointReader::HfCheckpointReader(const std::string& dir) : dir_(dir) {
@@ -113,34 +70,33 @@ void HfCheckpointReader::check_all_used() const {
   }
 }
 
-std::vector<std::string> megatron_parameter_names(const ModelConfig& c) {
-  std::vector<std::string> names = {kWordEmbeddings};
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = "decoder.layers." + std::to_string(i) + ".";
-    names.push_back(p + "self_attention.linear_qkv.layer_norm_weight");
-    names.push_back(p + "self_attention.linear_qkv.weight");
-    if (c.add_qkv_bias) names.push_back(p + "self_attention.linear_qkv.bias");
-    if (c.qk_layernorm) {
-      names.push_back(p + "self_attention.q_layernorm.weight");
-      names.push_back(p + "self_attention.k_layernorm.weight");
-    }
-    names.push_back(p + "self_attention.linear_proj.weight");
-    names.push_back(p + "mlp.linear_fc1.layer_norm_weight");
-    names.push_back(p + "mlp.linear_fc1.weight");
-    names.push_back(p + "mlp.linear_fc2.weight");
-  }
-  names.push_back("decoder.final_layernorm.weight");
-  if (c.untie_embeddings_and_output_weights) names.push_back(kOutputLayer);
-  return names;
-}
-
 namespace {
 
-// "decoder.layers.12.self_attention.linear_qkv.weight" -> {"model.layers.12.", "self_attention.linear_qkv.weight"}
-std::pair<std::string, std::string> split_layer_name(const std::string& name) {
-  const std::string prefix = "decoder.layers.";
-  const size_t dot = name.find('.', prefix.size());
-  return {"model.layers." + name.substr(prefix.size(), dot - prefix.size()) + ".", name.substr(dot + 1)};
+// The row of `family`'s weight table for Megatron parameter `name`, and the decoder layer
+// number its `{layer}` stands for ("" in a row without one).
+std::pair<const HfWeightRule*, std::string> rule_for(const ModelFamily& family, const std::string& name) {
+  static const std::string slot = "{layer}";
+  for (const auto& rule : family.weights) {
+    const size_t at = rule.megatron.find(slot);
+    if (at == std::string::npos) {
+      if (rule.megatron == name) return {&rule, ""};
+      continue;
+    }
+    const std::string head = rule.megatron.substr(0, at), tail = rule.megatron.substr(at + slot.size());
+    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+      continue;
+    }
+    const std::string layer = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (layer.find_first_not_of("0123456789") == std::string::npos) return {&rule, layer};
+  }
+  throw UserError("parameter '" + name + "' has no Hugging Face counterpart in the weight table of the " + family.name +
+                  " family");
+}
+
+std::string with_layer(const std::string& pattern, const std::string& layer) {
+  const size_t at = pattern.find("{layer}");
+  return at == std::string::npos ? pattern : pattern.substr(0, at) + layer + pattern.substr(at + 7);
 }
 
 at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
@@ -156,62 +112,51 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 }  // namespace
 
 at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
-  const int64_t H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
-  if (name == kWordEmbeddings) return padded_rows(hf.take("model.embed_tokens.weight"), c.padded_vocab_size);
-  if (name == kOutputLayer) {
-    return padded_rows(hf.has("lm_head.weight") ? hf.take("lm_head.weight") : hf.take("model.embed_tokens.weight"),
-                       c.padded_vocab_size);
+  const auto [rule, layer] = rule_for(family_of(c), name);
+  std::vector<std::string> names;
+  for (const auto& pattern : rule->hf) names.push_back(with_layer(pattern, layer));
+  switch (rule->transform) {
+    case HfTransform::Copy: return hf.take(names[0]);
+    case HfTransform::VocabRows: {
+      const bool fallback = !rule->hf_fallback.empty() && !hf.has(names[0]);
+      return padded_rows(hf.take(fallback ? with_layer(rule->hf_fallback, layer) : names[0]), c.padded_vocab_size);
+    }
+    case HfTransform::GateUp: return at::cat({hf.take(names[0]), hf.take(names[1])}, 0);
+    case HfTransform::QkvFused: {
+      // Megatron's fused layout: per query group, its H/G query heads, one key head, one value head.
+      const int64_t H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
+      const at::Tensor q = hf.take(names[0]), k = hf.take(names[1]), v = hf.take(names[2]);
+      const int64_t cols = q.dim() == 2 ? q.size(1) : 1;  // weights [out, h], biases [out]
+      at::Tensor fused = at::cat({q.reshape({G, H / G * d, cols}), k.reshape({G, d, cols}), v.reshape({G, d, cols})}, 1);
+      return q.dim() == 2 ? fused.reshape({(H + 2 * G) * d, cols}) : fused.reshape({-1});
+    }
   }
-  if (name == "decoder.final_layernorm.weight") return hf.take("model.norm.weight");
-  const auto [p, rest] = split_layer_name(name);
-  // Megatron's fused layout: per query group, its H/G query heads, one key head, one value head.
-  auto fuse = [&](const std::string& suffix, int64_t cols) {
-    at::Tensor q = hf.take(p + "self_attn.q_proj." + suffix).reshape({G, H / G * d, cols});
-    at::Tensor k = hf.take(p + "self_attn.k_proj." + suffix).reshape({G, d, cols});
-    at::Tensor v = hf.take(p + "self_attn.v_proj." + suffix).reshape({G, d, cols});
-    return at::cat({q, k, v}, 1).reshape({(H + 2 * G) * d, cols});
-  };
-  if (rest == "self_attention.linear_qkv.layer_norm_weight") return hf.take(p + "input_layernorm.weight");
-  if (rest == "self_attention.linear_qkv.weight") return fuse("weight", c.hidden_size);
-  if (rest == "self_attention.linear_qkv.bias") return fuse("bias", 1).view({-1});
-  if (rest == "self_attention.q_layernorm.weight") return hf.take(p + "self_attn.q_norm.weight");
-  if (rest == "self_attention.k_layernorm.weight") return hf.take(p + "self_attn.k_norm.weight");
-  if (rest == "self_attention.linear_proj.weight") return hf.take(p + "self_attn.o_proj.weight");
-  if (rest == "mlp.linear_fc1.layer_norm_weight") return hf.take(p + "post_attention_layernorm.weight");
-  if (rest == "mlp.linear_fc1.weight") return at::cat({hf.take(p + "mlp.gate_proj.weight"), hf.take(p + "mlp.up_proj.weight")}, 0);
-  if (rest == "mlp.linear_fc2.weight") return hf.take(p + "mlp.down_proj.weight");
-  throw UserError("parameter '" + name + "' has no Hugging Face counterpart (the HF export covers the Llama family)");
+  TORCH_CHECK(false, "unknown HfTransform");
 }
 
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& c, int64_t hf_vocab) {
-  const int64_t H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
-  if (name == kWordEmbeddings) return {{"model.embed_tokens.weight", full.narrow(0, 0, hf_vocab)}};
-  if (name == kOutputLayer) return {{"lm_head.weight", full.narrow(0, 0, hf_vocab)}};
-  if (name == "decoder.final_layernorm.weight") return {{"model.norm.weight", full}};
-  const auto [p, rest] = split_layer_name(name);
-  auto unfuse = [&](const std::string& suffix, int64_t cols) -> std::vector<std::pair<std::string, at::Tensor>> {
-    auto parts = full.reshape({G, (H / G + 2) * d, cols}).split_with_sizes({H / G * d, d, d}, 1);
-    auto shaped = [&](const at::Tensor& t, int64_t rows) {
-      return cols == 1 ? t.reshape({rows}) : t.reshape({rows, cols});
-    };
-    return {{p + "self_attn.q_proj." + suffix, shaped(parts[0], H * d)},
-            {p + "self_attn.k_proj." + suffix, shaped(parts[1], G * d)},
-            {p + "self_attn.v_proj." + suffix, shaped(parts[2], G * d)}};
-  };
-  if (rest == "self_attention.linear_qkv.layer_norm_weight") return {{p + "input_layernorm.weight", full}};
-  if (rest == "self_attention.linear_qkv.weight") return unfuse("weight", c.hidden_size);
-  if (rest == "self_attention.linear_qkv.bias") return unfuse("bias", 1);
-  if (rest == "self_attention.q_layernorm.weight") return {{p + "self_attn.q_norm.weight", full}};
-  if (rest == "self_attention.k_layernorm.weight") return {{p + "self_attn.k_norm.weight", full}};
-  if (rest == "self_attention.linear_proj.weight") return {{p + "self_attn.o_proj.weight", full}};
-  if (rest == "mlp.linear_fc1.layer_norm_weight") return {{p + "post_attention_layernorm.weight", full}};
-  if (rest == "mlp.linear_fc1.weight") {
-    auto halves = full.chunk(2, 0);
-    return {{p + "mlp.gate_proj.weight", halves[0]}, {p + "mlp.up_proj.weight", halves[1]}};
+  const auto [rule, layer] = rule_for(family_of(c), name);
+  std::vector<std::string> names;
+  for (const auto& pattern : rule->hf) names.push_back(with_layer(pattern, layer));
+  switch (rule->transform) {
+    case HfTransform::Copy: return {{names[0], full}};
+    case HfTransform::VocabRows: return {{names[0], full.narrow(0, 0, hf_vocab)}};
+    case HfTransform::GateUp: {
+      auto halves = full.chunk(2, 0);
+      return {{names[0], halves[0]}, {names[1], halves[1]}};
+    }
+    case HfTransform::QkvFused: {
+      const int64_t H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
+      const int64_t cols = full.dim() == 2 ? full.size(1) : 1;
+      auto parts = full.reshape({G, (H / G + 2) * d, cols}).split_with_sizes({H / G * d, d, d}, 1);
+      auto shaped = [&](const at::Tensor& t, int64_t rows) {
+        return full.dim() == 2 ? t.reshape({rows, cols}) : t.reshape({rows});
+      };
+      return {{names[0], shaped(parts[0], H * d)}, {names[1], shaped(parts[1], G * d)}, {names[2], shaped(parts[2], G * d)}};
+    }
   }
-  if (rest == "mlp.linear_fc2.weight") return {{p + "mlp.down_proj.weight", full}};
-  throw UserError("parameter '" + name + "' has no Hugging Face counterpart (the HF export covers the Llama family)");
+  TORCH_CHECK(false, "unknown HfTransform");
 }
 
 void adopt_hf_architecture(Config& config) {
@@ -278,7 +223,7 @@ void load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& chunk
       const std::string& name = item.key();
       at::Tensor& param = item.value();
       const at::Tensor full = megatron_tensor_from_hf(name, model->config(), hf);
-      const at::Tensor shard = tp::shard_of(full, tp::shard_spec(name, model->config().swiglu), tp.rank(), tp.size());
+      const at::Tensor shard = tp::shard_of(full, model->parameter_table().at(name).split, tp.rank(), tp.size());
       if (!shard.sizes().equals(param.sizes())) {
         throw UserError(dir + ": tensor for '" + name + "' has shape " + c10::str(shard.sizes()) + " on this rank, the model expects " +
                         c10::str(param.sizes()) + " (does config.json match the model flags?)");

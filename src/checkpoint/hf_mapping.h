@@ -35,9 +35,6 @@ class HfCheckpointReader {
   std::set<std::string> used_;
 };
 
-// The Megatron-Core parameter names of a Llama-family model, in model order.
-std::vector<std::string> megatron_parameter_names(const ModelConfig& config);
-
 // The full (unsplit) Megatron tensor `name` from HF tensors: q/k/v fused per query group,
 // fc1 = [gate; up], embedding and output rows padded with zeros to padded_vocab_size.
 at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& config, HfCheckpointReader& hf);

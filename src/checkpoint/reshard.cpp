@@ -10,7 +10,6 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_table.h"
 #include "core/errors.h"
-#include "model/parameter_names.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
@@ -59,9 +58,9 @@ at::Tensor target_shard(const std::function<at::Tensor(int)>& part, int count, c
 
 }  // namespace
 
-ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& state, bool swiglu,
+ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& state, tp::ParamTable params,
                                                  bool with_optimizer)
-    : dir_(dir), swiglu_(swiglu), state_(state) {
+    : dir_(dir), params_(std::move(params)), state_(state) {
   const nlohmann::json layout = state.value("parallel", nlohmann::json::object());
   tp_ = layout.value("tensor_model_parallel_size", 1);
   pp_ = layout.value("pipeline_model_parallel_size", 1);
@@ -110,7 +109,8 @@ std::string ShardedCheckpointReader::model_file(int tp_rank, const std::string& 
 }
 
 at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab_rows, int tp_rank, int tp_size) const {
-  const tp::ShardSpec spec = tp::shard_spec(name, swiglu_);
+  const tp::ParamInfo& info = params_.at(name);
+  const tp::ShardSpec& spec = info.split;
   // Shapes from the headers; data (and checksums) only from the files a slice is taken from.
   const at::Tensor shape_of = file(model_file(0, name), false).view(name);
   auto part = [&](int s) {
@@ -118,7 +118,7 @@ at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab
     return file(f, true).view(name);
   };
   const int64_t saved_local = spec.replicated() ? 0 : shape_of.size(spec.dim);
-  const int64_t target_length = is_vocab_parallel(name) ? vocab_rows : saved_local * tp_;
+  const int64_t target_length = info.vocab_rows ? vocab_rows : saved_local * tp_;
   return target_shard(part, tp_, spec, saved_local, target_length, tp_rank, tp_size);
 }
 
@@ -152,9 +152,10 @@ at::Tensor ShardedCheckpointReader::saved_optimizer_range(int tp_rank, const std
 
 at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std::string& field, int64_t vocab_rows,
                                               int tp_rank, int tp_size, int64_t offset, int64_t numel) const {
-  const tp::ShardSpec spec = tp::shard_spec(name, swiglu_);
+  const tp::ParamInfo& info = params_.at(name);
+  const tp::ShardSpec& spec = info.split;
   const at::Tensor saved_shape = file(model_file(0, name), false).view(name);
-  const bool same_rows = !is_vocab_parallel(name) || saved_shape.size(0) * tp_ == vocab_rows;
+  const bool same_rows = !info.vocab_rows || saved_shape.size(0) * tp_ == vocab_rows;
   if ((tp_size == tp_ || spec.replicated()) && same_rows) {
     // Same TP shard: the range maps one to one onto the saved flat shard.
     return saved_optimizer_range(spec.replicated() ? 0 : tp_rank, name, field, offset, offset + numel);
@@ -164,7 +165,7 @@ at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std
     return saved_optimizer_range(s, name, field, 0, saved_shape.numel()).view(saved_shape.sizes());
   };
   const int64_t saved_local = spec.replicated() ? 0 : saved_shape.size(spec.dim);
-  const int64_t target_length = is_vocab_parallel(name) ? vocab_rows : saved_local * tp_;
+  const int64_t target_length = info.vocab_rows ? vocab_rows : saved_local * tp_;
   return target_shard(part, tp_, spec, saved_local, target_length, tp_rank, tp_size).reshape({-1}).narrow(0, offset, numel);
 }
 

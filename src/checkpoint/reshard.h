@@ -1,7 +1,7 @@
 // Reading a checkpoint saved under one parallel layout (TP, PP, DP, distributed optimizer or not)
 // as whole tensors, so it loads under any other: each parameter is looked up in the pipeline
 // stage files that hold it (names are global), model shards are concatenated back along their
-// split dimension (tensor_parallel/sharding.h), distributed-optimizer state is reassembled from
+// split dimension (as each parameter's description says: tensor_parallel/parameters.h), distributed-optimizer state is reassembled from
 // each DP rank's flat slice (its offset is in the file's metadata), and vocabulary rows are
 // padded or trimmed to the new padded size. Files are memory-mapped and opened on first use;
 // a rank reads (and checksums) only the files holding slices it needs.
@@ -17,15 +17,19 @@
 #include <string>
 #include <vector>
 
+#include "tensor_parallel/parameters.h"
+
 namespace megatron {
 
 class SafetensorsFile;
 
 class ShardedCheckpointReader {
  public:
-  // `state`: the directory's state.json (its "parallel" layout and tensor table). Without
+  // `state`: the directory's state.json (its "parallel" layout and tensor table); `params`: how
+  // each parameter splits (the model's parameter table, or describe_model's). Without
   // `with_optimizer` only model files are read.
-  ShardedCheckpointReader(const std::string& dir, const nlohmann::json& state, bool swiglu, bool with_optimizer = true);
+  ShardedCheckpointReader(const std::string& dir, const nlohmann::json& state, tp::ParamTable params,
+                          bool with_optimizer = true);
   ~ShardedCheckpointReader();
 
   // Tensor-parallel rank `tp_rank` of `tp_size`'s shard of parameter `name` (the whole
@@ -52,7 +56,7 @@ class ShardedCheckpointReader {
   at::Tensor saved_optimizer_range(int tp_rank, const std::string& name, const std::string& field, int64_t begin,
                                    int64_t end) const;
   std::string dir_;
-  bool swiglu_;
+  tp::ParamTable params_;
   nlohmann::json state_;  // state.json: its tensor table says which file holds which slice
   int tp_ = 1, pp_ = 1, dp_ = 1;
   bool distributed_ = false;

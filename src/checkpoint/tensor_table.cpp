@@ -5,7 +5,8 @@
 
 namespace megatron {
 
-nlohmann::json describe_files(const std::vector<CheckpointSnapshot::File>& files, bool swiglu, int tp_rank, int tp_size) {
+nlohmann::json describe_files(const std::vector<CheckpointSnapshot::File>& files, const tp::ParamTable& params, int tp_rank,
+                              int tp_size) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& f : files) {
     const bool model = f.name.rfind("model", 0) == 0, optimizer = f.name.rfind("optimizer", 0) == 0;
@@ -14,7 +15,7 @@ nlohmann::json describe_files(const std::vector<CheckpointSnapshot::File>& files
     for (const auto& entry : f.tensors) {
       const at::Tensor& t = entry.tensor;
       if (model) {
-        const tp::ShardSpec spec = tp::shard_spec(entry.name, swiglu);
+        const tp::ShardSpec spec = params.at(entry.name).split;
         tensors[entry.name] = {{"shape", tp::full_shape(t.sizes(), spec, tp_size)},
                                {"dtype", safetensors_dtype_name(t.scalar_type())},
                                {"split_dim", spec.replicated() ? nlohmann::json() : nlohmann::json(spec.dim)},

@@ -17,11 +17,14 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "tensor_parallel/parameters.h"
 
 namespace megatron {
 
 // This rank's files described (model and optimizer files; generator states are left out).
-nlohmann::json describe_files(const std::vector<CheckpointSnapshot::File>& files, bool swiglu, int tp_rank, int tp_size);
+// `params` says how each model tensor splits over TP (the model's parameter table).
+nlohmann::json describe_files(const std::vector<CheckpointSnapshot::File>& files, const tp::ParamTable& params, int tp_rank,
+                              int tp_size);
 
 // The merged table {"tensors": ..., "optimizer_tensors": ...} from every rank's description.
 nlohmann::json merge_file_descriptions(const std::vector<nlohmann::json>& descriptions);

@@ -21,6 +21,7 @@
 #include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "model/gpt_model.h"
 #include "pipeline/layout.h"
 #include "tensor_parallel/sharding.h"
 
@@ -83,15 +84,24 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
     config.data.tokenizer_model = hf_dir;
   }
   HfCheckpointReader hf(hf_dir);
-  const auto names = megatron_parameter_names(m);
+  // What each pipeline stage holds, described by the model built on the meta device (nothing
+  // allocated): its chunks' parameters, how each splits over TP.
+  std::vector<tp::ParamTable> stages(static_cast<size_t>(pp));
+  tp::ParamTable all;
+  for (int stage = 0; stage < pp; ++stage) {
+    for (int v = 0; v < config.parallel.num_virtual_stages_per_pipeline_rank; ++v) {
+      stages[size_t(stage)].merge(describe_model(m, pipeline::chunk_layers(config.parallel, m.num_layers, stage, v)));
+    }
+    all.merge(stages[size_t(stage)]);
+  }
   bool bf16 = true;
-  save_weights_checkpoint(save, config, [&](int rank, int stage, const std::string& path) {
+  save_weights_checkpoint(save, config, all, [&](int rank, int stage, const std::string& path) {
     std::vector<SafetensorsEntry> entries;
-    for (const auto& name : names) {
-      if (!pipeline::stage_holds(name, config.parallel, m, stage)) continue;
+    const tp::ParamTable& held = stages[size_t(stage)];
+    for (const auto& name : held.names()) {
       const at::Tensor full = megatron_tensor_from_hf(name, m, hf);
       bf16 = bf16 && full.scalar_type() == at::kBFloat16;
-      entries.push_back({name, tp::shard_of(full, tp::shard_spec(name, m.swiglu), rank, tp).contiguous()});
+      entries.push_back({name, tp::shard_of(full, held.at(name).split, rank, tp).contiguous()});
     }
     save_safetensors(path, entries, {{"format", "megatron.cpp"},
                                      {"tensor_parallel_rank", std::to_string(rank)},
@@ -111,8 +121,7 @@ void native_to_hf(const std::string& load, const std::string& save, int64_t max_
   const nlohmann::json state = read_checkpoint_state(dir);
   const ModelConfig m = model_config_from_json(state.at("model_config"));
   // Reads the model files of any saved layout, checksums verified, TP shards joined per tensor.
-  const ShardedCheckpointReader reader(dir, state, m.swiglu,
-                                       /*with_optimizer=*/false);
+  const ShardedCheckpointReader reader(dir, state, describe_model(m), /*with_optimizer=*/false);
   HfExportOptions options;
   options.max_shard_bytes = max_shard_bytes;
   int64_t hf_vocab = m.hf_vocab_size > 0 ? m.hf_vocab_size : m.vocab_size;

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "kernels/ops.h"
-#include "model/parameter_names.h"
+#include "model/family.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
@@ -16,44 +16,47 @@
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
-namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
-GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::optional<pipeline::ChunkLayers> chunk)
+GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::optional<pipeline::ChunkLayers> chunk,
+                   std::optional<LayerSpec> spec, at::Device device)
     : config_(c), tp_(tp), chunk_(chunk.value_or(pipeline::ChunkLayers{0, c.num_layers, true, true})) {
   TORCH_CHECK(c.padded_vocab_size % tp.size() == 0, "padded vocabulary does not split across tensor-parallel ranks");
   TORCH_CHECK(chunk_.num_layers >= 1, "a pipeline chunk needs at least one decoder layer");
+  const LayerSpec layer_spec = spec ? *spec : family_of(c).layer_spec(c);
+  const at::TensorOptions on = at::TensorOptions().device(device);
   const int64_t local_vocab = c.padded_vocab_size / tp.size();
+  // Vocabulary rows split over TP (VocabParallelEmbedding, and the column-parallel output layer).
+  tp::ParamInfo vocab;
+  vocab.split = {0, false};
+  vocab.vocab_rows = true;
   if (chunk_.pre_process || holds_tied_output_copy()) {
-    auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>());
-    auto word = embedding->register_module("word_embeddings", std::make_shared<torch::nn::Module>());
-    word_embeddings = word->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
+    auto embedding = register_module("embedding", std::make_shared<tp::DescribedModule>());
+    auto word = embedding->register_module("word_embeddings", std::make_shared<tp::DescribedModule>());
+    tp::ParamInfo info = vocab;
+    info.word_embedding = true;
+    word_embeddings = word->add_parameter("weight", at::empty({local_vocab, c.hidden_size}, on), info);
     if (chunk_.pre_process && c.position_embedding_type == "learned_absolute") {
-      auto pos = embedding->register_module("position_embeddings", std::make_shared<torch::nn::Module>());
-      position_embeddings = pos->register_parameter("weight", at::empty({c.max_position_embeddings, c.hidden_size}));
+      auto pos = embedding->register_module("position_embeddings", std::make_shared<tp::DescribedModule>());
+      position_embeddings = pos->add_parameter("weight", at::empty({c.max_position_embeddings, c.hidden_size}, on), tp::ParamInfo());
     }
   }
-  auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>());
-  auto layer_holder = decoder->register_module("layers", std::make_shared<torch::nn::Module>());
+  auto decoder = register_module("decoder", std::make_shared<tp::DescribedModule>());
+  auto layer_holder = decoder->register_module("layers", std::make_shared<tp::DescribedModule>());
   for (int i = chunk_.first_layer; i < chunk_.first_layer + chunk_.num_layers; ++i) {
-    layers.push_back(layer_holder->register_module(std::to_string(i), std::make_shared<TransformerLayer>(c, tp)));
+    layers.push_back(layer_holder->register_module(std::to_string(i), std::make_shared<TransformerLayer>(c, tp, layer_spec, device)));
   }
   if (chunk_.post_process) {
-    auto final_norm = decoder->register_module("final_layernorm", std::make_shared<torch::nn::Module>());
-    final_layernorm_weight = final_norm->register_parameter("weight", at::ones({c.hidden_size}));
-    if (norm_kind_from_name(c.normalization) == NormKind::LayerNorm) {
-      final_layernorm_bias = final_norm->register_parameter("bias", at::zeros({c.hidden_size}));
-    }
+    final_layernorm = decoder->register_module("final_layernorm", std::make_shared<NormModule>(c, tp, device));
     if (c.untie_embeddings_and_output_weights) {
-      auto out = register_module("output_layer", std::make_shared<torch::nn::Module>());
-      output_layer_weight = out->register_parameter("weight", at::empty({local_vocab, c.hidden_size}));
+      auto out = register_module("output_layer", std::make_shared<tp::DescribedModule>());
+      output_layer_weight = out->add_parameter("weight", at::empty({local_vocab, c.hidden_size}, on), vocab);
     }
   }
+  table_ = tp::describe_parameters(*this);
+}
+
+tp::ParamTable describe_model(const ModelConfig& config, std::optional<pipeline::ChunkLayers> chunk) {
+  return GPTModel(config, tp::TensorParallel(), chunk, std::nullopt, at::kMeta).parameter_table();
 }
 
 void GPTModel::initialize(uint64_t seed) { initialize_chunks({this}, seed); }
@@ -80,11 +83,13 @@ void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
   TORCH_CHECK(!chunks.empty(), "initialize_chunks: no chunks");
   const ModelConfig& config = chunks[0]->config();
   const tp::TensorParallel& tensor_parallel = chunks[0]->tensor_parallel();
-  std::map<std::string, at::Tensor> held;  // a tied embedding's copies share the name
+  std::map<std::string, std::pair<at::Tensor, tp::ParamInfo>> held;  // a tied embedding's copies share the name
   for (GPTModel* chunk : chunks) {
-    for (auto& item : chunk->named_parameters(/*recurse=*/true)) held[item.key()] = item.value();
+    for (auto& item : chunk->named_parameters(/*recurse=*/true)) {
+      held[item.key()] = {item.value(), chunk->parameter_table().at(item.key())};
+    }
   }
-  const std::vector<std::pair<std::string, at::Tensor>> params(held.begin(), held.end());
+  const std::vector<std::pair<std::string, std::pair<at::Tensor, tp::ParamInfo>>> params(held.begin(), held.end());
   const double std = config.init_method_std;
   const double output_std = std / std::sqrt(2.0 * config.num_layers);
   // Independent generators, so the parameters are drawn in parallel (one per thread at a time)
@@ -92,21 +97,23 @@ void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
   at::parallel_for(0, static_cast<int64_t>(params.size()), 1, [&](int64_t begin, int64_t end) {
     at::NoGradGuard no_grad;
     for (int64_t i = begin; i < end; ++i) {
-      const auto& [name, param] = params[i];
-      const tp::ShardSpec spec = tp::shard_spec(name, config.swiglu);
-      const std::vector<int64_t> shape = tp::full_shape(param.sizes(), spec, tensor_parallel.size());
+      const auto& [name, held_param] = params[i];
+      const auto& [param, info] = held_param;
+      const std::vector<int64_t> shape = tp::full_shape(param.sizes(), info.split, tensor_parallel.size());
       at::Tensor value;
-      if (name.find("layer_norm_weight") != std::string::npos || name.find("layernorm") != std::string::npos) {
-        value = ends_with(name, "bias") ? at::zeros(shape) : at::ones(shape);
-      } else if (ends_with(name, "bias")) {
-        value = at::zeros(shape);
-      } else {
-        const bool into_residual = ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight");
-        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, name));
-        value = at::empty(shape, at::kFloat).normal_(0.0, into_residual ? output_std : std, gen);
+      switch (info.init) {
+        case tp::Init::Ones: value = at::ones(shape); break;
+        case tp::Init::Zeros: value = at::zeros(shape); break;
+        case tp::Init::Normal:
+        case tp::Init::ScaledNormal: {
+          // The stream is named by the parameter: the same draw under every layout.
+          at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, name));
+          value = at::empty(shape, at::kFloat).normal_(0.0, info.init == tp::Init::ScaledNormal ? output_std : std, gen);
+          break;
+        }
       }
       // Every TP rank draws the whole tensor and keeps its shard.
-      param.copy_(tp::shard_of(value, spec, tensor_parallel.rank(), tensor_parallel.size()));
+      at::Tensor(param).copy_(tp::shard_of(value, info.split, tensor_parallel.rank(), tensor_parallel.size()));
     }
   });
 }
@@ -169,12 +176,12 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
     first += count;
   }
   if (!chunk_.post_process) return stream.materialize();  // [s(/tp), b, h]
-  if (before_use) before_use({final_layernorm_weight, final_layernorm_bias, output_layer_weight, word_embeddings});
+  const NormParams final_norm = final_layernorm->params();
+  if (before_use) before_use({final_norm.weight, final_norm.bias, output_layer_weight, word_embeddings});
   if (stream.delta.defined()) {  // the last layer's residual add, fused with the final RMSNorm
-    hidden = kernels::add_rms_norm(stream.base, stream.delta, final_layernorm_weight, config_.norm_epsilon).normed;
+    hidden = kernels::add_rms_norm(stream.base, stream.delta, final_norm.weight, final_norm.eps).normed;
   } else {
-    hidden = apply_norm(stream.base, final_layernorm_weight, final_layernorm_bias,
-                        norm_kind_from_name(config_.normalization), config_.norm_epsilon);
+    hidden = final_norm.apply(stream.base);
   }
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
   // The output layer is column-parallel over the vocabulary.
@@ -222,8 +229,9 @@ at::Tensor GPTModel::loss(const Batch& batch, const at::Tensor& input) {
 int64_t GPTModel::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : named_parameters()) {
-    if (holds_tied_output_copy() && p.key() == kWordEmbeddings) continue;
-    n += tp::shard_spec(p.key(), config_.swiglu).replicated() ? p.value().numel() : p.value().numel() * tp_.size();
+    const tp::ParamInfo& info = table_.at(p.key());
+    if (holds_tied_output_copy() && info.word_embedding) continue;
+    n += info.split.replicated() ? p.value().numel() : p.value().numel() * tp_.size();
   }
   return n;
 }

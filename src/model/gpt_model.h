@@ -18,11 +18,13 @@
 #include <optional>
 
 #include "core/config.h"
-#include "model/norm.h"
+#include "model/layer_spec.h"
+#include "model/norm_module.h"
 #include "model/rope.h"
 #include "model/transformer_layer.h"
 #include "pipeline/layout.h"
 #include "tensor_parallel/layers.h"
+#include "tensor_parallel/parameters.h"
 
 namespace megatron {
 
@@ -35,12 +37,15 @@ struct Batch {
   at::Tensor attention_mask;  // [b, 1, s, s] bool, true = may attend; undefined: plain causal
 };
 
-class GPTModel : public torch::nn::Module {
+class GPTModel : public tp::DescribedModule {
  public:
   // With tensor parallelism (tp.size() > 1) this process holds its TP rank's shard; `chunk`
-  // (default: the whole model) selects the layers and ends this object holds.
+  // (default: the whole model) selects the layers and ends this object holds; `spec` (default:
+  // the family's, model/family.h) the parts of each decoder layer. On `device` kMeta the parameters are
+  // described but not allocated (describe_model).
   explicit GPTModel(const ModelConfig& config, const tp::TensorParallel& tp = {},
-                    std::optional<pipeline::ChunkLayers> chunk = std::nullopt);
+                    std::optional<pipeline::ChunkLayers> chunk = std::nullopt, std::optional<LayerSpec> spec = std::nullopt,
+                    at::Device device = at::kCPU);
 
   // Megatron's initialisation: normal(0, std) for weights, std / sqrt(2 * num_layers) for the
   // projections into the residual stream, ones / zeros for norms and biases, drawn on CPU in
@@ -66,14 +71,16 @@ class GPTModel : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   const tp::TensorParallel& tensor_parallel() const { return tp_; }
   const pipeline::ChunkLayers& chunk() const { return chunk_; }
+  // What each parameter of this chunk is (TP split, init rule, ...), by its global name in
+  // registration order.
+  const tp::ParamTable& parameter_table() const { return table_; }
   // This chunk holds a copy of the embedding for a tied output layer on a later stage.
   bool holds_tied_output_copy() const { return chunk_.post_process && !chunk_.pre_process && !config_.untie_embeddings_and_output_weights; }
 
   at::Tensor word_embeddings;       // [V/tp, h] (pre-process, or the tied output copy)
   at::Tensor position_embeddings;   // [max_pos, h] (learned_absolute, pre-process only)
   std::vector<std::shared_ptr<TransformerLayer>> layers;  // registered as decoder.layers.<global index>
-  at::Tensor final_layernorm_weight;  // [h] (post-process)
-  at::Tensor final_layernorm_bias;    // [h] LayerNorm only
+  std::shared_ptr<NormModule> final_layernorm;  // weight [h] (bias [h] for LayerNorm); post-process
   at::Tensor output_layer_weight;     // [V/tp, h] when untied
 
   // Called in forward with the parameters the next part (embedding, a layer, the head) is
@@ -93,7 +100,12 @@ class GPTModel : public torch::nn::Module {
   tp::TensorParallel tp_;
   pipeline::ChunkLayers chunk_;
   std::optional<RopeTables> rope_;
+  tp::ParamTable table_;
 };
+
+// The parameter table of `chunk` (default: the whole model) of `config` with its family's layer
+// spec, built on the meta device: no weights are allocated (`megatron convert`, resharding).
+tp::ParamTable describe_model(const ModelConfig& config, std::optional<pipeline::ChunkLayers> chunk = std::nullopt);
 
 // Megatron's initialisation for the chunks of one rank. Each parameter's full tensor is drawn
 // in fp32 on the CPU from a generator of its own, seeded from `seed` and the parameter's name,

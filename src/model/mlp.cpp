@@ -6,23 +6,29 @@
 
 namespace megatron {
 
-MLP::MLP(const ModelConfig& c, const tp::TensorParallel& tp) : swiglu_(c.swiglu), swiglu_fusion_(c.bias_swiglu_fusion) {
+MLP::MLP(const PartContext& ctx) : swiglu_(ctx.config.swiglu), swiglu_fusion_(ctx.config.bias_swiglu_fusion) {
+  const ModelConfig& c = ctx.config;
   const int64_t fc1_out = (c.swiglu ? 2 : 1) * int64_t(c.ffn_hidden_size);
-  linear_fc1 = register_module("linear_fc1", std::make_shared<tp::LayerNormColumnParallelLinear>(
-      c.hidden_size, fc1_out, c.add_bias_linear, norm_kind_from_name(c.normalization), c.norm_epsilon, tp));
+  // SwiGLU's [gate; up] halves are split over TP separately, so each rank gates its own columns.
+  const tp::LinearOptions fc1 = ctx.linear(tp::Init::Normal, /*gated=*/c.swiglu);
+  if (ctx.norm_in_linear) {
+    norm_in_fc1_ = std::make_shared<tp::LayerNormColumnParallelLinear>(c.hidden_size, fc1_out, c.add_bias_linear,
+                                                                       norm_kind_from_name(c.normalization), c.norm_epsilon, ctx.tp, fc1);
+    linear_fc1 = register_module("linear_fc1", std::shared_ptr<tp::ColumnParallelLinear>(norm_in_fc1_));
+  } else {
+    linear_fc1 = register_module("linear_fc1", std::make_shared<tp::ColumnParallelLinear>(c.hidden_size, fc1_out, c.add_bias_linear, ctx.tp, fc1));
+  }
   linear_fc2 = register_module("linear_fc2", std::make_shared<tp::RowParallelLinear>(
-      c.ffn_hidden_size, c.hidden_size, c.add_bias_linear, tp));
+      c.ffn_hidden_size, c.hidden_size, c.add_bias_linear, ctx.tp, ctx.linear(tp::Init::ScaledNormal)));
 }
 
-at::Tensor MLP::forward(const at::Tensor& hidden) {
-  return activation_and_fc2(linear_fc1->forward(hidden));  // fc1: [s, b, 2f/tp] or [s, b, f/tp]
+std::optional<NormParams> MLP::fused_norm() const {
+  if (!norm_in_fc1_) return std::nullopt;
+  return norm_in_fc1_->norm();
 }
 
-at::Tensor MLP::forward_normed(const at::Tensor& normed) {
-  return activation_and_fc2(linear_fc1->forward_normed(normed));
-}
-
-at::Tensor MLP::activation_and_fc2(at::Tensor h) {
+at::Tensor MLP::forward(const at::Tensor& normed) {
+  at::Tensor h = linear_fc1->forward(normed);  // [s, b, 2f/tp] or [s, b, f/tp]
   if (swiglu_ && swiglu_fusion_) {
     h = kernels::swiglu(h);                    // [s, b, f/tp]
   } else if (swiglu_) {

@@ -20,4 +20,14 @@ at::ScalarType at_least_fp32(at::ScalarType t);
 at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
                       double eps);
 
+// A norm's parameters and kind, wherever the parameters live (a norm module of the layer, or
+// fused into the linear after it).
+struct NormParams {
+  at::Tensor weight;  // [h]
+  at::Tensor bias;    // [h] LayerNorm only
+  NormKind kind = NormKind::RMSNorm;
+  double eps = 1e-5;
+  at::Tensor apply(const at::Tensor& x) const { return apply_norm(x, weight, bias, kind, eps); }
+};
+
 }  // namespace megatron

@@ -11,7 +11,4 @@ inline constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight
 // The untied output layer.
 inline constexpr const char* kOutputLayer = "output_layer.weight";
 
-// Rows are the (padded) vocabulary, split over tensor-parallel ranks.
-inline bool is_vocab_parallel(const std::string& name) { return name == kWordEmbeddings || name == kOutputLayer; }
-
 }  // namespace megatron

@@ -1,13 +1,11 @@
-// One decoder layer, pre-norm: x + dropout(attn(norm(x))), then + dropout(mlp(norm(.))).
-// The norms live inside linear_qkv and linear_fc1 (Megatron-Core's TE layout and names).
+// One decoder layer, pre-norm: x + dropout(attn(norm(x))), then + dropout(ffn(norm(.))), with
+// its parts chosen by a LayerSpec (model/layer_spec.h).
 #pragma once
-
-#include <torch/nn/module.h>
 
 #include <memory>
 
-#include "model/attention.h"
-#include "model/mlp.h"
+#include "model/layer_spec.h"
+#include "model/norm_module.h"
 
 namespace megatron {
 
@@ -20,22 +18,28 @@ struct ResidualStream {
   at::Tensor materialize() const;  // base + delta
 };
 
-class TransformerLayer : public torch::nn::Module {
+class TransformerLayer : public tp::DescribedModule {
  public:
-  TransformerLayer(const ModelConfig& config, const tp::TensorParallel& tp);
+  TransformerLayer(const ModelConfig& config, const tp::TensorParallel& tp, const LayerSpec& spec,
+                   at::Device device = at::kCPU);
   // attention_mask: [b, 1, s, s] bool (true = attend) or undefined for plain causal attention.
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]; [s/tp, b, h] under SP
   // The same on the residual stream; the result's delta is defined when the residual adds are
   // fused with the norms (RMSNorm, --bias-dropout-fusion, no hidden dropout in effect).
   ResidualStream forward(const ResidualStream& in, const RopeTables* rope, const at::Tensor& attention_mask = {});
 
-  std::shared_ptr<SelfAttention> self_attention;
-  std::shared_ptr<MLP> mlp;
+  // The norms in front of the attention block and the feed-forward, wherever their parameters live.
+  NormParams input_norm() const;
+  NormParams pre_mlp_norm() const;
+
+  std::shared_ptr<AttentionBlock> self_attention;
+  std::shared_ptr<FeedForward> mlp;
 
  private:
+  std::shared_ptr<NormModule> input_layernorm_;    // null when the norm lives in the attention block
+  std::shared_ptr<NormModule> pre_mlp_layernorm_;  // null when the norm lives in the feed-forward
   double hidden_dropout_;
   bool fuse_add_norm_;  // the residual adds fused with the RMSNorms after them
-  double norm_epsilon_;
   tp::TensorParallel tp_;
 };
 

@@ -5,9 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "core/streams.h"
-#include "model/parameter_names.h"
 #include "tensor_parallel/grad_accumulation.h"
-#include "tensor_parallel/sharding.h"
 
 namespace megatron {
 
@@ -18,7 +16,7 @@ struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
   size_t index;
 };
 
-ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, const dist::ParallelState& ps, bool swiglu,
+ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, const dist::ParallelState& ps,
                                        const GradBufferOptions& options)
     : ps_(ps), options_(options) {
   TORCH_CHECK(!named.empty(), "ParamAndGradBuffer: no parameters");
@@ -41,7 +39,9 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
   };
   for (auto it = named.rbegin(); it != named.rend(); ++it) {
     TORCH_CHECK(it->tensor.scalar_type() == param_options.dtype().toScalarType(), "parameters of mixed dtypes");
-    const bool tied = options.tied_embedding_across_stages && it->name == kWordEmbeddings;
+    TORCH_CHECK(it->info.grad_group == tp::GradGroup::DataParallel, "ParamAndGradBuffer: '", it->name,
+                "' reduces over another group than data parallelism; it belongs in a buffer of that group");
+    const bool tied = options.tied_embedding_across_stages && it->info.word_embedding;
     if (tied) close_bucket();  // alone in its bucket
     BufferedParam p;
     p.name = it->name;
@@ -51,8 +51,9 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
     p.bucket = buckets_.size();
     p.chunk = it->chunk;
     chunks = std::max(chunks, it->chunk + 1);
-    p.tp_duplicate = tp::shard_spec(p.name, swiglu).replicated();
-    p.tp_partial_grad = ps.tp.size() > 1 && tp::grad_is_partial_across_tp(p.name, options.sequence_parallel);
+    p.tp_duplicate = it->info.split.replicated();
+    p.tp_partial_grad = ps.tp.size() > 1 && it->info.partial_grad;
+    p.tied_embedding = tied;
     p.stage_copy = tied && ps.pp.rank() != 0;
     offset += p.numel;
     bucket.params.push_back(params_.size());
@@ -195,7 +196,7 @@ void ParamAndGradBuffer::finish_grad_sync() {
     // After the DP reduction: with the distributed optimizer the weight's own bucket gives
     // both stages the same shard of it, so the reduced parts line up.
     for (auto& p : params_) {
-      if (p.name == kWordEmbeddings) ps_.embedding.all_reduce(p.main_grad);
+      if (p.tied_embedding) ps_.embedding.all_reduce(p.main_grad);
     }
   }
 }

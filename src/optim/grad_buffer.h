@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dist/parallel_state.h"
+#include "tensor_parallel/parameters.h"
 
 namespace megatron {
 
@@ -29,6 +30,7 @@ struct NamedTensor {
   std::string name;
   at::Tensor tensor;
   int chunk = 0;  // the pipeline model chunk holding it (interleaved schedule)
+  tp::ParamInfo info = {};  // what the parameter is (the model's parameter_table()); default: dense, replicated
 };
 
 struct GradBufferOptions {
@@ -39,9 +41,8 @@ struct GradBufferOptions {
   // The optimizer steps bucket by bucket on a stream of its own while the next forward runs
   // (CUDA): each bucket's parameters are ready once its update event completes.
   bool overlap_optimizer_step = false;
-  bool sequence_parallel = false;
   // Tied embedding and output weights split over the first and last pipeline stage: both hold
-  // `embedding.word_embeddings.weight`; it gets a bucket of its own (so with the distributed
+  // the word embedding (ParamInfo::word_embedding); it gets a bucket of its own (so with the distributed
   // optimizer both stages shard it alike) and its gradient is summed over ps.embedding.
   bool tied_embedding_across_stages = false;
   // Every parameter's main_grad is registered for tensor_parallel/grad_accumulation.h: a weight
@@ -62,6 +63,7 @@ struct BufferedParam {
   bool tp_duplicate = false;     // the same on every TP rank: counted once in norms
   bool tp_partial_grad = false;  // each TP rank holds a partial gradient: all-reduced across TP
   bool stage_copy = false;       // a copy of a weight another pipeline stage holds: not counted in norms
+  bool tied_embedding = false;   // summed over the first and last pipeline stage
   int chunk = 0;
   // main_grad holds a gradient of this step (set by the first add after zero_grad(), which
   // overwrites instead of adding: the buffer is not zero-filled every step).
@@ -70,8 +72,9 @@ struct BufferedParam {
 
 class ParamAndGradBuffer {
  public:
-  ParamAndGradBuffer(const std::vector<NamedTensor>& params, const dist::ParallelState& ps, bool swiglu,
-                     const GradBufferOptions& options);
+  // Every parameter's gradient reduces over data-parallel replicas (ParamInfo::grad_group);
+  // expert parameters, which reduce over expert-data-parallel ranks, need a buffer of their own.
+  ParamAndGradBuffer(const std::vector<NamedTensor>& params, const dist::ParallelState& ps, const GradBufferOptions& options);
   ~ParamAndGradBuffer();
   ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
   ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;

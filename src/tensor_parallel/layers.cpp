@@ -15,10 +15,26 @@ int64_t split(int64_t n, const TensorParallel& tp, const char* what) {
 
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp) : tp_(tp) {
+ParamInfo sequence_sharded_replica(const TensorParallel& tp, Init init) {
+  ParamInfo info;
+  info.init = init;
+  info.partial_grad = tp.sequence_parallel && tp.size() > 1;
+  return info;
+}
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp,
+                                           const LinearOptions& options)
+    : tp_(tp) {
   const int64_t local_out = split(out, tp, "output features");
-  weight = register_parameter("weight", at::empty({local_out, in}));
-  if (bias) this->bias = register_parameter("bias", at::zeros({local_out}));
+  const at::TensorOptions on = at::TensorOptions().device(options.device);
+  ParamInfo info;
+  info.split = {0, options.gated};
+  info.init = options.weight_init;
+  weight = add_parameter("weight", at::empty({local_out, in}, on), info);
+  if (bias) {
+    info.init = Init::Zeros;
+    this->bias = add_parameter("bias", at::zeros({local_out}, on), info);
+  }
 }
 
 at::Tensor ColumnParallelLinear::enter(const at::Tensor& x) const {
@@ -28,10 +44,14 @@ at::Tensor ColumnParallelLinear::enter(const at::Tensor& x) const {
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return tp::linear(enter(x), weight, bias); }
 
 LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, NormKind norm, double eps,
-                                                             const TensorParallel& tp)
-    : ColumnParallelLinear(in, out, bias, tp), norm_(norm), eps_(eps) {
-  layer_norm_weight = register_parameter("layer_norm_weight", at::ones({in}));
-  if (norm == NormKind::LayerNorm) layer_norm_bias = register_parameter("layer_norm_bias", at::zeros({in}));
+                                                             const TensorParallel& tp, const LinearOptions& options)
+    : ColumnParallelLinear(in, out, bias, tp, options), norm_(norm), eps_(eps) {
+  // The norm runs on the sequence shard under SP, before the gather into the TP region.
+  const at::TensorOptions on = at::TensorOptions().device(options.device);
+  layer_norm_weight = add_parameter("layer_norm_weight", at::ones({in}, on), sequence_sharded_replica(tp, Init::Ones));
+  if (norm == NormKind::LayerNorm) {
+    layer_norm_bias = add_parameter("layer_norm_bias", at::zeros({in}, on), sequence_sharded_replica(tp, Init::Zeros));
+  }
 }
 
 at::Tensor LayerNormColumnParallelLinear::forward(const at::Tensor& x) const {
@@ -43,9 +63,16 @@ at::Tensor LayerNormColumnParallelLinear::forward_normed(const at::Tensor& norme
   return tp::linear(enter(normed), weight, bias);
 }
 
-RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp) : tp_(tp) {
-  weight = register_parameter("weight", at::empty({out, split(in, tp, "input features")}));
-  if (bias) this->bias = register_parameter("bias", at::zeros({out}));
+RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp,
+                                     const LinearOptions& options)
+    : tp_(tp) {
+  const at::TensorOptions on = at::TensorOptions().device(options.device);
+  ParamInfo info;
+  info.split = {1, false};
+  info.init = options.weight_init;
+  weight = add_parameter("weight", at::empty({out, split(in, tp, "input features")}, on), info);
+  // Added after the reduction: on sequence shards under SP.
+  if (bias) this->bias = add_parameter("bias", at::zeros({out}, on), sequence_sharded_replica(tp, Init::Zeros));
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {

@@ -13,6 +13,7 @@
 
 #include "dist/process_group.h"
 #include "model/norm.h"
+#include "tensor_parallel/parameters.h"
 #include "tensor_parallel/random.h"
 
 namespace megatron::tp {
@@ -29,10 +30,20 @@ struct TensorParallel {
   }
 };
 
+// How a linear layer's parameters are made: on which device (kMeta describes them without
+// allocating memory), the weight's initialisation, and for a column-parallel layer whether its
+// output is two gated halves split separately (SwiGLU's [gate; up]).
+struct LinearOptions {
+  at::Device device = at::kCPU;
+  Init weight_init = Init::Normal;
+  bool gated = false;
+};
+
 // Y = X A^T with A split by output rows: [..., in] -> [..., out/tp].
-class ColumnParallelLinear : public torch::nn::Module {
+class ColumnParallelLinear : public DescribedModule {
  public:
-  ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const TensorParallel& tp);
+  ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const TensorParallel& tp,
+                       const LinearOptions& options = {});
   // x: [s, b, in] ([s/tp, b, in] with sequence parallelism) -> [s, b, out/tp]
   at::Tensor forward(const at::Tensor& x) const;
 
@@ -48,8 +59,10 @@ class ColumnParallelLinear : public torch::nn::Module {
 class LayerNormColumnParallelLinear : public ColumnParallelLinear {
  public:
   LayerNormColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, NormKind norm, double eps,
-                                const TensorParallel& tp);
+                                const TensorParallel& tp, const LinearOptions& options = {});
   at::Tensor forward(const at::Tensor& x) const;
+  // The fused norm, for a caller that applies it itself (the residual add fused with it).
+  NormParams norm() const { return {layer_norm_weight, layer_norm_bias, norm_, eps_}; }
   // The linear part alone, for x the caller already normalised with layer_norm_weight (the
   // residual add fused with the norm, kernels::add_rms_norm).
   at::Tensor forward_normed(const at::Tensor& normed) const;
@@ -63,9 +76,10 @@ class LayerNormColumnParallelLinear : public ColumnParallelLinear {
 };
 
 // Y = X A^T with A split by input columns: [..., in/tp] -> [..., out], summed over TP.
-class RowParallelLinear : public torch::nn::Module {
+class RowParallelLinear : public DescribedModule {
  public:
-  RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, const TensorParallel& tp);
+  RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, const TensorParallel& tp,
+                    const LinearOptions& options = {});
   // x: [s, b, in/tp] -> [s, b, out] ([s/tp, b, out] with sequence parallelism)
   at::Tensor forward(const at::Tensor& x) const;
 
@@ -75,6 +89,10 @@ class RowParallelLinear : public torch::nn::Module {
  private:
   TensorParallel tp_;
 };
+
+// The description of a replicated parameter whose gradient is a partial sum over TP when the
+// layer runs on sequence shards (norm weights and biases, biases added after a reduce-scatter).
+ParamInfo sequence_sharded_replica(const TensorParallel& tp, Init init);
 
 // Lookup in a vocab-parallel table: weight [V/tp, h] holds rows [rank * V/tp, (rank+1) * V/tp).
 // tokens [s, b] -> [s, b, h], summed over TP (each id is found on exactly one rank).

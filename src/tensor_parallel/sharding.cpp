@@ -2,31 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "model/parameter_names.h"
-
 namespace megatron::tp {
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
-ShardSpec shard_spec(const std::string& name, bool swiglu) {
-  if (is_vocab_parallel(name)) return {0, false};
-  if (ends_with(name, "linear_qkv.weight") || ends_with(name, "linear_qkv.bias")) return {0, false};
-  if (ends_with(name, "linear_fc1.weight") || ends_with(name, "linear_fc1.bias")) return {0, swiglu};
-  if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight")) return {1, false};
-  return {};
-}
-
-bool grad_is_partial_across_tp(const std::string& name, bool sequence_parallel) {
-  if (name.find("q_layernorm") != std::string::npos || name.find("k_layernorm") != std::string::npos) return true;
-  if (!sequence_parallel) return false;
-  return name.find("layer_norm_") != std::string::npos || name.find("final_layernorm") != std::string::npos ||
-         ends_with(name, "linear_proj.bias") || ends_with(name, "linear_fc2.bias");
-}
 
 at::Tensor shard_of(const at::Tensor& full, const ShardSpec& spec, int rank, int size) {
   if (spec.replicated() || size == 1) return full;

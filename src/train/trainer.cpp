@@ -31,6 +31,7 @@
 #include "data/samples.h"
 #include "dist/parallel_state.h"
 #include "dist/world.h"
+#include "model/family.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
@@ -138,10 +139,6 @@ void copy_batch(const Batch& from, Batch& into, const at::Device& device) {
 
 // Model FLOPs per token as the baseline counts them: 6 per parameter (forward + backward) plus
 // causal attention's 6 * layers * hidden * seq.
-double flops_per_token(const ModelConfig& m, int64_t parameters) {
-  return 6.0 * double(parameters) + 6.0 * m.num_layers * double(m.hidden_size) * m.seq_length;
-}
-
 class Trainer {
  public:
   Trainer(const Config& c, const dist::LaunchEnv& env, RunMode mode)
@@ -307,24 +304,25 @@ int Trainer::run() {
     ps_.pp.all_reduce(count);
     parameters = static_cast<int64_t>(count.item<double>());
   }
-  flops_per_token_ = flops_per_token(m, parameters);
+  flops_per_token_ = family_of(m).flops_per_token(m, parameters);
   peak_tflops_ = t_.peak_tflops > 0 ? t_.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0);
 
   std::vector<NamedTensor> named;
   for (size_t v = 0; v < chunks_.size(); ++v) {
-    for (const auto& item : chunks_[v]->named_parameters()) named.push_back({item.key(), item.value(), int(v)});
+    for (const auto& item : chunks_[v]->named_parameters()) {
+      named.push_back({item.key(), item.value(), int(v), chunks_[v]->parameter_table().at(item.key())});
+    }
   }
   GradBufferOptions buffer_options;
   buffer_options.bucket_size = p.ddp_bucket_size > 0 ? p.ddp_bucket_size : std::max<int64_t>(40000000, 1000000LL * ps_.dp.size());
   buffer_options.overlap_grad_reduce = p.overlap_grad_reduce;
   buffer_options.distributed_optimizer = p.use_distributed_optimizer;
   buffer_options.overlap_param_gather = p.overlap_param_gather && p.use_distributed_optimizer;
-  buffer_options.sequence_parallel = p.sequence_parallel;
   buffer_options.gradient_accumulation_fusion = p.gradient_accumulation_fusion;
   buffer_options.grad_reduce_in_bf16 = p.grad_reduce_in_bf16;
   buffer_options.overlap_optimizer_step = t_.overlap_optimizer_step && device_.is_cuda();
   buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
-  buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, m.swiglu, buffer_options);
+  buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, buffer_options);
   // `megatron eval` never steps: no fp32 masters or moments (12 bytes per parameter in bf16).
   if (mode_ == RunMode::Train) optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
   if (buffer_->params_arrive_during_forward()) {
@@ -498,9 +496,9 @@ void Trainer::finish_async_save(bool wait) {
 void Trainer::export_hf() {
   buffer_->finish_param_gather();
   const auto start = std::chrono::steady_clock::now();
-  std::map<std::string, at::Tensor> params;
+  std::map<std::string, std::pair<at::Tensor, tp::ParamInfo>> params;  // this rank's
   for (auto& chunk : chunks_) {
-    for (const auto& item : chunk->named_parameters()) params[item.key()] = item.value();
+    for (const auto& item : chunk->named_parameters()) params[item.key()] = {item.value(), chunk->parameter_table().at(item.key())};
   }
   const ParallelConfig& p = c_.parallel;
   auto full_tensor = [&](const std::string& name) -> at::Tensor {
@@ -511,7 +509,7 @@ void Trainer::export_hf() {
     if (ps_.pp.rank() == owner) {
       auto it = params.find(name);
       if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
-      full = tp::gather_full(it->second.detach(), tp::shard_spec(name, c_.model.swiglu), ps_.tp).contiguous();
+      full = tp::gather_full(it->second.first.detach(), it->second.second.split, ps_.tp).contiguous();
     }
     if (owner != 0 && ps_.tp.rank() == 0) {
       // Shape first (up to 7 dimensions), then the values.
@@ -526,7 +524,7 @@ void Trainer::export_hf() {
         const at::Tensor dims = header.cpu();
         std::vector<int64_t> shape;
         for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
-        full = at::empty(shape, at::TensorOptions().device(device_).dtype(params.begin()->second.scalar_type()));
+        full = at::empty(shape, at::TensorOptions().device(device_).dtype(params.begin()->second.first.scalar_type()));
         ps_.pp.recv(full, owner);
       }
     }
@@ -548,7 +546,7 @@ void Trainer::export_hf() {
     std::fflush(stdout);
   } else if (ps_.dp.rank() == 0) {
     // The other ranks of DP replica 0 take part in every gather and transfer rank 0 makes.
-    for (const auto& name : megatron_parameter_names(c_.model)) full_tensor(name);
+    for (const auto& name : describe_model(c_.model).names()) full_tensor(name);
   }
   ps_.world.barrier();
 }

@@ -11,6 +11,8 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
+#include "core/config_json.h"
+#include "model/gpt_model.h"
 #include "support/test_support.h"
 #include "tensor_parallel/sharding.h"
 
@@ -31,11 +33,13 @@ TEST(ReshardReads, EachRankReadsOnlyTheFilesItNeeds) {
   const nlohmann::json state = read_checkpoint_state(iter);
   const std::string fc1 = "decoder.layers.0.mlp.linear_fc1.weight", proj = "decoder.layers.1.self_attention.linear_proj.weight";
   const int64_t rows = state.at("model").at("padded_vocab_size").get<int64_t>();
+  // How each parameter splits, as the saved model describes it.
+  const tp::ParamTable params = describe_model(model_config_from_json(state.at("model_config")));
 
   // What a TP=1 reader assembles, before any file goes.
   std::map<std::string, at::Tensor> whole;
   {
-    ShardedCheckpointReader reader(iter, state, /*swiglu=*/true);
+    ShardedCheckpointReader reader(iter, state, params);
     for (const auto& name : {fc1, proj, std::string("embedding.word_embeddings.weight")}) whole[name] = reader.model(name, rows).clone();
     // A different split: TP=4 rank 1 takes the second quarter of each [gate; up] half.
     const at::Tensor quarter = reader.model(fc1, rows, 1, 4);
@@ -48,8 +52,8 @@ TEST(ReshardReads, EachRankReadsOnlyTheFilesItNeeds) {
   }
   SafetensorsFile tp0(iter + "/" + checkpoint_part_name("model", 0, 0));
   const at::Tensor fc1_tp0 = tp0.load(fc1), proj_tp0 = tp0.load(proj);
-  EXPECT_TRUE(at::equal(fc1_tp0, tp::shard_of(whole[fc1], tp::shard_spec(fc1, true), 0, 2)));
-  EXPECT_TRUE(at::equal(proj_tp0, tp::shard_of(whole[proj], tp::shard_spec(proj, true), 0, 2)));
+  EXPECT_TRUE(at::equal(fc1_tp0, tp::shard_of(whole[fc1], params.at(fc1).split, 0, 2)));
+  EXPECT_TRUE(at::equal(proj_tp0, tp::shard_of(whole[proj], params.at(proj).split, 0, 2)));
   SafetensorsFile dp0(iter + "/" + checkpoint_part_name("optimizer", 0, 0, 0));
   const int64_t offset = std::stoll(dp0.metadata().at("offset/" + fc1));
   const at::Tensor moments = dp0.load(fc1 + ".exp_avg").reshape({-1});
@@ -60,7 +64,7 @@ TEST(ReshardReads, EachRankReadsOnlyTheFilesItNeeds) {
   fs::remove(iter + "/" + checkpoint_part_name("optimizer", 1, 0, 0));
   fs::remove(iter + "/" + checkpoint_part_name("optimizer", 1, 0, 1));
   fs::remove(iter + "/" + checkpoint_part_name("optimizer", 0, 0, 1));
-  ShardedCheckpointReader reader(iter, state, /*swiglu=*/true);
+  ShardedCheckpointReader reader(iter, state, params);
   EXPECT_TRUE(at::equal(reader.model(fc1, rows, 0, 2), fc1_tp0));
   EXPECT_TRUE(at::equal(reader.model(proj, rows, 0, 2), proj_tp0));
   const int64_t numel = std::min<int64_t>(100, moments.numel());

@@ -97,7 +97,7 @@ TrainingRun train(const test::TempDir& dir, const std::string& name, const std::
 // The whole model from the checkpoint of `run`: every pipeline stage's file read, TP shards
 // concatenated back. A tied embedding is held by the first and the last stage; the copies
 // must be equal.
-std::map<std::string, at::Tensor> full_parameters(const std::string& save_dir, int tp, bool swiglu) {
+std::map<std::string, at::Tensor> full_parameters(const std::string& save_dir, int tp) {
   const std::string dir = latest_checkpoint_directory(save_dir);
   std::map<std::string, at::Tensor> full;
   if (tp == 1 && std::ifstream(dir + "/model.safetensors").good()) {
@@ -105,14 +105,18 @@ std::map<std::string, at::Tensor> full_parameters(const std::string& save_dir, i
     for (const auto& name : file.names()) full[name] = file.load(name);
     return full;
   }
-  const int pp = read_checkpoint_state(dir)["parallel"].value("pipeline_model_parallel_size", 1);
+  const nlohmann::json state = read_checkpoint_state(dir);
+  const int pp = state["parallel"].value("pipeline_model_parallel_size", 1);
   for (int stage = 0; stage < pp; ++stage) {
     std::vector<std::unique_ptr<SafetensorsFile>> files;
     for (int r = 0; r < tp; ++r) files.push_back(std::make_unique<SafetensorsFile>(dir + "/" + checkpoint_part_name("model", r, stage)));
     for (const auto& name : files[0]->names()) {
       std::vector<at::Tensor> parts;
       for (auto& f : files) parts.push_back(f->load(name));
-      at::Tensor whole = tp::unshard(parts, tp::shard_spec(name, swiglu));
+      // How the tensor splits, as the checkpoint's tensor table records it.
+      const nlohmann::json& entry = state.at("tensors").at(name);
+      const tp::ShardSpec spec{entry.at("split_dim").is_null() ? -1 : entry.at("split_dim").get<int>(), entry.at("gated").get<bool>()};
+      at::Tensor whole = tp::unshard(parts, spec);
       if (full.count(name)) {
         EXPECT_TRUE(at::equal(full[name], whole)) << name << ": the copy on pipeline stage " << stage << " differs";
         continue;
@@ -158,8 +162,8 @@ class ParallelEquivalence : public ::testing::Test {
     EXPECT_NE(run.output.find("> parallel layout: tensor " + std::to_string(tp)), std::string::npos) << run.output;
 
     const bool swiglu = model.rfind("llama", 0) == 0;
-    auto expected = full_parameters(single.save_dir, 1, swiglu);
-    auto actual = full_parameters(run.save_dir, tp, swiglu);
+    auto expected = full_parameters(single.save_dir, 1);
+    auto actual = full_parameters(run.save_dir, tp);
     ASSERT_EQ(actual.size(), expected.size());
     for (const auto& [name, want] : expected) {
       ASSERT_TRUE(actual.count(name)) << name;

@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "model/attention.h"
+#include "model/mlp.h"
 #include "model/transformer_layer.h"
 
 namespace megatron {
@@ -55,8 +57,8 @@ at::Tensor reference_rope(const at::Tensor& x, const ModelConfig& c) {  // x: [s
 
 at::Tensor reference_layer(const at::Tensor& x, TransformerLayer& layer, const ModelConfig& c) {
   const int64_t s = x.size(0), b = x.size(1), H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
-  auto& attn = *layer.self_attention;
-  at::Tensor h = rms(x, attn.linear_qkv->layer_norm_weight, c.norm_epsilon);
+  auto& attn = dynamic_cast<SelfAttention&>(*layer.self_attention);
+  at::Tensor h = rms(x, attn.fused_norm()->weight, c.norm_epsilon);
   at::Tensor qkv = at::matmul(h, attn.linear_qkv->weight.t());
   if (attn.linear_qkv->bias.defined()) qkv = qkv + attn.linear_qkv->bias;
   // Unfuse the per-group layout by indexing rows of the fused output explicitly.
@@ -82,15 +84,15 @@ at::Tensor reference_layer(const at::Tensor& x, TransformerLayer& layer, const M
   scores = scores.masked_fill(mask, -INFINITY);
   at::Tensor ctx = at::einsum("bnst,tbnd->sbnd", {scores.softmax(-1), v}).reshape({s, b, H * d});
   at::Tensor x1 = x + at::matmul(ctx, attn.linear_proj->weight.t());
-  auto& mlp = *layer.mlp;
-  at::Tensor f = at::matmul(rms(x1, mlp.linear_fc1->layer_norm_weight, c.norm_epsilon), mlp.linear_fc1->weight.t());
+  auto& mlp = dynamic_cast<MLP&>(*layer.mlp);
+  at::Tensor f = at::matmul(rms(x1, mlp.fused_norm()->weight, c.norm_epsilon), mlp.linear_fc1->weight.t());
   at::Tensor gate = f.narrow(-1, 0, c.ffn_hidden_size), up = f.narrow(-1, c.ffn_hidden_size, c.ffn_hidden_size);
   return x1 + at::matmul(gate * gate.sigmoid() * up, mlp.linear_fc2->weight.t());
 }
 
 void check_layer(const ModelConfig& c) {
   at::manual_seed(7);
-  TransformerLayer layer(c, tp::TensorParallel{});
+  TransformerLayer layer(c, tp::TensorParallel{}, gpt_layer_spec(c));
   layer.to(at::kDouble);
   {
     at::NoGradGuard g;

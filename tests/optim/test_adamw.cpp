@@ -27,7 +27,7 @@ void check_steps(double clip_grad, double gradient_size) {
   torch::optim::AdamW matrices({reference[0], reference[2]}, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   torch::optim::AdamW vectors({reference[1]}, torch::optim::AdamWOptions(1e-2).weight_decay(0.0));
 
-  ParamAndGradBuffer buffer(named, dist::ParallelState::single(), /*swiglu=*/false, GradBufferOptions{});
+  ParamAndGradBuffer buffer(named, dist::ParallelState::single(), GradBufferOptions{});
   TrainConfig config;
   config.clip_grad = clip_grad;
   config.weight_decay = 0.1;
@@ -68,7 +68,7 @@ TEST(AdamW, NonFiniteGradientsOrLossSkipTheStepWithoutCountingIt) {
   at::Tensor weight = at::randn({4, 3}).requires_grad_();
   at::Tensor reference = weight.detach().clone().requires_grad_(true);
   torch::optim::AdamW torch_adamw({reference}, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  ParamAndGradBuffer buffer({{"w.weight", weight}}, dist::ParallelState::single(), /*swiglu=*/false, GradBufferOptions{});
+  ParamAndGradBuffer buffer({{"w.weight", weight}}, dist::ParallelState::single(), GradBufferOptions{});
   TrainConfig config;
   config.weight_decay = 0.1;
   AdamW adamw(buffer, config);
@@ -103,8 +103,8 @@ TEST(AdamW, Bf16GradientsStepAsTheirFp32Values) {
   at::Tensor w16 = init.clone().requires_grad_(), w32 = init.clone().requires_grad_();
   GradBufferOptions bf16_grads;
   bf16_grads.grad_reduce_in_bf16 = true;
-  ParamAndGradBuffer b16({{"w.weight", w16}}, dist::ParallelState::single(), /*swiglu=*/false, bf16_grads);
-  ParamAndGradBuffer b32({{"w.weight", w32}}, dist::ParallelState::single(), /*swiglu=*/false, GradBufferOptions{});
+  ParamAndGradBuffer b16({{"w.weight", w16}}, dist::ParallelState::single(), bf16_grads);
+  ParamAndGradBuffer b32({{"w.weight", w32}}, dist::ParallelState::single(), GradBufferOptions{});
   ASSERT_EQ(b16.grad_data.scalar_type(), at::kBFloat16);
   ASSERT_EQ(b32.grad_data.scalar_type(), at::kFloat);
   TrainConfig config;
@@ -160,7 +160,7 @@ TEST(CudaOverlappedOptimizerStep, WaitedParametersAreBitwiseTheSerialStep) {
     GradBufferOptions options;
     options.bucket_size = 4096 * 4096;  // a bucket per matrix
     options.overlap_optimizer_step = overlap;
-    s.buffer = std::make_unique<ParamAndGradBuffer>(named, dist::ParallelState::single(), /*swiglu=*/false, options);
+    s.buffer = std::make_unique<ParamAndGradBuffer>(named, dist::ParallelState::single(), options);
     s.adamw = std::make_unique<AdamW>(*s.buffer, config);
     return s;
   };

@@ -33,7 +33,7 @@ void check_steps(bool gradient_accumulation_fusion, bool bf16 = false) {
   options.gradient_accumulation_fusion = gradient_accumulation_fusion;
   options.grad_reduce_in_bf16 = bf16;
   ParamAndGradBuffer buffer({{"w.weight", weight}, {"s.weight", scale}, {"u.weight", unused}},
-                            dist::ParallelState::single(), /*swiglu=*/false, options);
+                            dist::ParallelState::single(), options);
   for (int step = 0; step < 3; ++step) {
     buffer.zero_grad();
     if (step == 2) main_grad_of(buffer, "u.weight").fill_(std::numeric_limits<float>::quiet_NaN());

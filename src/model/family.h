@@ -1,0 +1,67 @@
+// One record per model family: everything that makes, say, Llama / Qwen / Mistral what they are,
+// in one place. Adding a family is adding a record (families.cpp):
+//   - presets: `--model-family NAME` sets the architecture switches, so a recipe states sizes only
+//   - Hugging Face config.json in and out (the `model_type`s it reads)
+//   - a two-way weight table: HF tensor names <-> Megatron-Core names with the transform between
+//     them; convert, --load-hf and --save-hf read the same rows both ways (checkpoint/hf_weights)
+//   - the decoder layer's spec and the FLOPs per token the MFU figure divides by
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "model/layer_spec.h"
+
+namespace megatron {
+
+// How the HF tensors of a row become the Megatron tensor (and back).
+enum class HfTransform {
+  Copy,       // one tensor, unchanged
+  VocabRows,  // embedding / output layer: HF's rows, zero rows appended up to the padded vocabulary
+  QkvFused,   // q, k, v (weights or biases) fused per query group: H/G query heads, one key, one value head
+  GateUp,     // SwiGLU's [gate; up] stacked along dim 0
+};
+
+// One row of a weight table. `{layer}` in a name stands for a decoder layer's number.
+struct HfWeightRule {
+  std::string megatron;          // "decoder.layers.{layer}.self_attention.linear_qkv.weight"
+  std::vector<std::string> hf;   // "model.layers.{layer}.self_attn.q_proj.weight", k_proj, v_proj
+  HfTransform transform = HfTransform::Copy;
+  // Read instead when the HF checkpoint lacks hf[0] (an untied output layer of a checkpoint
+  // whose lm_head is the embedding).
+  std::string hf_fallback;
+};
+
+struct ModelFamily {
+  std::string name;                                            // "llama"
+  std::map<std::string, std::function<void(ModelConfig&)>> presets;  // --model-family values
+  std::vector<std::string> hf_model_types;                     // config.json model_type values read
+  // Whether `model` is of this family (which record exports a model trained from flags).
+  std::function<bool(const ModelConfig&)> describes;
+  // config.json -> the architecture (vocabulary unpadded); `path` names the file in errors.
+  std::function<ModelConfig(const nlohmann::json& config, const std::string& path)> config_from_hf;
+  // The architecture -> config.json with `hf_vocab` rows, weights in `dtype`.
+  std::function<nlohmann::json(const ModelConfig& model, int64_t hf_vocab, at::ScalarType dtype)> config_to_hf;
+  std::vector<HfWeightRule> weights;
+  std::function<LayerSpec(const ModelConfig&)> layer_spec;
+  // Training FLOPs per token (forward + backward) for a model of `parameters` parameters.
+  std::function<double(const ModelConfig&, int64_t parameters)> flops_per_token;
+};
+
+// The families built in.
+const std::vector<ModelFamily>& builtin_families();
+// The family whose presets hold `preset`, whose hf_model_types hold `model_type`, or which
+// describes `model`; UserError listing what is known otherwise.
+const ModelFamily& family_with_preset(const std::string& preset);
+const ModelFamily& family_for_hf_type(const std::string& model_type, const std::string& path);
+const ModelFamily& family_of(const ModelConfig& model);
+
+}  // namespace megatron

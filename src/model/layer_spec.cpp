@@ -1,0 +1,20 @@
+#include "model/layer_spec.h"
+
+#include "model/attention.h"
+#include "model/core_attention.h"
+#include "model/mlp.h"
+
+namespace megatron {
+
+LayerSpec gpt_layer_spec(const ModelConfig&) {
+  LayerSpec spec;
+  spec.core_attention = [](const PartContext& ctx) { return std::make_shared<SdpaAttention>(ctx.tp); };
+  spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) {
+    return std::make_shared<SelfAttention>(ctx, std::move(core));
+  };
+  spec.feed_forward = [](const PartContext& ctx) { return std::make_shared<MLP>(ctx); };
+  spec.norms_in_linears = true;
+  return spec;
+}
+
+}  // namespace megatron

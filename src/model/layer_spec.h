@@ -1,0 +1,78 @@
+// How a decoder layer is assembled, as Megatron-Core's layer specs (gpt_layer_specs.py): a layer
+// is built from parts behind small interfaces, and one function per family picks the parts.
+//
+//   attention block   normed hidden -> attention output (self-attention today; MLA next)
+//   core attention    q, k, v -> context (SDPA today; ring attention, KV-cache attention next)
+//   feed-forward      normed hidden -> MLP output (dense MLP today; MoE next)
+//
+// The layer owns the pre-norms and the residual stream. Where a norm's parameters live is the
+// spec's choice: fused into the part's first linear (Transformer Engine's layout and Megatron's
+// names, `self_attention.linear_qkv.layer_norm_weight`), or modules of the layer
+// (`input_layernorm.weight`, `pre_mlp_layernorm.weight`). Either way the layer applies it, so it
+// can fuse the residual add into the norm.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "core/config.h"
+#include "model/norm.h"
+#include "model/rope.h"
+#include "tensor_parallel/layers.h"
+#include "tensor_parallel/parameters.h"
+
+namespace megatron {
+
+// What every part is built from.
+struct PartContext {
+  const ModelConfig& config;
+  const tp::TensorParallel& tp;
+  at::Device device = at::kCPU;  // kMeta: parameters described, not allocated
+  bool norm_in_linear = true;    // the norm before this part lives in the part's first linear
+  // The options of a linear layer of this part.
+  tp::LinearOptions linear(tp::Init weight_init, bool gated = false) const { return {device, weight_init, gated}; }
+};
+
+// q: [s, b, H/tp, d], k and v: [s, b, G/tp, d] -> context [s, b, H/tp * d]. Holds no parameters.
+class CoreAttention {
+ public:
+  virtual ~CoreAttention() = default;
+  // attention_mask: [b, 1, s, s] bool (true = may attend) or undefined for causal attention.
+  virtual at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& attention_mask, double dropout) const = 0;
+};
+
+// A part on the residual stream: takes hidden states already normalised with the norm in front
+// of it and returns what is added to the stream.
+class LayerPart : public tp::DescribedModule {
+ public:
+  // The norm in front of this part when its parameters live in the part (norm_in_linear).
+  virtual std::optional<NormParams> fused_norm() const = 0;
+};
+
+class AttentionBlock : public LayerPart {
+ public:
+  // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
+  // rope: tables for the positions, or null without rotary embeddings.
+  virtual at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask) = 0;
+};
+
+class FeedForward : public LayerPart {
+ public:
+  // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
+  virtual at::Tensor forward(const at::Tensor& normed) = 0;
+};
+
+struct LayerSpec {
+  std::function<std::shared_ptr<CoreAttention>(const PartContext&)> core_attention;
+  std::function<std::shared_ptr<AttentionBlock>(const PartContext&, std::shared_ptr<CoreAttention>)> attention;
+  std::function<std::shared_ptr<FeedForward>(const PartContext&)> feed_forward;
+  bool norms_in_linears = true;  // false: input_layernorm / pre_mlp_layernorm modules of the layer
+};
+
+// The decoder layer of every family built in: self-attention (GQA, optional q/k norm, RoPE)
+// over SDPA, a dense SwiGLU or GELU MLP, norms fused into linear_qkv and linear_fc1.
+LayerSpec gpt_layer_spec(const ModelConfig& config);
+
+}  // namespace megatron

@@ -1,0 +1,25 @@
+// A norm as a module of its own (`final_layernorm`, or a layer's `input_layernorm` /
+// `pre_mlp_layernorm` when the spec keeps the norms out of the linears): weight, and bias for
+// LayerNorm. Replicated over TP; applied to sequence shards under sequence parallelism.
+#pragma once
+
+#include "core/config.h"
+#include "model/norm.h"
+#include "tensor_parallel/layers.h"
+
+namespace megatron {
+
+class NormModule : public tp::DescribedModule {
+ public:
+  NormModule(const ModelConfig& config, const tp::TensorParallel& tp, at::Device device = at::kCPU);
+  NormParams params() const { return {weight, bias, kind_, eps_}; }
+
+  at::Tensor weight;  // [h]
+  at::Tensor bias;    // [h] LayerNorm only
+
+ private:
+  NormKind kind_;
+  double eps_;
+};
+
+}  // namespace megatron
