@@ -2,6 +2,7 @@
 # Run here, before a device call: gathers what the GPU machine lacks into the git-ignored .gpu/
 # (carried with the call): headers and static libraries of the Debian packages the build uses,
 # GoogleTest's sources, and the HF baseline script from ../shared.
+#   bash scripts/gpu/prepare.sh [BEFORE_COMMIT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .gpu && mkdir -p .gpu/deps/include .gpu/deps/lib
@@ -16,4 +17,6 @@ ln -s libsentencepiece.so.0 .gpu/deps/lib/libsentencepiece.so
 ln -s libsentencepiece_train.so.0 .gpu/deps/lib/libsentencepiece_train.so
 cp -r /usr/src/googletest .gpu/deps/googletest
 cp ../shared/bench/hf_baseline.py .gpu/
+# With a commit: that commit's sources in .gpu/before, for `run.sh before-after`.
+if [ $# -ge 1 ]; then mkdir -p .gpu/before && git archive "$1" | tar -x -C .gpu/before; fi
 du -sh .gpu

@@ -24,6 +24,9 @@
 # `recompute` (after `build`): the reference shape without / with selective / with full activation
 # recomputation: tokens/s, peak memory and activations at peak. `overlap`: the optimizer step serial
 # and overlapped with the next forward, alternated twice (`test-overlap`: the GPU tests first).
+# `before-after`: the tree in .gpu/before (scripts/gpu/prepare.sh BEFORE_COMMIT puts it there) built
+# too, the GPU tests of this tree, then bench/gpu_ab.sh: both binaries alternated on the reference
+# shape next to the HF torch.compile baseline (is a change speed-neutral?).
 # Builds megatron.cpp against the machine's CUDA LibTorch, runs the test suite on the GPU
 # machine, then benchmarks (bench/gpu_bench.sh). Logs go to $OUT when set.
 set -uo pipefail
@@ -44,6 +47,17 @@ targets=(); case $what in dp2|build|gemm-algos|bench|zero-weights) targets=(--ta
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
+if [ "$what" = before-after ]; then
+  [ -d .gpu/before ] || { echo "no .gpu/before: run scripts/gpu/prepare.sh BEFORE_COMMIT here first"; exit 1; }
+  # Built in build-before (outside .gpu, which a carry replaces), so a second call reuses it.
+  (cmake -S .gpu/before -B build-before -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
+     -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure-before.log" 2>&1 &&
+   cmake --build build-before -j "$(nproc)" --target megatron > "$out/build-before.log" 2>&1) \
+    || { grep -E "error|Error" -A3 "$out/build-before.log" | head -40; exit 1; }
+  echo "build (before): $(( $(date +%s) - start )) s"
+  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda|LayerReference|LayerSpec|FiniteDiff|GradAccumulation|GradBuffer}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  bash bench/gpu_ab.sh build-before/megatron build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/before-after.log"
+fi
 if [ "$what" = checkpoint ]; then
   bash bench/gpu_checkpoint.sh build-gpu/megatron 2>&1 | tee "$out/checkpoint.log"
 fi

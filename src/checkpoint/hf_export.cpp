@@ -50,7 +50,8 @@ void save_hf_checkpoint(const std::string& out_dir, const ModelConfig& model, in
     pending.clear();
     pending_bytes = 0;
   };
-  for (const auto& name : describe_model(model).names()) {
+  const tp::ParamTable params = describe_model(model);
+  for (const auto& name : params.names()) {
     const at::Tensor full = full_tensor(name);
     dtype = full.scalar_type();
     for (auto& [hf_name, tensor] : hf_tensors_from_megatron(name, full, model, hf_vocab)) {

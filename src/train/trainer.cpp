@@ -546,7 +546,8 @@ void Trainer::export_hf() {
     std::fflush(stdout);
   } else if (ps_.dp.rank() == 0) {
     // The other ranks of DP replica 0 take part in every gather and transfer rank 0 makes.
-    for (const auto& name : describe_model(c_.model).names()) full_tensor(name);
+    const tp::ParamTable whole_model = describe_model(c_.model);
+    for (const auto& name : whole_model.names()) full_tensor(name);
   }
   ps_.world.barrier();
 }
