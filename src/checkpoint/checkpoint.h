@@ -28,7 +28,7 @@
 
 #include "core/config.h"
 #include "checkpoint/safetensors.h"
-#include "dist/parallel_state.h"
+#include "distributed/parallel_state.h"
 #include "tensor_parallel/parameters.h"
 
 namespace megatron {

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 namespace megatron::cli {
 

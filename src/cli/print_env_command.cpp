@@ -11,7 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/errors.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 
 namespace megatron::cli {
 namespace {

@@ -1,9 +1,10 @@
 // Assembling micro-batches from a SampleSource, with Megatron's left-to-right masks.
 #pragma once
 
+#include "core/config.h"
 #include "data/ltor_masks.h"
+#include "data/micro_batch.h"
 #include "data/samples.h"
-#include "model/gpt_model.h"
 
 namespace megatron {
 

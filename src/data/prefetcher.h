@@ -11,7 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "model/gpt_model.h"
+#include "data/micro_batch.h"
 
 namespace megatron {
 

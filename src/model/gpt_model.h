@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "core/config.h"
+#include "data/micro_batch.h"
 #include "model/layer_spec.h"
 #include "model/norm_module.h"
 #include "model/rope.h"
@@ -27,15 +28,6 @@
 #include "tensor_parallel/parameters.h"
 
 namespace megatron {
-
-// One micro-batch, batch-first as the data loader yields it.
-struct Batch {
-  at::Tensor tokens;          // [b, s] int64
-  at::Tensor labels;          // [b, s] int64
-  at::Tensor loss_mask;       // [b, s] float
-  at::Tensor position_ids;    // [b, s] int64; undefined: 0..s-1 for every sample
-  at::Tensor attention_mask;  // [b, 1, s, s] bool, true = may attend; undefined: plain causal
-};
 
 class GPTModel : public tp::DescribedModule {
  public:

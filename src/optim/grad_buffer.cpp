@@ -18,9 +18,9 @@ struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
 
 ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, const dist::ParallelState& ps,
                                        const GradBufferOptions& options)
-    : ps_(ps), options_(options) {
+    : ps_(ps), options_(options), reduce_group_(options.grad_group == tp::GradGroup::DataParallel ? ps.dp : ps.expert_dp) {
   TORCH_CHECK(!named.empty(), "ParamAndGradBuffer: no parameters");
-  const int dp = ps.dp.size();
+  const int dp = reduce_group_.size();
   const at::TensorOptions param_options = named[0].tensor.options();
   // Buckets padded to a multiple of DP (times 64 elements, to keep shards aligned).
   const int64_t pad = options.distributed_optimizer ? int64_t(dp) * 64 : 1;
@@ -39,8 +39,8 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, co
   };
   for (auto it = named.rbegin(); it != named.rend(); ++it) {
     TORCH_CHECK(it->tensor.scalar_type() == param_options.dtype().toScalarType(), "parameters of mixed dtypes");
-    TORCH_CHECK(it->info.grad_group == tp::GradGroup::DataParallel, "ParamAndGradBuffer: '", it->name,
-                "' reduces over another group than data parallelism; it belongs in a buffer of that group");
+    TORCH_CHECK(it->info.grad_group == options.grad_group, "ParamAndGradBuffer: '", it->name,
+                "' reduces over another group than this buffer's; it belongs in a buffer of that group");
     const bool tied = options.tied_embedding_across_stages && it->info.word_embedding;
     if (tied) close_bucket();  // alone in its bucket
     BufferedParam p;
@@ -134,30 +134,30 @@ void ParamAndGradBuffer::grad_added(size_t index) {
 }
 
 std::pair<int64_t, int64_t> ParamAndGradBuffer::shard_of(const Bucket& b) const {
-  const int64_t size = (b.end - b.begin) / ps_.dp.size();
-  const int64_t begin = b.begin + size * ps_.dp.rank();
+  const int64_t size = (b.end - b.begin) / reduce_group_.size();
+  const int64_t begin = b.begin + size * reduce_group_.rank();
   return {begin, begin + size};
 }
 
 void ParamAndGradBuffer::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
-  if (ps_.dp.size() == 1) return;
+  if (reduce_group_.size() == 1) return;
   at::NoGradGuard no_grad;
   at::Tensor grads = grad_data.narrow(0, b.begin, b.end - b.begin);
   // Averaged over replicas: by the collective where it can (NCCL), else scaled first.
   dist::ReduceOp op = dist::ReduceOp::Avg;
-  if (!ps_.dp.supports_avg()) {
-    grads.mul_(1.0 / ps_.dp.size());
+  if (!reduce_group_.supports_avg()) {
+    grads.mul_(1.0 / reduce_group_.size());
     op = dist::ReduceOp::Sum;
   }
   if (options_.distributed_optimizer) {
     const auto [begin, end] = shard_of(b);
     at::Tensor shard = grad_data.narrow(0, begin, end - begin);
-    if (!ps_.dp.supports_in_place()) b.reduced = at::empty({end - begin}, grads.options());
-    b.work = ps_.dp.reduce_scatter_async(b.reduced.defined() ? b.reduced : shard, grads, op);
+    if (!reduce_group_.supports_in_place()) b.reduced = at::empty({end - begin}, grads.options());
+    b.work = reduce_group_.reduce_scatter_async(b.reduced.defined() ? b.reduced : shard, grads, op);
   } else {
-    b.work = ps_.dp.all_reduce_async(grads, op);
+    b.work = reduce_group_.all_reduce_async(grads, op);
   }
 }
 
@@ -202,13 +202,13 @@ void ParamAndGradBuffer::finish_grad_sync() {
 }
 
 void ParamAndGradBuffer::start_param_gather(size_t index) {
-  if (!options_.distributed_optimizer || ps_.dp.size() == 1) return;
+  if (!options_.distributed_optimizer || reduce_group_.size() == 1) return;
   Bucket& b = buckets_.at(index);
   const auto [begin, end] = shard_of(b);
   at::Tensor bucket = param_data.narrow(0, b.begin, b.end - b.begin);
   b.gathered_shard = param_data.narrow(0, begin, end - begin);
-  if (!ps_.dp.supports_in_place()) b.gathered_shard = b.gathered_shard.clone();
-  b.gather = ps_.dp.all_gather_async(bucket, b.gathered_shard);
+  if (!reduce_group_.supports_in_place()) b.gathered_shard = b.gathered_shard.clone();
+  b.gather = reduce_group_.all_gather_async(bucket, b.gathered_shard);
 }
 
 void ParamAndGradBuffer::set_params_updated(size_t bucket, c10::Event updated) {

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/parallel_state.h"
+#include "distributed/parallel_state.h"
 #include "tensor_parallel/parameters.h"
 
 namespace megatron {
@@ -50,6 +50,11 @@ struct GradBufferOptions {
   bool gradient_accumulation_fusion = false;
   // main_grad (and so accumulation over micro-batches and the DP reduction) in bf16, not fp32.
   bool grad_reduce_in_bf16 = false;
+  // The group the buffer's gradients are averaged over (and, with the distributed optimizer,
+  // sharded across), as Megatron's DDP keeps dense and expert-parallel buffers apart: dense
+  // parameters over ps.dp, expert parameters over ps.expert_dp. Every parameter in the buffer
+  // must name this group in its ParamInfo.
+  tp::GradGroup grad_group = tp::GradGroup::DataParallel;
 };
 
 
@@ -72,8 +77,7 @@ struct BufferedParam {
 
 class ParamAndGradBuffer {
  public:
-  // Every parameter's gradient reduces over data-parallel replicas (ParamInfo::grad_group);
-  // expert parameters, which reduce over expert-data-parallel ranks, need a buffer of their own.
+  // One buffer per gradient group (options.grad_group): the parameters' ParamInfo must agree.
   ParamAndGradBuffer(const std::vector<NamedTensor>& params, const dist::ParallelState& ps, const GradBufferOptions& options);
   ~ParamAndGradBuffer();
   ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
@@ -112,6 +116,7 @@ class ParamAndGradBuffer {
   std::vector<BufferedParam>& params() { return params_; }
   const std::vector<BufferedParam>& params() const { return params_; }
   const dist::ParallelState& parallel_state() const { return ps_; }
+  const dist::Group& reduce_group() const { return reduce_group_; }  // ps.dp or ps.expert_dp
   bool distributed_optimizer() const { return options_.distributed_optimizer; }
   size_t num_buckets() const { return buckets_.size(); }
 
@@ -141,6 +146,7 @@ class ParamAndGradBuffer {
 
   dist::ParallelState ps_;
   GradBufferOptions options_;
+  dist::Group reduce_group_;  // where gradients are averaged: options_.grad_group's group of ps_
   std::vector<BufferedParam> params_;
   std::vector<Bucket> buckets_;
   std::map<const void*, size_t> bucket_of_;  // parameter (TensorImpl) -> its bucket

@@ -10,7 +10,7 @@
 
 #include <vector>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace megatron::pipeline {
 

@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace megatron::pipeline {
 

@@ -5,7 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace megatron::tp {
 

@@ -3,7 +3,7 @@
 
 #include <ATen/core/ivalue.h>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace megatron::tp {
 

@@ -11,7 +11,7 @@
 
 #include <memory>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "model/norm.h"
 #include "tensor_parallel/parameters.h"
 #include "tensor_parallel/random.h"

@@ -68,6 +68,35 @@ struct Collective : torch::autograd::Function<Collective<Forward, Backward>> {
 
 at::Tensor identity(const at::Tensor& x, const dist::Group&) { return x; }
 
+at::Tensor exchange_rows(const at::Tensor& x, const dist::Group& g, const std::vector<int64_t>& out_splits,
+                         const std::vector<int64_t>& in_splits) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  if (!out_splits.empty()) {
+    shape[0] = 0;
+    for (int64_t n : out_splits) shape[0] += n;
+  }
+  at::Tensor out = at::empty(shape, x.options());
+  g.all_to_all(out, x, out_splits, in_splits);
+  return out;
+}
+
+struct AllToAll : torch::autograd::Function<AllToAll> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const dist::Group& g,
+                            const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits) {
+    ctx->saved_data["group"] = to_ivalue(g);
+    ctx->saved_data["out_splits"] = out_splits;
+    ctx->saved_data["in_splits"] = in_splits;
+    return exchange_rows(x, g, out_splits, in_splits);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> out_splits = ctx->saved_data["out_splits"].toIntVector();
+    const std::vector<int64_t> in_splits = ctx->saved_data["in_splits"].toIntVector();
+    // The gradient rows travel back: what came from member r returns to it.
+    return {exchange_rows(grads[0].contiguous(), group_of(ctx->saved_data["group"]), in_splits, out_splits), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor copy_to_tp(const at::Tensor& x, const dist::Group& g) {
@@ -90,6 +119,10 @@ at::Tensor gather_from_sp(const at::Tensor& x, const dist::Group& g) {
 }
 at::Tensor reduce_scatter_to_sp(const at::Tensor& x, const dist::Group& g) {
   return g.size() == 1 ? x : Collective<reduce_scatter_rows, all_gather_rows>::apply(x, g);
+}
+at::Tensor all_to_all(const at::Tensor& x, const dist::Group& g, const std::vector<int64_t>& out_splits,
+                      const std::vector<int64_t>& in_splits) {
+  return g.size() == 1 ? x : AllToAll::apply(x, g, out_splits, in_splits);
 }
 
 }  // namespace megatron::tp

@@ -6,7 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "dist/process_group.h"
+#include <vector>
+
+#include "distributed/process_group.h"
 
 namespace megatron::tp {
 
@@ -26,5 +28,12 @@ at::Tensor scatter_to_sp(const at::Tensor& x, const dist::Group& tp);
 at::Tensor gather_from_sp(const at::Tensor& x, const dist::Group& tp);
 // [s, b, h] partial sums -> [s/tp, b, h] reduced rows; bwd all-gather.
 at::Tensor reduce_scatter_to_sp(const at::Tensor& x, const dist::Group& tp);
+
+// Rows exchanged over `group` (Megatron-Core's all_to_all, the expert-parallel token exchange):
+// x [sum(in_splits), ...] holds in_splits[r] rows for member r -> [sum(out_splits), ...] with
+// out_splits[r] rows from member r. Empty splits: equal blocks. bwd: the same exchange with
+// the splits swapped, so each row's gradient goes back to the rank it came from.
+at::Tensor all_to_all(const at::Tensor& x, const dist::Group& group, const std::vector<int64_t>& out_splits = {},
+                      const std::vector<int64_t>& in_splits = {});
 
 }  // namespace megatron::tp

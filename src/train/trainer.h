@@ -6,7 +6,7 @@
 #pragma once
 
 #include "core/config.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 
 namespace megatron {
 

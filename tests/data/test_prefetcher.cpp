@@ -35,5 +35,25 @@ TEST(BatchPrefetcher, ServesSequentialJumpsAndErrors) {
   EXPECT_GE(built.load(), 24);
 }
 
+// A batch's named extra fields travel with the fixed ones: the prefetcher hands them over, and
+// every field is visited under one name, fixed ones first, which the trainer's pinning, device
+// moves and graph-input copies rely on.
+TEST(BatchFields, ExtraFieldsTravelWithTheBatch) {
+  BatchPrefetcher prefetcher([](int64_t first) {
+    Batch b;
+    b.tokens = at::full({1, 4}, first, at::kLong);
+    b.extra["advantages"] = at::full({1, 4}, double(first) / 2, at::kFloat);
+    return b;
+  }, /*stride=*/2);
+  Batch b = prefetcher.get(6);
+  ASSERT_TRUE(b.extra.count("advantages"));
+  EXPECT_EQ(b.extra["advantages"][0][0].item<float>(), 3.0f);
+  std::vector<std::string> names;
+  b.for_each([&](const std::string& name, const at::Tensor&) { names.push_back(name); });
+  EXPECT_EQ(names, (std::vector<std::string>{"tokens", "labels", "loss mask", "position ids", "attention mask", "advantages"}));
+  EXPECT_TRUE(b.field("advantages").equal(b.extra["advantages"]));
+  EXPECT_TRUE(b.field("tokens").equal(b.tokens));
+}
+
 }  // namespace
 }  // namespace megatron

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/parallel_state.h"
+#include "distributed/parallel_state.h"
 #include "optim/adamw.h"
 
 namespace megatron {

@@ -7,7 +7,7 @@
 
 #include <limits>
 
-#include "dist/parallel_state.h"
+#include "distributed/parallel_state.h"
 #include "optim/grad_buffer.h"
 #include "tensor_parallel/grad_accumulation.h"
 
@@ -59,6 +59,23 @@ TEST(GradBuffer, EachStepStartsFromItsOwnGradientsWithFusion) { check_steps(true
 TEST(GradBuffer, EachStepStartsFromItsOwnGradientsThroughTheHook) { check_steps(false); }
 TEST(GradBuffer, Bf16GradientsWithFusion) { check_steps(true, /*bf16=*/true); }
 TEST(GradBuffer, Bf16GradientsThroughTheHook) { check_steps(false, /*bf16=*/true); }
+
+// Dense and expert gradients reduce over different groups, so they live in different buffers:
+// a buffer takes only parameters of its own gradient group.
+TEST(GradBuffer, EachBufferHoldsOneGradientGroup) {
+  tp::ParamInfo expert;
+  expert.expert = 3;
+  expert.grad_group = tp::GradGroup::ExpertDataParallel;
+  const at::Tensor dense_weight = at::randn({4}).requires_grad_(), expert_weight = at::randn({4}).requires_grad_();
+  EXPECT_THROW(ParamAndGradBuffer({{"e.weight", expert_weight, 0, expert}}, dist::ParallelState::single(), GradBufferOptions{}),
+               c10::Error);
+  GradBufferOptions experts;
+  experts.grad_group = tp::GradGroup::ExpertDataParallel;
+  EXPECT_THROW(ParamAndGradBuffer({{"d.weight", dense_weight}}, dist::ParallelState::single(), experts), c10::Error);
+  ParamAndGradBuffer buffer({{"e.weight", expert_weight, 0, expert}}, dist::ParallelState::single(), experts);
+  EXPECT_EQ(buffer.reduce_group().size(), 1);
+  EXPECT_EQ(buffer.params().at(0).numel, 4);
+}
 
 }  // namespace
 }  // namespace megatron

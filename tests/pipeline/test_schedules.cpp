@@ -12,8 +12,8 @@
 #include <mutex>
 #include <thread>
 
-#include "dist/launch_env.h"
-#include "dist/world.h"
+#include "distributed/launch_env.h"
+#include "distributed/world.h"
 #include "pipeline/schedules.h"
 #include "support/free_port.h"
 

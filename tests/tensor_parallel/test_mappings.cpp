@@ -8,7 +8,7 @@
 #include <functional>
 #include <thread>
 
-#include "dist/world.h"
+#include "distributed/world.h"
 #include "support/free_port.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/layers.h"
@@ -104,6 +104,50 @@ TEST(TensorParallelMappings, VocabParallelEmbeddingEqualsLookup) {
     tp::TensorParallel tp{g, false};
     at::Tensor e = tp::vocab_parallel_embedding(table.chunk(2, 0)[rank], tokens, tp);
     EXPECT_TRUE(at::equal(e, at::embedding(table, tokens)));
+  });
+}
+
+}  // namespace
+}  // namespace megatron
+
+namespace megatron {
+namespace {
+
+// All-to-all with unequal splits (as expert-parallel dispatch sends each rank a different
+// number of tokens), and its backward returning every row's gradient to the rank it came from.
+TEST(TensorParallelMappings, AllToAllExchangesRowsBothWays) {
+  // Rank r sends splits[r][q] rows to rank q; row values name their sender and position.
+  const std::vector<std::vector<int64_t>> splits = {{1, 3}, {2, 0}};
+  on_ranks(2, [&](int rank, const dist::Group& g) {
+    const std::vector<int64_t>& in_splits = splits[size_t(rank)];
+    const std::vector<int64_t> out_splits = {splits[0][size_t(rank)], splits[1][size_t(rank)]};
+    const int64_t rows = in_splits[0] + in_splits[1];
+    at::Tensor x = (at::arange(rows, at::kDouble) + 100 * rank).unsqueeze(1).repeat({1, 3}).requires_grad_();  // [rows, 3]
+    at::Tensor y = tp::all_to_all(x, g, out_splits, in_splits);
+    // What each sender put in this rank's block, in sender order.
+    std::vector<at::Tensor> expected;
+    for (int sender = 0; sender < 2; ++sender) {
+      const auto& s = splits[size_t(sender)];
+      const int64_t first = rank == 0 ? 0 : s[0];
+      expected.push_back((at::arange(first, first + s[size_t(rank)], at::kDouble) + 100 * sender).unsqueeze(1).repeat({1, 3}));
+    }
+    ASSERT_TRUE(at::equal(y.detach(), at::cat(expected, 0))) << y;
+    // d(sum(y * w)) / dx: each row of x gets the weight of the place it landed.
+    const at::Tensor w = at::arange(y.size(0), at::kDouble).unsqueeze(1).repeat({1, 3}) + 10 * rank;
+    (y * w).sum().backward();
+    // Weights are place + 10 * receiver on every rank, so where each row landed is known here.
+    std::vector<at::Tensor> landed;
+    for (int receiver = 0; receiver < 2; ++receiver) {
+      int64_t start = 0;  // rows from earlier senders in the receiver's output
+      for (int sender = 0; sender < rank; ++sender) start += splits[size_t(sender)][size_t(receiver)];
+      const int64_t n = in_splits[size_t(receiver)];
+      landed.push_back((at::arange(start, start + n, at::kDouble) + 10 * receiver).unsqueeze(1).repeat({1, 3}));
+    }
+    EXPECT_TRUE(at::equal(x.grad(), at::cat(landed, 0))) << x.grad();
+    // Equal blocks without splits.
+    at::Tensor equal_in = at::full({4, 2}, double(rank));
+    at::Tensor equal_out = tp::all_to_all(equal_in, g);
+    EXPECT_TRUE(at::equal(equal_out, at::cat({at::zeros({2, 2}, at::kDouble), at::ones({2, 2}, at::kDouble)}, 0)));
   });
 }
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/config.h"
-#include "dist/process_group.h"
-#include "dist/world.h"
+#include "distributed/process_group.h"
+#include "distributed/world.h"
 
 namespace megatron::dist {
 
@@ -19,6 +19,9 @@ struct ParallelState {
   Group tp;              // tensor (and sequence) parallel peers
   Group cp;              // context parallel
   Group dp;              // data-parallel replicas: gradients are averaged here
+  // The replicas of this rank's expert shard (expert parallelism): expert parameters' gradients
+  // are averaged here. The same ranks as dp until expert parallelism splits dp.
+  Group expert_dp;
   Group pp;              // pipeline stages
   Group dp_cp;           // gradient reduction group (dp x cp), as Megatron
   Group model_parallel;  // tp x pp: one full model; norms and losses are reduced here

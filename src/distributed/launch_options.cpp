@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "core/errors.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 namespace megatron::dist {
 namespace {

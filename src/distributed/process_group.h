@@ -49,6 +49,13 @@ class Group {
   // out [n, ...] = this rank's n-row block of the sum of the members' `in` [size * n, ...].
   void reduce_scatter(at::Tensor& out, const at::Tensor& in) const;
   Work reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::Sum) const;
+  // All-to-all along dim 0: `in` holds in_splits[r] rows for member r, back to back in group
+  // rank order; `out` receives out_splits[r] rows from member r, likewise. Empty splits: equal
+  // blocks (in and out of the same shape, dim 0 divisible by size()).
+  void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits = {},
+                  const std::vector<int64_t>& in_splits = {}) const;
+  Work all_to_all_async(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits = {},
+                        const std::vector<int64_t>& in_splits = {}) const;
   void broadcast(at::Tensor& t, int root) const;  // root: a rank within the group
   void barrier() const;
   // Point to point; peer is a rank within the group. Messages between two ranks are matched

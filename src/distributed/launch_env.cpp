@@ -1,5 +1,5 @@
 // Reads a process's place in a distributed job from torchrun-style or Slurm variables.
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 
 #include <cerrno>
 #include <climits>

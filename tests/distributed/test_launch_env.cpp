@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "core/errors.h"
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 
 namespace megatron::dist {
 namespace {

@@ -1,4 +1,4 @@
-#include "dist/world.h"
+#include "distributed/world.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "core/errors.h"
-#include "dist/process_group_impl.h"
+#include "distributed/process_group_impl.h"
 
 namespace megatron::dist {
 

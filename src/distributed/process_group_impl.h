@@ -3,7 +3,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace megatron::dist {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch_env.h"
-#include "dist/process_group.h"
+#include "distributed/launch_env.h"
+#include "distributed/process_group.h"
 
 namespace megatron::dist {
 

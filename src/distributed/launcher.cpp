@@ -2,7 +2,7 @@
 // group, relay their output line by line with a "[rank R] " prefix, and supervise them. One
 // poll() loop watches the children's pipes and a self-pipe fed by the signal handlers, so
 // output, exits and signals are handled in one place without threads.
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,8 +1,8 @@
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #include <ATen/ATen.h>
 
-#include "dist/process_group_impl.h"
+#include "distributed/process_group_impl.h"
 
 namespace megatron::dist {
 namespace {
@@ -96,6 +96,41 @@ Work Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp
 }
 
 void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in) const { reduce_scatter_async(out, in).wait(); }
+
+Work Group::all_to_all_async(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                             const std::vector<int64_t>& in_splits) const {
+  auto check_splits = [&](const std::vector<int64_t>& splits, const at::Tensor& t, const char* which) {
+    if (splits.empty()) {
+      TORCH_CHECK(t.dim() > 0 && t.size(0) % size() == 0, "all_to_all: ", which, " has ", t.dim() > 0 ? t.size(0) : 0,
+                  " rows, not divisible into ", size(), " equal blocks");
+      return;
+    }
+    TORCH_CHECK(int(splits.size()) == size(), "all_to_all: ", splits.size(), " ", which, " splits for a group of ", size());
+    int64_t rows = 0;
+    for (int64_t n : splits) {
+      TORCH_CHECK(n >= 0, "all_to_all: negative ", which, " split");
+      rows += n;
+    }
+    TORCH_CHECK(rows == t.size(0), "all_to_all: ", which, " splits sum to ", rows, " rows, the tensor has ", t.size(0));
+  };
+  check_splits(in_splits, in, "input");
+  check_splits(out_splits, out, "output");
+  TORCH_CHECK(in.dim() == out.dim() && in.sizes().slice(1).equals(out.sizes().slice(1)),
+              "all_to_all: input and output rows differ in shape");
+  if (size() == 1) {
+    out.copy_(in);
+    return Work();
+  }
+  check_contiguous(out, "all_to_all");
+  at::Tensor input = in.contiguous();
+  std::vector<int64_t> outs = out_splits, ins = in_splits;  // c10d takes them by non-const reference
+  return pending(impl_->backend->alltoall_base(out, input, outs, ins), {out, input});
+}
+
+void Group::all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                       const std::vector<int64_t>& in_splits) const {
+  all_to_all_async(out, in, out_splits, in_splits).wait();
+}
 
 void Group::broadcast(at::Tensor& t, int root) const {
   if (size() == 1) return;

@@ -1,4 +1,4 @@
-#include "dist/parallel_state.h"
+#include "distributed/parallel_state.h"
 
 #include <ATen/ATen.h>
 
@@ -52,6 +52,7 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   ps.tp = mine({"tp"});
   ps.cp = mine({"cp"});
   ps.dp = mine({"dp"});
+  ps.expert_dp = ps.dp;  // ep = 1: no expert parallelism yet
   ps.pp = mine({"pp"});
   ps.dp_cp = mine({"dp", "cp"});
   ps.model_parallel = mine({"tp", "pp"});
