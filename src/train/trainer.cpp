@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/hf_export.h"
+#include "checkpoint/hf_export_ranks.h"
 #include "checkpoint/hf_mapping.h"
 #include "core/errors.h"
 #include "core/memory.h"
@@ -29,8 +29,8 @@
 #include "data/batch.h"
 #include "data/prefetcher.h"
 #include "data/samples.h"
-#include "dist/parallel_state.h"
-#include "dist/world.h"
+#include "distributed/parallel_state.h"
+#include "distributed/world.h"
 #include "model/family.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
@@ -42,13 +42,13 @@
 #include "train/log_line.h"
 #include "train/profiler.h"
 #include "train/step_graph.h"
+#include "train/checkpointer.h"
 #include "train/step_statistics.h"
+#include "train/stop_signal.h"
 #include "train/tensorboard_writer.h"
 
 namespace megatron {
 namespace {
-
-std::atomic<int> g_stop_signal{0};  // set by the signal handler, read between iterations
 
 // The training loop on a high-priority stream of its own, for its lifetime: with the optimizer
 // step overlapped, the block scheduler then dispatches the forward's kernels before the updates
@@ -73,8 +73,6 @@ class HighPriorityStream {
   std::optional<c10::StreamGuard> current_;
 };
 
-extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
-
 // One GPU per local rank (made the current device, which NCCL uses); CPU otherwise.
 at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
   if (t.device == "cuda" && !at::hasCUDA()) {
@@ -94,19 +92,13 @@ at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
   return at::Device(at::kCPU);
 }
 
-// A Batch's tensors and their names, for the helpers below.
-constexpr std::pair<at::Tensor Batch::*, const char*> kBatchFields[] = {
-    {&Batch::tokens, "tokens"},
-    {&Batch::labels, "labels"},
-    {&Batch::loss_mask, "loss mask"},
-    {&Batch::position_ids, "position ids"},
-    {&Batch::attention_mask, "attention mask"}};
-
-// `f` applied to each defined tensor of `b` (undefined ones stay undefined).
+// `f` applied to each defined tensor of `b`, extra fields too (undefined ones stay undefined).
 template <typename F>
 Batch map_batch(const Batch& b, F&& f) {
-  Batch out;
-  for (const auto& [field, name] : kBatchFields) out.*field = (b.*field).defined() ? f(b.*field) : b.*field;
+  Batch out = b;
+  out.for_each([&](const std::string&, at::Tensor& t) {
+    if (t.defined()) t = f(t);
+  });
   return out;
 }
 
@@ -124,9 +116,8 @@ Batch to_device(Batch b, const at::Device& device) {
 // Copies `from` (host) into the device tensors of `into`, allocating them the first time: the
 // fixed-address inputs a captured step reads.
 void copy_batch(const Batch& from, Batch& into, const at::Device& device) {
-  for (const auto& [field, name] : kBatchFields) {
-    const at::Tensor& src = from.*field;
-    at::Tensor& dst = into.*field;
+  from.for_each([&](const std::string& name, const at::Tensor& src) {
+    at::Tensor& dst = into.field(name);
     if (!dst.defined() && src.defined()) dst = at::empty(src.sizes(), src.options().device(device).pinned_memory(false));
     if (src.defined() != dst.defined() || (src.defined() && !src.sizes().equals(dst.sizes()))) {
       throw UserError(std::string("--cuda-graph-impl: the batch's ") + name +
@@ -134,7 +125,7 @@ void copy_batch(const Batch& from, Batch& into, const at::Device& device) {
                       "(train without --cuda-graph-impl)");
     }
     if (src.defined()) dst.copy_(src, /*non_blocking=*/true);
-  }
+  });
 }
 
 // Model FLOPs per token as the baseline counts them: 6 per parameter (forward + backward) plus
@@ -144,7 +135,6 @@ class Trainer {
   Trainer(const Config& c, const dist::LaunchEnv& env, RunMode mode)
       : c_(c), t_(c.train), env_(env), mode_(mode), schedule_(c.train), device_(pick_device(c.train, env)), ltor_(ltor_options(c)) {}
   ~Trainer() {
-    if (async_save_ && async_save_->writer.joinable()) async_save_->writer.join();
     if (metrics_ != nullptr) std::fclose(metrics_);
   }
   Trainer(const Trainer&) = delete;
@@ -189,25 +179,10 @@ class Trainer {
   void report_memory();
   std::vector<GPTModel*> chunks() const;
   void save(const char* why);
-  // --async-save: publish the save in flight once every rank has written it (polled each
-  // iteration without blocking), or wait for it.
-  void finish_async_save(bool wait);
-  void export_hf();
   void log_iteration();
   // Reads the device-side statistics of the iterations since the last call into progress_ and
   // the log interval's totals (one host synchronisation).
   void settle_statistics();
-  // SIGTERM / SIGINT seen by any rank, agreed on by all (kStopPollLag iterations after it
-  // arrived on multi-rank runs; see the definitions). Multi-rank runs start each iteration's
-  // poll inside the step (launch_stop_poll) and read an earlier one at its end.
-  void launch_stop_poll();
-  bool stop_requested();
-  struct StopPoll {
-    at::Tensor host;                 // [1] fp32: the world's max signal, in host memory once ready
-    std::optional<c10::Event> ready;  // recorded after the copy (GPU runs)
-  };
-  static constexpr size_t kStopPollLag = 2;
-  std::deque<StopPoll> stop_polls_;
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
   bool prints_log() const { return ps_.is_last_rank(); }
@@ -236,17 +211,8 @@ class Trainer {
   StepResult graph_result_;
   std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
-  int64_t last_saved_ = -1;
-  struct AsyncSave {
-    CheckpointSnapshot snapshot;
-    std::thread writer;
-    std::atomic<bool> done{false};
-    std::exception_ptr error;
-    std::chrono::steady_clock::time_point start;
-    std::string why;
-  };
-  std::unique_ptr<AsyncSave> async_save_;
-  std::map<std::string, at::Tensor> snapshot_buffers_;  // page-locked host copies, reused by every async save
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<StopSignal> stop_;
 
   // Accumulated over the current log interval.
   StepStatistics statistics_;  // on the device, not read yet
@@ -377,10 +343,11 @@ int Trainer::run() {
     std::printf("> training data: %s\n", train_data_ ? train_data_->describe().c_str() : "none (--split leaves it empty)");
   }
 
+  checkpointer_ = std::make_unique<Checkpointer>(c_, ps_, device_);
   if (!t_.load.empty()) {
     if (auto loaded = load_checkpoint(t_.load, chunks(), optimizer_.get(), c_, ps_)) {
       progress_ = *loaded;
-      last_saved_ = progress_.iteration;
+      checkpointer_->loaded(progress_.iteration);
     }
   }
   if (!t_.tensorboard_dir.empty() && prints_log()) tensorboard_ = std::make_unique<TensorBoardWriter>(t_.tensorboard_dir);
@@ -389,8 +356,7 @@ int Trainer::run() {
     if (metrics_ == nullptr) throw UserError("--metrics-jsonl: cannot open " + t_.metrics_jsonl + " for appending");
   }
 
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
+  stop_ = std::make_unique<StopSignal>(ps_, device_);
 
   if (mode_ == RunMode::Evaluate) return evaluate_splits();
 
@@ -444,146 +410,34 @@ int Trainer::run() {
       if (tensorboard_) tensorboard_->add_scalar("lm loss validation", float(valid_loss), progress_.iteration);
       std::fflush(stdout);
     }
-    if (async_save_) finish_async_save(/*wait=*/false);
+    interval_start_ += checkpointer_->finish_async(/*wait=*/false);
     if (!t_.save.empty() && t_.save_interval > 0 && progress_.iteration % t_.save_interval == 0) save("save-interval");
-    if (stop_requested()) {
-      std::printf("received signal %d: stopping after iteration %lld\n", g_stop_signal.load(),
+    if (stop_->requested()) {
+      std::printf("received signal %d: stopping after iteration %lld\n", stop_->signal(),
                   static_cast<long long>(progress_.iteration));
       if (!t_.save.empty()) save("signal");
-      finish_async_save(/*wait=*/true);
+      checkpointer_->finish_async(/*wait=*/true);
       return 0;
     }
     if (t_.exit_interval > 0 && progress_.iteration % t_.exit_interval == 0) {
       if (prints_setup()) std::printf("exiting program at iteration %lld (--exit-interval)\n", static_cast<long long>(progress_.iteration));
       if (!t_.save.empty()) save("exit-interval");
-      finish_async_save(/*wait=*/true);
+      checkpointer_->finish_async(/*wait=*/true);
       return 0;
     }
   }
   if (!t_.save.empty()) save("end of training");
-  finish_async_save(/*wait=*/true);
-  if (!t_.save_hf.empty()) export_hf();
+  checkpointer_->finish_async(/*wait=*/true);
+  if (!t_.save_hf.empty()) {
+    buffer_->finish_param_gather();
+    export_hf_from_ranks(chunks(), c_, ps_, device_);
+  }
   return 0;
 }
 
-void Trainer::finish_async_save(bool wait) {
-  if (!async_save_) return;
-  const auto start = std::chrono::steady_clock::now();
-  bool all_done = async_save_->done.load();
-  if (!wait && ps_.world_size > 1) {
-    // Publishing is collective: every rank must have finished writing its files.
-    at::Tensor flag = at::full({1}, all_done ? 1.0f : 0.0f, at::TensorOptions().device(device_));
-    ps_.world.all_reduce(flag);  // the number of ranks done
-    all_done = flag.item<float>() == float(ps_.world_size);
-  }
-  if (!wait && !all_done) return;
-  async_save_->writer.join();
-  if (async_save_->error) std::rethrow_exception(async_save_->error);
-  publish_checkpoint(async_save_->snapshot, ps_);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - async_save_->start).count();
-  if (prints_setup()) {
-    std::printf("saved checkpoint at iteration %lld to %s (%s, asynchronous, %.2f s from snapshot to published)\n",
-                static_cast<long long>(async_save_->snapshot.iteration), t_.save.c_str(), async_save_->why.c_str(), seconds);
-    std::fflush(stdout);
-  }
-  async_save_.reset();
-  interval_start_ += std::chrono::steady_clock::now() - start;
-}
 
-// The whole model gathered tensor by tensor: over TP on the stage that holds it, then sent to
-// rank 0 (the first stage) over the pipeline group; rank 0 writes it. Every rank of DP replica
-// 0 walks the parameter names in the same order.
-void Trainer::export_hf() {
-  buffer_->finish_param_gather();
-  const auto start = std::chrono::steady_clock::now();
-  std::map<std::string, std::pair<at::Tensor, tp::ParamInfo>> params;  // this rank's
-  for (auto& chunk : chunks_) {
-    for (const auto& item : chunk->named_parameters()) params[item.key()] = {item.value(), chunk->parameter_table().at(item.key())};
-  }
-  const ParallelConfig& p = c_.parallel;
-  auto full_tensor = [&](const std::string& name) -> at::Tensor {
-    int owner = 0;
-    while (owner < ps_.pp.size() && !pipeline::stage_holds(name, p, c_.model, owner)) ++owner;
-    if (owner == ps_.pp.size()) throw UserError("--save-hf: no pipeline stage holds '" + name + "'");
-    at::Tensor full;
-    if (ps_.pp.rank() == owner) {
-      auto it = params.find(name);
-      if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
-      full = tp::gather_full(it->second.first.detach(), it->second.second.split, ps_.tp).contiguous();
-    }
-    if (owner != 0 && ps_.tp.rank() == 0) {
-      // Shape first (up to 7 dimensions), then the values.
-      at::Tensor header = at::zeros({8}, at::TensorOptions().device(device_).dtype(at::kLong));
-      if (ps_.pp.rank() == owner) {
-        header[0] = full.dim();
-        for (int64_t d = 0; d < full.dim(); ++d) header[d + 1] = full.size(d);
-        ps_.pp.send(header, 0);
-        ps_.pp.send(full, 0);
-      } else if (ps_.pp.rank() == 0) {
-        ps_.pp.recv(header, owner);
-        const at::Tensor dims = header.cpu();
-        std::vector<int64_t> shape;
-        for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
-        full = at::empty(shape, at::TensorOptions().device(device_).dtype(params.begin()->second.first.scalar_type()));
-        ps_.pp.recv(full, owner);
-      }
-    }
-    return full.defined() ? full.cpu() : full;
-  };
-  const int64_t hf_vocab = c_.model.hf_vocab_size > 0 ? c_.model.hf_vocab_size : c_.model.vocab_size;
-  if (ps_.rank == 0) {
-    HfExportOptions options;
-    if (!t_.load_hf.empty()) options.config_json = t_.load_hf + "/config.json";
-    const DataConfig& d = c_.data;
-    if (d.tokenizer_type == "HuggingFaceTokenizer" && !d.tokenizer_model.empty()) {
-      options.tokenizer_dir = std::filesystem::is_directory(d.tokenizer_model)
-                                  ? d.tokenizer_model
-                                  : std::filesystem::path(d.tokenizer_model).parent_path().string();
-    }
-    save_hf_checkpoint(t_.save_hf, c_.model, hf_vocab, full_tensor, options);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("exported the model to %s (Hugging Face safetensors, %.2f s)\n", t_.save_hf.c_str(), seconds);
-    std::fflush(stdout);
-  } else if (ps_.dp.rank() == 0) {
-    // The other ranks of DP replica 0 take part in every gather and transfer rank 0 makes.
-    const tp::ParamTable whole_model = describe_model(c_.model);
-    for (const auto& name : whole_model.names()) full_tensor(name);
-  }
-  ps_.world.barrier();
-}
 
-void Trainer::launch_stop_poll() {
-  if (ps_.world_size == 1) return;
-  // Ranks may see a signal at different iterations and must stop at the same one. Each
-  // iteration all-reduces (max) this rank's signal and copies the result to host memory without
-  // waiting for it; stop_requested() reads the result of kStopPollLag iterations ago. That
-  // collective finished long before (the GPU runs at most about one iteration behind the host),
-  // so the read does not stall the host as reading this iteration's would, and every rank reads
-  // the same value at the same iteration.
-  at::Tensor flag = at::full({1}, double(g_stop_signal.load()), at::TensorOptions().device(device_).dtype(at::kFloat));
-  ps_.world.all_reduce(flag, dist::ReduceOp::Max);
-  StopPoll poll;
-  if (device_.is_cpu()) {
-    poll.host = flag;
-  } else {
-    poll.host = at::empty({1}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
-    poll.host.copy_(flag, /*non_blocking=*/true);
-    poll.ready.emplace(device_.type());
-    poll.ready->record(current_stream(device_));
-  }
-  stop_polls_.push_back(std::move(poll));
-}
 
-bool Trainer::stop_requested() {
-  if (ps_.world_size == 1) return g_stop_signal.load() != 0;
-  if (stop_polls_.size() <= kStopPollLag) return false;
-  StopPoll due = std::move(stop_polls_.front());
-  stop_polls_.pop_front();
-  if (due.ready) due.ready->synchronize();
-  const int signal = static_cast<int>(due.host.data_ptr<float>()[0]);
-  if (signal != 0) g_stop_signal.store(signal);
-  return signal != 0;
-}
 
 // FNV-1a over the bytes of this rank's parameters, compared across data-parallel replicas.
 void Trainer::check_weight_hash() {
@@ -618,7 +472,7 @@ Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& ba
   // step queues the parameter all-gathers (distributed optimizer). Queued behind them, the poll's
   // copy to the host would hold the next forward until every bucket had arrived (5 ms exposed
   // per step at DP=2 on the reference shape) instead of layer by layer.
-  launch_stop_poll();
+  stop_->launch_poll();
   r.applied = optimizer_->step(r.grad_norm, r.loss);
   return r;
 }
@@ -799,44 +653,10 @@ int Trainer::evaluate_splits() {
 }
 
 void Trainer::save(const char* why) {
-  if (last_saved_ == progress_.iteration) return;
+  if (checkpointer_->saved(progress_.iteration)) return;
   settle_statistics();  // the skipped-iteration counts go into the checkpoint
-  if (t_.async_save) finish_async_save(/*wait=*/true);  // one save in flight at a time; its buffers are reused
-  const auto start = std::chrono::steady_clock::now();
   buffer_->finish_param_gather();
-  if (t_.async_save) {
-    const auto snapshot_start = std::chrono::steady_clock::now();
-    async_save_ = std::make_unique<AsyncSave>();
-    async_save_->snapshot = snapshot_checkpoint(t_.save, progress_, chunks(), *optimizer_, c_, ps_, /*copy=*/true,
-                                                &snapshot_buffers_);
-    async_save_->start = snapshot_start;
-    async_save_->why = why;
-    AsyncSave* pending = async_save_.get();
-    pending->writer = std::thread([pending] {
-      try {
-        write_checkpoint_files(pending->snapshot);
-      } catch (...) {
-        pending->error = std::current_exception();
-      }
-      pending->done.store(true);
-    });
-    last_saved_ = progress_.iteration;
-    const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (prints_setup()) {
-      std::printf("started asynchronous checkpoint of iteration %lld to %s (%s; training stalled %.3f s for the host copy)\n",
-                  static_cast<long long>(progress_.iteration), t_.save.c_str(), why, stall);
-      std::fflush(stdout);
-    }
-    interval_start_ += std::chrono::steady_clock::now() - start;
-    return;
-  }
-  save_checkpoint(t_.save, progress_, chunks(), *optimizer_, c_, ps_);
-  last_saved_ = progress_.iteration;
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (prints_setup()) std::printf("saved checkpoint at iteration %lld to %s (%s, %.2f s)\n", static_cast<long long>(progress_.iteration),
-              t_.save.c_str(), why, seconds);
-  std::fflush(stdout);
-  interval_start_ += std::chrono::steady_clock::now() - start;  // keep saving out of the step time
+  interval_start_ += checkpointer_->save(progress_, chunks(), *optimizer_, why);  // keep saving out of the step time
 }
 
 }  // namespace

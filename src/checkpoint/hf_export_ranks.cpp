@@ -1,0 +1,78 @@
+#include "checkpoint/hf_export_ranks.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "checkpoint/hf_export.h"
+#include "core/errors.h"
+#include "model/gpt_model.h"
+#include "pipeline/layout.h"
+#include "tensor_parallel/sharding.h"
+
+namespace megatron {
+
+// Every rank of DP replica 0 walks the parameter names in the same order.
+void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c, const dist::ParallelState& ps,
+                          const at::Device& device) {
+  const auto start = std::chrono::steady_clock::now();
+  std::map<std::string, std::pair<at::Tensor, tp::ParamInfo>> params;  // this rank's
+  for (GPTModel* chunk : chunks) {
+    for (const auto& item : chunk->named_parameters()) params[item.key()] = {item.value(), chunk->parameter_table().at(item.key())};
+  }
+  const ParallelConfig& p = c.parallel;
+  auto full_tensor = [&](const std::string& name) -> at::Tensor {
+    int owner = 0;
+    while (owner < ps.pp.size() && !pipeline::stage_holds(name, p, c.model, owner)) ++owner;
+    if (owner == ps.pp.size()) throw UserError("--save-hf: no pipeline stage holds '" + name + "'");
+    at::Tensor full;
+    if (ps.pp.rank() == owner) {
+      auto it = params.find(name);
+      if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
+      full = tp::gather_full(it->second.first.detach(), it->second.second.split, ps.tp).contiguous();
+    }
+    if (owner != 0 && ps.tp.rank() == 0) {
+      // Shape first (up to 7 dimensions), then the values.
+      at::Tensor header = at::zeros({8}, at::TensorOptions().device(device).dtype(at::kLong));
+      if (ps.pp.rank() == owner) {
+        header[0] = full.dim();
+        for (int64_t d = 0; d < full.dim(); ++d) header[d + 1] = full.size(d);
+        ps.pp.send(header, 0);
+        ps.pp.send(full, 0);
+      } else if (ps.pp.rank() == 0) {
+        ps.pp.recv(header, owner);
+        const at::Tensor dims = header.cpu();
+        std::vector<int64_t> shape;
+        for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
+        full = at::empty(shape, at::TensorOptions().device(device).dtype(params.begin()->second.first.scalar_type()));
+        ps.pp.recv(full, owner);
+      }
+    }
+    return full.defined() ? full.cpu() : full;
+  };
+  const int64_t hf_vocab = c.model.hf_vocab_size > 0 ? c.model.hf_vocab_size : c.model.vocab_size;
+  if (ps.rank == 0) {
+    HfExportOptions options;
+    if (!c.train.load_hf.empty()) options.config_json = c.train.load_hf + "/config.json";
+    const DataConfig& d = c.data;
+    if (d.tokenizer_type == "HuggingFaceTokenizer" && !d.tokenizer_model.empty()) {
+      options.tokenizer_dir = std::filesystem::is_directory(d.tokenizer_model)
+                                  ? d.tokenizer_model
+                                  : std::filesystem::path(d.tokenizer_model).parent_path().string();
+    }
+    save_hf_checkpoint(c.train.save_hf, c.model, hf_vocab, full_tensor, options);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("exported the model to %s (Hugging Face safetensors, %.2f s)\n", c.train.save_hf.c_str(), seconds);
+    std::fflush(stdout);
+  } else if (ps.dp.rank() == 0) {
+    // The other ranks of DP replica 0 take part in every gather and transfer rank 0 makes.
+    const tp::ParamTable whole_model = describe_model(c.model);
+    for (const auto& name : whole_model.names()) full_tensor(name);
+  }
+  ps.world.barrier();
+}
+
+}  // namespace megatron

@@ -1,0 +1,60 @@
+#include "train/stop_signal.h"
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <csignal>
+
+#include "core/streams.h"
+
+namespace megatron {
+namespace {
+
+// Set by the signal handler, read between iterations. A handler can reach only a global.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+
+}  // namespace
+
+StopSignal::StopSignal(const dist::ParallelState& ps, const at::Device& device) : ps_(ps), device_(device) {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+}
+
+int StopSignal::signal() const { return g_stop_signal.load(); }
+
+void StopSignal::launch_poll() {
+  if (ps_.world_size == 1) return;
+  // Ranks may see a signal at different iterations and must stop at the same one. Each
+  // iteration all-reduces (max) this rank's signal and copies the result to host memory without
+  // waiting for it; requested() reads the result of kPollLag iterations ago. That collective
+  // finished long before (the GPU runs at most about one iteration behind the host), so the
+  // read does not stall the host as reading this iteration's would, and every rank reads the
+  // same value at the same iteration.
+  at::Tensor flag = at::full({1}, double(g_stop_signal.load()), at::TensorOptions().device(device_).dtype(at::kFloat));
+  ps_.world.all_reduce(flag, dist::ReduceOp::Max);
+  Poll poll;
+  if (device_.is_cpu()) {
+    poll.host = flag;
+  } else {
+    poll.host = at::empty({1}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+    poll.host.copy_(flag, /*non_blocking=*/true);
+    poll.ready.emplace(device_.type());
+    poll.ready->record(current_stream(device_));
+  }
+  polls_.push_back(std::move(poll));
+}
+
+bool StopSignal::requested() {
+  if (ps_.world_size == 1) return g_stop_signal.load() != 0;
+  if (polls_.size() <= kPollLag) return false;
+  Poll due = std::move(polls_.front());
+  polls_.pop_front();
+  if (due.ready) due.ready->synchronize();
+  const int signal = static_cast<int>(due.host.data_ptr<float>()[0]);
+  if (signal != 0) g_stop_signal.store(signal);
+  return signal != 0;
+}
+
+}  // namespace megatron
