@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -29,10 +30,18 @@ nlohmann::json read_json(const std::string& path) {
 
 }  // namespace
 
-ModelConfig model_config_from_hf(const std::string& dir) {
+ModelConfig model_config_from_hf(const std::string& dir, const ModelFamily* family) {
   const std::string path = dir + "/config.json";
   const nlohmann::json j = read_json(path);
-  return family_for_hf_type(j.value("model_type", ""), path).config_from_hf(j, path);
+  const std::string type = j.value("model_type", "");
+  if (family != nullptr && std::find(family->hf_model_types.begin(), family->hf_model_types.end(), type) ==
+                               family->hf_model_types.end()) {
+    throw UserError(path + ": model_type '" + type + "' is not one the " + family->name + " family reads");
+  }
+  const ModelFamily& f = family != nullptr ? *family : family_for_hf_type(type, path);
+  ModelConfig m = f.config_from_hf(j, path);
+  m.family = &f;
+  return m;
 }
 
 HfCheckpointReader::HfCheckpointReader(const std::string& dir) : dir_(dir) {
@@ -161,7 +170,7 @@ std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const s
 
 void adopt_hf_architecture(Config& config) {
   const std::string& dir = config.train.load_hf;
-  const ModelConfig hf = model_config_from_hf(dir);
+  const ModelConfig hf = model_config_from_hf(dir, config.model.family);
   ModelConfig& m = config.model;
   auto given = [&](const char* flag) { return config.explicit_flags.count(flag) > 0; };
   auto check = [&](const char* flag, const std::string& ours, const std::string& theirs) {

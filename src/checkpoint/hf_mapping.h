@@ -44,11 +44,13 @@ at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& config, int64_t hf_vocab);
 
-// Reads <dir>/config.json. The vocabulary is not padded (padded_vocab_size = vocab_size) so
-// logits line up with HF's. UserError on a missing file or an unsupported architecture.
-ModelConfig model_config_from_hf(const std::string& hf_dir);
+// Reads <dir>/config.json through `family` (default: the built-in family of its model_type);
+// the result names its family. The vocabulary is not padded (padded_vocab_size = vocab_size)
+// so logits line up with HF's. UserError on a missing file or an unsupported architecture.
+ModelConfig model_config_from_hf(const std::string& hf_dir, const ModelFamily* family = nullptr);
 
-// `megatron train --load-hf DIR`: the model architecture comes from DIR/config.json. A model flag
+// `megatron train --load-hf DIR`: the model architecture comes from DIR/config.json (read
+// through config.model.family when set). A model flag
 // given explicitly that disagrees with it is a UserError naming both values; the sequence length
 // defaults to min(max_position_embeddings, 4096) and the tokenizer to DIR's tokenizer.json.
 void adopt_hf_architecture(Config& config);

@@ -5,11 +5,19 @@
 #include <string>
 #include <vector>
 
+namespace megatron {
+struct ModelFamily;
+}
+
 namespace megatron::cli {
 
 using Args = std::vector<std::string>;
 
 int train(const Args& args);
+// `train` and `convert` for a model of `family`, a record of the calling program's own (a
+// program that links megatron_cli and adds a family; tests/custom_family does).
+int train_as(const ModelFamily& family, const Args& args);
+int convert_as(const ModelFamily& family, const Args& args);
 int eval(const Args& args);  // a checkpoint's validation / test loss
 int generate(const Args& args);
 int convert(const Args& args);

@@ -60,10 +60,10 @@ int positive(const std::string& flag, const std::string& text) {
   return static_cast<int>(v);
 }
 
-void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int pp, int divisible) {
+void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int pp, int divisible, const ModelFamily* family) {
   Config config;
   ModelConfig& m = config.model;
-  m = model_config_from_hf(hf_dir);
+  m = model_config_from_hf(hf_dir, family);
   config.parallel.tensor_model_parallel_size = tp;
   config.parallel.pipeline_model_parallel_size = pp;
   pipeline::check_pipeline_layout(config.parallel, m.num_layers);
@@ -115,11 +115,12 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
               save.c_str(), tp, pp, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
 }
 
-void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes) {
+void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes, const ModelFamily* family) {
   std::string dir = fs::exists(load + "/state.json") ? load : latest_checkpoint_directory(load);
   if (dir.empty()) throw UserError(load + ": no checkpoint (no latest_checkpointed_iteration.txt or state.json)");
   const nlohmann::json state = read_checkpoint_state(dir);
-  const ModelConfig m = model_config_from_json(state.at("model_config"));
+  ModelConfig m = model_config_from_json(state.at("model_config"));
+  m.family = family;
   // Reads the model files of any saved layout, checksums verified, TP shards joined per tensor.
   const ShardedCheckpointReader reader(dir, state, describe_model(m), /*with_optimizer=*/false);
   HfExportOptions options;
@@ -147,7 +148,7 @@ void native_to_hf(const std::string& load, const std::string& save, int64_t max_
 
 }  // namespace
 
-int convert(const Args& args) {
+static int convert_with(const Args& args, const ModelFamily* family) {
   std::map<std::string, std::string> values;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -171,16 +172,21 @@ int convert(const Args& args) {
     const int tp = values.count("--target-tensor-parallel-size") ? positive("--target-tensor-parallel-size", values["--target-tensor-parallel-size"]) : 1;
     const int divisible = values.count("--make-vocab-size-divisible-by") ? positive("--make-vocab-size-divisible-by", values["--make-vocab-size-divisible-by"]) : 128;
     const int pp = values.count("--target-pipeline-parallel-size") ? positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) : 1;
-    hf_to_native(values["--load"], values["--save"], tp, pp, divisible);
+    hf_to_native(values["--load"], values["--save"], tp, pp, divisible, family);
   } else if (from == "native" && to == "hf") {
     for (const char* flag : {"--target-tensor-parallel-size", "--target-pipeline-parallel-size"}) {
       if (values.count(flag)) throw UserError(std::string(flag) + " applies to --to native only");
     }
-    native_to_hf(values["--load"], values["--save"], values.count("--max-shard-size") ? parse_size(values["--max-shard-size"]) : 5000000000LL);
+    native_to_hf(values["--load"], values["--save"], values.count("--max-shard-size") ? parse_size(values["--max-shard-size"]) : 5000000000LL,
+                 family);
   } else {
     throw UserError("convert --from " + from + " --to " + to + ": supported are --from hf --to native and --from native --to hf");
   }
   return 0;
 }
+
+int convert(const Args& args) { return convert_with(args, nullptr); }
+
+int convert_as(const ModelFamily& family, const Args& args) { return convert_with(args, &family); }
 
 }  // namespace megatron::cli

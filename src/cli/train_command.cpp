@@ -6,7 +6,7 @@
 
 #include "checkpoint/hf_mapping.h"
 #include "cli/commands.h"
-#include "core/arguments.h"
+#include "train/arguments.h"
 #include "core/errors.h"
 #include "train/trainer.h"
 
@@ -21,7 +21,8 @@ bool asks_for_help(const Args& args) {
 }
 
 // The parsed flags, with the architecture of a --load-hf model, finalized for this launch.
-int run_trainer(Config config, RunMode mode) {
+int run_trainer(Config config, RunMode mode, const ModelFamily* family = nullptr) {
+  if (family != nullptr) config.model.family = family;
   if (!config.train.load_hf.empty()) adopt_hf_architecture(config);
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   finalize_config(config, env.world_size);
@@ -36,6 +37,11 @@ int train(const Args& args) {
     return 0;
   }
   return run_trainer(parse_train_arguments(args), RunMode::Train);
+}
+
+int train_as(const ModelFamily& family, const Args& args) {
+  if (asks_for_help(args)) return train(args);
+  return run_trainer(parse_train_arguments(args), RunMode::Train, &family);
 }
 
 int eval(const Args& args) {

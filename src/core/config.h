@@ -10,7 +10,14 @@
 
 namespace megatron {
 
+struct ModelFamily;  // model/family.h
+
 struct ModelConfig {
+  // The family record (presets, HF mapping, layer spec, FLOPs) this model is built from; null:
+  // the built-in family whose fields these are (family_of). A program with a family of its own
+  // sets it; it is not saved: the process that loads a checkpoint names the family again.
+  const ModelFamily* family = nullptr;
+
   int num_layers = 0;
   int hidden_size = 0;
   int ffn_hidden_size = 0;       // 0: derived (4h, or Megatron's SwiGLU rule)

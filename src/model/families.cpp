@@ -200,6 +200,7 @@ const ModelFamily& family_for_hf_type(const std::string& type, const std::string
 }
 
 const ModelFamily& family_of(const ModelConfig& model) {
+  if (model.family != nullptr) return *model.family;
   for (const auto& f : builtin_families()) {
     if (f.describes(model)) return f;
   }

@@ -4,7 +4,8 @@
 //   - Hugging Face config.json in and out (the `model_type`s it reads)
 //   - a two-way weight table: HF tensor names <-> Megatron-Core names with the transform between
 //     them; convert, --load-hf and --save-hf read the same rows both ways (checkpoint/hf_weights)
-//   - the decoder layer's spec and the FLOPs per token the MFU figure divides by
+//   - the decoder layer's spec, the micro-batch loss and the FLOPs per token the MFU figure
+//     divides by
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -19,6 +20,7 @@
 
 #include "core/config.h"
 #include "model/layer_spec.h"
+#include "model/loss.h"
 
 namespace megatron {
 
@@ -52,14 +54,20 @@ struct ModelFamily {
   std::function<nlohmann::json(const ModelConfig& model, int64_t hf_vocab, at::ScalarType dtype)> config_to_hf;
   std::vector<HfWeightRule> weights;
   std::function<LayerSpec(const ModelConfig&)> layer_spec;
+  // The micro-batch loss (empty: masked_token_mean) and the names of the terms it reports; every
+  // rank must know the names before the first step (they are reduced over DP and sent to every
+  // pipeline stage in this order).
+  LossFunction loss;
+  std::vector<std::string> loss_terms;
   // Training FLOPs per token (forward + backward) for a model of `parameters` parameters.
   std::function<double(const ModelConfig&, int64_t parameters)> flops_per_token;
 };
 
 // The families built in.
 const std::vector<ModelFamily>& builtin_families();
-// The family whose presets hold `preset`, whose hf_model_types hold `model_type`, or which
-// describes `model`; UserError listing what is known otherwise.
+// The family whose presets hold `preset`, whose hf_model_types hold `model_type`, or of
+// `model` (its `family` record when set, else the built-in one that describes it); UserError
+// listing what is known otherwise.
 const ModelFamily& family_with_preset(const std::string& preset);
 const ModelFamily& family_for_hf_type(const std::string& model_type, const std::string& path);
 const ModelFamily& family_of(const ModelConfig& model);

@@ -9,6 +9,7 @@
 
 #include "kernels/ops.h"
 #include "model/family.h"
+#include "model/loss.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
@@ -221,9 +222,7 @@ at::Tensor GPTModel::token_losses(const Batch& batch, const at::Tensor& input) {
 }
 
 at::Tensor GPTModel::loss(const Batch& batch, const at::Tensor& input) {
-  at::Tensor losses = token_losses(batch, input);
-  at::Tensor mask = batch.loss_mask.to(losses.scalar_type());
-  return (losses * mask).sum() / mask.sum().clamp_min(1.0);
+  return masked_token_mean(token_losses(batch, input), batch).loss;
 }
 
 int64_t GPTModel::num_parameters() const {

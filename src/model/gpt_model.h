@@ -54,7 +54,7 @@ class GPTModel : public tp::DescribedModule {
   // Per-token cross entropy (fp32), [b, s]. Post-process chunk only.
   at::Tensor token_losses(const Batch& batch, const at::Tensor& input = {});
 
-  // Mean loss over the tokens the mask selects. Post-process chunk only.
+  // Mean loss over the tokens the mask selects (masked_token_mean). Post-process chunk only.
   at::Tensor loss(const Batch& batch, const at::Tensor& input = {});
 
   // Parameters of this chunk counted over all TP shards (a tied output copy is not counted:

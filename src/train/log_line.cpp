@@ -27,6 +27,7 @@ std::string format_iteration_log(const IterationLog& l) {
   append(s, " learning rate: %.6E |", l.learning_rate);
   append(s, " global batch size: %5lld |", (long long)l.global_batch_size);
   append(s, " lm loss: %.6E |", l.lm_loss);
+  for (const auto& [name, value] : l.loss_terms) append(s, " %s: %.6E |", name.c_str(), value);
   append(s, " loss scale: %.1f |", l.loss_scale);
   append(s, " grad norm: %.3f |", l.grad_norm);
   append(s, " number of skipped iterations: %3lld |", (long long)l.skipped_iterations);

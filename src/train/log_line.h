@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace megatron {
 
@@ -17,6 +19,7 @@ struct IterationLog {
   double learning_rate = 0;
   int64_t global_batch_size = 0;
   double lm_loss = 0;
+  std::vector<std::pair<std::string, double>> loss_terms;  // the family's named terms, after "lm loss"
   double loss_scale = 1.0;
   double grad_norm = 0;
   int64_t skipped_iterations = 0;
@@ -26,7 +29,7 @@ struct IterationLog {
 // " iteration       10/     100 | consumed samples:          320 | elapsed time per iteration
 // (ms): 812.3 | throughput per GPU (TFLOP/s/GPU): 1.2 | throughput (tokens/s/GPU): 512.0 |
 // MFU: 40.1% | learning rate: 3.000000E-04 | global batch size:    32 | lm loss: 7.123456E+00 |
-// loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan
+// [<term>: 1.000000E-02 | ...] loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan
 // iterations:   0 |" (one line)
 std::string format_iteration_log(const IterationLog& log);
 

@@ -39,13 +39,12 @@
 #include "pipeline/layout.h"
 #include "pipeline/schedules.h"
 #include "tensor_parallel/sharding.h"
-#include "train/log_line.h"
+#include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/step_graph.h"
+#include "train/batch_transfer.h"
 #include "train/checkpointer.h"
-#include "train/step_statistics.h"
 #include "train/stop_signal.h"
-#include "train/tensorboard_writer.h"
 
 namespace megatron {
 namespace {
@@ -92,41 +91,6 @@ at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
   return at::Device(at::kCPU);
 }
 
-// `f` applied to each defined tensor of `b`, extra fields too (undefined ones stay undefined).
-template <typename F>
-Batch map_batch(const Batch& b, F&& f) {
-  Batch out = b;
-  out.for_each([&](const std::string&, at::Tensor& t) {
-    if (t.defined()) t = f(t);
-  });
-  return out;
-}
-
-// Page-locked copies, so that to_device's copies run asynchronously (from pageable memory a
-// host-to-device copy waits for the stream, stalling the host once per micro-batch).
-Batch pinned(const Batch& b) {
-  return map_batch(b, [](const at::Tensor& t) { return t.pin_memory(); });
-}
-
-Batch to_device(Batch b, const at::Device& device) {
-  if (device.is_cpu()) return b;
-  return map_batch(b, [&](const at::Tensor& t) { return t.to(device, /*non_blocking=*/true); });
-}
-
-// Copies `from` (host) into the device tensors of `into`, allocating them the first time: the
-// fixed-address inputs a captured step reads.
-void copy_batch(const Batch& from, Batch& into, const at::Device& device) {
-  from.for_each([&](const std::string& name, const at::Tensor& src) {
-    at::Tensor& dst = into.field(name);
-    if (!dst.defined() && src.defined()) dst = at::empty(src.sizes(), src.options().device(device).pinned_memory(false));
-    if (src.defined() != dst.defined() || (src.defined() && !src.sizes().equals(dst.sizes()))) {
-      throw UserError(std::string("--cuda-graph-impl: the batch's ") + name +
-                      " changed shape between iterations; a captured step needs the same shapes every iteration "
-                      "(train without --cuda-graph-impl)");
-    }
-    if (src.defined()) dst.copy_(src, /*non_blocking=*/true);
-  });
-}
 
 // Model FLOPs per token as the baseline counts them: 6 per parameter (forward + backward) plus
 // causal attention's 6 * layers * hidden * seq.
@@ -135,7 +99,6 @@ class Trainer {
   Trainer(const Config& c, const dist::LaunchEnv& env, RunMode mode)
       : c_(c), t_(c.train), env_(env), mode_(mode), schedule_(c.train), device_(pick_device(c.train, env)), ltor_(ltor_options(c)) {}
   ~Trainer() {
-    if (metrics_ != nullptr) std::fclose(metrics_);
   }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -152,6 +115,7 @@ class Trainer {
   // What one training step leaves on the device, none of it read back yet.
   struct StepResult {
     at::Tensor loss;       // [] fp64: the global batch's mean loss
+    at::Tensor terms;      // [loss terms] fp64: the family's named loss terms, averaged as the loss
     at::Tensor grad_norm;  // [] fp32
     at::Tensor applied;    // [] bool: false when the update was skipped (loss or norm not finite)
   };
@@ -170,22 +134,17 @@ class Trainer {
   int evaluate_splits();
   // One step's forward and backward passes (or forwards only) over `micro_batches` through
   // this rank's chunks under the pipeline schedule; `batch(k)` gives micro-batch k. Returns
-  // the sum of the micro-batch losses (each divided by micro_batches) on the last stage,
-  // zero elsewhere.
+  // [1 + loss terms]: the sum of the micro-batch losses (each divided by micro_batches), then of
+  // each named term likewise, on the last stage; zeros elsewhere.
   at::Tensor forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only);
-  // A loss summed on the last pipeline stage: averaged over DP replicas and sent to every stage.
-  // The step's mean loss over DP, sent to every pipeline rank: [] fp64 on the device.
+  // Losses summed on the last pipeline stage ([] or [n]): averaged over DP replicas and sent to
+  // every pipeline rank, fp64 on the device, the same shape.
   at::Tensor global_loss(const at::Tensor& loss_sum);
   void report_memory();
   std::vector<GPTModel*> chunks() const;
   void save(const char* why);
-  void log_iteration();
-  // Reads the device-side statistics of the iterations since the last call into progress_ and
-  // the log interval's totals (one host synchronisation).
-  void settle_statistics();
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
-  bool prints_log() const { return ps_.is_last_rank(); }
 
   const Config& c_;
   const TrainConfig& t_;
@@ -201,7 +160,6 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
-  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<StepGraph> step_graph_;  // --cuda-graph-impl local
   int64_t graph_warmup_left_ = 0;
@@ -209,19 +167,14 @@ class Trainer {
   // In the graph's pool, rewritten by every replay; statistics_ keeps the latest grad norm tensor,
   // which therefore reads as the latest iteration's when the statistics are taken.
   StepResult graph_result_;
-  std::FILE* metrics_ = nullptr;
   TrainingProgress progress_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<StopSignal> stop_;
-
-  // Accumulated over the current log interval.
-  StepStatistics statistics_;  // on the device, not read yet
-  double interval_loss_ = 0;
-  int64_t interval_iterations_ = 0;
-  double last_grad_norm_ = 0;
-  std::chrono::steady_clock::time_point interval_start_;
-  double peak_tflops_ = 0;
+  std::unique_ptr<TrainingMetrics> metrics_;
+  LossFunction loss_function_;           // the family's, or masked_token_mean
+  std::vector<std::string> loss_terms_;  // the names of its terms
   double flops_per_token_ = 0;
+
 
   // Memory, sampled after every forward until the first report (Megatron prints one after the
   // first log interval).
@@ -270,8 +223,10 @@ int Trainer::run() {
     ps_.pp.all_reduce(count);
     parameters = static_cast<int64_t>(count.item<double>());
   }
-  flops_per_token_ = family_of(m).flops_per_token(m, parameters);
-  peak_tflops_ = t_.peak_tflops > 0 ? t_.peak_tflops : (device_.is_cuda() ? 989.0 : 0.0);
+  const ModelFamily& family = family_of(m);
+  flops_per_token_ = family.flops_per_token(m, parameters);
+  loss_function_ = family.loss ? family.loss : LossFunction(masked_token_mean);
+  loss_terms_ = family.loss_terms;
 
   std::vector<NamedTensor> named;
   for (size_t v = 0; v < chunks_.size(); ++v) {
@@ -350,11 +305,7 @@ int Trainer::run() {
       checkpointer_->loaded(progress_.iteration);
     }
   }
-  if (!t_.tensorboard_dir.empty() && prints_log()) tensorboard_ = std::make_unique<TensorBoardWriter>(t_.tensorboard_dir);
-  if (!t_.metrics_jsonl.empty() && prints_log()) {
-    metrics_ = std::fopen(t_.metrics_jsonl.c_str(), "a");
-    if (metrics_ == nullptr) throw UserError("--metrics-jsonl: cannot open " + t_.metrics_jsonl + " for appending");
-  }
+  metrics_ = std::make_unique<TrainingMetrics>(c_, ps_, device_, flops_per_token_, loss_terms_);
 
   stop_ = std::make_unique<StopSignal>(ps_, device_);
 
@@ -372,7 +323,7 @@ int Trainer::run() {
   std::optional<HighPriorityStream> training_stream;
   if (buffer_->overlap_optimizer_step() && !step_graph_) training_stream.emplace(device_);
   profiler_ = std::make_unique<StepProfiler>(t_, ps_.rank, device_);
-  interval_start_ = std::chrono::steady_clock::now();
+  metrics_->start_interval();
   std::fflush(stdout);
   while (progress_.iteration < t_.train_iters) {
     profiler_->before_iteration(progress_.iteration);
@@ -380,24 +331,14 @@ int Trainer::run() {
     optimizer_->set_learning_rate(schedule_.at(progress_.iteration));
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
     const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
-    // Nothing so far waited for the GPU: a loss or norm that is not finite skipped the update on
-    // the device (parameters stay as they were) and is counted when the statistics are read back.
-    statistics_.add(step.loss, step.grad_norm, step.applied);
+    metrics_->add_step(progress_.iteration + 1, schedule_.at(progress_.iteration), step.loss, step.grad_norm, step.applied,
+                       step.terms);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
     progress_.consumed_train_samples += t_.global_batch_size;
-    if (metrics_ != nullptr) {  // the last rank's; reading the values back waits for the step
-      const double loss_value = step.loss.item<double>(), norm = step.grad_norm.item<double>();
-      // %a prints doubles exactly, so runs can be compared bit for bit.
-      std::fprintf(metrics_, "{\"iteration\": %lld, \"lm_loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
-                             "\"lm_loss_hex\": \"%a\"}\n",
-                   static_cast<long long>(progress_.iteration), loss_value, norm, schedule_.at(progress_.iteration - 1),
-                   loss_value);
-      std::fflush(metrics_);
-    }
 
     if (progress_.iteration % t_.log_interval == 0) {
-      log_iteration();
+      metrics_->log_iteration(progress_, schedule_.at(progress_.iteration));
       if (!memory_reported_) report_memory();
     }
     if (t_.check_weight_hash_across_dp_replicas_interval > 0 &&
@@ -405,12 +346,9 @@ int Trainer::run() {
       check_weight_hash();
     }
     if (t_.eval_interval > 0 && t_.eval_iters > 0 && valid_data_ && progress_.iteration % t_.eval_interval == 0) {
-      const double valid_loss = evaluate(*valid_data_, progress_.consumed_valid_samples);
-      if (prints_log()) std::printf("%s\n", format_validation_log("validation", progress_.iteration, valid_loss).c_str());
-      if (tensorboard_) tensorboard_->add_scalar("lm loss validation", float(valid_loss), progress_.iteration);
-      std::fflush(stdout);
+      metrics_->log_validation(progress_.iteration, evaluate(*valid_data_, progress_.consumed_valid_samples));
     }
-    interval_start_ += checkpointer_->finish_async(/*wait=*/false);
+    metrics_->exclude(checkpointer_->finish_async(/*wait=*/false));
     if (!t_.save.empty() && t_.save_interval > 0 && progress_.iteration % t_.save_interval == 0) save("save-interval");
     if (stop_->requested()) {
       std::printf("received signal %d: stopping after iteration %lld\n", stop_->signal(),
@@ -463,11 +401,13 @@ void Trainer::check_weight_hash() {
 
 Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
   // Gradients land in the buffer's main_grad through its hooks.
-  const at::Tensor loss_sum = forward_backward(micro_batches, batch, /*forward_only=*/false);
+  const at::Tensor sums = forward_backward(micro_batches, batch, /*forward_only=*/false);
   buffer_->finish_grad_sync();
   StepResult r;
   r.grad_norm = optimizer_->grad_norm();
-  r.loss = global_loss(loss_sum);
+  const at::Tensor global = global_loss(sums);  // [1 + terms]
+  r.loss = global[0];
+  r.terms = global.narrow(0, 1, int64_t(loss_terms_.size()));
   // Here, not after the step: collectives run in order on one NCCL stream, and the optimizer
   // step queues the parameter all-gathers (distributed optimizer). Queued behind them, the poll's
   // copy to the host would hold the next forward until every bucket had arrived (5 ms exposed
@@ -506,18 +446,18 @@ Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& 
 }
 
 at::Tensor Trainer::global_loss(const at::Tensor& loss_sum) {
-  at::Tensor v = loss_sum.to(at::kDouble).reshape({1}).contiguous();
+  at::Tensor v = loss_sum.to(at::kDouble).reshape({-1}).contiguous();
   if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
     ps_.dp.all_reduce(v);
     v.div_(ps_.dp.size());
   }
   if (ps_.pp.size() > 1) ps_.pp.broadcast(v, ps_.pp.size() - 1);
-  return v.reshape({});
+  return v.reshape(loss_sum.sizes());
 }
 
 at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only) {
   const ModelConfig& m = c_.model;
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_));
+  at::Tensor sums = at::zeros({1 + int64_t(loss_terms_.size())}, at::TensorOptions().device(device_));  // [1 + terms]
   std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it
   pipeline::StageFunctions f;
   f.forward = [&](int chunk, int64_t k, const at::Tensor& input) -> at::Tensor {
@@ -525,8 +465,20 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
     if (it == batches.end()) it = batches.emplace(k, to_device(batch(k), device_)).first;
     GPTModel& model = *chunks_[size_t(chunk)];
     if (!model.chunk().post_process) return model.forward(it->second.tokens, it->second.position_ids, it->second.attention_mask, input);
-    at::Tensor loss = model.loss(it->second, input) / double(micro_batches);
-    loss_sum += loss.detach();
+    const MicroBatchLoss result = loss_function_(model.token_losses(it->second, input), it->second);
+    at::Tensor loss = result.loss / double(micro_batches);
+    if (loss_terms_.empty()) {
+      sums += loss.detach();
+      return loss;
+    }
+    std::vector<at::Tensor> parts = {loss.detach().reshape({1})};
+    for (const auto& name : loss_terms_) {
+      auto term = result.terms.find(name);
+      TORCH_CHECK(term != result.terms.end(), "the loss function returned no term '", name, "', which its family declares");
+      parts.push_back((term->second.detach() / double(micro_batches)).reshape({1}).to(sums.scalar_type()));
+    }
+    TORCH_CHECK(result.terms.size() == loss_terms_.size(), "the loss function returned terms its family does not declare");
+    sums += at::cat(parts);
     return loss;
   };
   if (!forward_only) f.before_backward = [this](int chunk, bool last) { buffer_->set_last_micro_batch(chunk, last); };
@@ -547,7 +499,7 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   o.activation_options = at::TensorOptions().device(device_).dtype(t_.bf16 ? at::kBFloat16 : at::kFloat);
   const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
   if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
-  return loss_sum;
+  return sums;
 }
 
 // Megatron's report after the first log interval, from every rank of DP replica 0: memory now
@@ -564,50 +516,7 @@ void Trainer::report_memory() {
   std::fflush(stdout);
 }
 
-void Trainer::settle_statistics() {
-  const StepStatistics::Totals t = statistics_.take();
-  interval_loss_ += t.applied_loss_sum;
-  interval_iterations_ += t.iterations;
-  progress_.skipped_iterations += t.skipped;
-  progress_.nan_iterations += t.skipped;  // bf16 has no loss scaler: every skip is a non-finite value
-  if (t.iterations > 0) last_grad_norm_ = t.last_grad_norm;
-}
 
-void Trainer::log_iteration() {
-  settle_statistics();
-  const auto now = std::chrono::steady_clock::now();
-  const double elapsed = std::chrono::duration<double>(now - interval_start_).count();
-  const double per_iteration = elapsed / double(interval_iterations_);
-  const double tokens_per_second = double(t_.global_batch_size) * c_.model.seq_length / per_iteration /
-                                   double(ps_.world_size);
-  IterationLog l;
-  l.iteration = progress_.iteration;
-  l.train_iters = t_.train_iters;
-  l.consumed_samples = progress_.consumed_train_samples;
-  l.elapsed_ms_per_iteration = per_iteration * 1e3;
-  l.tflops_per_device = tokens_per_second * flops_per_token_ / 1e12;
-  l.tokens_per_second_per_device = tokens_per_second;
-  l.mfu_percent = peak_tflops_ > 0 ? 100.0 * l.tflops_per_device / peak_tflops_ : -1;
-  // As Megatron, the learning rate shown is the one the next step will use.
-  l.learning_rate = schedule_.at(progress_.iteration);
-  l.global_batch_size = t_.global_batch_size;
-  const int64_t counted = interval_iterations_;
-  l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
-  l.grad_norm = last_grad_norm_;
-  l.skipped_iterations = progress_.skipped_iterations;
-  l.nan_iterations = progress_.nan_iterations;
-  if (prints_log()) std::printf("%s\n", format_iteration_log(l).c_str());
-  std::fflush(stdout);
-  if (tensorboard_) {
-    tensorboard_->add_scalar("lm loss", float(l.lm_loss), l.iteration);
-    tensorboard_->add_scalar("learning-rate", float(l.learning_rate), l.iteration);
-    tensorboard_->add_scalar("grad-norm", float(last_grad_norm_), l.iteration);
-    tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);
-  }
-  interval_loss_ = 0;
-  interval_iterations_ = 0;
-  interval_start_ = std::chrono::steady_clock::now();
-}
 
 double Trainer::evaluate(SampleSource& source, int64_t& consumed) {
   const ModelConfig& m = c_.model;
@@ -620,7 +529,7 @@ double Trainer::evaluate(SampleSource& source, int64_t& consumed) {
     const int64_t base = consumed + int64_t(t_.micro_batch_size) * ps_.dp.rank();
     total += forward_backward(micro_batches, [&](int64_t k) {
       return make_batch(source, base + k * dp_block, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_);
-    }, /*forward_only=*/true).to(at::kDouble);
+    }, /*forward_only=*/true)[0].to(at::kDouble);
     consumed += micro_batches * dp_block;
   }
   for (auto& chunk : chunks_) chunk->train();
@@ -641,22 +550,16 @@ int Trainer::evaluate_splits() {
   for (const auto& [source, name] : splits) {
     if (source == nullptr) continue;
     int64_t consumed = 0;  // from the split's first sample: every checkpoint is scored on the same batches
-    const double loss = evaluate(*source, consumed);
-    if (prints_log()) {
-      std::printf("%s\n", format_validation_log("validation", progress_.iteration, loss,
-                                                std::string("for ") + name + " data").c_str());
-    }
-    if (tensorboard_) tensorboard_->add_scalar(std::string("lm loss ") + name, float(loss), progress_.iteration);
-    std::fflush(stdout);
+    metrics_->log_validation(progress_.iteration, evaluate(*source, consumed), name);
   }
   return 0;
 }
 
 void Trainer::save(const char* why) {
   if (checkpointer_->saved(progress_.iteration)) return;
-  settle_statistics();  // the skipped-iteration counts go into the checkpoint
+  metrics_->settle(progress_);  // the skipped-iteration counts go into the checkpoint
   buffer_->finish_param_gather();
-  interval_start_ += checkpointer_->save(progress_, chunks(), *optimizer_, why);  // keep saving out of the step time
+  metrics_->exclude(checkpointer_->save(progress_, chunks(), *optimizer_, why));  // keep saving out of the step time
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 
 #include <fstream>
 
-#include "core/arguments.h"
+#include "train/arguments.h"
 #include "core/errors.h"
 #include "pipeline/layout.h"
 #include "support/test_support.h"

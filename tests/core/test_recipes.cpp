@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "core/arguments.h"
+#include "train/arguments.h"
 #include "support/test_support.h"
 
 namespace megatron {

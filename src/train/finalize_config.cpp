@@ -1,0 +1,276 @@
+// The checks and derived fields of a parsed Config (finalize_config): what no single flag can
+// say alone, named by flag, and what follows from the flags (ffn size, head dim, padded
+// vocabulary from the tokenizer, the data-parallel size).
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "core/errors.h"
+#include "pipeline/layout.h"
+#include "tokenizer/tokenizer.h"
+#include "train/arguments.h"
+
+namespace megatron {
+namespace {
+
+// --recompute-*: Megatron's combinations (full needs a method and a layer count; selective
+// takes neither), named in each error.
+void validate_recompute(ModelConfig& m, const TrainConfig& t) {
+  if (m.recompute_activations) {
+    if (!m.recompute_granularity.empty() && m.recompute_granularity != "selective") {
+      throw UserError("--recompute-activations means --recompute-granularity selective, but --recompute-granularity " +
+                      m.recompute_granularity + " was also given: keep one");
+    }
+    m.recompute_granularity = "selective";
+  }
+  const std::string& g = m.recompute_granularity;
+  if (!g.empty() && g != "full" && g != "selective") {
+    throw UserError("--recompute-granularity must be full or selective (got '" + g + "')");
+  }
+  if (g == "full") {
+    if (m.recompute_method != "uniform" && m.recompute_method != "block") {
+      throw UserError("--recompute-granularity full needs --recompute-method uniform or block" +
+                      (m.recompute_method.empty() ? std::string() : " (got '" + m.recompute_method + "')"));
+    }
+    if (m.recompute_num_layers < 1 || m.recompute_num_layers > m.num_layers) {
+      throw UserError("--recompute-granularity full needs --recompute-num-layers between 1 and --num-layers " +
+                      std::to_string(m.num_layers) + " (got " + std::to_string(m.recompute_num_layers) + ")");
+    }
+  } else if (!m.recompute_method.empty() || m.recompute_num_layers != 0) {
+    throw UserError("--recompute-method and --recompute-num-layers apply to --recompute-granularity full only");
+  }
+  if (!g.empty() && (t.cuda_graph_impl != "none" || t.enable_cuda_graph) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
+    throw UserError("--recompute-granularity with dropout replays the generators' states, which a captured CUDA graph "
+                    "cannot: set --hidden-dropout 0 --attention-dropout 0, or drop --cuda-graph-impl");
+  }
+}
+
+}  // namespace
+
+TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
+                             const std::string& merge_file, int64_t null_vocab_size) {
+  auto tokenizer = make_tokenizer(type, model, vocab_file, merge_file, null_vocab_size);
+  auto eod = tokenizer->eod_id();
+  if (!eod) throw UserError("--tokenizer-model " + model + ": the tokenizer has no end-of-document (EOS) token");
+  return {tokenizer->vocab_size(), *eod};
+}
+
+void finalize_config(Config& c, int world_size) {
+  ModelConfig& m = c.model;
+  TrainConfig& t = c.train;
+  ParallelConfig& p = c.parallel;
+  DataConfig& d = c.data;
+  auto require_positive = [](const char* flag, int64_t v) {
+    if (v <= 0) throw UserError(std::string("--") + flag + " is required and must be positive (got " + std::to_string(v) + ")");
+  };
+  require_positive("num-layers", m.num_layers);
+  require_positive("hidden-size", m.hidden_size);
+  require_positive("num-attention-heads", m.num_attention_heads);
+  require_positive("seq-length", m.seq_length);
+  require_positive("micro-batch-size", t.micro_batch_size);
+  require_positive("train-iters", t.train_iters);
+
+  if (m.kv_channels == 0) {
+    if (m.hidden_size % m.num_attention_heads != 0) {
+      throw UserError("--hidden-size " + std::to_string(m.hidden_size) + " is not divisible by --num-attention-heads " +
+                      std::to_string(m.num_attention_heads) + ": change one of them or set --kv-channels");
+    }
+    m.kv_channels = m.hidden_size / m.num_attention_heads;
+  }
+  if (!m.group_query_attention) {
+    if (m.num_query_groups != 0 && m.num_query_groups != m.num_attention_heads) {
+      throw UserError("--num-query-groups needs --group-query-attention");
+    }
+    m.num_query_groups = m.num_attention_heads;
+  } else if (m.num_query_groups <= 0) {
+    throw UserError("--group-query-attention needs --num-query-groups");
+  }
+  if (m.num_attention_heads % m.num_query_groups != 0) {
+    throw UserError("--num-attention-heads " + std::to_string(m.num_attention_heads) +
+                    " is not divisible by --num-query-groups " + std::to_string(m.num_query_groups));
+  }
+  if (m.ffn_hidden_size == 0) {
+    // Megatron: 4h, and for SwiGLU 2/3 of that rounded up to a multiple of 64.
+    m.ffn_hidden_size = m.swiglu ? ((4 * m.hidden_size * 2 / 3 + 63) / 64) * 64 : 4 * m.hidden_size;
+  }
+  if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
+  if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&
+      m.position_embedding_type != "none") {
+    throw UserError("--position-embedding-type must be learned_absolute, rope or none (got '" + m.position_embedding_type + "')");
+  }
+  if (m.position_embedding_type == "learned_absolute" && m.seq_length > m.max_position_embeddings) {
+    throw UserError("--seq-length " + std::to_string(m.seq_length) + " exceeds --max-position-embeddings " +
+                    std::to_string(m.max_position_embeddings));
+  }
+  if (m.position_embedding_type == "rope" && (m.rotary_percent <= 0.0 || m.rotary_percent > 1.0 ||
+                                             static_cast<int>(m.kv_channels * m.rotary_percent) % 2 != 0)) {
+    throw UserError("--rotary-percent must be in (0, 1] and rotate an even number of head channels");
+  }
+  if (m.normalization != "LayerNorm" && m.normalization != "RMSNorm") {
+    throw UserError("--normalization must be LayerNorm or RMSNorm (got '" + m.normalization + "')");
+  }
+  for (auto [flag, v] : {std::pair<const char*, double>{"hidden-dropout", m.hidden_dropout},
+                         {"attention-dropout", m.attention_dropout}}) {
+    if (v < 0.0 || v >= 1.0) throw UserError(std::string("--") + flag + " must be in [0, 1)");
+  }
+
+  // Data and vocabulary.
+  if (d.mock_data && !d.data_path.empty()) {
+    throw UserError("--mock-data and --data-path contradict each other: pass one of them");
+  }
+  if (!d.mock_data && d.data_path.empty()) throw UserError("pass --data-path PREFIX or --mock-data");
+  if (d.sft && d.mock_data) throw UserError("--sft trains on a packed dataset: pass --data-path, not --mock-data");
+  if (d.tokenizer_type.empty()) d.tokenizer_type = "NullTokenizer";
+  if (d.tokenizer_type == "NullTokenizer" && m.vocab_size <= 0) {
+    throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");
+  }
+  const TokenizerInfo info = tokenizer_info(d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merge_file, m.vocab_size);
+  m.vocab_size = static_cast<int>(info.vocab_size);
+  d.eod_id = info.eod_id;
+  const int64_t tokenizer_vocab = m.vocab_size;
+  const int64_t multiple = int64_t(m.make_vocab_size_divisible_by) * p.tensor_model_parallel_size;
+  if (multiple <= 0) throw UserError("--make-vocab-size-divisible-by must be positive");
+  // A Hugging Face checkpoint may have more embedding rows than its tokenizer has ids (Qwen).
+  const int64_t rows = std::max<int64_t>(tokenizer_vocab, m.hf_vocab_size);
+  m.padded_vocab_size = static_cast<int>((rows + multiple - 1) / multiple * multiple);
+
+  // Parallel layout.
+  for (auto [flag, v] : {std::pair<const char*, int>{"tensor-model-parallel-size", p.tensor_model_parallel_size},
+                         {"pipeline-model-parallel-size", p.pipeline_model_parallel_size},
+                         {"context-parallel-size", p.context_parallel_size},
+                         {"expert-model-parallel-size", p.expert_model_parallel_size}}) {
+    if (v < 1) throw UserError(std::string("--") + flag + " must be at least 1");
+  }
+  const int model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
+  if (world_size % model_parallel != 0) {
+    throw UserError("world size " + std::to_string(world_size) + " is not divisible by tensor x pipeline x context parallel size " +
+                    std::to_string(model_parallel));
+  }
+  p.data_parallel_size = world_size / model_parallel;
+  if (p.sequence_parallel && p.tensor_model_parallel_size == 1) p.sequence_parallel = false;  // as Megatron
+  pipeline::check_pipeline_layout(p, m.num_layers);
+  if (p.context_parallel_size > 1) {
+    throw UserError("--context-parallel-size " + std::to_string(p.context_parallel_size) +
+                    ": context parallelism is not implemented yet; use tensor (with --sequence-parallel) and data parallelism");
+  }
+  if (p.expert_model_parallel_size > 1) {
+    throw UserError("--expert-model-parallel-size needs mixture-of-experts layers, which megatron.cpp does not have yet");
+  }
+  const int tp = p.tensor_model_parallel_size;
+  for (auto [flag, v] : {std::pair<const char*, int>{"num-attention-heads", m.num_attention_heads},
+                         {"num-query-groups", m.num_query_groups},
+                         {"ffn-hidden-size", m.ffn_hidden_size}}) {
+    if (v % tp != 0) {
+      throw UserError(std::string("--") + flag + " " + std::to_string(v) + " is not divisible by --tensor-model-parallel-size " +
+                      std::to_string(tp) + ": tensor parallelism splits it across ranks");
+    }
+  }
+  if (p.sequence_parallel && m.seq_length % tp != 0) {
+    throw UserError("--seq-length " + std::to_string(m.seq_length) + " is not divisible by --tensor-model-parallel-size " +
+                    std::to_string(tp) + ", which --sequence-parallel needs");
+  }
+  if (!p.distributed_backend.empty() && p.distributed_backend != "nccl" && p.distributed_backend != "gloo") {
+    throw UserError("--distributed-backend must be nccl or gloo (got '" + p.distributed_backend + "')");
+  }
+  if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
+  if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
+  validate_recompute(m, t);
+  if (p.grad_reduce_in_bf16 && !t.bf16) {
+    throw UserError("--grad-reduce-in-bf16 needs --bf16: the gradients are kept in the bf16 parameters' dtype");
+  }
+
+  // Batches.
+  const int64_t per_step = int64_t(t.micro_batch_size) * p.data_parallel_size;
+  if (t.global_batch_size == 0) t.global_batch_size = static_cast<int>(per_step);
+  if (t.global_batch_size % per_step != 0) {
+    throw UserError("--global-batch-size " + std::to_string(t.global_batch_size) + " is not divisible by --micro-batch-size " +
+                    std::to_string(t.micro_batch_size) + " x data-parallel size " + std::to_string(p.data_parallel_size) +
+                    ": make it a multiple of " + std::to_string(per_step));
+  }
+  if (p.num_virtual_stages_per_pipeline_rank > 1 && (t.global_batch_size / per_step) % p.pipeline_model_parallel_size != 0) {
+    throw UserError("the interleaved schedule needs the number of micro-batches (" + std::to_string(t.global_batch_size / per_step) +
+                    " = --global-batch-size / (--micro-batch-size x data-parallel size)) to be a multiple of "
+                    "--pipeline-model-parallel-size " + std::to_string(p.pipeline_model_parallel_size));
+  }
+
+  // Learning rate.
+  if (t.lr <= 0.0) throw UserError("--lr is required and must be positive");
+  if (t.min_lr < 0.0 || t.min_lr > t.lr) throw UserError("--min-lr must be between 0 and --lr");
+  if (t.lr_decay_iters == 0) t.lr_decay_iters = t.train_iters;
+  static const char* styles[] = {"constant", "linear", "cosine", "inverse-square-root", "WSD"};
+  if (std::find(std::begin(styles), std::end(styles), t.lr_decay_style) == std::end(styles)) {
+    throw UserError("--lr-decay-style must be constant, linear, cosine, inverse-square-root or WSD (got '" + t.lr_decay_style + "')");
+  }
+  if (t.lr_warmup_iters < 0 || (t.lr_decay_style != "constant" && t.lr_decay_style != "inverse-square-root" &&
+                                t.lr_warmup_iters > t.lr_decay_iters)) {
+    throw UserError("--lr-warmup-iters must be between 0 and --lr-decay-iters (" + std::to_string(t.lr_decay_iters) + ")");
+  }
+  if (t.lr_decay_style == "WSD") {
+    static const char* wsd[] = {"linear", "cosine", "exponential", "minus_sqrt"};
+    if (std::find(std::begin(wsd), std::end(wsd), t.lr_wsd_decay_style) == std::end(wsd)) {
+      throw UserError("--lr-wsd-decay-style must be linear, cosine, exponential or minus_sqrt");
+    }
+    if (t.lr_wsd_decay_iters <= 0 || t.lr_wsd_decay_iters > t.lr_decay_iters - t.lr_warmup_iters) {
+      throw UserError("--lr-decay-style WSD needs --lr-wsd-decay-iters in (0, lr-decay-iters - lr-warmup-iters]");
+    }
+  }
+  if (t.clip_grad < 0.0) throw UserError("--clip-grad must be >= 0");
+  if (t.adam_beta1 < 0 || t.adam_beta1 >= 1 || t.adam_beta2 < 0 || t.adam_beta2 >= 1) {
+    throw UserError("--adam-beta1 and --adam-beta2 must be in [0, 1)");
+  }
+
+  // Logging and checkpoints.
+  if (t.log_interval <= 0) throw UserError("--log-interval must be positive");
+  if (t.eval_interval < 0 || t.eval_iters < 0) throw UserError("--eval-interval and --eval-iters must be >= 0");
+  if (t.save_interval < 0 || t.exit_interval < 0) throw UserError("--save-interval and --exit-interval must be >= 0");
+  if (t.profile && (t.profile_step_start < 0 || t.profile_step_end <= t.profile_step_start)) {
+    throw UserError("--profile-step-end (" + std::to_string(t.profile_step_end) + ") must be after --profile-step-start (" +
+                    std::to_string(t.profile_step_start) + ")");
+  }
+  for (const auto& r : t.profile_ranks) {
+    char* end = nullptr;
+    const long v = std::strtol(r.c_str(), &end, 10);
+    if (r.empty() || *end != '\0' || v < 0) throw UserError("--profile-ranks: expected rank numbers, got '" + r + "'");
+  }
+  if (t.check_weight_hash_across_dp_replicas_interval < 0) {
+    throw UserError("--check-weight-hash-across-dp-replicas-interval must be >= 0");
+  }
+  if (t.device != "auto" && t.device != "cpu" && t.device != "cuda") {
+    throw UserError("--device must be auto, cpu or cuda (got '" + t.device + "')");
+  }
+  if (t.cpu_threads < 0) throw UserError("--cpu-threads must be >= 0");
+  if (t.enable_cuda_graph && t.cuda_graph_impl == "none") t.cuda_graph_impl = "local";
+  if (t.cuda_graph_impl == "transformer_engine") {
+    throw UserError("--cuda-graph-impl transformer_engine: megatron.cpp has no Transformer Engine; use --cuda-graph-impl local");
+  }
+  if (t.cuda_graph_impl != "none" && t.cuda_graph_impl != "local") {
+    throw UserError("--cuda-graph-impl must be none or local (got '" + t.cuda_graph_impl + "')");
+  }
+  if (t.cuda_graph_impl == "local") {
+    if (t.cuda_graph_scope != "full_iteration") {
+      throw UserError("--cuda-graph-scope " + t.cuda_graph_scope +
+                      ": only full_iteration (the whole training step as one graph) is implemented; per-layer graphs "
+                      "(full, attn) are not");
+    }
+    if (t.cuda_graph_warmup_steps < 1) {
+      throw UserError("--cuda-graph-warmup-steps must be at least 1: the eager steps set up cuBLAS, cuDNN and the "
+                      "model's caches outside the graph");
+    }
+    if (t.device == "cpu") throw UserError("--cuda-graph-impl local needs a CUDA device (--device cpu was given)");
+  }
+  if (!t.save_hf.empty()) {
+    if (m.normalization != "RMSNorm" || !m.swiglu || m.add_bias_linear || m.position_embedding_type != "rope") {
+      throw UserError("--save-hf exports Llama-family models (--normalization RMSNorm --swiglu --disable-bias-linear "
+                      "--position-embedding-type rope); this model is not one");
+    }
+    std::error_code ec;
+    if (std::filesystem::exists(t.save_hf) && !std::filesystem::is_empty(t.save_hf, ec)) {
+      throw UserError("--save-hf " + t.save_hf + " exists and is not empty: export into a new directory");
+    }
+  }
+  if (t.finetune && t.load.empty()) throw UserError("--finetune needs --load DIR");
+  if (t.keep_last_n < 0) throw UserError("--keep-last-n must be >= 0");
+}
+
+}  // namespace megatron

@@ -1,0 +1,107 @@
+#include "train/metrics.h"
+
+#include <ATen/ATen.h>
+
+#include "core/errors.h"
+#include "train/log_line.h"
+
+namespace megatron {
+
+TrainingMetrics::TrainingMetrics(const Config& config, const dist::ParallelState& ps, const at::Device& device,
+                                 double flops_per_token, std::vector<std::string> loss_terms)
+    : c_(config),
+      ps_(ps),
+      flops_per_token_(flops_per_token),
+      peak_tflops_(config.train.peak_tflops > 0 ? config.train.peak_tflops : (device.is_cuda() ? 989.0 : 0.0)),
+      loss_terms_(std::move(loss_terms)),
+      interval_terms_(at::zeros({int64_t(loss_terms_.size())}, at::TensorOptions().device(device).dtype(at::kDouble))),
+      interval_start_(std::chrono::steady_clock::now()) {
+  const TrainConfig& t = config.train;
+  if (!t.tensorboard_dir.empty() && prints()) tensorboard_ = std::make_unique<TensorBoardWriter>(t.tensorboard_dir);
+  if (!t.metrics_jsonl.empty() && prints()) {
+    jsonl_ = std::fopen(t.metrics_jsonl.c_str(), "a");
+    if (jsonl_ == nullptr) throw UserError("--metrics-jsonl: cannot open " + t.metrics_jsonl + " for appending");
+  }
+}
+
+TrainingMetrics::~TrainingMetrics() {
+  if (jsonl_ != nullptr) std::fclose(jsonl_);
+}
+
+void TrainingMetrics::add_step(int64_t iteration, double lr, const at::Tensor& loss, const at::Tensor& grad_norm,
+                               const at::Tensor& applied, const at::Tensor& terms) {
+  // Nothing so far waited for the GPU: a loss or norm that is not finite skipped the update on
+  // the device (parameters stay as they were) and is counted when the statistics are read back.
+  statistics_.add(loss, grad_norm, applied);
+  if (!loss_terms_.empty()) interval_terms_ += terms * applied.to(at::kDouble);
+  if (jsonl_ != nullptr) {  // reading the values back waits for the step
+    const double loss_value = loss.item<double>(), norm = grad_norm.item<double>();
+    // %a prints doubles exactly, so runs can be compared bit for bit.
+    std::fprintf(jsonl_, "{\"iteration\": %lld, \"lm_loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, \"lm_loss_hex\": \"%a\"}\n",
+                 static_cast<long long>(iteration), loss_value, norm, lr, loss_value);
+    std::fflush(jsonl_);
+  }
+}
+
+void TrainingMetrics::settle(TrainingProgress& progress) {
+  const StepStatistics::Totals t = statistics_.take();
+  interval_loss_ += t.applied_loss_sum;
+  interval_iterations_ += t.iterations;
+  progress.skipped_iterations += t.skipped;
+  progress.nan_iterations += t.skipped;  // bf16 has no loss scaler: every skip is a non-finite value
+  if (t.iterations > 0) last_grad_norm_ = t.last_grad_norm;
+}
+
+void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) {
+  settle(progress);
+  const TrainConfig& t = c_.train;
+  const auto now = std::chrono::steady_clock::now();
+  const double elapsed = std::chrono::duration<double>(now - interval_start_).count();
+  const double per_iteration = elapsed / double(interval_iterations_);
+  const double tokens_per_second = double(t.global_batch_size) * c_.model.seq_length / per_iteration / double(ps_.world_size);
+  IterationLog l;
+  l.iteration = progress.iteration;
+  l.train_iters = t.train_iters;
+  l.consumed_samples = progress.consumed_train_samples;
+  l.elapsed_ms_per_iteration = per_iteration * 1e3;
+  l.tflops_per_device = tokens_per_second * flops_per_token_ / 1e12;
+  l.tokens_per_second_per_device = tokens_per_second;
+  l.mfu_percent = peak_tflops_ > 0 ? 100.0 * l.tflops_per_device / peak_tflops_ : -1;
+  // As Megatron, the learning rate shown is the one the next step will use.
+  l.learning_rate = next_lr;
+  l.global_batch_size = t.global_batch_size;
+  const int64_t counted = interval_iterations_;
+  l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
+  l.grad_norm = last_grad_norm_;
+  if (!loss_terms_.empty()) {
+    const at::Tensor sums = interval_terms_.cpu();
+    for (size_t i = 0; i < loss_terms_.size(); ++i) {
+      l.loss_terms.emplace_back(loss_terms_[i], counted > 0 ? sums[int64_t(i)].item<double>() / double(counted) : 0.0);
+    }
+    interval_terms_.zero_();
+  }
+  l.skipped_iterations = progress.skipped_iterations;
+  l.nan_iterations = progress.nan_iterations;
+  if (prints()) std::printf("%s\n", format_iteration_log(l).c_str());
+  std::fflush(stdout);
+  if (tensorboard_) {
+    tensorboard_->add_scalar("lm loss", float(l.lm_loss), l.iteration);
+    for (const auto& [name, value] : l.loss_terms) tensorboard_->add_scalar(name, float(value), l.iteration);
+    tensorboard_->add_scalar("learning-rate", float(l.learning_rate), l.iteration);
+    tensorboard_->add_scalar("grad-norm", float(last_grad_norm_), l.iteration);
+    tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);
+  }
+  interval_loss_ = 0;
+  interval_iterations_ = 0;
+  start_interval();
+}
+
+void TrainingMetrics::log_validation(int64_t iteration, double loss, const std::string& split) {
+  if (prints()) {
+    std::printf("%s\n", format_validation_log("validation", iteration, loss, split.empty() ? "" : "for " + split + " data").c_str());
+  }
+  if (tensorboard_) tensorboard_->add_scalar(split.empty() ? "lm loss validation" : "lm loss " + split, float(loss), iteration);
+  std::fflush(stdout);
+}
+
+}  // namespace megatron

@@ -1,0 +1,67 @@
+// What training reports: Megatron's iteration log line and validation block (from the last
+// rank, which holds the last stage's loss), TensorBoard scalars, and one --metrics-jsonl line per
+// iteration with the exact loss. A step's loss, norm and skip flag stay on the device
+// (StepStatistics) until a log interval, a checkpoint or the exit reads them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "distributed/parallel_state.h"
+#include "train/step_statistics.h"
+#include "train/tensorboard_writer.h"
+
+namespace megatron {
+
+class TrainingMetrics {
+ public:
+  // `loss_terms`: the names of the family's loss terms, reported after "lm loss".
+  TrainingMetrics(const Config& config, const dist::ParallelState& ps, const at::Device& device, double flops_per_token,
+                  std::vector<std::string> loss_terms);
+  ~TrainingMetrics();
+  TrainingMetrics(const TrainingMetrics&) = delete;
+  TrainingMetrics& operator=(const TrainingMetrics&) = delete;
+
+  // After iteration `iteration`, run at learning rate `lr`: loss [] fp64, grad_norm [] fp32,
+  // applied [] bool, terms [loss terms] fp64, all on the device. Nothing is read back but for
+  // --metrics-jsonl.
+  void add_step(int64_t iteration, double lr, const at::Tensor& loss, const at::Tensor& grad_norm, const at::Tensor& applied,
+                const at::Tensor& terms);
+  // The statistics since the last call (one host synchronisation) into the interval's totals and
+  // `progress`'s skipped and nan counts.
+  void settle(TrainingProgress& progress);
+  // Megatron's line for the interval ending now (`next_lr`: the rate the next step will use),
+  // and its TensorBoard scalars; a new interval starts.
+  void log_iteration(TrainingProgress& progress, double next_lr);
+  // Megatron's validation block; `split` names the data in `megatron eval` ("val", "test"), empty
+  // during training.
+  void log_validation(int64_t iteration, double loss, const std::string& split = "");
+  void start_interval() { interval_start_ = std::chrono::steady_clock::now(); }
+  // Time the interval spent outside training steps (saving a checkpoint), left out of its figures.
+  void exclude(std::chrono::steady_clock::duration d) { interval_start_ += d; }
+
+ private:
+  bool prints() const { return ps_.is_last_rank(); }
+  const Config& c_;
+  const dist::ParallelState& ps_;
+  double flops_per_token_;
+  double peak_tflops_;
+  std::vector<std::string> loss_terms_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // last rank, with --tensorboard-dir
+  std::FILE* jsonl_ = nullptr;                      // last rank, with --metrics-jsonl
+
+  StepStatistics statistics_;   // on the device, not read yet
+  at::Tensor interval_terms_;   // [loss terms] fp64 on the device: the applied iterations' sums
+  double interval_loss_ = 0;
+  int64_t interval_iterations_ = 0;
+  double last_grad_norm_ = 0;
+  std::chrono::steady_clock::time_point interval_start_;
+};
+
+}  // namespace megatron
