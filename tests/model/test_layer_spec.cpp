@@ -17,11 +17,13 @@
 namespace megatron {
 namespace {
 
-// A GELU MLP with two hidden projections of different widths: h -> 3h -> 2h -> h. Its names
-// (`mlp.expand.weight3`, ...) match nothing the rest of the system knows.
-class WideMlp : public FeedForward {
+// A non-gated GELU MLP h -> 3h -> h whose two weights are bare parameters with descriptions
+// written by hand (no tensor-parallel layer in between), under names that match nothing the
+// rest of the system knows (`mlp.expand.weight3`, `mlp.expand.weight4`).
+// tests/custom_family/main.cpp builds the same shape from the TP layers, for parallel runs.
+class HandDescribedMlp : public FeedForward {
  public:
-  explicit WideMlp(const PartContext& ctx) {
+  explicit HandDescribedMlp(const PartContext& ctx) {
     const int64_t h = ctx.config.hidden_size;
     norm_ = register_module("norm", std::make_shared<NormModule>(ctx.config, ctx.tp, ctx.device));
     expand = register_module("expand", std::make_shared<tp::DescribedModule>());
@@ -45,7 +47,7 @@ class WideMlp : public FeedForward {
 
 LayerSpec wide_mlp_spec(const ModelConfig& c) {
   LayerSpec spec = gpt_layer_spec(c);
-  spec.feed_forward = [](const PartContext& ctx) { return std::make_shared<WideMlp>(ctx); };
+  spec.feed_forward = [](const PartContext& ctx) { return std::make_shared<HandDescribedMlp>(ctx); };
   return spec;
 }
 
@@ -67,7 +69,7 @@ TEST(LayerSpec, CustomFeedForwardIsDescribedInitialisedAndTrained) {
   EXPECT_FALSE(table.contains("decoder.layers.1.mlp.linear_fc1.weight"));
 
   model.initialize(5);
-  auto* mlp = dynamic_cast<WideMlp*>(model.layers[1]->mlp.get());
+  auto* mlp = dynamic_cast<HandDescribedMlp*>(model.layers[1]->mlp.get());
   ASSERT_NE(mlp, nullptr);
   // Each weight drawn with the std its part declared: 0.02, and 0.02 / sqrt(2 * 3) into the stream.
   EXPECT_NEAR(mlp->w1.std().item<double>(), 0.02, 0.002);
