@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -81,31 +82,43 @@ void HfCheckpointReader::check_all_used() const {
 
 namespace {
 
-// The row of `family`'s weight table for Megatron parameter `name`, and the decoder layer
-// number its `{layer}` stands for ("" in a row without one).
-std::pair<const HfWeightRule*, std::string> rule_for(const ModelFamily& family, const std::string& name) {
-  static const std::string slot = "{layer}";
+constexpr const char* kLayerSlot = "{layer}";
+
+std::string with_layer(const std::string& pattern, const std::string& layer) {
+  const size_t at = pattern.find(kLayerSlot);
+  return at == std::string::npos ? pattern : pattern.substr(0, at) + layer + pattern.substr(at + std::strlen(kLayerSlot));
+}
+
+// The row of a family's weight table for one Megatron parameter, its HF names filled in with
+// the parameter's decoder layer number.
+struct ResolvedRow {
+  const HfWeightRule* rule;
+  std::vector<std::string> hf;  // rule->hf with {layer} filled in
+  std::string fallback;         // rule->hf_fallback likewise ("" without one)
+};
+
+ResolvedRow resolve_row(const ModelFamily& family, const std::string& name) {
+  const std::string slot = kLayerSlot;
   for (const auto& rule : family.weights) {
     const size_t at = rule.megatron.find(slot);
+    std::string layer;
     if (at == std::string::npos) {
-      if (rule.megatron == name) return {&rule, ""};
-      continue;
+      if (rule.megatron != name) continue;
+    } else {
+      const std::string head = rule.megatron.substr(0, at), tail = rule.megatron.substr(at + slot.size());
+      if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+          name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+        continue;
+      }
+      layer = name.substr(head.size(), name.size() - head.size() - tail.size());
+      if (layer.find_first_not_of("0123456789") != std::string::npos) continue;
     }
-    const std::string head = rule.megatron.substr(0, at), tail = rule.megatron.substr(at + slot.size());
-    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
-        name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
-      continue;
-    }
-    const std::string layer = name.substr(head.size(), name.size() - head.size() - tail.size());
-    if (layer.find_first_not_of("0123456789") == std::string::npos) return {&rule, layer};
+    ResolvedRow row{&rule, {}, rule.hf_fallback.empty() ? "" : with_layer(rule.hf_fallback, layer)};
+    for (const auto& pattern : rule.hf) row.hf.push_back(with_layer(pattern, layer));
+    return row;
   }
   throw UserError("parameter '" + name + "' has no Hugging Face counterpart in the weight table of the " + family.name +
                   " family");
-}
-
-std::string with_layer(const std::string& pattern, const std::string& layer) {
-  const size_t at = pattern.find("{layer}");
-  return at == std::string::npos ? pattern : pattern.substr(0, at) + layer + pattern.substr(at + 7);
 }
 
 at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
@@ -121,14 +134,13 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 }  // namespace
 
 at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
-  const auto [rule, layer] = rule_for(family_of(c), name);
-  std::vector<std::string> names;
-  for (const auto& pattern : rule->hf) names.push_back(with_layer(pattern, layer));
-  switch (rule->transform) {
+  const ResolvedRow row = resolve_row(family_of(c), name);
+  const std::vector<std::string>& names = row.hf;
+  switch (row.rule->transform) {
     case HfTransform::Copy: return hf.take(names[0]);
     case HfTransform::VocabRows: {
-      const bool fallback = !rule->hf_fallback.empty() && !hf.has(names[0]);
-      return padded_rows(hf.take(fallback ? with_layer(rule->hf_fallback, layer) : names[0]), c.padded_vocab_size);
+      const bool fallback = !row.fallback.empty() && !hf.has(names[0]);
+      return padded_rows(hf.take(fallback ? row.fallback : names[0]), c.padded_vocab_size);
     }
     case HfTransform::GateUp: return at::cat({hf.take(names[0]), hf.take(names[1])}, 0);
     case HfTransform::QkvFused: {
@@ -145,10 +157,9 @@ at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c
 
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& c, int64_t hf_vocab) {
-  const auto [rule, layer] = rule_for(family_of(c), name);
-  std::vector<std::string> names;
-  for (const auto& pattern : rule->hf) names.push_back(with_layer(pattern, layer));
-  switch (rule->transform) {
+  const ResolvedRow row = resolve_row(family_of(c), name);
+  const std::vector<std::string>& names = row.hf;
+  switch (row.rule->transform) {
     case HfTransform::Copy: return {{names[0], full}};
     case HfTransform::VocabRows: return {{names[0], full.narrow(0, 0, hf_vocab)}};
     case HfTransform::GateUp: {

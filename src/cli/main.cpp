@@ -1,7 +1,5 @@
-// `megatron <subcommand> [flags]`: dispatch, top-level help, and the one place user errors
-// become "error: ..." on stderr with exit status 2.
-#include <c10/util/Exception.h>
-
+// `megatron <subcommand> [flags]`: dispatch and top-level help; the subcommand runs under
+// cli::run_reporting_errors, where user errors become "error: ..." on stderr with exit status 2.
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -9,7 +7,6 @@
 #include <map>
 
 #include "cli/commands.h"
-#include "core/errors.h"
 
 namespace {
 
@@ -46,9 +43,7 @@ void print_usage(std::FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Under `megatron launch` stdout is a pipe, which stdio would block-buffer: lines would
-  // arrive late and be lost when a rank is stopped.
-  if (std::getenv("MEGATRON_LINE_BUFFERED") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  megatron::cli::line_buffer_stdout_under_launch();
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -66,16 +61,5 @@ int main(int argc, char** argv) {
                  name.c_str(), it->second.summary, it->second.arrives_with);
     return 2;
   }
-  try {
-    return it->second.run(args);
-  } catch (const megatron::UserError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "internal error: %s\n", e.what_without_backtrace());
-    return 1;
-  } catch (const std::exception& e) {  // e.g. a failed fork or pipe in the launcher
-    std::fprintf(stderr, "internal error: %s\n", e.what());
-    return 1;
-  }
+  return megatron::cli::run_reporting_errors([&] { return it->second.run(args); });
 }

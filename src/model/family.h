@@ -3,7 +3,7 @@
 //   - presets: `--model-family NAME` sets the architecture switches, so a recipe states sizes only
 //   - Hugging Face config.json in and out (the `model_type`s it reads)
 //   - a two-way weight table: HF tensor names <-> Megatron-Core names with the transform between
-//     them; convert, --load-hf and --save-hf read the same rows both ways (checkpoint/hf_weights)
+//     them; convert, --load-hf and --save-hf read the same rows both ways (checkpoint/hf_mapping)
 //   - the decoder layer's spec, the micro-batch loss and the FLOPs per token the MFU figure
 //     divides by
 #pragma once

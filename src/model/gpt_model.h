@@ -96,7 +96,7 @@ class GPTModel : public tp::DescribedModule {
 };
 
 // The parameter table of `chunk` (default: the whole model) of `config` with its family's layer
-// spec, built on the meta device: no weights are allocated (`megatron convert`, resharding).
+// spec, built on the meta device: no weights are allocated (`megatron convert`, HF export).
 tp::ParamTable describe_model(const ModelConfig& config, std::optional<pipeline::ChunkLayers> chunk = std::nullopt);
 
 // Megatron's initialisation for the chunks of one rank. Each parameter's full tensor is drawn

@@ -46,21 +46,13 @@ at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return tp:
 LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, NormKind norm, double eps,
                                                              const TensorParallel& tp, const LinearOptions& options)
     : ColumnParallelLinear(in, out, bias, tp, options), norm_(norm), eps_(eps) {
-  // The norm runs on the sequence shard under SP, before the gather into the TP region.
+  // The norm runs on the sequence shard under SP, before the gather into the TP region: its
+  // gradient is then a partial sum.
   const at::TensorOptions on = at::TensorOptions().device(options.device);
   layer_norm_weight = add_parameter("layer_norm_weight", at::ones({in}, on), sequence_sharded_replica(tp, Init::Ones));
   if (norm == NormKind::LayerNorm) {
     layer_norm_bias = add_parameter("layer_norm_bias", at::zeros({in}, on), sequence_sharded_replica(tp, Init::Zeros));
   }
-}
-
-at::Tensor LayerNormColumnParallelLinear::forward(const at::Tensor& x) const {
-  // The norm runs where x lives (on the sequence shard under SP), before entering the region.
-  return forward_normed(apply_norm(x, layer_norm_weight, layer_norm_bias, norm_, eps_));
-}
-
-at::Tensor LayerNormColumnParallelLinear::forward_normed(const at::Tensor& normed) const {
-  return tp::linear(enter(normed), weight, bias);
 }
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const TensorParallel& tp,

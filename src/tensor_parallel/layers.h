@@ -55,17 +55,15 @@ class ColumnParallelLinear : public DescribedModule {
   TensorParallel tp_;
 };
 
-// The norm that precedes a column-parallel layer, fused into it (TE's LayerNormColumnParallelLinear).
+// A column-parallel layer holding the parameters of the norm in front of it (TE's
+// LayerNormColumnParallelLinear layout and names). The decoder layer applies that norm itself
+// (norm()), fused with the residual add where it can, so forward() is the plain column-parallel
+// one on already normalised input.
 class LayerNormColumnParallelLinear : public ColumnParallelLinear {
  public:
   LayerNormColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, NormKind norm, double eps,
                                 const TensorParallel& tp, const LinearOptions& options = {});
-  at::Tensor forward(const at::Tensor& x) const;
-  // The fused norm, for a caller that applies it itself (the residual add fused with it).
   NormParams norm() const { return {layer_norm_weight, layer_norm_bias, norm_, eps_}; }
-  // The linear part alone, for x the caller already normalised with layer_norm_weight (the
-  // residual add fused with the norm, kernels::add_rms_norm).
-  at::Tensor forward_normed(const at::Tensor& normed) const;
 
   at::Tensor layer_norm_weight;  // [in], replicated
   at::Tensor layer_norm_bias;    // [in] for LayerNorm, undefined for RMSNorm

@@ -139,7 +139,7 @@ class Trainer {
   at::Tensor forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only);
   // Losses summed on the last pipeline stage ([] or [n]): averaged over DP replicas and sent to
   // every pipeline rank, fp64 on the device, the same shape.
-  at::Tensor global_loss(const at::Tensor& loss_sum);
+  at::Tensor global_loss(const at::Tensor& sums);
   void report_memory();
   std::vector<GPTModel*> chunks() const;
   void save(const char* why);
@@ -445,14 +445,14 @@ Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& 
   return graph_result_;
 }
 
-at::Tensor Trainer::global_loss(const at::Tensor& loss_sum) {
-  at::Tensor v = loss_sum.to(at::kDouble).reshape({-1}).contiguous();
+at::Tensor Trainer::global_loss(const at::Tensor& sums) {
+  at::Tensor v = sums.to(at::kDouble).reshape({-1}).contiguous();
   if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
     ps_.dp.all_reduce(v);
     v.div_(ps_.dp.size());
   }
   if (ps_.pp.size() > 1) ps_.pp.broadcast(v, ps_.pp.size() - 1);
-  return v.reshape(loss_sum.sizes());
+  return v.reshape(sums.sizes());
 }
 
 at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only) {
@@ -466,19 +466,15 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
     GPTModel& model = *chunks_[size_t(chunk)];
     if (!model.chunk().post_process) return model.forward(it->second.tokens, it->second.position_ids, it->second.attention_mask, input);
     const MicroBatchLoss result = loss_function_(model.token_losses(it->second, input), it->second);
+    TORCH_CHECK(result.terms.size() == loss_terms_.size(), "the loss function returned ", result.terms.size(),
+                " terms, its family declares ", loss_terms_.size());
     at::Tensor loss = result.loss / double(micro_batches);
-    if (loss_terms_.empty()) {
-      sums += loss.detach();
-      return loss;
+    sums.select(0, 0).add_(loss.detach());
+    for (size_t i = 0; i < loss_terms_.size(); ++i) {
+      auto term = result.terms.find(loss_terms_[i]);
+      TORCH_CHECK(term != result.terms.end(), "the loss function returned no term '", loss_terms_[i], "', which its family declares");
+      sums.select(0, int64_t(i) + 1).add_(term->second.detach() / double(micro_batches));
     }
-    std::vector<at::Tensor> parts = {loss.detach().reshape({1})};
-    for (const auto& name : loss_terms_) {
-      auto term = result.terms.find(name);
-      TORCH_CHECK(term != result.terms.end(), "the loss function returned no term '", name, "', which its family declares");
-      parts.push_back((term->second.detach() / double(micro_batches)).reshape({1}).to(sums.scalar_type()));
-    }
-    TORCH_CHECK(result.terms.size() == loss_terms_.size(), "the loss function returned terms its family does not declare");
-    sums += at::cat(parts);
     return loss;
   };
   if (!forward_only) f.before_backward = [this](int chunk, bool last) { buffer_->set_last_micro_batch(chunk, last); };

@@ -6,10 +6,7 @@
 // reshard or HF code knows about it. Its loss reports a term of its own ("lm loss x2") in the
 // log line. tests/model/test_custom_family.cpp drives it.
 //   megatron_custom_family train|convert|launch [args]
-#include <c10/util/Exception.h>
-
 #include <cstdio>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -89,7 +86,7 @@ ModelFamily wide_mlp_family() {
 }  // namespace megatron
 
 int main(int argc, char** argv) {
-  if (std::getenv("MEGATRON_LINE_BUFFERED") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  megatron::cli::line_buffer_stdout_under_launch();
   if (argc < 2) {
     std::fprintf(stderr, "usage: megatron_custom_family train|convert|launch [args]\n");
     return 2;
@@ -97,17 +94,10 @@ int main(int argc, char** argv) {
   static const megatron::ModelFamily family = megatron::wide_mlp_family();
   const std::string name = argv[1];
   const megatron::cli::Args args(argv + 2, argv + argc);
-  try {
+  return megatron::cli::run_reporting_errors([&] {
     if (name == "train") return megatron::cli::train_as(family, args);
     if (name == "convert") return megatron::cli::convert_as(family, args);
     if (name == "launch") return megatron::cli::launch(args);  // the ranks run this program again
-    std::fprintf(stderr, "error: unknown subcommand '%s'\n", name.c_str());
-    return 2;
-  } catch (const megatron::UserError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "internal error: %s\n", e.what());
-    return 1;
-  }
+    throw megatron::UserError("unknown subcommand '" + name + "' (train, convert, launch)");
+  });
 }

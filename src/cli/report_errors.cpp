@@ -1,0 +1,34 @@
+// What every entry point of a megatron program does around its subcommand: line-buffered stdout
+// under `megatron launch`, and user errors as "error: ..." with exit status 2.
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli/commands.h"
+#include "core/errors.h"
+
+namespace megatron::cli {
+
+void line_buffer_stdout_under_launch() {
+  // Under `megatron launch` stdout is a pipe, which stdio would block-buffer: lines would
+  // arrive late and be lost when a rank is stopped.
+  if (std::getenv("MEGATRON_LINE_BUFFERED") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);
+}
+
+int run_reporting_errors(const std::function<int()>& run) {
+  try {
+    return run();
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "internal error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {  // e.g. a failed fork or pipe in the launcher
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace megatron::cli
