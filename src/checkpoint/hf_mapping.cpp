@@ -82,39 +82,53 @@ void HfCheckpointReader::check_all_used() const {
 
 namespace {
 
-constexpr const char* kLayerSlot = "{layer}";
+// Numbered slots in the table's names: a decoder layer's number and an expert's.
+const char* const kSlots[] = {"{layer}", "{expert}"};
 
-std::string with_layer(const std::string& pattern, const std::string& layer) {
-  const size_t at = pattern.find(kLayerSlot);
-  return at == std::string::npos ? pattern : pattern.substr(0, at) + layer + pattern.substr(at + std::strlen(kLayerSlot));
+// Whether `name` matches `pattern`, each slot standing for a number; the numbers into `values`.
+bool match_slots(const std::string& pattern, const std::string& name, std::map<std::string, std::string>& values) {
+  size_t p = 0, n = 0;
+  while (p < pattern.size()) {
+    bool slot = false;
+    for (const char* s : kSlots) {
+      const size_t len = std::strlen(s);
+      if (pattern.compare(p, len, s) != 0) continue;
+      const size_t begin = n;
+      while (n < name.size() && name[n] >= '0' && name[n] <= '9') ++n;
+      if (n == begin) return false;
+      values[s] = name.substr(begin, n - begin);
+      p += len;
+      slot = true;
+      break;
+    }
+    if (slot) continue;
+    if (n >= name.size() || pattern[p] != name[n]) return false;
+    ++p, ++n;
+  }
+  return n == name.size();
+}
+
+std::string with_slots(std::string pattern, const std::map<std::string, std::string>& values) {
+  for (const auto& [slot, value] : values) {
+    for (size_t at = pattern.find(slot); at != std::string::npos; at = pattern.find(slot)) pattern.replace(at, slot.size(), value);
+  }
+  return pattern;
 }
 
 // The row of a family's weight table for one Megatron parameter, its HF names filled in with
-// the parameter's decoder layer number.
+// the parameter's decoder layer (and expert) number.
 struct ResolvedRow {
   const HfWeightRule* rule;
-  std::vector<std::string> hf;  // rule->hf with {layer} filled in
+  std::vector<std::string> hf;  // rule->hf with the slots filled in
   std::string fallback;         // rule->hf_fallback likewise ("" without one)
 };
 
 ResolvedRow resolve_row(const ModelFamily& family, const std::string& name) {
-  const std::string slot = kLayerSlot;
   for (const auto& rule : family.weights) {
-    const size_t at = rule.megatron.find(slot);
-    std::string layer;
-    if (at == std::string::npos) {
-      if (rule.megatron != name) continue;
-    } else {
-      const std::string head = rule.megatron.substr(0, at), tail = rule.megatron.substr(at + slot.size());
-      if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
-          name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
-        continue;
-      }
-      layer = name.substr(head.size(), name.size() - head.size() - tail.size());
-      if (layer.find_first_not_of("0123456789") != std::string::npos) continue;
-    }
-    ResolvedRow row{&rule, {}, rule.hf_fallback.empty() ? "" : with_layer(rule.hf_fallback, layer)};
-    for (const auto& pattern : rule.hf) row.hf.push_back(with_layer(pattern, layer));
+    std::map<std::string, std::string> values;
+    if (!match_slots(rule.megatron, name, values)) continue;
+    ResolvedRow row{&rule, {}, rule.hf_fallback.empty() ? "" : with_slots(rule.hf_fallback, values)};
+    for (const auto& pattern : rule.hf) row.hf.push_back(with_slots(pattern, values));
     return row;
   }
   throw UserError("parameter '" + name + "' has no Hugging Face counterpart in the weight table of the " + family.name +
@@ -252,7 +266,8 @@ void load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& chunk
     }
   }
   // A pipeline stage uses only its own layers' tensors.
-  const bool whole_model = chunks.size() == 1 && chunks[0]->chunk().num_layers == chunks[0]->config().num_layers;
+  const bool whole_model = chunks.size() == 1 && chunks[0]->chunk().num_layers == chunks[0]->config().num_layers &&
+                           chunks[0]->tensor_parallel().experts.size() == 1;  // under EP a rank holds its experts only
   if (whole_model) hf.check_all_used();
 }
 

@@ -64,6 +64,34 @@ struct ModelConfig {
   // (--no-bias-dropout-fusion turns it off).
   bool bias_dropout_fusion = true;
 
+  // Mixture of experts (Megatron-Core's --num-experts / --moe-* flags; src/moe). num_experts 0:
+  // every layer's feed-forward is the dense MLP.
+  int num_experts = 0;
+  int moe_ffn_hidden_size = 0;        // each expert's hidden size; 0: ffn_hidden_size
+  // Which layers are MoE: "N" every N-th layer from the first, or Megatron's Python list form
+  // "([0]*1+[1]*47)" / "[1,0,1,...]" with one entry per layer. Expanded into moe_layers.
+  std::string moe_layer_freq = "1";
+  std::vector<int> moe_layers;        // derived: 1 where layer i is an MoE layer
+  int moe_router_topk = 2;
+  bool moe_router_pre_softmax = false;  // softmax over all experts before top-k, no renormalisation
+  std::string moe_router_score_function = "softmax";  // softmax | sigmoid
+  double moe_router_topk_scaling_factor = 0.0;       // 0: none
+  std::string moe_router_dtype;       // "" (the activations') | fp32 | fp64: the router's logits and scores
+  bool moe_router_force_load_balancing = false;      // random logits (benchmarks)
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | global_aux_loss | none
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;      // 0: no z-loss
+  int moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
+  bool moe_shared_expert_gate = false;          // Qwen2-MoE's sigmoid gate on the shared experts' output
+  bool moe_grouped_gemm = false;      // experts as one grouped GEMM (CUDA), else one GEMM per expert
+  std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall
+  bool moe_permute_fusion = false;
+
+  bool is_moe_layer(int layer) const {
+    return num_experts > 0 && layer >= 0 && size_t(layer) < moe_layers.size() && moe_layers[size_t(layer)] != 0;
+  }
+  int expert_ffn_hidden_size() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
+
   // Activation recomputation (Megatron's flags; runtime choices, not saved with the model).
   // full: whole layers keep only their input and run again in the backward, in groups of
   // recompute_num_layers layers (uniform) or only the first recompute_num_layers layers of each
@@ -89,6 +117,8 @@ struct ParallelConfig {
   int decoder_last_pipeline_num_layers = 0;
   int context_parallel_size = 1;
   int expert_model_parallel_size = 1;
+  // Each expert's weights split over this many ranks (Megatron's expert TP); 0: the TP size.
+  int expert_tensor_parallel_size = 0;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;   // reduce gradient buckets while backward runs

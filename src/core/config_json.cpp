@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <type_traits>
+
 #include "core/errors.h"
 
 namespace megatron {
@@ -43,6 +45,20 @@ void visit_model(ModelConfig& m, Visit&& v) {
   v("attention_dropout", m.attention_dropout);
 }
 
+// Written by checkpoints since mixture-of-experts; a checkpoint without them is dense.
+template <typename Visit>
+void visit_moe(ModelConfig& m, Visit&& v) {
+  v("num_experts", m.num_experts);
+  v("moe_ffn_hidden_size", m.moe_ffn_hidden_size);
+  v("moe_layers", m.moe_layers);
+  v("moe_router_topk", m.moe_router_topk);
+  v("moe_router_pre_softmax", m.moe_router_pre_softmax);
+  v("moe_router_score_function", m.moe_router_score_function);
+  v("moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor);
+  v("moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size);
+  v("moe_shared_expert_gate", m.moe_shared_expert_gate);
+}
+
 template <typename Visit>
 void visit_tokenizer(DataConfig& d, Visit&& v) {
   v("tokenizer_type", d.tokenizer_type);
@@ -64,12 +80,16 @@ nlohmann::json model_config_to_json(const ModelConfig& model) {
   ModelConfig m = model;
   nlohmann::json j;
   visit_model(m, [&](const char* key, auto& value) { j[key] = value; });
+  visit_moe(m, [&](const char* key, auto& value) { j[key] = value; });
   return j;
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& j) {
   ModelConfig m;
   visit_model(m, [&](const char* key, auto& value) { read_key(j, key, value); });
+  visit_moe(m, [&](const char* key, auto& value) {
+    if (j.contains(key)) value = j.at(key).get<std::remove_reference_t<decltype(value)>>();
+  });
   return m;
 }
 

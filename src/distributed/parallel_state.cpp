@@ -52,7 +52,31 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   ps.tp = mine({"tp"});
   ps.cp = mine({"cp"});
   ps.dp = mine({"dp"});
-  ps.expert_dp = ps.dp;  // ep = 1: no expert parallelism yet
+  // The expert layout over the same ranks (MoE): expert TP x EP x expert DP x PP.
+  const int etp = c.expert_tensor_parallel_size > 0 ? c.expert_tensor_parallel_size : c.tensor_model_parallel_size;
+  const int ep = c.expert_model_parallel_size;
+  TORCH_CHECK(world.size() % (etp * ep * c.pipeline_model_parallel_size) == 0, "expert layout: ", etp, " x ", ep, " x ",
+              c.pipeline_model_parallel_size, " does not divide the world of ", world.size());
+  const std::vector<LayoutDim> experts = {{"tp", etp},
+                                          {"cp", 1},
+                                          {"ep", ep},
+                                          {"dp", world.size() / (etp * ep * c.pipeline_model_parallel_size)},
+                                          {"pp", c.pipeline_model_parallel_size}};
+  auto mine_in_experts = [&](const std::vector<std::string>& along) {
+    for (const auto& g : layout_groups(experts, along)) {
+      if (std::find(g.begin(), g.end(), ps.rank) != g.end()) return world.group(g);
+    }
+    TORCH_CHECK(false, "rank ", ps.rank, " is in no expert group");
+  };
+  if (ep == 1 && etp == c.tensor_model_parallel_size) {
+    ps.ep = Group();
+    ps.expert_tp = ps.tp;
+    ps.expert_dp = ps.dp;
+  } else {
+    ps.ep = mine_in_experts({"ep"});
+    ps.expert_tp = etp == c.tensor_model_parallel_size ? ps.tp : mine_in_experts({"tp"});
+    ps.expert_dp = mine_in_experts({"dp"});
+  }
   ps.pp = mine({"pp"});
   ps.dp_cp = mine({"dp", "cp"});
   ps.model_parallel = mine({"tp", "pp"});

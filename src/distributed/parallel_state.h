@@ -19,8 +19,13 @@ struct ParallelState {
   Group tp;              // tensor (and sequence) parallel peers
   Group cp;              // context parallel
   Group dp;              // data-parallel replicas: gradients are averaged here
-  // The replicas of this rank's expert shard (expert parallelism): expert parameters' gradients
-  // are averaged here. The same ranks as dp until expert parallelism splits dp.
+  // Expert parallelism (MoE layers) lays the same ranks out a second time, in Megatron's order
+  // etp-ep-edp-pp: `ep` holds the ranks with the other experts (carved out of dp, so its
+  // members hold different data), `expert_tp` the ranks splitting each expert (= tp), and
+  // `expert_dp` the replicas of this rank's experts, where expert gradients are averaged
+  // (= dp without expert parallelism).
+  Group ep;
+  Group expert_tp;
   Group expert_dp;
   Group pp;              // pipeline stages
   Group dp_cp;           // gradient reduction group (dp x cp), as Megatron

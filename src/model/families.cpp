@@ -9,9 +9,10 @@
 
 #include "core/errors.h"
 #include "model/family.h"
+#include "model/llama_parts.h"
+#include "model/moe_families.h"
 
 namespace megatron {
-namespace {
 
 // The FLOPs of a dense decoder: 6 per parameter (forward + backward GEMMs) plus attention's
 // scores and values, 6 * L * h * s per token with causal masking counted as half.
@@ -49,8 +50,8 @@ ModelConfig llama_config_from_hf(const nlohmann::json& j, const std::string& pat
   m.max_position_embeddings = j.value("max_position_embeddings", 4096);
   m.seq_length = std::min(m.max_position_embeddings, 4096);
   m.norm_epsilon = j.value("rms_norm_eps", 1e-6);
-  m.add_qkv_bias = type == "qwen2" || j.value("attention_bias", false);
-  m.qk_layernorm = type == "qwen3";
+  m.add_qkv_bias = type == "qwen2" || type == "qwen2_moe" || j.value("attention_bias", false);
+  m.qk_layernorm = type == "qwen3" || type == "qwen3_moe";
   m.untie_embeddings_and_output_weights = !j.value("tie_word_embeddings", false);
   // transformers v5 writes rope_parameters, earlier versions rope_theta + rope_scaling.
   nlohmann::json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
@@ -119,6 +120,8 @@ std::vector<HfWeightRule> llama_weights() {
   };
 }
 
+namespace {
+
 ModelFamily llama_family() {
   ModelFamily f;
   f.name = "llama";
@@ -139,7 +142,7 @@ ModelFamily llama_family() {
   };
   f.hf_model_types = {"llama", "mistral", "qwen2", "qwen3"};
   f.describes = [](const ModelConfig& m) {
-    return m.normalization == "RMSNorm" && m.swiglu && !m.add_bias_linear && m.position_embedding_type == "rope";
+    return m.num_experts == 0 && m.normalization == "RMSNorm" && m.swiglu && !m.add_bias_linear && m.position_embedding_type == "rope";
   };
   f.config_from_hf = llama_config_from_hf;
   f.config_to_hf = llama_config_to_hf;
@@ -163,7 +166,8 @@ ModelFamily gpt_family() {
 }  // namespace
 
 const std::vector<ModelFamily>& builtin_families() {
-  static const std::vector<ModelFamily> families = {llama_family(), gpt_family()};  // gpt last: it describes any model
+  // gpt last: it describes any model; the MoE families before llama, which does not read experts.
+  static const std::vector<ModelFamily> families = {mixtral_family(), qwen_moe_family(), llama_family(), gpt_family()};
   return families;
 }
 

@@ -32,7 +32,8 @@ enum class HfTransform {
   GateUp,     // SwiGLU's [gate; up] stacked along dim 0
 };
 
-// One row of a weight table. `{layer}` in a name stands for a decoder layer's number.
+// One row of a weight table. `{layer}` in a name stands for a decoder layer's number,
+// `{expert}` for an MoE expert's.
 struct HfWeightRule {
   std::string megatron;          // "decoder.layers.{layer}.self_attention.linear_qkv.weight"
   std::vector<std::string> hf;   // "model.layers.{layer}.self_attn.q_proj.weight", k_proj, v_proj

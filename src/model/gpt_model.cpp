@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "model/family.h"
 #include "model/loss.h"
+#include "moe/moe_layer.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
@@ -44,7 +45,7 @@ GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::opti
   auto decoder = register_module("decoder", std::make_shared<tp::DescribedModule>());
   auto layer_holder = decoder->register_module("layers", std::make_shared<tp::DescribedModule>());
   for (int i = chunk_.first_layer; i < chunk_.first_layer + chunk_.num_layers; ++i) {
-    layers.push_back(layer_holder->register_module(std::to_string(i), std::make_shared<TransformerLayer>(c, tp, layer_spec, device)));
+    layers.push_back(layer_holder->register_module(std::to_string(i), std::make_shared<TransformerLayer>(c, tp, layer_spec, device, i)));
   }
   if (chunk_.post_process) {
     final_layernorm = decoder->register_module("final_layernorm", std::make_shared<NormModule>(c, tp, device));
@@ -223,6 +224,23 @@ at::Tensor GPTModel::token_losses(const Batch& batch, const at::Tensor& input) {
 
 at::Tensor GPTModel::loss(const Batch& batch, const at::Tensor& input) {
   return masked_token_mean(token_losses(batch, input), batch).loss;
+}
+
+void GPTModel::set_moe_loss_scale(double scale) {
+  for (auto& layer : layers) {
+    if (auto moe = std::dynamic_pointer_cast<moe::MoELayer>(layer->mlp)) moe->router->set_loss_scale(scale);
+  }
+}
+
+at::Tensor GPTModel::take_moe_losses() {
+  at::Tensor sum;
+  for (auto& layer : layers) {
+    auto moe = std::dynamic_pointer_cast<moe::MoELayer>(layer->mlp);
+    if (!moe) continue;
+    const at::Tensor tracked = moe->router->take_tracked();
+    if (tracked.defined()) sum = sum.defined() ? sum + tracked : tracked;
+  }
+  return sum;
 }
 
 int64_t GPTModel::num_parameters() const {

@@ -66,6 +66,11 @@ class GPTModel : public tp::DescribedModule {
   // What each parameter of this chunk is (TP split, init rule, ...), by its global name in
   // registration order.
   const tp::ParamTable& parameter_table() const { return table_; }
+  // The MoE layers' router losses (moe/aux_loss.h): the gradient they enter backward with (the
+  // main loss's 1 / micro-batches), and what they tracked since the last call, summed over this
+  // chunk's MoE layers ([n] fp32 in moe::tracked_loss_names order; undefined without any).
+  void set_moe_loss_scale(double scale);
+  at::Tensor take_moe_losses();
   // This chunk holds a copy of the embedding for a tied output layer on a later stage.
   bool holds_tied_output_copy() const { return chunk_.post_process && !chunk_.pre_process && !config_.untie_embeddings_and_output_weights; }
 

@@ -3,6 +3,7 @@
 #include "model/attention.h"
 #include "model/core_attention.h"
 #include "model/mlp.h"
+#include "moe/moe_layer.h"
 
 namespace megatron {
 
@@ -12,7 +13,10 @@ LayerSpec gpt_layer_spec(const ModelConfig&) {
   spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) {
     return std::make_shared<SelfAttention>(ctx, std::move(core));
   };
-  spec.feed_forward = [](const PartContext& ctx) { return std::make_shared<MLP>(ctx); };
+  spec.feed_forward = [](const PartContext& ctx) -> std::shared_ptr<FeedForward> {
+    if (ctx.config.is_moe_layer(ctx.layer)) return std::make_shared<moe::MoELayer>(ctx);
+    return std::make_shared<MLP>(ctx);
+  };
   spec.norms_in_linears = true;
   return spec;
 }

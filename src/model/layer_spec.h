@@ -3,7 +3,7 @@
 //
 //   attention block   normed hidden -> attention output (self-attention today; MLA next)
 //   core attention    q, k, v -> context (SDPA today; ring attention, KV-cache attention next)
-//   feed-forward      normed hidden -> MLP output (dense MLP today; MoE next)
+//   feed-forward      normed hidden -> MLP output (the dense MLP, or MoE: src/moe)
 //
 // The layer owns the pre-norms and the residual stream. Where a norm's parameters live is the
 // spec's choice: fused into the part's first linear (Transformer Engine's layout and Megatron's
@@ -30,6 +30,7 @@ struct PartContext {
   const tp::TensorParallel& tp;
   at::Device device = at::kCPU;  // kMeta: parameters described, not allocated
   bool norm_in_linear = true;    // the norm before this part lives in the part's first linear
+  int layer = 0;                 // the decoder layer's global index (0-based): MoE layers are chosen by it
   // The options of a linear layer of this part.
   tp::LinearOptions linear(tp::Init weight_init, bool gated = false) const { return {device, weight_init, gated}; }
 };
@@ -68,11 +69,15 @@ struct LayerSpec {
   std::function<std::shared_ptr<CoreAttention>(const PartContext&)> core_attention;
   std::function<std::shared_ptr<AttentionBlock>(const PartContext&, std::shared_ptr<CoreAttention>)> attention;
   std::function<std::shared_ptr<FeedForward>(const PartContext&)> feed_forward;
-  bool norms_in_linears = true;  // false: input_layernorm / pre_mlp_layernorm modules of the layer
+  // false: input_layernorm / pre_mlp_layernorm modules of the layer. A part may keep its norm
+  // out of its linears regardless (fused_norm() empty: MoE), and the layer then holds it.
+  bool norms_in_linears = true;
 };
 
 // The decoder layer of every family built in: self-attention (GQA, optional q/k norm, RoPE)
-// over SDPA, a dense SwiGLU or GELU MLP, norms fused into linear_qkv and linear_fc1.
+// over SDPA, norms fused into linear_qkv and linear_fc1; the feed-forward a dense SwiGLU or
+// GELU MLP, or on the layers --moe-layer-freq names the MoE layer (its norm then the layer's
+// pre_mlp_layernorm, as Megatron-Core's MoE specs).
 LayerSpec gpt_layer_spec(const ModelConfig& config);
 
 }  // namespace megatron

@@ -6,9 +6,11 @@
 
 namespace megatron {
 
-MLP::MLP(const PartContext& ctx) : swiglu_(ctx.config.swiglu), swiglu_fusion_(ctx.config.bias_swiglu_fusion) {
+MLP::MLP(const PartContext& ctx, int64_t ffn_hidden_size)
+    : swiglu_(ctx.config.swiglu), swiglu_fusion_(ctx.config.bias_swiglu_fusion) {
   const ModelConfig& c = ctx.config;
-  const int64_t fc1_out = (c.swiglu ? 2 : 1) * int64_t(c.ffn_hidden_size);
+  const int64_t ffn = ffn_hidden_size > 0 ? ffn_hidden_size : c.ffn_hidden_size;
+  const int64_t fc1_out = (c.swiglu ? 2 : 1) * ffn;
   // SwiGLU's [gate; up] halves are split over TP separately, so each rank gates its own columns.
   const tp::LinearOptions fc1 = ctx.linear(tp::Init::Normal, /*gated=*/c.swiglu);
   if (ctx.norm_in_linear) {
@@ -19,7 +21,7 @@ MLP::MLP(const PartContext& ctx) : swiglu_(ctx.config.swiglu), swiglu_fusion_(ct
     linear_fc1 = register_module("linear_fc1", std::make_shared<tp::ColumnParallelLinear>(c.hidden_size, fc1_out, c.add_bias_linear, ctx.tp, fc1));
   }
   linear_fc2 = register_module("linear_fc2", std::make_shared<tp::RowParallelLinear>(
-      c.ffn_hidden_size, c.hidden_size, c.add_bias_linear, ctx.tp, ctx.linear(tp::Init::ScaledNormal)));
+      ffn, c.hidden_size, c.add_bias_linear, ctx.tp, ctx.linear(tp::Init::ScaledNormal)));
 }
 
 std::optional<NormParams> MLP::fused_norm() const {

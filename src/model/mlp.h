@@ -10,7 +10,8 @@ namespace megatron {
 
 class MLP : public FeedForward {
  public:
-  explicit MLP(const PartContext& context);
+  // ffn_hidden_size 0: the model's (--ffn-hidden-size); MoE's shared experts give theirs.
+  explicit MLP(const PartContext& context, int64_t ffn_hidden_size = 0);
   at::Tensor forward(const at::Tensor& normed) override;  // [s, b, h] -> [s, b, h] (dim 0 s/tp under sequence parallelism)
   std::optional<NormParams> fused_norm() const override;
 

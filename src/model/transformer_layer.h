@@ -20,8 +20,9 @@ struct ResidualStream {
 
 class TransformerLayer : public tp::DescribedModule {
  public:
+  // `layer`: the global index of this layer (the spec may choose parts by it).
   TransformerLayer(const ModelConfig& config, const tp::TensorParallel& tp, const LayerSpec& spec,
-                   at::Device device = at::kCPU);
+                   at::Device device = at::kCPU, int layer = 0);
   // attention_mask: [b, 1, s, s] bool (true = attend) or undefined for plain causal attention.
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]; [s/tp, b, h] under SP
   // The same on the residual stream; the result's delta is defined when the residual adds are

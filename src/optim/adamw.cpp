@@ -15,63 +15,91 @@
 
 namespace megatron {
 
-AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config)
-    : buffer_(buffer),
-      steps_(at::zeros({}, buffer.grad_data.options().dtype(at::kFloat))),
-      lr_(at::zeros({}, buffer.grad_data.options().dtype(at::kDouble))),
+AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : AdamW(std::vector<ParamAndGradBuffer*>{&buffer}, config) {}
+
+AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config)
+    : buffers_(buffers),
+      steps_(at::zeros({}, buffers.at(0)->grad_data.options().dtype(at::kFloat))),
+      lr_(at::zeros({}, buffers.at(0)->grad_data.options().dtype(at::kDouble))),
       c_(config) {
   at::NoGradGuard no_grad;
-  // Registration order (the buffer holds parameters reversed), so state files read naturally.
-  std::vector<const BufferedParam*> ordered;
-  for (const auto& p : buffer.params()) ordered.push_back(&p);
-  std::reverse(ordered.begin(), ordered.end());
-  for (const BufferedParam* p : ordered) {
-    for (const auto& [begin, end] : buffer.owned_ranges()) {
-      const int64_t from = std::max(begin, p->offset), to = std::min(end, p->offset + p->numel);
-      if (from >= to) continue;
-      OptimizerParam op;
-      op.name = p->name;
-      op.model_param = p->param;
-      op.param_offset = from - p->offset;
-      op.numel = to - from;
-      op.model_slice = buffer.param_data.narrow(0, from, op.numel);
-      op.master = op.model_slice.scalar_type() == at::kFloat ? op.model_slice : op.model_slice.to(at::kFloat).clone();
-      op.main_grad = buffer.grad_data.narrow(0, from, op.numel);
-      op.exp_avg = at::zeros_like(op.master);
-      op.exp_avg_sq = at::zeros_like(op.master);
-      op.decay = p->param.dim() > 1;  // norms and biases are 1-D
-      op.tp_duplicate = p->tp_duplicate;
-      op.stage_copy = p->stage_copy;
-      op.bucket = p->bucket;
-      params_.push_back(std::move(op));
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    ParamAndGradBuffer& buffer = *buffers_[b];
+    // Registration order (the buffer holds parameters reversed), so state files read naturally.
+    std::vector<const BufferedParam*> ordered;
+    for (const auto& p : buffer.params()) ordered.push_back(&p);
+    std::reverse(ordered.begin(), ordered.end());
+    for (const BufferedParam* p : ordered) {
+      for (const auto& [begin, end] : buffer.owned_ranges()) {
+        const int64_t from = std::max(begin, p->offset), to = std::min(end, p->offset + p->numel);
+        if (from >= to) continue;
+        OptimizerParam op;
+        op.name = p->name;
+        op.model_param = p->param;
+        op.param_offset = from - p->offset;
+        op.numel = to - from;
+        op.model_slice = buffer.param_data.narrow(0, from, op.numel);
+        op.master = op.model_slice.scalar_type() == at::kFloat ? op.model_slice : op.model_slice.to(at::kFloat).clone();
+        op.main_grad = buffer.grad_data.narrow(0, from, op.numel);
+        op.exp_avg = at::zeros_like(op.master);
+        op.exp_avg_sq = at::zeros_like(op.master);
+        op.decay = p->param.dim() > 1;  // norms and biases are 1-D
+        op.tp_duplicate = p->tp_duplicate;
+        op.stage_copy = p->stage_copy;
+        op.buffer = b;
+        op.bucket = p->bucket;
+        params_.push_back(std::move(op));
+      }
     }
-  }
-  if (buffer.overlap_optimizer_step()) {
-    TORCH_CHECK(buffer.param_data.is_cuda(), "AdamW: overlapping the optimizer step needs a CUDA buffer");
-    update_stream_ = pooled_stream(buffer.param_data.device(), /*high_priority=*/false);
+    if (buffer.overlap_optimizer_step()) {
+      TORCH_CHECK(buffer.param_data.is_cuda(), "AdamW: overlapping the optimizer step needs a CUDA buffer");
+      if (!update_stream_) update_stream_ = pooled_stream(buffer.param_data.device(), /*high_priority=*/false);
+    }
   }
 }
 
+std::vector<size_t> AdamW::no_buckets_started() const {
+  std::vector<size_t> n;
+  for (const ParamAndGradBuffer* b : buffers_) n.push_back(b->num_buckets());
+  return n;
+}
+
 at::Tensor AdamW::grad_norm() const {
-  const dist::ParallelState& ps = buffer_.parallel_state();
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params_) {
-    if ((!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) grads.push_back(p.main_grad);
-  }
+  const dist::ParallelState& ps = first_buffer().parallel_state();
   // Norms in fp32 whatever the gradients' dtype (bf16 with --grad-reduce-in-bf16); fp32
   // gradients pass no dtype, the call measured on GPUs.
-  const at::TensorOptions fp32 = buffer_.grad_data.options().dtype(at::kFloat);
+  const at::TensorOptions fp32 = first_buffer().grad_data.options().dtype(at::kFloat);
   const std::optional<at::ScalarType> norm_dtype =
-      buffer_.grad_data.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
-  at::Tensor squared = grads.empty() ? at::zeros({}, fp32) : at::stack(at::_foreach_norm(grads, 2, norm_dtype)).pow(2).sum();
-  // Replicas hold the same gradients, except that the distributed optimizer reduced each DP
-  // rank's shard only.
-  const dist::Group& group = buffer_.distributed_optimizer() ? ps.world : ps.model_parallel;
-  if (group.size() > 1) {
-    squared = squared.reshape({1}).contiguous();
-    group.all_reduce(squared);
+      first_buffer().grad_data.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
+  std::vector<at::Tensor> squares;  // per buffer
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params_) {
+      if (p.buffer == b && (!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) grads.push_back(p.main_grad);
+    }
+    squares.push_back(grads.empty() ? at::zeros({}, fp32) : at::stack(at::_foreach_norm(grads, 2, norm_dtype)).pow(2).sum());
   }
-  return squared.sqrt().reshape({});
+  if (buffers_.size() == 1) {
+    at::Tensor squared = squares[0];
+    // Replicas hold the same gradients, except that the distributed optimizer reduced each DP
+    // rank's shard only.
+    const dist::Group& group = first_buffer().distributed_optimizer() ? ps.world : ps.model_parallel;
+    if (group.size() > 1) {
+      squared = squared.reshape({1}).contiguous();
+      group.all_reduce(squared);
+    }
+    return squared.sqrt().reshape({});
+  }
+  // Several buffers reduce over different groups (expert parameters differ across EP ranks, which
+  // replicate the dense ones): each buffer's sum over the world, divided by its replica count.
+  at::Tensor squared = at::stack(squares);  // [buffers]
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    const ParamAndGradBuffer& buffer = *buffers_[b];
+    if (!buffer.distributed_optimizer() && buffer.reduce_group().size() > 1) squared[int64_t(b)].div_(buffer.reduce_group().size());
+  }
+  squared = squared.contiguous();
+  if (ps.world.size() > 1) ps.world.all_reduce(squared);
+  return squared.sum().sqrt().reshape({});
 }
 
 void AdamW::set_learning_rate(double lr) { lr_.fill_(lr); }
@@ -94,7 +122,7 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   if (update_stream_) {
     // The update stream starts after everything the trainer's stream has queued (gradients,
     // norm, scalars), and the scalars' memory is not reused until it has read them.
-    order_after(current_stream(buffer_.param_data.device()), *update_stream_);
+    order_after(current_stream(first_buffer().param_data.device()), *update_stream_);
     for (const at::Tensor* t : {&scalars.bias_corrections, &scalars.grad_scale, &scalars.found_inf, &scalars.lr}) {
       c10::impl::getDeviceGuardImpl(t->device().type())->recordDataPtrOnStream(t->storage().data_ptr(), *update_stream_);
     }
@@ -107,19 +135,20 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   // and overlapped, the next forward's first layers can start on it. Buckets are started
   // strictly from the last down, also past those this rank holds none of, so every DP rank
   // issues the same sequence of collectives.
-  size_t not_started = buffer_.num_buckets();
+  std::vector<size_t> not_started = no_buckets_started();
   for (size_t i = 0; i < params_.size(); ++i) {
     OptimizerParam& p = params_[i];
     const kernels::AdamWHyperparameters h{c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
     kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, scalars);
-    if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket) {
+    if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket || params_[i + 1].buffer != p.buffer) {
+      ParamAndGradBuffer& buffer = *buffers_[p.buffer];
       if (update_stream_) {
         c10::Event updated(update_stream_->device_type());
         updated.record(*update_stream_);
-        buffer_.set_params_updated(p.bucket, std::move(updated));
+        buffer.set_params_updated(p.bucket, std::move(updated));
       }
       // On the update stream when overlapped: the collective then follows the update.
-      while (not_started > p.bucket) buffer_.start_param_gather(--not_started);
+      while (not_started[p.buffer] > p.bucket) buffer.start_param_gather(--not_started[p.buffer]);
     }
   }
   gather_params(not_started);
@@ -131,12 +160,14 @@ void AdamW::copy_master_to_model() {
   for (auto& p : params_) {
     if (!p.master.is_same(p.model_slice)) p.model_slice.copy_(p.master);
   }
-  gather_params(buffer_.num_buckets());
+  gather_params(no_buckets_started());
 }
 
-void AdamW::gather_params(size_t not_started) {
-  while (not_started > 0) buffer_.start_param_gather(--not_started);
-  if (!buffer_.params_arrive_during_forward()) buffer_.finish_param_gather();
+void AdamW::gather_params(std::vector<size_t> not_started) {
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    while (not_started[b] > 0) buffers_[b]->start_param_gather(--not_started[b]);
+    if (!buffers_[b]->params_arrive_during_forward()) buffers_[b]->finish_param_gather();
+  }
 }
 
 std::vector<NamedTensor> AdamW::state() const {

@@ -37,13 +37,17 @@ struct OptimizerParam {
   bool decay = true;        // weight decay applies
   bool tp_duplicate = false;
   bool stage_copy = false;  // the tied output copy of the embedding on the last pipeline stage
-  size_t bucket = 0;        // the gradient bucket holding the parameter
+  size_t buffer = 0;        // which of the optimizer's buffers holds the parameter (dense, expert)
+  size_t bucket = 0;        // the gradient bucket of that buffer holding the parameter
   bool whole() const { return param_offset == 0 && numel == model_param.numel(); }
 };
 
 class AdamW {
  public:
   AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config);
+  // Over several buffers (dense and expert parameters, reduced over different groups): one
+  // step, one gradient norm, one clip over all of them.
+  AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config);
 
   // Global L2 norm of the (reduced) gradients over all TP, PP and DP shards: [] fp32 on the
   // buffer's device, not read back (a training step never waits for the host).
@@ -81,12 +85,15 @@ class AdamW {
 
  private:
   void copy_master_to_model();
-  // The model weights to every DP rank (distributed optimizer): starts the all-gathers of buckets
-  // [0, not_started), from the last down, as the buckets already started were, so every DP rank
-  // issues the same sequence; then waits for all unless they overlap the next forward.
-  void gather_params(size_t not_started);
+  // The model weights to every DP rank (distributed optimizer): starts the all-gathers of each
+  // buffer's buckets [0, not_started[buffer]), from the last down, as the buckets already
+  // started were, so every DP rank issues the same sequence; then waits for all unless they
+  // overlap the next forward.
+  void gather_params(std::vector<size_t> not_started);
+  std::vector<size_t> no_buckets_started() const;
+  ParamAndGradBuffer& first_buffer() const { return *buffers_.front(); }
 
-  ParamAndGradBuffer& buffer_;
+  std::vector<ParamAndGradBuffer*> buffers_;
   std::vector<OptimizerParam> params_;
   // [] fp32 on the device: steps applied, shared by all parameters (they always step together);
   // "step" in checkpoints. On the device because whether a step applies is known only there.

@@ -142,14 +142,25 @@ std::pair<int64_t, int64_t> ParamAndGradBuffer::shard_of(const Bucket& b) const 
 void ParamAndGradBuffer::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
-  if (reduce_group_.size() == 1) return;
   at::NoGradGuard no_grad;
   at::Tensor grads = grad_data.narrow(0, b.begin, b.end - b.begin);
+  // An expert's gradient already sums the tokens of every expert-parallel rank (they came to it
+  // through the dispatcher), so it is averaged over all dp = ep x expert-dp data replicas, as
+  // the dense gradients are (Megatron's expert_gradient_scaling_factor): 1/ep here, the rest
+  // in the collective.
+  const double expert_scale =
+      options_.grad_group == tp::GradGroup::ExpertDataParallel && ps_.ep.size() > 1 ? 1.0 / ps_.ep.size() : 1.0;
+  if (reduce_group_.size() == 1) {
+    if (expert_scale != 1.0) grads.mul_(expert_scale);
+    return;
+  }
   // Averaged over replicas: by the collective where it can (NCCL), else scaled first.
   dist::ReduceOp op = dist::ReduceOp::Avg;
   if (!reduce_group_.supports_avg()) {
-    grads.mul_(1.0 / reduce_group_.size());
+    grads.mul_(expert_scale / reduce_group_.size());
     op = dist::ReduceOp::Sum;
+  } else if (expert_scale != 1.0) {
+    grads.mul_(expert_scale);
   }
   if (options_.distributed_optimizer) {
     const auto [begin, end] = shard_of(b);

@@ -22,6 +22,9 @@ struct TensorParallel {
   dist::Group group;               // the TP peers (a group of one: no parallelism)
   bool sequence_parallel = false;
   std::shared_ptr<RngTracker> rng;  // dropout inside the TP region; null: the default generators
+  // The expert-parallel peers of the MoE layers (ParallelState::ep): each holds
+  // num_experts / size() of every MoE layer's experts. A group of one: all experts here.
+  dist::Group experts;
   int size() const { return group.size(); }
   int rank() const { return group.rank(); }
   // draw() under the model-parallel generator when `inside` the TP region and there is one.

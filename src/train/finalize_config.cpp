@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "moe/moe_config.h"
 #include "pipeline/layout.h"
 #include "tokenizer/tokenizer.h"
 #include "train/arguments.h"
@@ -154,9 +155,7 @@ void finalize_config(Config& c, int world_size) {
     throw UserError("--context-parallel-size " + std::to_string(p.context_parallel_size) +
                     ": context parallelism is not implemented yet; use tensor (with --sequence-parallel) and data parallelism");
   }
-  if (p.expert_model_parallel_size > 1) {
-    throw UserError("--expert-model-parallel-size needs mixture-of-experts layers, which megatron.cpp does not have yet");
-  }
+  moe::finalize_moe_config(m, p, world_size);
   const int tp = p.tensor_model_parallel_size;
   for (auto [flag, v] : {std::pair<const char*, int>{"num-attention-heads", m.num_attention_heads},
                          {"num-query-groups", m.num_query_groups},

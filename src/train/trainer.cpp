@@ -33,6 +33,7 @@
 #include "distributed/world.h"
 #include "model/family.h"
 #include "model/gpt_model.h"
+#include "moe/aux_loss.h"
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
 #include "optim/lr_schedule.h"
@@ -106,7 +107,7 @@ class Trainer {
   int run();
   // After run() returned normally: the communicators closed (destroy_process_group).
   void close() {
-    buffer_->finish_param_gather();  // the last step's overlapped updates and all-gathers
+    for (ParamAndGradBuffer* b : buffers()) b->finish_param_gather();  // the last step's overlapped updates and all-gathers
     world_.shutdown();
   }
 
@@ -142,6 +143,7 @@ class Trainer {
   at::Tensor global_loss(const at::Tensor& sums);
   void report_memory();
   std::vector<GPTModel*> chunks() const;
+  std::vector<ParamAndGradBuffer*> buffers() const;  // dense, then expert parameters (MoE)
   void save(const char* why);
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
@@ -157,6 +159,7 @@ class Trainer {
   LtorOptions ltor_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // this pipeline rank's model chunks (one unless interleaved)
   std::unique_ptr<ParamAndGradBuffer> buffer_;  // declared after the model whose parameters it holds
+  std::unique_ptr<ParamAndGradBuffer> expert_buffer_;  // MoE experts' parameters, reduced over expert-DP
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
@@ -173,6 +176,7 @@ class Trainer {
   std::unique_ptr<TrainingMetrics> metrics_;
   LossFunction loss_function_;           // the family's, or masked_token_mean
   std::vector<std::string> loss_terms_;  // the names of its terms
+  std::vector<std::string> moe_terms_;   // the MoE router losses tracked for the log line (after loss_terms_)
   double flops_per_token_ = 0;
 
 
@@ -191,6 +195,13 @@ std::vector<GPTModel*> Trainer::chunks() const {
   return out;
 }
 
+std::vector<ParamAndGradBuffer*> Trainer::buffers() const {
+  std::vector<ParamAndGradBuffer*> out;
+  if (buffer_) out.push_back(buffer_.get());
+  if (expert_buffer_) out.push_back(expert_buffer_.get());
+  return out;
+}
+
 int Trainer::run() {
   const ModelConfig& m = c_.model;
   at::set_num_threads(t_.cpu_threads > 0 ? t_.cpu_threads : std::max(1u, std::thread::hardware_concurrency()));
@@ -202,6 +213,7 @@ int Trainer::run() {
   ps_ = dist::ParallelState::build(world_, p);
 
   tp::TensorParallel tensor_parallel{ps_.tp, p.sequence_parallel, nullptr};
+  tensor_parallel.experts = ps_.ep;
   if (ps_.tp.size() > 1) {
     tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
   }
@@ -227,11 +239,13 @@ int Trainer::run() {
   flops_per_token_ = family.flops_per_token(m, parameters);
   loss_function_ = family.loss ? family.loss : LossFunction(masked_token_mean);
   loss_terms_ = family.loss_terms;
+  moe_terms_ = moe::tracked_loss_names(m);
 
-  std::vector<NamedTensor> named;
+  std::vector<NamedTensor> named, expert_named;  // kept apart: reduced over different groups
   for (size_t v = 0; v < chunks_.size(); ++v) {
     for (const auto& item : chunks_[v]->named_parameters()) {
-      named.push_back({item.key(), item.value(), int(v), chunks_[v]->parameter_table().at(item.key())});
+      const tp::ParamInfo& info = chunks_[v]->parameter_table().at(item.key());
+      (info.grad_group == tp::GradGroup::ExpertDataParallel ? expert_named : named).push_back({item.key(), item.value(), int(v), info});
     }
   }
   GradBufferOptions buffer_options;
@@ -244,10 +258,20 @@ int Trainer::run() {
   buffer_options.overlap_optimizer_step = t_.overlap_optimizer_step && device_.is_cuda();
   buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
   buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, buffer_options);
+  if (!expert_named.empty()) {
+    GradBufferOptions expert_options = buffer_options;
+    expert_options.grad_group = tp::GradGroup::ExpertDataParallel;
+    expert_options.tied_embedding_across_stages = false;
+    expert_buffer_ = std::make_unique<ParamAndGradBuffer>(expert_named, ps_, expert_options);
+  }
   // `megatron eval` never steps: no fp32 masters or moments (12 bytes per parameter in bf16).
-  if (mode_ == RunMode::Train) optimizer_ = std::make_unique<AdamW>(*buffer_, t_);
+  if (mode_ == RunMode::Train) optimizer_ = std::make_unique<AdamW>(buffers(), t_);
   if (buffer_->params_arrive_during_forward()) {
-    for (auto& chunk : chunks_) chunk->before_use = [this](const std::vector<at::Tensor>& params) { buffer_->wait_for_params(params); };
+    for (auto& chunk : chunks_) {
+      chunk->before_use = [this](const std::vector<at::Tensor>& params) {
+        for (ParamAndGradBuffer* b : buffers()) b->wait_for_params(params);
+      };
+    }
   }
 
   // Data-parallel rank r takes micro-batch-size samples at offset r * micro-batch-size of every
@@ -273,15 +297,26 @@ int Trainer::run() {
         p.num_virtual_stages_per_pipeline_rank > 1 ? " (" + std::to_string(p.num_virtual_stages_per_pipeline_rank) + " virtual stages, interleaved 1F1B)"
         : ps_.pp.size() > 1                       ? " (1F1B)"
                                                   : "";
-    std::printf("> parallel layout: tensor %d x pipeline %d%s x data %d%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),
+    const std::string experts = m.num_experts > 0 ? ", experts: expert parallel " + std::to_string(ps_.ep.size()) + " x expert data " +
+                                                        std::to_string(ps_.expert_dp.size())
+                                                  : "";
+    std::printf("> parallel layout: tensor %d x pipeline %d%s x data %d%s%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),
                 virtual_stages.c_str(), ps_.dp.size(), p.sequence_parallel ? ", sequence parallel" : "",
-                p.use_distributed_optimizer ? ", distributed optimizer" : "", backend.c_str());
+                p.use_distributed_optimizer ? ", distributed optimizer" : "", experts.c_str(), backend.c_str());
+    if (m.num_experts > 0) {
+      int moe_layers = 0;
+      for (int v : m.moe_layers) moe_layers += v;
+      std::printf("> mixture of experts: %d of %d layers, %d experts (top-%d), expert ffn %d%s, %s dispatcher%s\n", moe_layers,
+                  m.num_layers, m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size,
+                  m.moe_shared_expert_intermediate_size > 0 ? (", shared experts " + std::to_string(m.moe_shared_expert_intermediate_size)).c_str() : "",
+                  m.moe_token_dispatcher_type.c_str(), m.moe_grouped_gemm ? ", grouped GEMM" : "");
+    }
     std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
               m.padded_vocab_size, m.seq_length);
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
                 static_cast<long long>(parameters), !t_.bf16 ? "fp32" : p.grad_reduce_in_bf16 ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (fp32 master weights)", device_.str().c_str(),
-                at::get_num_threads(), buffer_->num_buckets());
+                at::get_num_threads(), buffer_->num_buckets() + (expert_buffer_ ? expert_buffer_->num_buckets() : 0));
     std::printf("> initialised the weights in %.1f s\n", init_seconds);
     if (buffer_->overlap_optimizer_step()) {
       std::printf("> optimizer step: on a stream of its own, bucket by bucket, under the next forward\n");
@@ -305,7 +340,9 @@ int Trainer::run() {
       checkpointer_->loaded(progress_.iteration);
     }
   }
-  metrics_ = std::make_unique<TrainingMetrics>(c_, ps_, device_, flops_per_token_, loss_terms_);
+  std::vector<std::string> logged_terms = loss_terms_;
+  logged_terms.insert(logged_terms.end(), moe_terms_.begin(), moe_terms_.end());
+  metrics_ = std::make_unique<TrainingMetrics>(c_, ps_, device_, flops_per_token_, logged_terms);
 
   stop_ = std::make_unique<StopSignal>(ps_, device_);
 
@@ -327,7 +364,7 @@ int Trainer::run() {
   std::fflush(stdout);
   while (progress_.iteration < t_.train_iters) {
     profiler_->before_iteration(progress_.iteration);
-    buffer_->zero_grad();
+    for (ParamAndGradBuffer* b : buffers()) b->zero_grad();
     optimizer_->set_learning_rate(schedule_.at(progress_.iteration));
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
     const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
@@ -367,7 +404,7 @@ int Trainer::run() {
   if (!t_.save.empty()) save("end of training");
   checkpointer_->finish_async(/*wait=*/true);
   if (!t_.save_hf.empty()) {
-    buffer_->finish_param_gather();
+    for (ParamAndGradBuffer* b : buffers()) b->finish_param_gather();
     export_hf_from_ranks(chunks(), c_, ps_, device_);
   }
   return 0;
@@ -402,12 +439,12 @@ void Trainer::check_weight_hash() {
 Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
   // Gradients land in the buffer's main_grad through its hooks.
   const at::Tensor sums = forward_backward(micro_batches, batch, /*forward_only=*/false);
-  buffer_->finish_grad_sync();
+  for (ParamAndGradBuffer* b : buffers()) b->finish_grad_sync();
   StepResult r;
   r.grad_norm = optimizer_->grad_norm();
   const at::Tensor global = global_loss(sums);  // [1 + terms]
   r.loss = global[0];
-  r.terms = global.narrow(0, 1, int64_t(loss_terms_.size()));
+  r.terms = global.narrow(0, 1, int64_t(loss_terms_.size() + moe_terms_.size()));
   // Here, not after the step: collectives run in order on one NCCL stream, and the optimizer
   // step queues the parameter all-gathers (distributed optimizer). Queued behind them, the poll's
   // copy to the host would hold the next forward until every bucket had arrived (5 ms exposed
@@ -427,12 +464,12 @@ Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& 
   if (!step_graph_->captured()) {
     // The eager steps' overlapped updates are joined first: a graph cannot wait for work
     // queued outside it.
-    buffer_->finish_param_gather();
+    for (ParamAndGradBuffer* b : buffers()) b->finish_param_gather();
     const auto start = std::chrono::steady_clock::now();
     const size_t nodes = step_graph_->capture([&] {
       graph_result_ = train_step(micro_batches, [this](int64_t k) { return graph_inputs_[size_t(k)]; });
       // A graph must end on its own stream: the overlapped optimizer step joins it here.
-      buffer_->finish_param_gather();
+      for (ParamAndGradBuffer* b : buffers()) b->finish_param_gather();
     });
     if (prints_setup()) {
       std::printf("> CUDA graph: captured the training step at iteration %lld (%zu nodes, %.2f s); replayed from now on\n",
@@ -447,17 +484,29 @@ Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& 
 
 at::Tensor Trainer::global_loss(const at::Tensor& sums) {
   at::Tensor v = sums.to(at::kDouble).reshape({-1}).contiguous();
-  if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
+  if (moe_terms_.empty()) {
+    if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
+      ps_.dp.all_reduce(v);
+      v.div_(ps_.dp.size());
+    }
+    if (ps_.pp.size() > 1) ps_.pp.broadcast(v, ps_.pp.size() - 1);
+    return v.reshape(sums.sizes());
+  }
+  // MoE router losses come from every stage's layers: summed over the stages (the others hold
+  // zeros in the loss's slots), then averaged over DP on every stage.
+  if (ps_.pp.size() > 1) ps_.pp.all_reduce(v);
+  if (ps_.dp.size() > 1) {
     ps_.dp.all_reduce(v);
     v.div_(ps_.dp.size());
   }
-  if (ps_.pp.size() > 1) ps_.pp.broadcast(v, ps_.pp.size() - 1);
   return v.reshape(sums.sizes());
 }
 
 at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only) {
   const ModelConfig& m = c_.model;
-  at::Tensor sums = at::zeros({1 + int64_t(loss_terms_.size())}, at::TensorOptions().device(device_));  // [1 + terms]
+  const int64_t family_terms = int64_t(loss_terms_.size()), moe_terms = forward_only ? 0 : int64_t(moe_terms_.size());
+  at::Tensor sums = at::zeros({1 + family_terms + moe_terms}, at::TensorOptions().device(device_));  // [1 + terms]
+  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(1.0 / double(micro_batches));
   std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it
   pipeline::StageFunctions f;
   f.forward = [&](int chunk, int64_t k, const at::Tensor& input) -> at::Tensor {
@@ -477,7 +526,11 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
     }
     return loss;
   };
-  if (!forward_only) f.before_backward = [this](int chunk, bool last) { buffer_->set_last_micro_batch(chunk, last); };
+  if (!forward_only) {
+    f.before_backward = [this](int chunk, bool last) {
+      for (ParamAndGradBuffer* b : buffers()) b->set_last_micro_batch(chunk, last);
+    };
+  }
   if (!forward_only && !memory_reported_) {
     step_start_bytes_ = allocated_bytes(device_);
     f.after_forward = [this] {
@@ -495,6 +548,18 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   o.activation_options = at::TensorOptions().device(device_).dtype(t_.bf16 ? at::kBFloat16 : at::kFloat);
   const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
   if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
+  if (moe_terms > 0) {
+    // Megatron's report: each loss averaged over the MoE layers, each layer's summed over TP.
+    at::Tensor moe = sums.narrow(0, 1 + family_terms, moe_terms);
+    for (auto& chunk : chunks_) {
+      const at::Tensor tracked = chunk->take_moe_losses();
+      if (tracked.defined()) moe.add_(tracked);
+    }
+    int moe_layers = 0;
+    for (int v : m.moe_layers) moe_layers += v;
+    moe.div_(double(std::max(moe_layers, 1)));
+    if (ps_.tp.size() > 1) ps_.tp.all_reduce(moe);
+  }
   return sums;
 }
 
@@ -554,7 +619,7 @@ int Trainer::evaluate_splits() {
 void Trainer::save(const char* why) {
   if (checkpointer_->saved(progress_.iteration)) return;
   metrics_->settle(progress_);  // the skipped-iteration counts go into the checkpoint
-  buffer_->finish_param_gather();
+  for (ParamAndGradBuffer* b : buffers()) b->finish_param_gather();
   metrics_->exclude(checkpointer_->save(progress_, chunks(), *optimizer_, why));  // keep saving out of the step time
 }
 

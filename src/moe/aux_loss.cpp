@@ -1,0 +1,50 @@
+#include "moe/aux_loss.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace megatron::moe {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct AttachLoss : torch::autograd::Function<AttachLoss> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& activation, const at::Tensor& loss, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["like"] = at::empty({0}, loss.options());  // the loss's dtype and device, no storage
+    // A copy, not the input itself: an autograd function's output may not alias its input here.
+    return activation.clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const double scale = ctx->saved_data["scale"].toDouble();
+    return {grad[0], at::full({}, scale, ctx->saved_data["like"].toTensor().options()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor attach_loss(const at::Tensor& activation, const at::Tensor& loss, double scale) {
+  return AttachLoss::apply(activation, loss, scale);
+}
+
+at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor& counts, int64_t total_tokens, int topk,
+                                      int num_experts, double coeff) {
+  const double factor = double(num_experts) * coeff / (double(topk) * double(total_tokens) * double(total_tokens));
+  return (scores.sum(0) * counts.to(scores.scalar_type())).sum() * factor;
+}
+
+at::Tensor z_loss(const at::Tensor& logits, double coeff) {
+  return at::logsumexp(logits.to(at::kFloat), {-1}).square().mean() * coeff;
+}
+
+std::vector<std::string> tracked_loss_names(const ModelConfig& m) {
+  std::vector<std::string> names;
+  if (m.num_experts == 0) return names;
+  if (m.moe_aux_loss_coeff > 0 && m.moe_router_load_balancing_type == "aux_loss") names.push_back("load_balancing_loss");
+  if (m.moe_aux_loss_coeff > 0 && m.moe_router_load_balancing_type == "seq_aux_loss") names.push_back("seq_load_balancing_loss");
+  if (m.moe_z_loss_coeff > 0) names.push_back("z_loss");
+  return names;
+}
+
+}  // namespace megatron::moe

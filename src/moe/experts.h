@@ -1,0 +1,34 @@
+// The experts of one MoE layer held by this rank (Megatron-Core's GroupedMLP / TEGroupedMLP):
+// SwiGLU MLPs, one weight per expert under its global index (`linear_fc1.weight<e>`,
+// `linear_fc2.weight<e>`), so checkpoints and the HF mapping name experts the same under any
+// expert-parallel size. Under tensor parallelism each weight is split as the dense MLP's
+// (fc1 by output rows, its gate and up halves apart; fc2 by input columns), and the output is
+// a partial sum over TP that the layer reduces.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "model/layer_spec.h"
+
+namespace megatron::moe {
+
+class GroupedExperts : public tp::DescribedModule {
+ public:
+  // Experts [first_expert, first_expert + count) of the layer.
+  GroupedExperts(const PartContext& context, int first_expert, int count);
+  // rows [N, h], grouped by expert: counts[e] rows for local expert e, in order -> [N, h].
+  at::Tensor forward(const at::Tensor& rows, const std::vector<int64_t>& counts) const;
+
+  std::vector<at::Tensor> fc1;  // [2f/tp, h] per local expert: [gate block; up block] of this rank
+  std::vector<at::Tensor> fc2;  // [h, f/tp]
+
+ private:
+  at::Tensor grouped(const at::Tensor& rows, const std::vector<int64_t>& counts) const;  // CUDA: at::_grouped_mm
+  at::Tensor activation(const at::Tensor& h) const;  // SwiGLU: [n, 2f/tp] -> [n, f/tp]
+  bool grouped_gemm_;
+  bool swiglu_fusion_;
+};
+
+}  // namespace megatron::moe

@@ -1,0 +1,184 @@
+#include "moe/moe_config.h"
+
+#include <cctype>
+
+#include "core/errors.h"
+
+namespace megatron::moe {
+namespace {
+
+// A tiny reader of the list expressions Megatron's launch scripts pass: lists of integers,
+// `list * int`, `list + list` and parentheses, e.g. ([0]*3+[1]*45) or [1]*4+[0]*2.
+class ListExpression {
+ public:
+  explicit ListExpression(const std::string& text) : s_(text) {}
+
+  std::vector<int> parse() {
+    std::vector<int> out = sum();
+    skip_spaces();
+    if (at_ != s_.size()) fail("unexpected '" + s_.substr(at_, 1) + "'");
+    return out;
+  }
+
+ private:
+  std::vector<int> sum() {
+    std::vector<int> out = product();
+    while (take('+')) {
+      std::vector<int> more = product();
+      out.insert(out.end(), more.begin(), more.end());
+    }
+    return out;
+  }
+  std::vector<int> product() {
+    std::vector<int> out = primary();
+    while (take('*')) {
+      const int n = integer();
+      if (n < 0) fail("a list repeated a negative number of times");
+      std::vector<int> repeated;
+      for (int i = 0; i < n; ++i) repeated.insert(repeated.end(), out.begin(), out.end());
+      out = repeated;
+    }
+    return out;
+  }
+  std::vector<int> primary() {
+    if (take('(')) {
+      std::vector<int> out = sum();
+      if (!take(')')) fail("missing ')'");
+      return out;
+    }
+    if (!take('[')) fail("expected a list such as [0,1] or ([0]*1+[1]*47)");
+    std::vector<int> out;
+    if (take(']')) return out;
+    do {
+      out.push_back(integer());
+    } while (take(','));
+    if (!take(']')) fail("missing ']'");
+    return out;
+  }
+  int integer() {
+    skip_spaces();
+    const size_t start = at_;
+    while (at_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[at_]))) ++at_;
+    if (start == at_) fail("expected an integer");
+    return std::stoi(s_.substr(start, at_ - start));
+  }
+  bool take(char c) {
+    skip_spaces();
+    if (at_ < s_.size() && s_[at_] == c) {
+      ++at_;
+      return true;
+    }
+    return false;
+  }
+  void skip_spaces() {
+    while (at_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[at_]))) ++at_;
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw UserError("--moe-layer-freq '" + s_ + "': " + what + " (at character " + std::to_string(at_ + 1) + ")");
+  }
+
+  std::string s_;
+  size_t at_ = 0;
+};
+
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+[[noreturn]] void bad(const std::string& flag, const std::string& what) { throw UserError("--" + flag + " " + what); }
+
+}  // namespace
+
+std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers) {
+  std::vector<int> layers;
+  if (all_digits(value)) {
+    const int every = std::stoi(value);
+    if (every < 1) bad("moe-layer-freq", value + ": must be at least 1 (every N-th layer is an MoE layer)");
+    for (int i = 0; i < num_layers; ++i) layers.push_back(i % every == 0 ? 1 : 0);
+    return layers;
+  }
+  layers = ListExpression(value).parse();
+  if (int(layers.size()) != num_layers) {
+    bad("moe-layer-freq", "'" + value + "' gives " + std::to_string(layers.size()) + " layers, the model has --num-layers " +
+                              std::to_string(num_layers) + ": give one 0/1 entry per layer");
+  }
+  for (int v : layers) {
+    if (v != 0 && v != 1) bad("moe-layer-freq", "'" + value + "': entries must be 0 (dense) or 1 (MoE)");
+  }
+  return layers;
+}
+
+void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
+  const int tp = p.tensor_model_parallel_size, ep = p.expert_model_parallel_size;
+  if (m.num_experts < 0) bad("num-experts", "must be positive (got " + std::to_string(m.num_experts) + ")");
+  if (m.num_experts == 0) {
+    if (ep > 1) bad("expert-model-parallel-size", std::to_string(ep) + " needs mixture-of-experts layers: set --num-experts");
+    if (p.expert_tensor_parallel_size > 1) bad("expert-tensor-parallel-size", "needs mixture-of-experts layers: set --num-experts");
+    p.expert_tensor_parallel_size = tp;
+    m.moe_layers.clear();
+    return;
+  }
+  m.moe_layers = parse_moe_layer_freq(m.moe_layer_freq, m.num_layers);
+  if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+  if (m.moe_ffn_hidden_size <= 0) bad("moe-ffn-hidden-size", "is required with --num-experts (or --ffn-hidden-size)");
+  if (m.moe_router_topk < 1 || m.moe_router_topk > m.num_experts) {
+    bad("moe-router-topk", std::to_string(m.moe_router_topk) + " must be between 1 and --num-experts " + std::to_string(m.num_experts));
+  }
+  if (m.moe_router_score_function != "softmax" && m.moe_router_score_function != "sigmoid") {
+    bad("moe-router-score-function", "must be softmax or sigmoid (got '" + m.moe_router_score_function + "')");
+  }
+  if (m.moe_router_pre_softmax && m.moe_router_score_function != "softmax") {
+    bad("moe-router-pre-softmax", "applies to --moe-router-score-function softmax only");
+  }
+  if (!m.moe_router_dtype.empty() && m.moe_router_dtype != "fp32" && m.moe_router_dtype != "fp64") {
+    bad("moe-router-dtype", "must be fp32 or fp64 (got '" + m.moe_router_dtype + "')");
+  }
+  const std::string& lb = m.moe_router_load_balancing_type;
+  if (lb == "global_aux_loss") {
+    bad("moe-router-load-balancing-type", "global_aux_loss is not supported yet: use aux_loss or seq_aux_loss");
+  }
+  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none") {
+    bad("moe-router-load-balancing-type", "must be aux_loss, seq_aux_loss or none (got '" + lb + "'; sinkhorn is not supported)");
+  }
+  if (m.moe_aux_loss_coeff < 0) bad("moe-aux-loss-coeff", "must be >= 0");
+  if (m.moe_z_loss_coeff < 0) bad("moe-z-loss-coeff", "must be >= 0");
+  if (m.moe_shared_expert_intermediate_size < 0) bad("moe-shared-expert-intermediate-size", "must be >= 0");
+  if (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size == 0) {
+    bad("moe-shared-expert-gate", "needs shared experts: set --moe-shared-expert-intermediate-size");
+  }
+  if (m.moe_token_dispatcher_type != "allgather" && m.moe_token_dispatcher_type != "alltoall") {
+    bad("moe-token-dispatcher-type", "must be allgather or alltoall (got '" + m.moe_token_dispatcher_type + "'; flex is not supported)");
+  }
+  if (!m.swiglu) bad("num-experts", "needs --swiglu experts (every supported MoE family uses SwiGLU)");
+  if (ep < 1) bad("expert-model-parallel-size", "must be at least 1");
+  if (m.num_experts % ep != 0) {
+    bad("expert-model-parallel-size", std::to_string(ep) + " does not divide --num-experts " + std::to_string(m.num_experts) +
+                                          ": each expert-parallel rank holds the same number of experts");
+  }
+  if (p.expert_tensor_parallel_size == 0) p.expert_tensor_parallel_size = tp;
+  if (p.expert_tensor_parallel_size != tp) {
+    bad("expert-tensor-parallel-size", std::to_string(p.expert_tensor_parallel_size) + " differs from --tensor-model-parallel-size " +
+                                           std::to_string(tp) + ": only expert TP equal to TP is supported yet");
+  }
+  const int dense_dp = world_size / (tp * p.pipeline_model_parallel_size * p.context_parallel_size);
+  if (dense_dp % ep != 0) {
+    bad("expert-model-parallel-size", std::to_string(ep) + " must divide the data-parallel size " + std::to_string(dense_dp) +
+                                          " (expert parallelism splits the data-parallel replicas, as in Megatron)");
+  }
+  if (tp > 1 && !p.sequence_parallel) {
+    bad("tensor-model-parallel-size", std::to_string(tp) + " with MoE layers needs --sequence-parallel (as Megatron)");
+  }
+  if (m.moe_ffn_hidden_size % tp != 0) {
+    bad("moe-ffn-hidden-size", std::to_string(m.moe_ffn_hidden_size) + " is not divisible by --tensor-model-parallel-size " +
+                                   std::to_string(tp));
+  }
+  if (m.moe_shared_expert_intermediate_size % tp != 0) {
+    bad("moe-shared-expert-intermediate-size", "is not divisible by --tensor-model-parallel-size " + std::to_string(tp));
+  }
+}
+
+}  // namespace megatron::moe

@@ -1,0 +1,45 @@
+// Megatron-Core's TopKRouter: logits = tokens x weight^T, scores by softmax (top-k first, or
+// over all experts with --moe-router-pre-softmax) or sigmoid, the top-k experts of each token
+// and their weights; the z-loss and load-balancing loss attached for backward (moe/aux_loss.h)
+// and tracked for the log line.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "model/layer_spec.h"
+
+namespace megatron::moe {
+
+struct Routing {
+  at::Tensor probs;    // [T, k] each token's weights for its experts, in the tokens' dtype
+  at::Tensor indices;  // [T, k] int64 expert ids
+};
+
+class TopKRouter : public tp::DescribedModule {
+ public:
+  explicit TopKRouter(const PartContext& context);
+  // tokens [T, h] (T = s * b in [s, b] order; this rank's sequence shard under sequence
+  // parallelism) of `batch` sequences.
+  Routing forward(const at::Tensor& tokens, int64_t batch);
+
+  // The gradient the attached losses enter backward with (the main loss's 1 / micro-batches).
+  void set_loss_scale(double scale) { loss_scale_ = scale; }
+  // The tracked losses of the forwards since the last call, each times the loss scale, in the
+  // order of tracked_loss_names, as this rank's share: summed over TP they are Megatron's
+  // values (load balancing: aux / coeff; z: mean logsumexp^2). [n] fp32, or undefined.
+  at::Tensor take_tracked();
+
+  at::Tensor weight;  // [E, h], replicated
+
+ private:
+  at::Tensor logits_of(const at::Tensor& tokens) const;  // [T, E] in the router's dtype
+  void track(int slot, const at::Tensor& value);
+
+  const ModelConfig& config_;
+  tp::TensorParallel tp_;
+  double loss_scale_ = 1.0;
+  at::Tensor tracked_;  // [n] fp32
+  int balancing_slot_ = -1, z_slot_ = -1;
+};
+
+}  // namespace megatron::moe

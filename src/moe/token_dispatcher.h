@@ -1,0 +1,56 @@
+// Moves each token to the ranks holding its experts and the experts' outputs back (Megatron-
+// Core's token dispatchers), for this rank's local experts [first, first + count):
+//
+//   allgather  every expert-parallel rank gathers all EP ranks' tokens, runs its own experts on
+//              the tokens routed to them and reduce-scatters the weighted sums back
+//   alltoall   each rank sends every (token, expert) pair to the rank holding the expert and
+//              gets the results back (two all-to-alls; the row counts cross to the host once)
+//
+// Rows reach the experts grouped by local expert, in token order within each expert; the
+// combine weights each result by its routing probability and sums a token's k results. Every
+// step is differentiable (index_select / index_add and the all-to-all mapping), so backward
+// retraces it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "core/config.h"
+#include "distributed/process_group.h"
+#include "moe/router.h"
+
+namespace megatron::moe {
+
+struct Dispatched {
+  at::Tensor rows;              // [N, h] grouped by local expert
+  std::vector<int64_t> counts;  // rows of each local expert
+};
+
+class TokenDispatcher {
+ public:
+  TokenDispatcher(const ModelConfig& config, const dist::Group& ep);
+  int first_expert() const { return first_; }
+  int local_experts() const { return local_; }
+
+  // tokens [T, h] with their routing -> the rows of this rank's experts. Keeps what combine needs.
+  Dispatched dispatch(const at::Tensor& tokens, const Routing& routing);
+  // The experts' output [N, h] (rows as dispatched) -> [T, h]: each token's weighted sum.
+  at::Tensor combine(const at::Tensor& expert_output);
+
+ private:
+  Dispatched dispatch_allgather(const at::Tensor& tokens, const Routing& routing);
+  Dispatched dispatch_alltoall(const at::Tensor& tokens, const Routing& routing);
+
+  dist::Group ep_;
+  bool alltoall_;
+  int num_experts_, topk_, first_, local_;
+  // Between dispatch and combine:
+  int64_t tokens_ = 0;         // T (allgather: of all EP ranks)
+  at::Tensor weights_;         // [rows sent] the routing probability of each row, in dispatch order
+  at::Tensor token_of_;        // [rows sent] the token each row came from
+  at::Tensor regroup_inverse_; // alltoall: received order -> expert-grouped order, inverted
+  std::vector<int64_t> in_splits_, out_splits_;
+};
+
+}  // namespace megatron::moe
