@@ -42,6 +42,18 @@ nlohmann::json model_summary(const ModelConfig& m) {
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights}};
 }
 
+// With experts, what their tensors' shapes and names follow from (dense checkpoints: no keys).
+nlohmann::json model_summary_with_experts(const ModelConfig& m) {
+  nlohmann::json j = model_summary(m);
+  if (m.num_experts > 0) {
+    j["num_experts"] = m.num_experts;
+    j["moe_ffn_hidden_size"] = m.moe_ffn_hidden_size;
+    j["moe_layers"] = m.moe_layers;
+    j["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size;
+  }
+  return j;
+}
+
 nlohmann::json layout_summary(const ParallelConfig& p, int tp, int pp, int dp) {
   return {{"tensor_model_parallel_size", tp},
           {"pipeline_model_parallel_size", pp},
@@ -49,7 +61,8 @@ nlohmann::json layout_summary(const ParallelConfig& p, int tp, int pp, int dp) {
           {"use_distributed_optimizer", p.use_distributed_optimizer},
           {"num_virtual_stages_per_pipeline_rank", pp > 1 ? p.num_virtual_stages_per_pipeline_rank : 1},
           {"decoder_first_pipeline_num_layers", pp > 1 ? p.decoder_first_pipeline_num_layers : 0},
-          {"decoder_last_pipeline_num_layers", pp > 1 ? p.decoder_last_pipeline_num_layers : 0}};
+          {"decoder_last_pipeline_num_layers", pp > 1 ? p.decoder_last_pipeline_num_layers : 0},
+          {"expert_model_parallel_size", p.expert_model_parallel_size}};
 }
 
 nlohmann::json layout_summary(const Config& c, const dist::ParallelState& ps) {
@@ -125,7 +138,7 @@ nlohmann::json state_skeleton(const Config& config, const TrainingProgress& prog
           {"consumed_valid_samples", progress.consumed_valid_samples},
           {"skipped_iterations", progress.skipped_iterations},
           {"nan_iterations", progress.nan_iterations},
-          {"model", model_summary(config.model)},
+          {"model", model_summary_with_experts(config.model)},
           {"model_config", model_config_to_json(config.model)},
           {"tokenizer", tokenizer_config_to_json(config.data)},
           {"parallel", layout},
@@ -156,9 +169,11 @@ std::vector<std::string> gather_on_rank0(const dist::ParallelState& ps, const st
 
 }  // namespace
 
-std::string checkpoint_part_name(const std::string& kind, int tp_rank, int pp_rank, int dp_rank) {
+std::string checkpoint_part_name(const std::string& kind, int tp_rank, int pp_rank, int dp_rank, int ep_rank) {
   char name[96];
-  if (dp_rank >= 0) {
+  if (ep_rank >= 0) {
+    std::snprintf(name, sizeof(name), "%s_tp%02d_pp%03d_ep%03d.safetensors", kind.c_str(), tp_rank, pp_rank, ep_rank);
+  } else if (dp_rank >= 0) {
     std::snprintf(name, sizeof(name), "%s_tp%02d_pp%03d_dp%03d.safetensors", kind.c_str(), tp_rank, pp_rank, dp_rank);
   } else {
     std::snprintf(name, sizeof(name), "%s_tp%02d_pp%03d.safetensors", kind.c_str(), tp_rank, pp_rank);
@@ -217,17 +232,48 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     buffer.copy_(d);
     return buffer;
   };
+  // Under expert parallelism the experts differ across the DP replicas: each EP rank's are
+  // written apart, by the first replica of them (expert-DP rank 0), into ..._epEEE files.
+  const tp::ParamTable table = chunk_table(chunks);
+  const bool expert_files = ps.ep.size() > 1;
+  auto is_expert = [&](const std::string& param) { return table.contains(param) && table.at(param).expert >= 0; };
+  auto of_expert = [&](const std::string& state_name) {  // "<param>.<field>"
+    const size_t dot = state_name.rfind('.');
+    return dot != std::string::npos && is_expert(state_name.substr(0, dot));
+  };
+  const std::map<std::string, std::string> model_metadata = {{"format", "megatron.cpp"},
+                                                             {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
+                                                             {"tensor_parallel_size", std::to_string(ps.tp.size())}};
   if (ps.dp.rank() == 0) {
-    CheckpointSnapshot::File f{checkpoint_file("model", ps, distributed_optimizer), {},
-                               {{"format", "megatron.cpp"},
-                                {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
-                                {"tensor_parallel_size", std::to_string(ps.tp.size())}}};
-    for (const auto& [name, param] : chunk_parameters(chunks)) f.tensors.push_back({name, host("model/" + name, param)});
+    CheckpointSnapshot::File f{checkpoint_file("model", ps, distributed_optimizer), {}, model_metadata};
+    for (const auto& [name, param] : chunk_parameters(chunks)) {
+      if (!expert_files || !is_expert(name)) f.tensors.push_back({name, host("model/" + name, param)});
+    }
     snap.files.push_back(std::move(f));
   }
+  if (expert_files && ps.expert_dp.rank() == 0) {
+    CheckpointSnapshot::File f{checkpoint_part_name("model", ps.tp.rank(), ps.pp.rank(), -1, ps.ep.rank()), {}, model_metadata};
+    for (const auto& [name, param] : chunk_parameters(chunks)) {
+      if (is_expert(name)) f.tensors.push_back({name, host("model/" + name, param)});
+    }
+    snap.files.push_back(std::move(f));
+  }
+  const std::vector<NamedTensor> optimizer_state = optimizer.state();
+  // The distributed optimizer's files are per DP rank already and hold this rank's shards of both.
+  const bool expert_optimizer_files = expert_files && !distributed_optimizer;
   if (ps.dp.rank() == 0 || distributed_optimizer) {
     CheckpointSnapshot::File f{checkpoint_file("optimizer", ps, distributed_optimizer), {}, optimizer.state_offsets()};
-    for (const auto& t : optimizer.state()) f.tensors.push_back({t.name, host("optimizer/" + t.name, t.tensor)});
+    for (const auto& t : optimizer_state) {
+      if (!expert_optimizer_files || !of_expert(t.name)) f.tensors.push_back({t.name, host("optimizer/" + t.name, t.tensor)});
+    }
+    snap.files.push_back(std::move(f));
+  }
+  if (expert_optimizer_files && ps.expert_dp.rank() == 0) {
+    CheckpointSnapshot::File f{checkpoint_part_name("optimizer", ps.tp.rank(), ps.pp.rank(), -1, ps.ep.rank()), {},
+                               optimizer.state_offsets()};
+    for (const auto& t : optimizer_state) {
+      if (of_expert(t.name)) f.tensors.push_back({t.name, host("optimizer/" + t.name, t.tensor)});
+    }
     snap.files.push_back(std::move(f));
   }
   CheckpointSnapshot::File rng{checkpoint_file("rng", ps, distributed_optimizer), {}, {}};
@@ -242,7 +288,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   // Every file's tensors described in state.json (gathered: each rank knows its own files).
   const at::Device device = chunks.at(0)->parameters().at(0).device();
   const std::vector<std::string> descriptions = gather_on_rank0(
-      ps, describe_files(snap.files, chunk_table(chunks), ps.tp.rank(), ps.tp.size()).dump(), device);
+      ps, describe_files(snap.files, table, ps.tp.rank(), ps.tp.size()).dump(), device);
   if (snap.leader) {
     std::vector<nlohmann::json> parsed;
     for (const auto& d : descriptions) parsed.push_back(nlohmann::json::parse(d));
@@ -423,7 +469,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     return std::nullopt;
   }
   const nlohmann::json state = read_checkpoint_state(dir);
-  nlohmann::json expected = model_summary(config.model);
+  nlohmann::json expected = model_summary_with_experts(config.model);
   nlohmann::json saved_model = state["model"];
   // The padded vocabulary follows the TP size; resharding pads or trims those rows.
   expected.erase("padded_vocab_size");
@@ -438,7 +484,9 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
   const nlohmann::json layout = layout_summary(config, ps);
   const bool distributed_optimizer = config.parallel.use_distributed_optimizer;
   // The same layout reads this rank's own files (and its generator states); any other reshards.
-  const bool same_layout = state["model"].value("padded_vocab_size", 0) == config.model.padded_vocab_size && saved_layout == layout;
+  // Expert-parallel checkpoints spread a rank's tensors over two files: read through the table.
+  const bool same_layout = state["model"].value("padded_vocab_size", 0) == config.model.padded_vocab_size && saved_layout == layout &&
+                           ps.ep.size() == 1;
   if (!same_layout) return load_resharded(dir, state, saved_layout, chunks, optimizer, config, ps);
   {
     SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));

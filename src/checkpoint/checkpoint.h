@@ -10,7 +10,8 @@
 // A parallel job writes one file per part instead: model_tpTT_ppPPP.safetensors (this TP
 // rank's shards of the pipeline stage's parameters, all its model chunks, from DP rank 0),
 // optimizer_tpTT_ppPPP.safetensors (or ..._dpDDD with the distributed optimizer, one per DP
-// shard) and rng_rankRRRRR.safetensors. Names are global (`decoder.layers.<global index>`), so
+// shard) and rng_rankRRRRR.safetensors. Under expert parallelism each EP rank's experts (and,
+// without the distributed optimizer, their optimizer state) go to ..._epEEE files instead. Names are global (`decoder.layers.<global index>`), so
 // the same layout reads its own files and any other layout reshards (reshard.h).
 //
 // An iteration directory is assembled under a temporary name and renamed when complete; the
@@ -105,9 +106,11 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
                              const std::function<void(int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files);
 
-// The file name of a part of a multi-rank checkpoint: "model_tp01_pp000.safetensors", or with
-// dp_rank >= 0 (distributed-optimizer state) "optimizer_tp01_pp000_dp003.safetensors".
-std::string checkpoint_part_name(const std::string& kind, int tp_rank, int pp_rank, int dp_rank = -1);
+// The file name of a part of a multi-rank checkpoint: "model_tp01_pp000.safetensors", with
+// dp_rank >= 0 (distributed-optimizer state) "optimizer_tp01_pp000_dp003.safetensors", with
+// ep_rank >= 0 (an expert-parallel rank's experts and their optimizer state)
+// "model_tp01_pp000_ep001.safetensors".
+std::string checkpoint_part_name(const std::string& kind, int tp_rank, int pp_rank, int dp_rank = -1, int ep_rank = -1);
 
 // The file of one part of a checkpoint ("model", "optimizer" or "rng") this rank writes/reads.
 std::string checkpoint_file(const std::string& kind, const dist::ParallelState& ps, bool distributed_optimizer);

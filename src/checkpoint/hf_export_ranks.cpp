@@ -15,7 +15,33 @@
 
 namespace megatron {
 
-// Every rank of DP replica 0 walks the parameter names in the same order.
+namespace {
+
+// A tensor from `from` to `to` of `group`, shape first (up to 7 dimensions); returns it on `to`.
+at::Tensor pass(const at::Tensor& full, const dist::Group& group, int from, int to, const at::Device& device,
+                at::ScalarType dtype) {
+  at::Tensor header = at::zeros({8}, at::TensorOptions().device(device).dtype(at::kLong));
+  if (group.rank() == from) {
+    header[0] = full.dim();
+    for (int64_t d = 0; d < full.dim(); ++d) header[d + 1] = full.size(d);
+    group.send(header, to);
+    group.send(full, to);
+    return full;
+  }
+  group.recv(header, from);
+  const at::Tensor dims = header.cpu();
+  std::vector<int64_t> shape;
+  for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
+  at::Tensor out = at::empty(shape, at::TensorOptions().device(device).dtype(dtype));
+  group.recv(out, from);
+  return out;
+}
+
+}  // namespace
+
+// The ranks of DP replica 0 walk the parameter names in the same order, and under expert
+// parallelism the first replica of every EP rank's experts (expert-DP rank 0) too: an expert
+// is gathered over TP on its EP rank, passed to EP rank 0 of its stage, then to stage 0.
 void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c, const dist::ParallelState& ps,
                           const at::Device& device) {
   const auto start = std::chrono::steady_clock::now();
@@ -23,33 +49,30 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
   for (GPTModel* chunk : chunks) {
     for (const auto& item : chunk->named_parameters()) params[item.key()] = {item.value(), chunk->parameter_table().at(item.key())};
   }
+  const at::ScalarType dtype = params.begin()->second.first.scalar_type();
+  const tp::ParamTable whole_model = describe_model(c.model);
+  const int experts_per_rank = c.model.num_experts > 0 ? c.model.num_experts / ps.ep.size() : 1;
   const ParallelConfig& p = c.parallel;
   auto full_tensor = [&](const std::string& name) -> at::Tensor {
     int owner = 0;
     while (owner < ps.pp.size() && !pipeline::stage_holds(name, p, c.model, owner)) ++owner;
     if (owner == ps.pp.size()) throw UserError("--save-hf: no pipeline stage holds '" + name + "'");
+    const int expert = whole_model.contains(name) ? whole_model.at(name).expert : -1;
+    const int ep_owner = expert >= 0 ? expert / experts_per_rank : 0;
+    // Only the ranks of this tensor's first replica take part (dense: DP rank 0).
+    const bool replica_zero = expert >= 0 && ps.ep.size() > 1 ? ps.expert_dp.rank() == 0 : ps.dp.rank() == 0;
+    if (!replica_zero) return {};
     at::Tensor full;
-    if (ps.pp.rank() == owner) {
+    if (ps.pp.rank() == owner && ps.ep.rank() == ep_owner) {
       auto it = params.find(name);
       if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
       full = tp::gather_full(it->second.first.detach(), it->second.second.split, ps.tp).contiguous();
     }
-    if (owner != 0 && ps.tp.rank() == 0) {
-      // Shape first (up to 7 dimensions), then the values.
-      at::Tensor header = at::zeros({8}, at::TensorOptions().device(device).dtype(at::kLong));
-      if (ps.pp.rank() == owner) {
-        header[0] = full.dim();
-        for (int64_t d = 0; d < full.dim(); ++d) header[d + 1] = full.size(d);
-        ps.pp.send(header, 0);
-        ps.pp.send(full, 0);
-      } else if (ps.pp.rank() == 0) {
-        ps.pp.recv(header, owner);
-        const at::Tensor dims = header.cpu();
-        std::vector<int64_t> shape;
-        for (int64_t d = 0; d < dims[0].item<int64_t>(); ++d) shape.push_back(dims[d + 1].item<int64_t>());
-        full = at::empty(shape, at::TensorOptions().device(device).dtype(params.begin()->second.first.scalar_type()));
-        ps.pp.recv(full, owner);
-      }
+    if (ps.pp.rank() == owner && ep_owner != 0 && ps.tp.rank() == 0 && (ps.ep.rank() == ep_owner || ps.ep.rank() == 0)) {
+      full = pass(full, ps.ep, ep_owner, 0, device, dtype);
+    }
+    if (ps.ep.rank() == 0 && owner != 0 && ps.tp.rank() == 0 && (ps.pp.rank() == owner || ps.pp.rank() == 0)) {
+      full = pass(full, ps.pp, owner, 0, device, dtype);
     }
     return full.defined() ? full.cpu() : full;
   };
@@ -67,9 +90,8 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("exported the model to %s (Hugging Face safetensors, %.2f s)\n", c.train.save_hf.c_str(), seconds);
     std::fflush(stdout);
-  } else if (ps.dp.rank() == 0) {
-    // The other ranks of DP replica 0 take part in every gather and transfer rank 0 makes.
-    const tp::ParamTable whole_model = describe_model(c.model);
+  } else if (ps.dp.rank() == 0 || (ps.ep.size() > 1 && ps.expert_dp.rank() == 0)) {
+    // The other ranks of the first replica take part in every gather and transfer rank 0 makes.
     for (const auto& name : whole_model.names()) full_tensor(name);
   }
   ps.world.barrier();

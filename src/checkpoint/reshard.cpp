@@ -66,6 +66,7 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const n
   pp_ = layout.value("pipeline_model_parallel_size", 1);
   dp_ = layout.value("data_parallel_size", 1);
   distributed_ = layout.value("use_distributed_optimizer", false);
+  const int ep = layout.value("expert_model_parallel_size", 1);
   const bool single = tp_ * pp_ * dp_ == 1;
   for (int t = 0; t < tp_; ++t) {
     model_names_.emplace_back();
@@ -73,6 +74,11 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const n
     for (int p = 0; p < pp_; ++p) {
       const std::string model = single ? "model.safetensors" : checkpoint_part_name("model", t, p);
       model_names_.back().push_back(model);
+      for (int e = 0; e < ep && ep > 1; ++e) {  // each expert-parallel rank's experts
+        model_names_.back().push_back(checkpoint_part_name("model", t, p, -1, e));
+        const std::string state = checkpoint_part_name("optimizer", t, p, -1, e);
+        if (with_optimizer && !distributed_ && fs::exists(dir + "/" + state)) optimizer_names_.back().push_back(state);
+      }
       const int shards = !with_optimizer ? 0 : distributed_ ? dp_ : 1;
       for (int d = 0; d < shards; ++d) {
         const std::string name = single ? "optimizer.safetensors" : checkpoint_part_name("optimizer", t, p, distributed_ ? d : -1);
