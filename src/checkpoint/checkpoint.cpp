@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/reshard.h"
@@ -334,7 +335,7 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
 }
 
 void save_weights_checkpoint(const std::string& save_dir, const Config& config, const tp::ParamTable& params,
-                             const std::function<void(int, int, const std::string&)>& write_model_file,
+                             const std::function<void(int, int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files) {
   make_directories(save_dir);
   const std::string final_dir = iteration_directory(save_dir, 0);
@@ -343,26 +344,28 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
   remove_tree(tmp_dir);
   make_directories(tmp_dir);
   const int tp_size = config.parallel.tensor_model_parallel_size, pp_size = config.parallel.pipeline_model_parallel_size;
-  auto file_name = [&](int t, int p) {
-    return tp_size * pp_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p);
-  };
+  const int ep_size = config.parallel.expert_model_parallel_size;
+  // Per TP rank and stage: the file of the dense tensors (all of them without expert
+  // parallelism), then one per EP rank with its experts.
+  std::vector<std::tuple<int, int, int, std::string>> files;
   for (int p = 0; p < pp_size; ++p) {
-    for (int t = 0; t < tp_size; ++t) write_model_file(t, p, tmp_dir + "/" + file_name(t, p));
+    for (int t = 0; t < tp_size; ++t) {
+      files.emplace_back(t, p, -1, tp_size * pp_size == 1 && ep_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p));
+      for (int e = 0; e < ep_size && ep_size > 1; ++e) files.emplace_back(t, p, e, checkpoint_part_name("model", t, p, -1, e));
+    }
   }
+  for (const auto& [t, p, e, name] : files) write_model_file(t, p, e, tmp_dir + "/" + name);
   for (const auto& [name, source] : extra_files) write_file_atomic(tmp_dir + "/" + name, read_file(source));
   ParallelConfig weights_layout = config.parallel;
   weights_layout.use_distributed_optimizer = false;
   const nlohmann::json layout = layout_summary(weights_layout, tp_size, pp_size, 1);
   // The table of state.json, from the files just written (memory-mapped, nothing copied).
   std::vector<nlohmann::json> descriptions;
-  for (int p = 0; p < pp_size; ++p) {
-    for (int t = 0; t < tp_size; ++t) {
-      const std::string name = file_name(t, p);
-      SafetensorsFile written(tmp_dir + "/" + name);
-      CheckpointSnapshot::File f{name, {}, {}};
-      for (const auto& tensor : written.names()) f.tensors.push_back({tensor, written.view(tensor)});
-      descriptions.push_back(describe_files({f}, params, t, tp_size));
-    }
+  for (const auto& [t, p, e, name] : files) {
+    SafetensorsFile written(tmp_dir + "/" + name);
+    CheckpointSnapshot::File f{name, {}, {}};
+    for (const auto& tensor : written.names()) f.tensors.push_back({tensor, written.view(tensor)});
+    descriptions.push_back(describe_files({f}, params, t, tp_size));
   }
   const nlohmann::json table = merge_file_descriptions(descriptions);
   nlohmann::json state = state_skeleton(config, TrainingProgress(), layout);

@@ -98,12 +98,14 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
                                                 const dist::ParallelState& ps = dist::ParallelState::single());
 
 // A weights-only checkpoint at iteration 0, as `megatron convert` writes it: one model file per
-// TP rank and pipeline stage from write_model_file(tp_rank, pp_rank, path), `extra_files`
+// TP rank and pipeline stage from write_model_file(tp_rank, pp_rank, -1, path), and with expert
+// parallelism one more per EP rank from write_model_file(tp_rank, pp_rank, ep_rank, path) that
+// holds that rank's experts (the first file then the dense tensors only), `extra_files`
 // (name in the directory -> source path) copied in, state.json and the tracker. `megatron
 // train --load DIR --finetune` starts from it. config.parallel gives the layout; `params`
 // describes the tensors written (the model's parameter table).
 void save_weights_checkpoint(const std::string& save_dir, const Config& config, const tp::ParamTable& params,
-                             const std::function<void(int, int, const std::string&)>& write_model_file,
+                             const std::function<void(int, int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files);
 
 // The file name of a part of a multi-rank checkpoint: "model_tp01_pp000.safetensors", with

@@ -39,6 +39,8 @@ const char* kHelp =
     "                             shards + index, tokenizer files\n"
     "  --target-tensor-parallel-size T     split for T tensor-parallel ranks (hf -> native; default 1)\n"
     "  --target-pipeline-parallel-size P   split the layers over P pipeline stages (hf -> native; default 1)\n"
+    "  --target-expert-parallel-size E     MoE: each of E expert-parallel ranks' experts in a file of its own\n"
+    "                                      (hf -> native; default 1; any EP size loads either way)\n"
     "  --make-vocab-size-divisible-by N    pad the vocabulary to a multiple of N x T (default 128)\n"
     "  --max-shard-size SIZE               largest HF shard, e.g. 5GB, 500MB or bytes (default 5GB)\n";
 
@@ -60,20 +62,28 @@ int positive(const std::string& flag, const std::string& text) {
   return static_cast<int>(v);
 }
 
-void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int pp, int divisible, const ModelFamily* family) {
+void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int pp, int ep, int divisible,
+                  const ModelFamily* family) {
   Config config;
   ModelConfig& m = config.model;
   m = model_config_from_hf(hf_dir, family);
   config.parallel.tensor_model_parallel_size = tp;
   config.parallel.pipeline_model_parallel_size = pp;
+  config.parallel.expert_model_parallel_size = ep;
   pipeline::check_pipeline_layout(config.parallel, m.num_layers);
+  if (ep > 1 && (m.num_experts == 0 || m.num_experts % ep != 0)) {
+    throw UserError("--target-expert-parallel-size " + std::to_string(ep) + ": " + hf_dir + "/config.json has " +
+                    std::to_string(m.num_experts) + " experts, which " + (m.num_experts == 0 ? "leaves nothing to split" : "do not split evenly"));
+  }
   m.hf_vocab_size = m.vocab_size;
   m.make_vocab_size_divisible_by = divisible;
   const int64_t multiple = int64_t(divisible) * tp;
   m.padded_vocab_size = static_cast<int>((m.vocab_size + multiple - 1) / multiple * multiple);
   for (auto [what, n] : {std::pair<const char*, int>{"num_attention_heads", m.num_attention_heads},
                          {"num_key_value_heads", m.num_query_groups},
-                         {"intermediate_size", m.ffn_hidden_size}}) {
+                         {"intermediate_size", m.ffn_hidden_size},
+                         {"moe_intermediate_size", m.num_experts > 0 ? m.expert_ffn_hidden_size() : 0},
+                         {"shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size}}) {
     if (n % tp != 0) {
       throw UserError(hf_dir + "/config.json: " + what + " " + std::to_string(n) + " does not split into " +
                       std::to_string(tp) + " tensor-parallel parts");
@@ -95,10 +105,14 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
     all.merge(stages[size_t(stage)]);
   }
   bool bf16 = true;
-  save_weights_checkpoint(save, config, all, [&](int rank, int stage, const std::string& path) {
+  const int experts_per_rank = m.num_experts > 0 ? m.num_experts / ep : 1;
+  save_weights_checkpoint(save, config, all, [&](int rank, int stage, int ep_rank, const std::string& path) {
     std::vector<SafetensorsEntry> entries;
     const tp::ParamTable& held = stages[size_t(stage)];
     for (const auto& name : held.names()) {
+      // Under expert parallelism the first file holds the dense tensors, each EP rank's its experts.
+      const int expert = held.at(name).expert;
+      if (ep > 1 && (ep_rank < 0 ? expert >= 0 : expert < 0 || expert / experts_per_rank != ep_rank)) continue;
       const at::Tensor full = megatron_tensor_from_hf(name, m, hf);
       bf16 = bf16 && full.scalar_type() == at::kBFloat16;
       entries.push_back({name, tp::shard_of(full, held.at(name).split, rank, tp).contiguous()});
@@ -111,8 +125,8 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
     std::fflush(stdout);
   }, {{"hf_config.json", hf_dir + "/config.json"}});
   hf.check_all_used();
-  std::printf("convert: %s -> %s (tensor parallel %d, pipeline parallel %d, padded vocabulary %d, %s)\n", hf_dir.c_str(),
-              save.c_str(), tp, pp, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
+  std::printf("convert: %s -> %s (tensor parallel %d, pipeline parallel %d, expert parallel %d, padded vocabulary %d, %s)\n",
+              hf_dir.c_str(), save.c_str(), tp, pp, ep, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
 }
 
 void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes, const ModelFamily* family) {
@@ -157,7 +171,8 @@ static int convert_with(const Args& args, const ModelFamily* family) {
       return 0;
     }
     static const char* known[] = {"--from", "--to", "--load", "--save", "--target-tensor-parallel-size",
-                                  "--target-pipeline-parallel-size", "--make-vocab-size-divisible-by", "--max-shard-size"};
+                                  "--target-pipeline-parallel-size", "--target-expert-parallel-size",
+                                  "--make-vocab-size-divisible-by", "--max-shard-size"};
     if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
       throw UserError("unknown flag " + a + " for convert; see megatron convert --help");
     }
@@ -172,9 +187,10 @@ static int convert_with(const Args& args, const ModelFamily* family) {
     const int tp = values.count("--target-tensor-parallel-size") ? positive("--target-tensor-parallel-size", values["--target-tensor-parallel-size"]) : 1;
     const int divisible = values.count("--make-vocab-size-divisible-by") ? positive("--make-vocab-size-divisible-by", values["--make-vocab-size-divisible-by"]) : 128;
     const int pp = values.count("--target-pipeline-parallel-size") ? positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) : 1;
-    hf_to_native(values["--load"], values["--save"], tp, pp, divisible, family);
+    const int ep = values.count("--target-expert-parallel-size") ? positive("--target-expert-parallel-size", values["--target-expert-parallel-size"]) : 1;
+    hf_to_native(values["--load"], values["--save"], tp, pp, ep, divisible, family);
   } else if (from == "native" && to == "hf") {
-    for (const char* flag : {"--target-tensor-parallel-size", "--target-pipeline-parallel-size"}) {
+    for (const char* flag : {"--target-tensor-parallel-size", "--target-pipeline-parallel-size", "--target-expert-parallel-size"}) {
       if (values.count(flag)) throw UserError(std::string(flag) + " applies to --to native only");
     }
     native_to_hf(values["--load"], values["--save"], values.count("--max-shard-size") ? parse_size(values["--max-shard-size"]) : 5000000000LL,

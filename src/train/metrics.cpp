@@ -37,8 +37,17 @@ void TrainingMetrics::add_step(int64_t iteration, double lr, const at::Tensor& l
   if (jsonl_ != nullptr) {  // reading the values back waits for the step
     const double loss_value = loss.item<double>(), norm = grad_norm.item<double>();
     // %a prints doubles exactly, so runs can be compared bit for bit.
-    std::fprintf(jsonl_, "{\"iteration\": %lld, \"lm_loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, \"lm_loss_hex\": \"%a\"}\n",
-                 static_cast<long long>(iteration), loss_value, norm, lr, loss_value);
+    std::string terms_json;  // the named loss terms (an MoE balancing loss, ...) after the loss
+    if (!loss_terms_.empty()) {
+      const at::Tensor values = terms.to(at::kCPU, at::kDouble);
+      for (size_t i = 0; i < loss_terms_.size(); ++i) {
+        char item[128];
+        std::snprintf(item, sizeof(item), ", \"%s\": %.17g", loss_terms_[i].c_str(), values[int64_t(i)].item<double>());
+        terms_json += item;
+      }
+    }
+    std::fprintf(jsonl_, "{\"iteration\": %lld, \"lm_loss\": %.17g%s, \"grad_norm\": %.17g, \"lr\": %.17g, \"lm_loss_hex\": \"%a\"}\n",
+                 static_cast<long long>(iteration), loss_value, terms_json.c_str(), norm, lr, loss_value);
     std::fflush(jsonl_);
   }
 }

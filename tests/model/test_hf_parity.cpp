@@ -43,7 +43,8 @@ TEST_P(HfParity, LogitsAndLossMatchTransformers) {
   EXPECT_NEAR(loss, reference.load("loss").item<double>(), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama3", "qwen2", "qwen3", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Families, HfParity,
+                         ::testing::Values("llama3", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"));
 
 }  // namespace
 }  // namespace megatron

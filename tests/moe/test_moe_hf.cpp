@@ -1,0 +1,172 @@
+// MoE models against Hugging Face transformers. For random-weight Mixtral, Qwen2-MoE (shared
+// experts, pre-softmax routing) and Qwen3-MoE (a dense layer among MoE layers, renormalised top-k)
+// built by tests/fixtures/make_hf_model.py with clear routing margins:
+//  - `convert` to a native checkpoint gives HF's logits (1e-4) and loss (1e-5) (the --load-hf
+//    path is tests/model/test_hf_parity.cpp);
+//  - HF -> native (TP=2 x EP=2 x PP=2, each EP rank's experts in files of their own) -> HF is
+//    bitwise, config.json included;
+//  - `train --load-hf` at EP=2 gives the single process's loss, and --save-hf gathers every
+//    expert back bit for bit.
+// And config.json fields we cannot honour are errors naming the field.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_mapping.h"
+#include "checkpoint/safetensors.h"
+#include "core/errors.h"
+#include "core/files.h"
+#include "model/gpt_model.h"
+#include "support/test_support.h"
+
+namespace megatron {
+namespace {
+namespace fs = std::filesystem;
+
+void make_hf_model(const std::string& dir, const std::string& variant, bool bf16 = false) {
+  const std::string python = test::venv_python();
+  ASSERT_FALSE(python.empty()) << "no reference venv: run scripts/setup.sh or set MEGATRON_VENV";
+  auto made = test::run_command(test::shell_quote(python) + " " +
+                                test::shell_quote(test::source_dir() + "/tests/fixtures/make_hf_model.py") + " " +
+                                test::shell_quote(dir) + " " + variant + (bf16 ? " bf16" : ""));
+  ASSERT_EQ(made.status, 0) << made.output;
+}
+
+std::map<std::string, at::Tensor> hf_tensors(const std::string& dir) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".safetensors" || name == "reference.safetensors") continue;
+    SafetensorsFile f(entry.path().string());
+    for (const auto& t : f.names()) out[t] = f.load(t);
+  }
+  return out;
+}
+
+void expect_bitwise_equal(const std::string& a_dir, const std::string& b_dir) {
+  auto a = hf_tensors(a_dir), b = hf_tensors(b_dir);
+  ASSERT_EQ(a.size(), b.size()) << a_dir << " vs " << b_dir;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name << " missing from " << b_dir;
+    EXPECT_EQ(t.scalar_type(), b[name].scalar_type()) << name;
+    EXPECT_TRUE(at::equal(t, b[name])) << name;
+  }
+}
+
+class MoeHf : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MoeHf, ConvertedCheckpointMatchesTransformers) {
+  test::TempDir dir;
+  make_hf_model(dir / "hf", GetParam());
+  auto r = test::run_megatron({"convert", "--from", "hf", "--to", "native", "--load", dir / "hf", "--save", dir / "native",
+                               "--make-vocab-size-divisible-by", "32"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string iter = latest_checkpoint_directory(dir / "native");
+  ModelConfig config = model_config_from_hf(dir / "hf");
+  config.padded_vocab_size = 96;
+  GPTModel model(config);
+  load_model_weights(iter, model);
+  model.eval();
+  SafetensorsFile reference(dir / "hf/reference.safetensors");
+  const at::Tensor ids = reference.load("input_ids");
+  at::NoGradGuard no_grad;
+  EXPECT_LE((model.forward(ids).transpose(0, 1) - reference.load("logits")).abs().max().item<double>(), 1e-4);
+  const int64_t s = ids.size(1);
+  Batch batch{ids.narrow(1, 0, s - 1), ids.narrow(1, 1, s - 1), at::ones({ids.size(0), s - 1})};
+  EXPECT_NEAR(model.loss(batch).item<double>(), reference.load("loss").item<double>(), 1e-5);
+}
+
+TEST_P(MoeHf, RoundTripThroughTensorExpertPipelineParallelIsBitwise) {
+  for (bool bf16 : {false, true}) {
+    test::TempDir dir;
+    make_hf_model(dir / "hf", GetParam(), bf16);
+    auto to_native = test::run_megatron({"convert", "--from", "hf", "--to", "native", "--load", dir / "hf", "--save",
+                                         dir / "native", "--target-tensor-parallel-size", "2",
+                                         "--target-pipeline-parallel-size", "2", "--target-expert-parallel-size", "2"});
+    ASSERT_EQ(to_native.status, 0) << to_native.output;
+    {  // stage 1, TP rank 1: its dense tensors in one file, each EP rank's experts in another
+      SafetensorsFile dense(dir / "native/iter_0000000/model_tp01_pp001.safetensors");
+      SafetensorsFile ep1(dir / "native/iter_0000000/model_tp01_pp001_ep001.safetensors");
+      EXPECT_TRUE(dense.contains("decoder.final_layernorm.weight"));
+      EXPECT_EQ(dense.contains("decoder.layers.1.mlp.router.weight"), GetParam() != "qwen3_moe");  // qwen3_moe: layer 1 dense
+      for (const auto& name : dense.names()) EXPECT_EQ(name.find(".experts."), std::string::npos) << name;
+      if (GetParam() != "qwen3_moe") {
+        EXPECT_TRUE(ep1.contains("decoder.layers.1.mlp.experts.linear_fc1.weight2"));
+        EXPECT_TRUE(ep1.contains("decoder.layers.1.mlp.experts.linear_fc2.weight3"));
+        EXPECT_FALSE(ep1.contains("decoder.layers.1.mlp.experts.linear_fc1.weight0"));
+      }
+    }
+    auto to_hf = test::run_megatron({"convert", "--from", "native", "--to", "hf", "--load", dir / "native", "--save",
+                                     dir / "back", "--max-shard-size", "60KB"});
+    ASSERT_EQ(to_hf.status, 0) << to_hf.output;
+    expect_bitwise_equal(dir / "hf", dir / "back");
+    EXPECT_EQ(read_file(dir / "hf/config.json"), read_file(dir / "back/config.json"));
+  }
+}
+
+// The last "lm loss" in a run's log.
+double last_loss(const std::string& output) {
+  const std::vector<double> losses = test::logged_losses(output);
+  return losses.empty() ? -1.0 : losses.back();
+}
+
+TEST_P(MoeHf, LoadHfAtExpertParallelTwoIsTheSameModel) {
+  test::TempDir dir;
+  make_hf_model(dir / "hf", GetParam());
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"train", "--load-hf", dir / "hf", "--seq-length", "16", "--micro-batch-size", "1",
+                                    "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-30", "--weight-decay", "0",
+                                    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "90",
+                                    "--log-interval", "1", "--eval-interval", "0", "--device", "cpu", "--cpu-threads", "1",
+                                    "--save-hf", out};
+  };
+  auto single = test::run_megatron(args(dir / "single"));
+  ASSERT_EQ(single.status, 0) << single.output;
+  std::vector<std::string> ep = {"launch", "--nproc-per-node", "2", "--master-port", "0"};
+  for (const auto& a : args(dir / "ep2")) ep.push_back(a);
+  for (const auto& a : {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}) ep.push_back(a);
+  auto parallel = test::run_megatron(ep);
+  ASSERT_EQ(parallel.status, 0) << parallel.output;
+  EXPECT_NEAR(last_loss(parallel.output), last_loss(single.output), 1e-5 * last_loss(single.output)) << parallel.output;
+  expect_bitwise_equal(dir / "hf", dir / "ep2");  // every expert gathered back from its EP rank
+  EXPECT_EQ(read_file(dir / "hf/config.json"), read_file(dir / "ep2/config.json"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MoeHf, ::testing::Values("mixtral", "qwen2_moe", "qwen3_moe"));
+
+// A config.json of an MoE family with a field we cannot honour: an error naming it.
+TEST(MoeHfConfig, UnsupportedFieldsNameTheField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"model_type": "mixtral", "router_jitter_noise": 0.1})", "router_jitter_noise = 0.1 is not supported"},
+      {R"({"model_type": "mixtral", "sliding_window": 4096})", "sliding_window = 4096 is not supported"},
+      {R"({"model_type": "qwen2_moe", "use_sliding_window": true})", "use_sliding_window = true is not supported"},
+      {R"({"model_type": "qwen3_moe", "hidden_act": "gelu"})", "hidden_act = \"gelu\" is not supported"},
+      {R"({"model_type": "qwen3_moe", "mlp_only_layers": [7]})", "mlp_only_layers = [7] is not supported"},
+  };
+  for (const auto& [fields, message] : cases) {
+    test::TempDir dir;
+    nlohmann::json j = nlohmann::json::parse(fields);
+    const nlohmann::json defaults = {{"num_hidden_layers", 2}, {"hidden_size", 32}, {"intermediate_size", 64},
+                                     {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 100},
+                                     {"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 16}};
+    for (const auto& [key, value] : defaults.items()) {
+      if (!j.contains(key)) j[key] = value;
+    }
+    write_file_atomic(dir / "config.json", j.dump());
+    try {
+      model_config_from_hf(dir.path());
+      ADD_FAILURE() << "accepted " << fields;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(dir / "config.json"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace megatron
