@@ -24,6 +24,9 @@
 # `recompute` (after `build`): the reference shape without / with selective / with full activation
 # recomputation: tokens/s, peak memory and activations at peak. `overlap`: the optimizer step serial
 # and overlapped with the next forward, alternated twice (`test-overlap`: the GPU tests first).
+# `moe`: the MoE CUDA tests, then bench/gpu_moe.sh: the Qwen3-30B-A3B layer shape (6 layers) against
+# HF transformers' Qwen3-MoE (grouped_mm experts, eager and torch.compile), real routing and
+# force-balanced, and a profile of where the step's time goes.
 # `before-after`: the tree in .gpu/before (scripts/gpu/prepare.sh BEFORE_COMMIT puts it there) built
 # too, the GPU tests of this tree, then bench/gpu_ab.sh: both binaries alternated on the reference
 # shape next to the HF torch.compile baseline (is a change speed-neutral?).
@@ -146,6 +149,10 @@ if [ "$what" = test ] || [ "$what" = all ] || [ "$what" = test-overlap ]; then
 fi
 if [ "$what" = fusion ]; then
   bash bench/gpu_fusion_check.sh build-gpu/megatron "$py" "$out/fusion" 2>&1 | tee "$out/fusion.log"
+fi
+if [ "$what" = moe ]; then
+  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-MoeCuda|Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  bash bench/gpu_moe.sh build-gpu/megatron "$py" "$out/moe" 2>&1 | tee "$out/moe.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   bash bench/gpu_bench.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/bench.log"

@@ -243,6 +243,15 @@ at::Tensor GPTModel::take_moe_losses() {
   return sum;
 }
 
+int64_t GPTModel::num_expert_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : named_parameters()) {
+    const tp::ParamInfo& info = table_.at(p.key());
+    if (info.expert >= 0) n += info.split.replicated() ? p.value().numel() : p.value().numel() * tp_.size();
+  }
+  return n;
+}
+
 int64_t GPTModel::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : named_parameters()) {

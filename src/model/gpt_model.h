@@ -60,6 +60,8 @@ class GPTModel : public tp::DescribedModule {
   // Parameters of this chunk counted over all TP shards (a tied output copy is not counted:
   // the pre-process chunk counts that weight).
   int64_t num_parameters() const;
+  // Of those, the MoE experts' this rank holds (its expert-parallel share).
+  int64_t num_expert_parameters() const;
   const ModelConfig& config() const { return config_; }
   const tp::TensorParallel& tensor_parallel() const { return tp_; }
   const pipeline::ChunkLayers& chunk() const { return chunk_; }

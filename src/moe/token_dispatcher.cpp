@@ -42,27 +42,36 @@ Dispatched TokenDispatcher::dispatch_allgather(const at::Tensor& tokens, const R
     indices = all_gather_rows(indices, ep_);
   }
   tokens_ = x.size(0);
+  probs_ = probs;
   const at::Tensor expert = indices.reshape({-1});  // [T k] the expert of each (token, choice)
-  const at::Tensor mine = at::nonzero((expert >= first_) & (expert < first_ + local_)).reshape({-1});
-  const at::Tensor local_expert = expert.index_select(0, mine) - first_;
+  at::Tensor local_expert = expert, mine;           // all pairs are local without EP
+  if (local_ < num_experts_) {
+    mine = at::nonzero((expert >= first_) & (expert < first_ + local_)).reshape({-1});
+    local_expert = expert.index_select(0, mine) - first_;
+  }
   const at::Tensor order = std::get<1>(local_expert.sort(std::optional<bool>(true), 0, false));  // by expert, token order within
-  const at::Tensor pairs = mine.index_select(0, order);                          // [N] positions in [T k]
-  token_of_ = at::floor_divide(pairs, topk_);
-  weights_ = probs.reshape({-1}).index_select(0, pairs);
+  pairs_ = mine.defined() ? mine.index_select(0, order) : order;                                // [N] positions in [T k]
   Dispatched out;
-  out.rows = x.index_select(0, token_of_);  // [N, h]
+  out.rows = choices(x).index_select(0, pairs_);  // [N, h]
   out.counts = to_host(at::bincount(local_expert, {}, local_));
   return out;
+}
+
+at::Tensor TokenDispatcher::choices(const at::Tensor& x) const {
+  const int64_t T = x.size(0), h = x.size(1);
+  // [T k, h]: row t k + j is token t's copy for its j-th choice. Selecting from these (not from
+  // the tokens) makes the backward a gather-free sum over each token's k copies, not an
+  // atomic scatter-add of k gradients into one row.
+  return x.unsqueeze(1).expand({T, topk_, h}).reshape({T * topk_, h});
 }
 
 Dispatched TokenDispatcher::dispatch_alltoall(const at::Tensor& tokens, const Routing& routing) {
   const int ep = ep_.size();
   tokens_ = tokens.size(0);
-  const at::Tensor expert = routing.indices.reshape({-1});                 // [T k]
-  const at::Tensor order = std::get<1>(expert.sort(std::optional<bool>(true), 0, false));  // by expert, token order within
-  token_of_ = at::floor_divide(order, topk_);
-  weights_ = routing.probs.reshape({-1}).index_select(0, order);
-  const at::Tensor rows = tokens.index_select(0, token_of_);  // [T k, h] grouped by expert
+  probs_ = routing.probs;
+  const at::Tensor expert = routing.indices.reshape({-1});                                       // [T k]
+  pairs_ = std::get<1>(expert.sort(std::optional<bool>(true), 0, false));                      // by expert, token order within
+  const at::Tensor rows = choices(tokens).index_select(0, pairs_);                              // [T k, h] grouped by expert
   // How many rows every rank sends each expert: [ep, E] on the host.
   const at::Tensor counts = at::bincount(expert, {}, num_experts_);
   const std::vector<int64_t> all = to_host(all_gather_rows(counts.unsqueeze(0), ep_));
@@ -107,8 +116,11 @@ at::Tensor TokenDispatcher::combine(const at::Tensor& expert_output) {
   if (alltoall_ && ep_.size() > 1) {
     y = tp::all_to_all(y.index_select(0, regroup_inverse_), ep_, in_splits_, out_splits_);  // [T k, h] as sent
   }
-  const at::Tensor weighted = y * weights_.to(y.scalar_type()).unsqueeze(1);
-  at::Tensor out = at::zeros({tokens_, y.size(1)}, y.options()).index_add(0, token_of_, weighted);  // [T, h]
+  // Back to [T, k, h] (each pair's row at its place; pairs on other EP ranks stay zero), then each
+  // token's k results weighted by their routing probabilities and summed.
+  const int64_t h = y.size(1);
+  const at::Tensor placed = at::zeros({tokens_ * topk_, h}, y.options()).index_copy(0, pairs_, y).view({tokens_, topk_, h});
+  at::Tensor out = (placed * probs_.to(y.scalar_type()).unsqueeze(-1)).sum(1);  // [T, h]
   if (!alltoall_ && ep_.size() > 1) out = tp::reduce_scatter_to_sp(out, ep_);  // this rank's tokens, summed over EP
   return out;
 }

@@ -7,9 +7,9 @@
 //              gets the results back (two all-to-alls; the row counts cross to the host once)
 //
 // Rows reach the experts grouped by local expert, in token order within each expert; the
-// combine weights each result by its routing probability and sums a token's k results. Every
-// step is differentiable (index_select / index_add and the all-to-all mapping), so backward
-// retraces it.
+// combine puts each result back at its (token, choice) place, weights it by its routing
+// probability and sums a token's k results. Every step is differentiable (index_select /
+// index_copy, a sum, the all-to-all mapping) and none scatter-adds, so backward is deterministic.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -45,10 +45,12 @@ class TokenDispatcher {
   dist::Group ep_;
   bool alltoall_;
   int num_experts_, topk_, first_, local_;
+  at::Tensor choices(const at::Tensor& x) const;  // [T, h] -> [T k, h]
+
   // Between dispatch and combine:
   int64_t tokens_ = 0;         // T (allgather: of all EP ranks)
-  at::Tensor weights_;         // [rows sent] the routing probability of each row, in dispatch order
-  at::Tensor token_of_;        // [rows sent] the token each row came from
+  at::Tensor probs_;           // [T, k] the routing probabilities of those tokens
+  at::Tensor pairs_;           // [rows sent] the (token, choice) position t k + j of each row, in dispatch order
   at::Tensor regroup_inverse_; // alltoall: received order -> expert-grouped order, inverted
   std::vector<int64_t> in_splits_, out_splits_;
 };

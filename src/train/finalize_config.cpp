@@ -156,6 +156,10 @@ void finalize_config(Config& c, int world_size) {
                     ": context parallelism is not implemented yet; use tensor (with --sequence-parallel) and data parallelism");
   }
   moe::finalize_moe_config(m, p, world_size);
+  if (m.num_experts > 0 && (t.cuda_graph_impl == "local" || t.enable_cuda_graph)) {
+    throw UserError("--cuda-graph-impl local with --num-experts: the MoE dispatcher reads each expert's token count on the "
+                    "host, which a captured CUDA graph cannot; drop --cuda-graph-impl");
+  }
   const int tp = p.tensor_model_parallel_size;
   for (auto [flag, v] : {std::pair<const char*, int>{"num-attention-heads", m.num_attention_heads},
                          {"num-query-groups", m.num_query_groups},

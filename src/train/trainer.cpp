@@ -228,7 +228,8 @@ int Trainer::run() {
   for (auto& chunk : chunks_) {
     chunk->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
     chunk->train();
-    parameters += chunk->num_parameters();
+    // The other expert-parallel ranks hold as many experts again each.
+    parameters += chunk->num_parameters() + chunk->num_expert_parameters() * (ps_.ep.size() - 1);
   }
   if (ps_.pp.size() > 1) {  // every stage's share
     at::Tensor count = at::full({1}, double(parameters), at::TensorOptions().device(device_).dtype(at::kDouble));
@@ -310,6 +311,9 @@ int Trainer::run() {
                   m.num_layers, m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size,
                   m.moe_shared_expert_intermediate_size > 0 ? (", shared experts " + std::to_string(m.moe_shared_expert_intermediate_size)).c_str() : "",
                   m.moe_token_dispatcher_type.c_str(), m.moe_grouped_gemm ? ", grouped GEMM" : "");
+      if (m.moe_permute_fusion) {
+        std::printf("> --moe-permute-fusion: no fused permutation kernels yet; tokens are permuted with index_select / index_add\n");
+      }
     }
     std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
