@@ -32,12 +32,14 @@ real=$(ours real)
 echo "megatron.cpp, real routing: tokens/s, TFLOP/s, max allocated MB = $real"
 balanced=$(ours balanced --moe-router-force-load-balancing)
 echo "megatron.cpp, force-balanced: tokens/s, TFLOP/s, max allocated MB = $balanced"
+bf16_grads=$(ours bf16_grads --grad-reduce-in-bf16)
+echo "megatron.cpp, real routing, --grad-reduce-in-bf16: tokens/s, TFLOP/s, max allocated MB = $bf16_grads"
 hf_grouped=$(hf --iters 10); echo "$hf_grouped"
 hf_compiled=$(hf --compile --iters 10); echo "$hf_compiled"
-hf_loop=$(hf --experts eager --iters 3); echo "$hf_loop"
+if [ "${MOE_HF_LOOP:-1}" = 1 ]; then hf --experts eager --iters 3; fi
 best=$(printf '%s\n%s\n' "$(hf_tokens "$hf_grouped")" "$(hf_tokens "$hf_compiled")" | sort -n | tail -1)
-awk -v r="${real%% *}" -v b="${balanced%% *}" -v h="$best" \
-  'BEGIN { if (h > 0) printf "ratio to the faster HF run (%d tok/s): real routing %.3fx, force-balanced %.3fx\n", h, r / h, b / h }'
+awk -v r="${real%% *}" -v b="${balanced%% *}" -v g="${bf16_grads%% *}" -v h="$best" \
+  'BEGIN { if (h > 0) printf "ratio to the faster HF run (%d tok/s): real routing %.3fx, force-balanced %.3fx, bf16 gradients %.3fx\n", h, r / h, b / h, g / h }'
 # Megatron's num_floating_point_operations per token for this shape (bench/hf_moe_baseline.py's formula).
 awk -v r="${real%% *}" -v b="${balanced%% *}" 'BEGIN {
   h = 2048; f = 768; k = 8; L = 6; s = 4096; q = 32 * 128; kv = 4 * 128; V = 151936

@@ -1,6 +1,7 @@
 #include "moe/experts.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/ops.h"
 
@@ -13,20 +14,25 @@ GroupedExperts::GroupedExperts(const PartContext& ctx, int first_expert, int cou
   const at::TensorOptions on = at::TensorOptions().device(ctx.device);
   auto linear_fc1 = register_module("linear_fc1", std::make_shared<tp::DescribedModule>());
   auto linear_fc2 = register_module("linear_fc2", std::make_shared<tp::DescribedModule>());
-  for (int e = first_expert; e < first_expert + count; ++e) {
+  fc1.resize(size_t(count));
+  fc2.resize(size_t(count));
+  // Registered last expert first: the gradient buffer lays parameters out in reverse
+  // registration order, so each layer's experts end up side by side in ascending order and the
+  // grouped GEMM reads them in place (stacked_weights).
+  for (int e = first_expert + count - 1; e >= first_expert; --e) {
     tp::ParamInfo up;
     up.split = {0, /*gated=*/true};
     up.expert = e;
     up.grad_group = tp::GradGroup::ExpertDataParallel;
-    fc1.push_back(linear_fc1->add_parameter("weight" + std::to_string(e), at::empty({2 * f, h}, on), up));
+    fc1[size_t(e - first_expert)] = linear_fc1->add_parameter("weight" + std::to_string(e), at::empty({2 * f, h}, on), up);
   }
-  for (int e = first_expert; e < first_expert + count; ++e) {
+  for (int e = first_expert + count - 1; e >= first_expert; --e) {
     tp::ParamInfo down;
     down.split = {1, false};
     down.init = tp::Init::ScaledNormal;
     down.expert = e;
     down.grad_group = tp::GradGroup::ExpertDataParallel;
-    fc2.push_back(linear_fc2->add_parameter("weight" + std::to_string(e), at::empty({h, f}, on), down));
+    fc2[size_t(e - first_expert)] = linear_fc2->add_parameter("weight" + std::to_string(e), at::empty({h, f}, on), down);
   }
 }
 
@@ -36,30 +42,71 @@ at::Tensor GroupedExperts::activation(const at::Tensor& h) const {
   return at::silu(gate_up[0]) * gate_up[1];
 }
 
-at::Tensor GroupedExperts::forward(const at::Tensor& rows, const std::vector<int64_t>& counts) const {
-  TORCH_CHECK(counts.size() == fc1.size(), "GroupedExperts: ", counts.size(), " row counts for ", fc1.size(), " experts");
+at::Tensor GroupedExperts::forward(const at::Tensor& rows, const at::Tensor& counts) const {
+  TORCH_CHECK(counts.numel() == int64_t(fc1.size()), "GroupedExperts: ", counts.numel(), " row counts for ", fc1.size(), " experts");
   if (grouped_gemm_ && rows.is_cuda()) return grouped(rows, counts);
+  const at::Tensor host = counts.to(at::kCPU, at::kLong).contiguous();
   std::vector<at::Tensor> outputs;
   int64_t begin = 0;
   for (size_t e = 0; e < fc1.size(); ++e) {
-    const at::Tensor x = rows.narrow(0, begin, counts[e]);  // [n_e, h]
-    begin += counts[e];
+    const int64_t n = host.data_ptr<int64_t>()[e];
+    const at::Tensor x = rows.narrow(0, begin, n);  // [n_e, h]
+    begin += n;
     outputs.push_back(at::linear(activation(at::linear(x, fc1[e])), fc2[e]));  // [n_e, h]
   }
   if (outputs.empty()) return rows.narrow(0, 0, 0);
   return at::cat(outputs, 0);  // [N, h]
 }
 
-at::Tensor GroupedExperts::grouped(const at::Tensor& rows, const std::vector<int64_t>& counts) const {
-  // One kernel over all experts: offs holds where each expert's rows end.
-  std::vector<int32_t> ends;
-  int64_t end = 0;
-  for (int64_t n : counts) ends.push_back(int32_t(end += n));
-  const at::Tensor offs = at::tensor(ends, at::TensorOptions().dtype(at::kInt)).to(rows.device(), /*non_blocking=*/true);
-  const at::Tensor w1 = at::stack(fc1).transpose(1, 2);  // [E, h, 2f/tp]
-  const at::Tensor w2 = at::stack(fc2).transpose(1, 2);  // [E, f/tp, h]
-  const at::Tensor h = activation(at::_grouped_mm(rows, w1, offs));  // [N, f/tp]
-  return at::_grouped_mm(h.contiguous(), w2, offs);                  // [N, h]
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The experts' weights as one [E, out, in] tensor: in place when they lie side by side in one
+// storage (as the gradient buffer lays them out), else a copy.
+at::Tensor stacked_weights(at::TensorList weights) {
+  const at::Tensor& first = weights[0];
+  const int64_t step = first.numel();
+  bool adjacent = true;
+  for (size_t e = 0; e < weights.size() && adjacent; ++e) {
+    const at::Tensor& w = weights[e];
+    adjacent = w.is_contiguous() && w.sizes().equals(first.sizes()) && w.scalar_type() == first.scalar_type() &&
+               w.storage().is_alias_of(first.storage()) && w.storage_offset() == first.storage_offset() + int64_t(e) * step;
+  }
+  if (!adjacent) return at::stack(weights);
+  return at::empty({0}, first.options())
+      .set_(first.storage(), first.storage_offset(), {int64_t(weights.size()), first.size(0), first.size(1)},
+            {step, first.size(1), 1});
+}
+
+// y = x_e W_e^T for each expert's rows as one grouped GEMM, with the weights' gradients made
+// by one grouped GEMM too, each expert's a contiguous [out, in] block of it.
+struct GroupedLinear : torch::autograd::Function<GroupedLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& offs, at::TensorList weights) {
+    const at::Tensor w = stacked_weights(weights);  // [E, out, in]
+    ctx->save_for_backward({x, offs, w});
+    return at::_grouped_mm(x, w.transpose(1, 2), offs);  // [N, out]
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &offs = saved[1], &w = saved[2];
+    const at::Tensor dy = grad[0].contiguous();                          // [N, out]
+    variable_list out = {at::_grouped_mm(dy, w, offs), at::Tensor()};  // dx [N, in]
+    const at::Tensor dw = at::_grouped_mm(dy.t(), x, offs);             // [E, out, in]: groups along the rows
+    for (int64_t e = 0; e < dw.size(0); ++e) out.push_back(dw[e]);
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor GroupedExperts::grouped(const at::Tensor& rows, const at::Tensor& counts) const {
+  // One kernel over all experts: offs holds where each expert's rows end, computed on the
+  // device (no wait for the host).
+  const at::Tensor offs = counts.cumsum(0).to(at::kInt);
+  const at::Tensor h = activation(GroupedLinear::apply(rows, offs, fc1));  // [N, f/tp]
+  return GroupedLinear::apply(h.contiguous(), offs, fc2);                 // [N, h]
 }
 
 }  // namespace megatron::moe

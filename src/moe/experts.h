@@ -19,13 +19,14 @@ class GroupedExperts : public tp::DescribedModule {
   // Experts [first_expert, first_expert + count) of the layer.
   GroupedExperts(const PartContext& context, int first_expert, int count);
   // rows [N, h], grouped by expert: counts[e] rows for local expert e, in order -> [N, h].
-  at::Tensor forward(const at::Tensor& rows, const std::vector<int64_t>& counts) const;
+  // counts: [E_local] int64 on the rows' device (the grouped GEMM never reads it on the host).
+  at::Tensor forward(const at::Tensor& rows, const at::Tensor& counts) const;
 
   std::vector<at::Tensor> fc1;  // [2f/tp, h] per local expert: [gate block; up block] of this rank
   std::vector<at::Tensor> fc2;  // [h, f/tp]
 
  private:
-  at::Tensor grouped(const at::Tensor& rows, const std::vector<int64_t>& counts) const;  // CUDA: at::_grouped_mm
+  at::Tensor grouped(const at::Tensor& rows, const at::Tensor& counts) const;  // CUDA: at::_grouped_mm
   at::Tensor activation(const at::Tensor& h) const;  // SwiGLU: [n, 2f/tp] -> [n, f/tp]
   bool grouped_gemm_;
   bool swiglu_fusion_;

@@ -53,7 +53,7 @@ Dispatched TokenDispatcher::dispatch_allgather(const at::Tensor& tokens, const R
   pairs_ = mine.defined() ? mine.index_select(0, order) : order;                                // [N] positions in [T k]
   Dispatched out;
   out.rows = choices(x).index_select(0, pairs_);  // [N, h]
-  out.counts = to_host(at::bincount(local_expert, {}, local_));
+  out.counts = at::bincount(local_expert, {}, local_);  // stays on the device
   return out;
 }
 
@@ -95,12 +95,12 @@ Dispatched TokenDispatcher::dispatch_alltoall(const at::Tensor& tokens, const Ro
   std::vector<int64_t> regroup;
   regroup.reserve(size_t(at));
   Dispatched out;
-  out.counts.assign(size_t(local_), 0);
+  std::vector<int64_t> local_counts(size_t(local_), 0);
   for (int e = 0; e < local_; ++e) {
     for (int r = 0; r < ep; ++r) {
       const int64_t n = sent(r, first_ + e);
       for (int64_t i = 0; i < n; ++i) regroup.push_back(start[size_t(r) * local_ + e] + i);
-      out.counts[size_t(e)] += n;
+      local_counts[size_t(e)] += n;
     }
   }
   std::vector<int64_t> inverse(regroup.size());
@@ -108,6 +108,7 @@ Dispatched TokenDispatcher::dispatch_alltoall(const at::Tensor& tokens, const Ro
   const at::TensorOptions index = at::TensorOptions().dtype(at::kLong);
   regroup_inverse_ = at::tensor(inverse, index).to(tokens.device());
   out.rows = received.index_select(0, at::tensor(regroup, index).to(tokens.device()));
+  out.counts = at::tensor(local_counts, index).to(tokens.device());
   return out;
 }
 

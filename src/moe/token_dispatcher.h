@@ -23,8 +23,8 @@
 namespace megatron::moe {
 
 struct Dispatched {
-  at::Tensor rows;              // [N, h] grouped by local expert
-  std::vector<int64_t> counts;  // rows of each local expert
+  at::Tensor rows;    // [N, h] grouped by local expert
+  at::Tensor counts;  // [E_local] int64 on the rows' device: rows of each local expert
 };
 
 class TokenDispatcher {

@@ -55,9 +55,23 @@ TEST_P(MoeCuda, GroupedGemmMatchesPerExpertGemms) {
     }
   }
   for (auto& m : experts) m->to(dtype);
-  const std::vector<int64_t> counts = {37, 0, 128, 5, 0, 64, 1, 300};  // empty experts too
+  {  // the grouped module's weights side by side in one storage, as the gradient buffer lays
+     // them out: the grouped GEMM then reads them in place
+    at::NoGradGuard no_grad;
+    for (std::vector<at::Tensor>* weights : {&experts[1]->fc1, &experts[1]->fc2}) {
+      const int64_t n = (*weights)[0].numel();
+      at::Tensor storage = at::empty({n * int64_t(weights->size())}, (*weights)[0].options());
+      for (size_t e = 0; e < weights->size(); ++e) {
+        at::Tensor& w = (*weights)[e];
+        storage.narrow(0, int64_t(e) * n, n).copy_(w.reshape({-1}));
+        w.set_data(storage.narrow(0, int64_t(e) * n, n).view(w.sizes()));
+      }
+    }
+  }
+  const std::vector<int64_t> sizes = {37, 0, 128, 5, 0, 64, 1, 300};  // empty experts too
+  const at::Tensor counts = at::tensor(sizes, at::kLong).cuda();
   int64_t rows = 0;
-  for (int64_t n : counts) rows += n;
+  for (int64_t n : sizes) rows += n;
   const at::Tensor x = at::randn({rows, 256}, at::TensorOptions().device(at::kCUDA).dtype(dtype));
   const at::Tensor grad = at::randn({rows, 256}, x.options());
   std::vector<at::Tensor> outputs, input_grads;
@@ -71,8 +85,8 @@ TEST_P(MoeCuda, GroupedGemmMatchesPerExpertGemms) {
   const double tol = dtype == at::kBFloat16 ? 2e-2 : 1e-4;
   EXPECT_LE(relative(outputs[1], outputs[0]), tol);
   EXPECT_LE(relative(input_grads[1], input_grads[0]), tol);
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] == 0) continue;
+  for (size_t e = 0; e < sizes.size(); ++e) {
+    if (sizes[e] == 0) continue;
     EXPECT_LE(relative(experts[1]->fc1[e].grad(), experts[0]->fc1[e].grad()), tol) << "expert " << e;
     EXPECT_LE(relative(experts[1]->fc2[e].grad(), experts[0]->fc2[e].grad()), tol) << "expert " << e;
   }
