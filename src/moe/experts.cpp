@@ -105,8 +105,9 @@ at::Tensor GroupedExperts::grouped(const at::Tensor& rows, const at::Tensor& cou
   // One kernel over all experts: offs holds where each expert's rows end, computed on the
   // device (no wait for the host).
   const at::Tensor offs = counts.cumsum(0).to(at::kInt);
-  const at::Tensor h = activation(GroupedLinear::apply(rows, offs, fc1));  // [N, f/tp]
-  return GroupedLinear::apply(h.contiguous(), offs, fc2);                 // [N, h]
+  // As a TensorList, so autograd takes each weight for an input of its own.
+  const at::Tensor h = activation(GroupedLinear::apply(rows, offs, at::TensorList(fc1)));  // [N, f/tp]
+  return GroupedLinear::apply(h.contiguous(), offs, at::TensorList(fc2));  // [N, h]
 }
 
 }  // namespace megatron::moe
