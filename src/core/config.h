@@ -81,6 +81,10 @@ struct ModelConfig {
   std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | global_aux_loss | none
   double moe_aux_loss_coeff = 0.0;
   double moe_z_loss_coeff = 0.0;      // 0: no z-loss
+  // Token dropping: each expert takes at most ceil(T k / E x factor) of a rank's T tokens; 0: dropless.
+  double moe_expert_capacity_factor = 0.0;
+  std::string moe_token_drop_policy = "probs";  // probs (keep the highest weights) | position (keep the first tokens)
+  bool moe_pad_expert_input_to_capacity = false;
   int moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
   bool moe_shared_expert_gate = false;          // Qwen2-MoE's sigmoid gate on the shared experts' output
   bool moe_grouped_gemm = false;      // experts as one grouped GEMM (CUDA), else one GEMM per expert

@@ -144,6 +144,15 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
   if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none") {
     bad("moe-router-load-balancing-type", "must be aux_loss, seq_aux_loss or none (got '" + lb + "'; sinkhorn is not supported)");
   }
+  if (m.moe_expert_capacity_factor < 0) bad("moe-expert-capacity-factor", "must be positive (or left out: dropless)");
+  if (m.moe_token_drop_policy != "probs" && m.moe_token_drop_policy != "position") {
+    bad("moe-token-drop-policy", "must be probs or position (got '" + m.moe_token_drop_policy + "')");
+  }
+  if (m.moe_pad_expert_input_to_capacity) {
+    if (m.moe_expert_capacity_factor == 0) bad("moe-pad-expert-input-to-capacity", "needs --moe-expert-capacity-factor");
+    // Padding adds rows of weight 0: outputs and gradients are those of the unpadded layer.
+    bad("moe-pad-expert-input-to-capacity", "is not supported yet (its rows carry weight 0: drop the flag for the same results)");
+  }
   if (m.moe_aux_loss_coeff < 0) bad("moe-aux-loss-coeff", "must be >= 0");
   if (m.moe_z_loss_coeff < 0) bad("moe-z-loss-coeff", "must be >= 0");
   if (m.moe_shared_expert_intermediate_size < 0) bad("moe-shared-expert-intermediate-size", "must be >= 0");

@@ -32,6 +32,11 @@ at::Tensor MoELayer::forward(const at::Tensor& normed) {
     at::Tensor indices = at::empty({routing.indices.size(0) * tp_.size(), routing.indices.size(1)}, routing.indices.options());
     tp_.group.all_gather(indices, routing.indices.contiguous());
     routing.indices = indices;
+    if (routing.kept.defined()) {
+      at::Tensor kept = at::empty({routing.kept.size(0) * tp_.size(), routing.kept.size(1)}, routing.kept.options());
+      tp_.group.all_gather(kept, routing.kept.contiguous());
+      routing.kept = kept;
+    }
   }
   const Dispatched dispatched = dispatcher_.dispatch(tokens, routing);
   at::Tensor out = dispatcher_.combine(experts->forward(dispatched.rows, dispatched.counts));  // [tp s b, h] partial over TP

@@ -2,10 +2,32 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "moe/aux_loss.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron::moe {
+
+at::Tensor within_capacity(const at::Tensor& probs, const at::Tensor& indices, int num_experts, double capacity_factor,
+                           const std::string& policy) {
+  const int64_t T = probs.size(0), k = probs.size(1);
+  const int64_t capacity = int64_t(std::ceil(double(T * k) / num_experts * capacity_factor));
+  if (capacity >= T) return at::ones_like(indices, at::kBool);  // no expert can overflow
+  at::NoGradGuard no_grad;
+  const at::Tensor routed = at::zeros({T, num_experts}, probs.options().dtype(at::kBool)).scatter_(1, indices, true);  // [T, E]
+  at::Tensor keep;  // [T, E]
+  if (policy == "position") {
+    // The first `capacity` tokens routed to each expert, in token order.
+    keep = routed & (routed.to(at::kInt).cumsum(0) <= capacity);
+  } else {
+    // The `capacity` highest weights of each expert's column (tokens not routed there weigh 0).
+    const at::Tensor weights = at::zeros({T, num_experts}, probs.options().dtype(at::kFloat)).scatter_(1, indices, probs.to(at::kFloat));
+    const at::Tensor top = std::get<1>(weights.topk(capacity, 0, /*largest=*/true, /*sorted=*/false));  // [capacity, E]
+    keep = routed & at::zeros_like(routed).scatter_(0, top, true);
+  }
+  return keep.gather(1, indices);  // [T, k]
+}
 
 TopKRouter::TopKRouter(const PartContext& ctx) : config_(ctx.config), tp_(ctx.tp) {
   const ModelConfig& c = ctx.config;
@@ -69,6 +91,10 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
   }
   if (c.moe_router_topk_scaling_factor > 0) probs = probs * c.moe_router_topk_scaling_factor;
   probs = probs.to(tokens.scalar_type());
+  at::Tensor kept;  // [T, k], as Megatron drops before the balancing loss (which does not see it)
+  if (c.moe_expert_capacity_factor > 0) {
+    kept = within_capacity(probs, indices, int(E), c.moe_expert_capacity_factor, c.moe_token_drop_policy);
+  }
 
   if (losses && balancing_slot_ >= 0) {
     // The scores and top-k of the loss: over all experts, whatever the routing did.
@@ -93,7 +119,7 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
     probs = attach_loss(probs, loss, loss_scale_);
     track(balancing_slot_, loss / c.moe_aux_loss_coeff);
   }
-  return {probs, indices};
+  return {probs, indices, kept};
 }
 
 }  // namespace megatron::moe

@@ -13,7 +13,14 @@ namespace megatron::moe {
 struct Routing {
   at::Tensor probs;    // [T, k] each token's weights for its experts, in the tokens' dtype
   at::Tensor indices;  // [T, k] int64 expert ids
+  at::Tensor kept;     // [T, k] bool: the pairs within their expert's capacity; undefined: all (dropless)
 };
+
+// Megatron's token dropping (--moe-expert-capacity-factor): each of `num_experts` experts takes
+// at most ceil(T k / E x factor) of the T tokens routed here; `policy` probs keeps those with the
+// highest weights, position the first in token order. probs, indices: [T, k] -> kept [T, k] bool.
+at::Tensor within_capacity(const at::Tensor& probs, const at::Tensor& indices, int num_experts, double capacity_factor,
+                           const std::string& policy);
 
 class TopKRouter : public tp::DescribedModule {
  public:

@@ -35,18 +35,21 @@ Dispatched TokenDispatcher::dispatch(const at::Tensor& tokens, const Routing& ro
 }
 
 Dispatched TokenDispatcher::dispatch_allgather(const at::Tensor& tokens, const Routing& routing) {
-  at::Tensor x = tokens, probs = routing.probs, indices = routing.indices;  // [T, h], [T, k], [T, k]
+  at::Tensor x = tokens, probs = routing.probs, indices = routing.indices, kept = routing.kept;  // [T, h], [T, k] x 3
   if (ep_.size() > 1) {
     x = tp::gather_from_sp(x, ep_);  // [ep * T, h]; backward: each rank's gradient summed back to its owner
     probs = tp::gather_from_sp(probs, ep_);
     indices = all_gather_rows(indices, ep_);
+    if (kept.defined()) kept = all_gather_rows(kept, ep_);
   }
   tokens_ = x.size(0);
   probs_ = probs;
   const at::Tensor expert = indices.reshape({-1});  // [T k] the expert of each (token, choice)
-  at::Tensor local_expert = expert, mine;           // all pairs are local without EP
-  if (local_ < num_experts_) {
-    mine = at::nonzero((expert >= first_) & (expert < first_ + local_)).reshape({-1});
+  at::Tensor local_expert = expert, mine;           // all pairs are local without EP (or dropping)
+  if (local_ < num_experts_ || kept.defined()) {
+    at::Tensor local = (expert >= first_) & (expert < first_ + local_);
+    if (kept.defined()) local = local & kept.reshape({-1});  // dropped pairs go nowhere
+    mine = at::nonzero(local).reshape({-1});
     local_expert = expert.index_select(0, mine) - first_;
   }
   const at::Tensor order = std::get<1>(local_expert.sort(std::optional<bool>(true), 0, false));  // by expert, token order within
@@ -69,11 +72,16 @@ Dispatched TokenDispatcher::dispatch_alltoall(const at::Tensor& tokens, const Ro
   const int ep = ep_.size();
   tokens_ = tokens.size(0);
   probs_ = routing.probs;
-  const at::Tensor expert = routing.indices.reshape({-1});                                       // [T k]
-  pairs_ = std::get<1>(expert.sort(std::optional<bool>(true), 0, false));                      // by expert, token order within
-  const at::Tensor rows = choices(tokens).index_select(0, pairs_);                              // [T k, h] grouped by expert
+  at::Tensor expert = routing.indices.reshape({-1});                         // [T k]
+  if (routing.kept.defined()) {
+    // Dropped pairs sort past every expert (as expert E) and are not sent.
+    expert = at::where(routing.kept.reshape({-1}), expert, at::full({}, int64_t(num_experts_), expert.options()));
+  }
+  pairs_ = std::get<1>(expert.sort(std::optional<bool>(true), 0, false));  // by expert, token order within
+  if (routing.kept.defined()) pairs_ = pairs_.narrow(0, 0, routing.kept.sum().item<int64_t>());
+  const at::Tensor rows = choices(tokens).index_select(0, pairs_);  // [kept pairs, h] grouped by expert
   // How many rows every rank sends each expert: [ep, E] on the host.
-  const at::Tensor counts = at::bincount(expert, {}, num_experts_);
+  const at::Tensor counts = at::bincount(expert, {}, num_experts_ + 1).narrow(0, 0, num_experts_);  // dropped: bin E
   const std::vector<int64_t> all = to_host(all_gather_rows(counts.unsqueeze(0), ep_));
   auto sent = [&](int from, int expert_id) { return all[size_t(from) * num_experts_ + expert_id]; };
   in_splits_.assign(size_t(ep), 0);

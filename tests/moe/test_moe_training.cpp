@@ -3,8 +3,9 @@
 // among MoE layers, balancing and z losses on) trained for 20 steps under EP=2 with either
 // dispatcher, EP=2 x TP=2 + SP (experts split over TP too: expert TP = TP), EP=2 x DP=2 + the
 // distributed optimizer and EP=2 x PP=2 reproduces the single-process losses, balancing losses
-// and z-losses to 1e-5; a checkpoint saved under TP=2 x EP=2 x PP=2 + the distributed
-// optimizer resumes at one process and at EP=4 to the uninterrupted run's next losses.
+// and z-losses to 1e-5; with a capacity factor EP=2 drops what one process drops (both policies,
+// both dispatchers); a checkpoint saved under TP=2 x EP=2 x PP=2 + the distributed optimizer
+// resumes at one process and at EP=4 to the uninterrupted run's next losses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -95,6 +96,30 @@ TEST(MoeTraining, ExpertParallelLayoutsReproduceOneProcess) {
   }
 }
 
+// With a capacity each rank drops from its own tokens (as Megatron): EP ranks hold different data,
+// so an EP run drops exactly what one process does with the same micro-batches.
+TEST(MoeTraining, CapacityDropsWhatOneProcessDrops) {
+  test::TempDir dir;
+  const MoeRun dropless = train(dir, "dropless", 1, {}, 6);
+  for (const std::string policy : {"probs", "position"}) {
+    const std::vector<std::string> capacity = {"--moe-expert-capacity-factor", "0.5", "--moe-token-drop-policy", policy};
+    const MoeRun single = train(dir, "single_" + policy, 1, capacity, 6);
+    // Dropping changed the training: the losses leave the dropless run's.
+    double apart = 0;
+    for (size_t i = 0; i < dropless.series.at("lm_loss").size(); ++i) {
+      apart = std::max(apart, std::abs(single.series.at("lm_loss")[i] - dropless.series.at("lm_loss")[i]));
+    }
+    std::printf("%s: max |capacity 0.5 - dropless| lm loss over 6 steps = %.3g\n", policy.c_str(), apart);
+    EXPECT_GT(apart, 1e-3) << policy;
+    for (const std::string dispatcher : {"alltoall", "allgather"}) {
+      std::vector<std::string> layout = capacity;
+      for (const auto& a : {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type"}) layout.push_back(a);
+      layout.push_back(dispatcher);
+      expect_same(single, train(dir, "ep2_" + policy + "_" + dispatcher, 2, layout, 6), "EP=2 " + dispatcher + " " + policy);
+    }
+  }
+}
+
 TEST(MoeTraining, CheckpointReshardsAcrossExpertLayouts) {
   test::TempDir dir;
   const MoeRun whole = train(dir, "whole", 1, {}, 14);
@@ -118,6 +143,8 @@ TEST(MoeTraining, BadFlagsNameTheFlag) {
       {{"--moe-layer-freq", "([1]*2+[0]*2"}, "--moe-layer-freq '([1]*2+[0]*2': missing ')'"},
       {{"--moe-router-load-balancing-type", "sinkhorn"}, "--moe-router-load-balancing-type must be aux_loss, seq_aux_loss or none"},
       {{"--moe-token-dispatcher-type", "flex"}, "--moe-token-dispatcher-type must be allgather or alltoall"},
+      {{"--moe-token-drop-policy", "random"}, "--moe-token-drop-policy must be probs or position"},
+      {{"--moe-expert-capacity-factor", "1", "--moe-pad-expert-input-to-capacity"}, "--moe-pad-expert-input-to-capacity is not supported yet"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> args = {"train"};

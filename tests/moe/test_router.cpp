@@ -1,0 +1,79 @@
+// The router's pieces against their definitions written out here: token dropping under both
+// policies (Megatron's apply_router_token_dropping: per expert the `capacity` highest weights, or
+// the first tokens), and the balancing and z losses against their formulas.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "moe/aux_loss.h"
+#include "moe/router.h"
+
+namespace megatron {
+namespace {
+
+// The pairs each policy keeps, by a plain loop over every expert's tokens.
+at::Tensor reference_kept(const at::Tensor& probs, const at::Tensor& indices, int E, double factor, bool by_probs) {
+  const int64_t T = probs.size(0), k = probs.size(1);
+  const int64_t capacity = int64_t(std::ceil(double(T * k) / E * factor));
+  at::Tensor kept = at::zeros({T, k}, at::kBool);
+  for (int e = 0; e < E; ++e) {
+    std::vector<std::pair<int64_t, int64_t>> pairs;  // (token, choice) routed to e
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        if (indices[t][j].item<int64_t>() == e) pairs.emplace_back(t, j);
+      }
+    }
+    if (by_probs) {
+      using Pair = std::pair<int64_t, int64_t>;
+      std::stable_sort(pairs.begin(), pairs.end(), [&](const Pair& a, const Pair& b) {
+        return probs[a.first][a.second].item<float>() > probs[b.first][b.second].item<float>();
+      });
+    }
+    for (size_t i = 0; i < pairs.size() && int64_t(i) < capacity; ++i) kept[pairs[i].first][pairs[i].second] = true;
+  }
+  return kept;
+}
+
+TEST(MoeRouter, TokenDroppingKeepsWhatMegatronKeeps) {
+  at::manual_seed(3);
+  const int E = 8;
+  const at::Tensor logits = at::randn({64, E}) * 2;
+  at::Tensor top, indices;
+  std::tie(top, indices) = logits.topk(2, 1);
+  const at::Tensor probs = at::softmax(top, -1);
+  for (const bool by_probs : {true, false}) {
+    for (const double factor : {0.5, 1.0, 1.5}) {
+      const at::Tensor kept = moe::within_capacity(probs, indices, E, factor, by_probs ? "probs" : "position");
+      const at::Tensor expected = reference_kept(probs, indices, E, factor, by_probs);
+      EXPECT_TRUE(at::equal(kept, expected)) << (by_probs ? "probs" : "position") << " factor " << factor;
+      if (factor == 0.5) EXPECT_LT(kept.sum().item<int64_t>(), 128) << "nothing dropped at factor 0.5";
+    }
+  }
+  // A capacity of at least every token: nothing to drop.
+  EXPECT_TRUE(moe::within_capacity(probs, indices, E, 100.0, "probs").all().item<bool>());
+}
+
+TEST(MoeRouter, BalancingAndZLossFollowTheirFormulas) {
+  at::manual_seed(4);
+  const int64_t T = 32, E = 4, k = 2;
+  const at::Tensor logits = at::randn({T, E});
+  const at::Tensor scores = at::softmax(logits, -1);
+  const at::Tensor chosen = std::get<1>(scores.topk(k, 1));
+  const at::Tensor counts = at::zeros({T, E}).scatter_(1, chosen, 1.0).sum(0);
+  double expected = 0;
+  for (int64_t i = 0; i < E; ++i) expected += scores.select(1, i).sum().item<double>() * counts[i].item<double>();
+  expected *= double(E) * 0.01 / (double(k) * T * T);
+  EXPECT_NEAR(moe::switch_load_balancing_loss(scores, counts, T, int(k), int(E), 0.01).item<double>(), expected, 1e-7);
+  double z = 0;
+  for (int64_t t = 0; t < T; ++t) z += std::pow(std::log(logits[t].exp().sum().item<double>()), 2);
+  EXPECT_NEAR(moe::z_loss(logits, 0.001).item<double>(), 0.001 * z / T, 1e-7);
+  // Perfect balance and uniform scores: Megatron's loss is exactly the coefficient.
+  const at::Tensor uniform = at::full({T, E}, 1.0 / E);
+  EXPECT_NEAR(moe::switch_load_balancing_loss(uniform, at::full({E}, double(T * k / E)), T, int(k), int(E), 0.01).item<double>(),
+              0.01, 1e-9);
+}
+
+}  // namespace
+}  // namespace megatron
