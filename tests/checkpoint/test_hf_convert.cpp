@@ -18,42 +18,15 @@
 #include "core/config_json.h"
 #include "core/files.h"
 #include "model/gpt_model.h"
+#include "support/hf_fixtures.h"
 #include "support/test_support.h"
 
 namespace megatron {
 namespace {
 namespace fs = std::filesystem;
 
-void make_hf_model(const std::string& dir, const std::string& variant, bool bf16 = false) {
-  const std::string python = test::venv_python();
-  ASSERT_FALSE(python.empty()) << "no reference venv: run scripts/setup.sh or set MEGATRON_VENV";
-  auto made = test::run_command(test::shell_quote(python) + " " +
-                                test::shell_quote(test::source_dir() + "/tests/fixtures/make_hf_model.py") + " " +
-                                test::shell_quote(dir) + " " + variant + (bf16 ? " bf16" : ""));
-  ASSERT_EQ(made.status, 0) << made.output;
-}
-
-// Every tensor of an HF directory (sharded or not), by name.
-std::map<std::string, at::Tensor> hf_tensors(const std::string& dir) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() < 12 || name.substr(name.size() - 12) != ".safetensors" || name == "reference.safetensors") continue;
-    SafetensorsFile f(entry.path().string());
-    for (const auto& t : f.names()) out[t] = f.load(t);
-  }
-  return out;
-}
-
-void expect_bitwise_equal(const std::string& a_dir, const std::string& b_dir) {
-  auto a = hf_tensors(a_dir), b = hf_tensors(b_dir);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << name << " missing from " << b_dir;
-    EXPECT_EQ(t.scalar_type(), b[name].scalar_type()) << name;
-    EXPECT_TRUE(at::equal(t, b[name])) << name;
-  }
-}
+using test::expect_bitwise_equal;
+using test::make_hf_model;
 
 class HfConvert : public ::testing::TestWithParam<std::string> {};
 

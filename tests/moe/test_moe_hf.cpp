@@ -6,7 +6,8 @@
 //  - HF -> native (TP=2 x EP=2 x PP=2, each EP rank's experts in files of their own) -> HF is
 //    bitwise, config.json included;
 //  - `train --load-hf` at EP=2 gives the single process's loss, and --save-hf gathers every
-//    expert back bit for bit.
+//    expert back bit for bit;
+//  - a model trained from flags exports a directory transformers runs to our logits.
 // And config.json fields we cannot honour are errors naming the field.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -19,44 +20,19 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_mapping.h"
 #include "checkpoint/safetensors.h"
+#include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
 #include "model/gpt_model.h"
+#include "support/hf_fixtures.h"
 #include "support/test_support.h"
 
 namespace megatron {
 namespace {
 namespace fs = std::filesystem;
 
-void make_hf_model(const std::string& dir, const std::string& variant, bool bf16 = false) {
-  const std::string python = test::venv_python();
-  ASSERT_FALSE(python.empty()) << "no reference venv: run scripts/setup.sh or set MEGATRON_VENV";
-  auto made = test::run_command(test::shell_quote(python) + " " +
-                                test::shell_quote(test::source_dir() + "/tests/fixtures/make_hf_model.py") + " " +
-                                test::shell_quote(dir) + " " + variant + (bf16 ? " bf16" : ""));
-  ASSERT_EQ(made.status, 0) << made.output;
-}
-
-std::map<std::string, at::Tensor> hf_tensors(const std::string& dir) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.path().extension() != ".safetensors" || name == "reference.safetensors") continue;
-    SafetensorsFile f(entry.path().string());
-    for (const auto& t : f.names()) out[t] = f.load(t);
-  }
-  return out;
-}
-
-void expect_bitwise_equal(const std::string& a_dir, const std::string& b_dir) {
-  auto a = hf_tensors(a_dir), b = hf_tensors(b_dir);
-  ASSERT_EQ(a.size(), b.size()) << a_dir << " vs " << b_dir;
-  for (const auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << name << " missing from " << b_dir;
-    EXPECT_EQ(t.scalar_type(), b[name].scalar_type()) << name;
-    EXPECT_TRUE(at::equal(t, b[name])) << name;
-  }
-}
+using test::expect_bitwise_equal;
+using test::make_hf_model;
 
 class MoeHf : public ::testing::TestWithParam<std::string> {};
 
@@ -135,6 +111,46 @@ TEST_P(MoeHf, LoadHfAtExpertParallelTwoIsTheSameModel) {
   EXPECT_NEAR(last_loss(parallel.output), last_loss(single.output), 1e-5 * last_loss(single.output)) << parallel.output;
   expect_bitwise_equal(dir / "hf", dir / "ep2");  // every expert gathered back from its EP rank
   EXPECT_EQ(read_file(dir / "hf/config.json"), read_file(dir / "ep2/config.json"));
+}
+
+// A model trained from flags (no HF config.json to copy) exports a directory transformers loads
+// and runs to our logits: config.json written from the architecture, weights through the table.
+TEST_P(MoeHf, SaveHfFromFlagsRunsInTransformers) {
+  test::TempDir dir;
+  std::vector<std::string> args = {"train", "--model-family", GetParam(), "--num-layers", "2", "--hidden-size", "64",
+                                   "--num-attention-heads", "4", "--num-query-groups", "2", "--ffn-hidden-size", "96",
+                                   "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+                                   "--seq-length", "16", "--max-position-embeddings", "64", "--micro-batch-size", "1",
+                                   "--train-iters", "3", "--lr", "1e-2", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                                   "--vocab-size", "127", "--eval-interval", "0", "--device", "cpu", "--cpu-threads", "1",
+                                   "--save", dir / "ckpt", "--save-interval", "3", "--save-hf", dir / "out"};
+  if (GetParam() == "qwen2_moe") {
+    for (const auto& a : {"--moe-shared-expert-intermediate-size", "48"}) args.push_back(a);
+  }
+  if (GetParam() == "qwen3_moe") {
+    for (const auto& a : {"--moe-layer-freq", "[1,0]"}) args.push_back(a);  // layer 1 dense: mlp_only_layers
+  }
+  auto r = test::run_megatron(args);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string iter = latest_checkpoint_directory(dir / "ckpt");
+  const ModelConfig config = model_config_from_json(read_checkpoint_state(iter).at("model_config"));
+  GPTModel model(config);
+  load_model_weights(iter, model);
+  model.eval();
+  const at::Tensor ids = at::randint(0, 128, {2, 16}, at::kLong);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = model.forward(ids).transpose(0, 1).narrow(-1, 0, 128).contiguous();  // [b, s, V_hf]
+  }
+  save_safetensors(dir / "reference.safetensors", {{"input_ids", ids}, {"logits", logits}}, {});
+  auto run = test::run_command(test::shell_quote(test::venv_python()) + " " +
+                               test::shell_quote(test::source_dir() + "/tests/fixtures/hf_logits.py") + " " +
+                               test::shell_quote(dir / "out") + " " + test::shell_quote(dir / "reference.safetensors"));
+  ASSERT_EQ(run.status, 0) << run.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.output, m, std::regex(R"(max_abs_diff ([0-9.eE+-]+))"))) << run.output;
+  EXPECT_LE(std::stod(m[1]), 1e-4) << run.output << "\n" << read_file(dir / "out/config.json");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeHf, ::testing::Values("mixtral", "qwen2_moe", "qwen3_moe"));
