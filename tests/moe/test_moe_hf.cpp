@@ -48,13 +48,7 @@ TEST_P(MoeHf, ConvertedCheckpointMatchesTransformers) {
   GPTModel model(config);
   load_model_weights(iter, model);
   model.eval();
-  SafetensorsFile reference(dir / "hf/reference.safetensors");
-  const at::Tensor ids = reference.load("input_ids");
-  at::NoGradGuard no_grad;
-  EXPECT_LE((model.forward(ids).transpose(0, 1) - reference.load("logits")).abs().max().item<double>(), 1e-4);
-  const int64_t s = ids.size(1);
-  Batch batch{ids.narrow(1, 0, s - 1), ids.narrow(1, 1, s - 1), at::ones({ids.size(0), s - 1})};
-  EXPECT_NEAR(model.loss(batch).item<double>(), reference.load("loss").item<double>(), 1e-5);
+  test::expect_model_matches_reference(model, dir / "hf/reference.safetensors");
 }
 
 TEST_P(MoeHf, RoundTripThroughTensorExpertPipelineParallelIsBitwise) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "checkpoint/safetensors.h"
+#include "model/gpt_model.h"
 #include "support/test_support.h"
 
 namespace megatron::test {
@@ -38,6 +39,18 @@ void expect_bitwise_equal(const std::string& a_dir, const std::string& b_dir) {
     EXPECT_EQ(t.scalar_type(), b[name].scalar_type()) << name;
     EXPECT_TRUE(at::equal(t, b[name])) << name;
   }
+}
+
+void expect_model_matches_reference(GPTModel& model, const std::string& reference_path) {
+  SafetensorsFile reference(reference_path);
+  const at::Tensor ids = reference.load("input_ids");  // [b, s]
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = model.forward(ids).transpose(0, 1);  // [b, s, V]
+  EXPECT_LE((logits - reference.load("logits")).abs().max().item<double>(), 1e-4) << reference_path;
+  // HF's loss shifts labels inside the model; ours takes them shifted.
+  const int64_t s = ids.size(1);
+  Batch batch{ids.narrow(1, 0, s - 1), ids.narrow(1, 1, s - 1), at::ones({ids.size(0), s - 1})};
+  EXPECT_NEAR(model.loss(batch).item<double>(), reference.load("loss").item<double>(), 1e-5) << reference_path;
 }
 
 }  // namespace megatron::test

@@ -7,6 +7,10 @@
 #include <map>
 #include <string>
 
+namespace megatron {
+class GPTModel;
+}
+
 namespace megatron::test {
 
 // make_hf_model.py DIR VARIANT [bf16] with the reference venv (a gtest failure if it fails).
@@ -15,5 +19,8 @@ void make_hf_model(const std::string& dir, const std::string& variant, bool bf16
 std::map<std::string, at::Tensor> hf_tensors(const std::string& dir);
 // The same tensors, dtypes and values in both directories (gtest expectations).
 void expect_bitwise_equal(const std::string& a_dir, const std::string& b_dir);
+// `model` (fp32, eval) on the input_ids of make_hf_model.py's reference.safetensors gives HF's
+// logits (<= 1e-4) and, with labels shifted, HF's loss (<= 1e-5).
+void expect_model_matches_reference(GPTModel& model, const std::string& reference_path);
 
 }  // namespace megatron::test
