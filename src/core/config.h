@@ -95,6 +95,11 @@ struct ModelConfig {
     return num_experts > 0 && layer >= 0 && size_t(layer) < moe_layers.size() && moe_layers[size_t(layer)] != 0;
   }
   int expert_ffn_hidden_size() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
+  int num_moe_layers() const {
+    int n = 0;
+    for (int v : moe_layers) n += v;
+    return num_experts > 0 ? n : 0;
+  }
 
   // Activation recomputation (Megatron's flags; runtime choices, not saved with the model).
   // full: whole layers keep only their input and run again in the backward, in groups of

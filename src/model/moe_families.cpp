@@ -18,8 +18,7 @@ namespace {
 // to is taken out, and attention counted over heads x head dim (not the hidden size, which
 // Qwen3-MoE's attention does not match).
 double moe_flops_per_token(const ModelConfig& m, int64_t parameters) {
-  int moe_layers = 0;
-  for (int v : m.moe_layers) moe_layers += v;
+  const int moe_layers = m.num_moe_layers();
   const double per_expert = 3.0 * m.hidden_size * double(m.expert_ffn_hidden_size());
   const double active = double(parameters) - double(moe_layers) * (m.num_experts - m.moe_router_topk) * per_expert;
   return 6.0 * active + 6.0 * m.num_layers * double(m.num_attention_heads) * m.kv_channels * m.seq_length;

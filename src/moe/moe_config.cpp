@@ -1,6 +1,7 @@
 #include "moe/moe_config.h"
 
 #include <cctype>
+#include <cstdio>
 
 #include "core/errors.h"
 
@@ -188,6 +189,24 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
   if (m.moe_shared_expert_intermediate_size % tp != 0) {
     bad("moe-shared-expert-intermediate-size", "is not divisible by --tensor-model-parallel-size " + std::to_string(tp));
   }
+}
+
+std::string describe_moe(const ModelConfig& m) {
+  if (m.num_experts == 0) return "";
+  std::string out = "> mixture of experts: " + std::to_string(m.num_moe_layers()) + " of " + std::to_string(m.num_layers) +
+                    " layers, " + std::to_string(m.num_experts) + " experts (top-" + std::to_string(m.moe_router_topk) +
+                    "), expert ffn " + std::to_string(m.moe_ffn_hidden_size);
+  if (m.moe_shared_expert_intermediate_size > 0) out += ", shared experts " + std::to_string(m.moe_shared_expert_intermediate_size);
+  out += ", " + m.moe_token_dispatcher_type + " dispatcher";
+  if (m.moe_grouped_gemm) out += ", grouped GEMM";
+  if (m.moe_expert_capacity_factor > 0) {
+    char capacity[96];
+    std::snprintf(capacity, sizeof(capacity), ", capacity factor %g (%s)", m.moe_expert_capacity_factor, m.moe_token_drop_policy.c_str());
+    out += capacity;
+  }
+  out += "\n";
+  if (m.moe_permute_fusion) out += "> --moe-permute-fusion: no fused permutation kernels yet; tokens are permuted with index_select / index_copy\n";
+  return out;
 }
 
 }  // namespace megatron::moe

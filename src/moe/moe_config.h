@@ -19,4 +19,7 @@ std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers);
 // --num-experts) must not set expert parallelism.
 void finalize_moe_config(ModelConfig& model, ParallelConfig& parallel, int world_size);
 
+// The start-up lines describing the MoE layers ("> mixture of experts: ..."), "" for a dense model.
+std::string describe_moe(const ModelConfig& model);
+
 }  // namespace megatron::moe

@@ -34,12 +34,14 @@
 #include "model/family.h"
 #include "model/gpt_model.h"
 #include "moe/aux_loss.h"
+#include "moe/moe_config.h"
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
 #include "optim/lr_schedule.h"
 #include "pipeline/layout.h"
 #include "pipeline/schedules.h"
 #include "tensor_parallel/sharding.h"
+#include "train/grad_buffers.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/step_graph.h"
@@ -143,7 +145,7 @@ class Trainer {
   at::Tensor global_loss(const at::Tensor& sums);
   void report_memory();
   std::vector<GPTModel*> chunks() const;
-  std::vector<ParamAndGradBuffer*> buffers() const;  // dense, then expert parameters (MoE)
+  std::vector<ParamAndGradBuffer*> buffers() const { return buffers_.all(); }  // dense, then MoE experts'
   void save(const char* why);
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
@@ -158,8 +160,8 @@ class Trainer {
   at::Device device_;
   LtorOptions ltor_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // this pipeline rank's model chunks (one unless interleaved)
-  std::unique_ptr<ParamAndGradBuffer> buffer_;  // declared after the model whose parameters it holds
-  std::unique_ptr<ParamAndGradBuffer> expert_buffer_;  // MoE experts' parameters, reduced over expert-DP
+  GradBuffers buffers_;                // declared after the model whose parameters they hold
+  ParamAndGradBuffer* buffer_ = nullptr;  // buffers_.dense
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
@@ -192,13 +194,6 @@ class Trainer {
 std::vector<GPTModel*> Trainer::chunks() const {
   std::vector<GPTModel*> out;
   for (const auto& c : chunks_) out.push_back(c.get());
-  return out;
-}
-
-std::vector<ParamAndGradBuffer*> Trainer::buffers() const {
-  std::vector<ParamAndGradBuffer*> out;
-  if (buffer_) out.push_back(buffer_.get());
-  if (expert_buffer_) out.push_back(expert_buffer_.get());
   return out;
 }
 
@@ -242,29 +237,8 @@ int Trainer::run() {
   loss_terms_ = family.loss_terms;
   moe_terms_ = moe::tracked_loss_names(m);
 
-  std::vector<NamedTensor> named, expert_named;  // kept apart: reduced over different groups
-  for (size_t v = 0; v < chunks_.size(); ++v) {
-    for (const auto& item : chunks_[v]->named_parameters()) {
-      const tp::ParamInfo& info = chunks_[v]->parameter_table().at(item.key());
-      (info.grad_group == tp::GradGroup::ExpertDataParallel ? expert_named : named).push_back({item.key(), item.value(), int(v), info});
-    }
-  }
-  GradBufferOptions buffer_options;
-  buffer_options.bucket_size = p.ddp_bucket_size > 0 ? p.ddp_bucket_size : std::max<int64_t>(40000000, 1000000LL * ps_.dp.size());
-  buffer_options.overlap_grad_reduce = p.overlap_grad_reduce;
-  buffer_options.distributed_optimizer = p.use_distributed_optimizer;
-  buffer_options.overlap_param_gather = p.overlap_param_gather && p.use_distributed_optimizer;
-  buffer_options.gradient_accumulation_fusion = p.gradient_accumulation_fusion;
-  buffer_options.grad_reduce_in_bf16 = p.grad_reduce_in_bf16;
-  buffer_options.overlap_optimizer_step = t_.overlap_optimizer_step && device_.is_cuda();
-  buffer_options.tied_embedding_across_stages = ps_.pp.size() > 1 && !m.untie_embeddings_and_output_weights;
-  buffer_ = std::make_unique<ParamAndGradBuffer>(named, ps_, buffer_options);
-  if (!expert_named.empty()) {
-    GradBufferOptions expert_options = buffer_options;
-    expert_options.grad_group = tp::GradGroup::ExpertDataParallel;
-    expert_options.tied_embedding_across_stages = false;
-    expert_buffer_ = std::make_unique<ParamAndGradBuffer>(expert_named, ps_, expert_options);
-  }
+  buffers_ = make_grad_buffers(chunks(), c_, ps_, device_.is_cuda());
+  buffer_ = buffers_.dense.get();
   // `megatron eval` never steps: no fp32 masters or moments (12 bytes per parameter in bf16).
   if (mode_ == RunMode::Train) optimizer_ = std::make_unique<AdamW>(buffers(), t_);
   if (buffer_->params_arrive_during_forward()) {
@@ -304,23 +278,13 @@ int Trainer::run() {
     std::printf("> parallel layout: tensor %d x pipeline %d%s x data %d%s%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),
                 virtual_stages.c_str(), ps_.dp.size(), p.sequence_parallel ? ", sequence parallel" : "",
                 p.use_distributed_optimizer ? ", distributed optimizer" : "", experts.c_str(), backend.c_str());
-    if (m.num_experts > 0) {
-      int moe_layers = 0;
-      for (int v : m.moe_layers) moe_layers += v;
-      std::printf("> mixture of experts: %d of %d layers, %d experts (top-%d), expert ffn %d%s, %s dispatcher%s\n", moe_layers,
-                  m.num_layers, m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size,
-                  m.moe_shared_expert_intermediate_size > 0 ? (", shared experts " + std::to_string(m.moe_shared_expert_intermediate_size)).c_str() : "",
-                  m.moe_token_dispatcher_type.c_str(), m.moe_grouped_gemm ? ", grouped GEMM" : "");
-      if (m.moe_permute_fusion) {
-        std::printf("> --moe-permute-fusion: no fused permutation kernels yet; tokens are permuted with index_select / index_add\n");
-      }
-    }
+    std::fputs(moe::describe_moe(m).c_str(), stdout);
     std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
               m.padded_vocab_size, m.seq_length);
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
                 static_cast<long long>(parameters), !t_.bf16 ? "fp32" : p.grad_reduce_in_bf16 ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (fp32 master weights)", device_.str().c_str(),
-                at::get_num_threads(), buffer_->num_buckets() + (expert_buffer_ ? expert_buffer_->num_buckets() : 0));
+                at::get_num_threads(), buffer_->num_buckets() + (buffers_.experts ? buffers_.experts->num_buckets() : 0));
     std::printf("> initialised the weights in %.1f s\n", init_seconds);
     if (buffer_->overlap_optimizer_step()) {
       std::printf("> optimizer step: on a stream of its own, bucket by bucket, under the next forward\n");
@@ -559,9 +523,7 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
       const at::Tensor tracked = chunk->take_moe_losses();
       if (tracked.defined()) moe.add_(tracked);
     }
-    int moe_layers = 0;
-    for (int v : m.moe_layers) moe_layers += v;
-    moe.div_(double(std::max(moe_layers, 1)));
+    moe.div_(double(std::max(m.num_moe_layers(), 1)));
     if (ps_.tp.size() > 1) ps_.tp.all_reduce(moe);
   }
   return sums;
