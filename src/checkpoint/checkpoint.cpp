@@ -35,17 +35,13 @@ std::vector<at::Generator> generators() {
 }
 
 nlohmann::json model_summary(const ModelConfig& m) {
-  return {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"ffn_hidden_size", m.ffn_hidden_size},
+  nlohmann::json j = {{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"ffn_hidden_size", m.ffn_hidden_size},
           {"num_attention_heads", m.num_attention_heads}, {"num_query_groups", m.num_query_groups},
           {"kv_channels", m.kv_channels}, {"padded_vocab_size", m.padded_vocab_size},
           {"normalization", m.normalization}, {"swiglu", m.swiglu},
           {"position_embedding_type", m.position_embedding_type},
           {"untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights}};
-}
-
-// With experts, what their tensors' shapes and names follow from (dense checkpoints: no keys).
-nlohmann::json model_summary_with_experts(const ModelConfig& m) {
-  nlohmann::json j = model_summary(m);
+  // With experts, what their tensors' shapes and names follow from (dense checkpoints: no keys).
   if (m.num_experts > 0) {
     j["num_experts"] = m.num_experts;
     j["moe_ffn_hidden_size"] = m.moe_ffn_hidden_size;
@@ -139,7 +135,7 @@ nlohmann::json state_skeleton(const Config& config, const TrainingProgress& prog
           {"consumed_valid_samples", progress.consumed_valid_samples},
           {"skipped_iterations", progress.skipped_iterations},
           {"nan_iterations", progress.nan_iterations},
-          {"model", model_summary_with_experts(config.model)},
+          {"model", model_summary(config.model)},
           {"model_config", model_config_to_json(config.model)},
           {"tokenizer", tokenizer_config_to_json(config.data)},
           {"parallel", layout},
@@ -472,7 +468,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     return std::nullopt;
   }
   const nlohmann::json state = read_checkpoint_state(dir);
-  nlohmann::json expected = model_summary_with_experts(config.model);
+  nlohmann::json expected = model_summary(config.model);
   nlohmann::json saved_model = state["model"];
   // The padded vocabulary follows the TP size; resharding pads or trims those rows.
   expected.erase("padded_vocab_size");

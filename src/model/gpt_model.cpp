@@ -243,20 +243,11 @@ at::Tensor GPTModel::take_moe_losses() {
   return sum;
 }
 
-int64_t GPTModel::num_expert_parameters() const {
+int64_t GPTModel::count_parameters(bool experts_only) const {
   int64_t n = 0;
   for (const auto& p : named_parameters()) {
     const tp::ParamInfo& info = table_.at(p.key());
-    if (info.expert >= 0) n += info.split.replicated() ? p.value().numel() : p.value().numel() * tp_.size();
-  }
-  return n;
-}
-
-int64_t GPTModel::num_parameters() const {
-  int64_t n = 0;
-  for (const auto& p : named_parameters()) {
-    const tp::ParamInfo& info = table_.at(p.key());
-    if (holds_tied_output_copy() && info.word_embedding) continue;
+    if ((holds_tied_output_copy() && info.word_embedding) || (experts_only && info.expert < 0)) continue;
     n += info.split.replicated() ? p.value().numel() : p.value().numel() * tp_.size();
   }
   return n;

@@ -59,9 +59,9 @@ class GPTModel : public tp::DescribedModule {
 
   // Parameters of this chunk counted over all TP shards (a tied output copy is not counted:
   // the pre-process chunk counts that weight).
-  int64_t num_parameters() const;
+  int64_t num_parameters() const { return count_parameters(false); }
   // Of those, the MoE experts' this rank holds (its expert-parallel share).
-  int64_t num_expert_parameters() const;
+  int64_t num_expert_parameters() const { return count_parameters(true); }
   const ModelConfig& config() const { return config_; }
   const tp::TensorParallel& tensor_parallel() const { return tp_; }
   const pipeline::ChunkLayers& chunk() const { return chunk_; }
@@ -87,6 +87,7 @@ class GPTModel : public tp::DescribedModule {
   std::function<void(const std::vector<at::Tensor>&)> before_use;
 
  private:
+  int64_t count_parameters(bool experts_only) const;
   const RopeTables* rope_for(int64_t seq_len, const at::Device& device);
   // Layers [first, first + count) of this chunk on the residual stream.
   ResidualStream run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,

@@ -29,14 +29,8 @@ at::Tensor MoELayer::forward(const at::Tensor& normed) {
   if (tp_.size() > 1) {  // the whole sequence on every TP rank; each routed its own shard
     tokens = tp::gather_from_sp(local, tp_.group);                 // [tp s b, h]
     routing.probs = tp::gather_from_sp(routing.probs, tp_.group);  // [tp s b, k]; partial gradients summed back
-    at::Tensor indices = at::empty({routing.indices.size(0) * tp_.size(), routing.indices.size(1)}, routing.indices.options());
-    tp_.group.all_gather(indices, routing.indices.contiguous());
-    routing.indices = indices;
-    if (routing.kept.defined()) {
-      at::Tensor kept = at::empty({routing.kept.size(0) * tp_.size(), routing.kept.size(1)}, routing.kept.options());
-      tp_.group.all_gather(kept, routing.kept.contiguous());
-      routing.kept = kept;
-    }
+    routing.indices = tp::all_gather_rows(routing.indices, tp_.group);
+    if (routing.kept.defined()) routing.kept = tp::all_gather_rows(routing.kept, tp_.group);
   }
   const Dispatched dispatched = dispatcher_.dispatch(tokens, routing);
   at::Tensor out = dispatcher_.combine(experts->forward(dispatched.rows, dispatched.counts));  // [tp s b, h] partial over TP

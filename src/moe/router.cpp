@@ -35,6 +35,7 @@ TopKRouter::TopKRouter(const PartContext& ctx) : config_(ctx.config), tp_(ctx.tp
   tp::ParamInfo info = tp::sequence_sharded_replica(ctx.tp, tp::Init::Normal);
   weight = add_parameter("weight", at::empty({c.num_experts, c.hidden_size}, at::TensorOptions().device(ctx.device)), info);
   const std::vector<std::string> names = tracked_loss_names(c);
+  tracked_count_ = int64_t(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == "z_loss") z_slot_ = int(i);
     else balancing_slot_ = int(i);
@@ -50,7 +51,7 @@ at::Tensor TopKRouter::logits_of(const at::Tensor& tokens) const {
 
 void TopKRouter::track(int slot, const at::Tensor& value) {
   if (!tracked_.defined()) {
-    tracked_ = at::zeros({int64_t(tracked_loss_names(config_).size())}, value.options().dtype(at::kFloat));
+    tracked_ = at::zeros({tracked_count_}, value.options().dtype(at::kFloat));
   }
   tracked_.select(0, slot).add_(value.detach().to(at::kFloat) * loss_scale_);
 }
@@ -103,19 +104,15 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
     if (c.moe_router_score_function != "softmax") scores = scores / (scores.sum(-1, true) + 1e-20);
     const at::Tensor chosen = std::get<1>(scores.topk(k, 1));
     at::Tensor routed = at::zeros({T, E}, scores.options()).scatter_(1, chosen, 1.0);  // [T, E]
-    at::Tensor loss;
-    if (c.moe_router_load_balancing_type == "seq_aux_loss") {
-      // Per sequence: [s, b * E] columns, each sequence's experts apart; averaged over sequences.
-      scores = scores.reshape({T / batch, batch * E});
-      routed = routed.reshape({T / batch, batch * E});
-      at::Tensor counts = routed.sum(0);
-      if (tp > 1) tp_.group.all_reduce(counts);
-      loss = switch_load_balancing_loss(scores, counts, (T / batch) * tp, int(k), int(E), c.moe_aux_loss_coeff) / double(batch);
-    } else {
-      at::Tensor counts = routed.sum(0);  // [E] over the sequence shards of every TP rank
-      if (tp > 1) tp_.group.all_reduce(counts);
-      loss = switch_load_balancing_loss(scores, counts, T * tp, int(k), int(E), c.moe_aux_loss_coeff);
-    }
+    // seq_aux_loss: per sequence, as [s, b * E] columns (each sequence's experts apart),
+    // averaged over the sequences.
+    const int64_t sequences = c.moe_router_load_balancing_type == "seq_aux_loss" ? batch : 1;
+    scores = scores.reshape({T / sequences, sequences * E});
+    routed = routed.reshape({T / sequences, sequences * E});
+    at::Tensor counts = routed.sum(0);  // over the sequence shards of every TP rank
+    if (tp > 1) tp_.group.all_reduce(counts);
+    const at::Tensor loss =
+        switch_load_balancing_loss(scores, counts, (T / sequences) * tp, int(k), int(E), c.moe_aux_loss_coeff) / double(sequences);
     probs = attach_loss(probs, loss, loss_scale_);
     track(balancing_slot_, loss / c.moe_aux_loss_coeff);
   }

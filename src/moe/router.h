@@ -46,6 +46,7 @@ class TopKRouter : public tp::DescribedModule {
   tp::TensorParallel tp_;
   double loss_scale_ = 1.0;
   at::Tensor tracked_;  // [n] fp32
+  int64_t tracked_count_ = 0;  // tracked_loss_names(config).size()
   int balancing_slot_ = -1, z_slot_ = -1;
 };
 

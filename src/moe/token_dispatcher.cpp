@@ -7,14 +7,6 @@
 namespace megatron::moe {
 namespace {
 
-at::Tensor all_gather_rows(const at::Tensor& x, const dist::Group& g) {  // no autograd: routing indices
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape[0] *= g.size();
-  at::Tensor out = at::empty(shape, x.options());
-  g.all_gather(out, x.contiguous());
-  return out;
-}
-
 std::vector<int64_t> to_host(const at::Tensor& t) {
   const at::Tensor cpu = t.to(at::kCPU, at::kLong).contiguous();
   return std::vector<int64_t>(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
@@ -39,8 +31,8 @@ Dispatched TokenDispatcher::dispatch_allgather(const at::Tensor& tokens, const R
   if (ep_.size() > 1) {
     x = tp::gather_from_sp(x, ep_);  // [ep * T, h]; backward: each rank's gradient summed back to its owner
     probs = tp::gather_from_sp(probs, ep_);
-    indices = all_gather_rows(indices, ep_);
-    if (kept.defined()) kept = all_gather_rows(kept, ep_);
+    indices = tp::all_gather_rows(indices, ep_);
+    if (kept.defined()) kept = tp::all_gather_rows(kept, ep_);
   }
   tokens_ = x.size(0);
   probs_ = probs;
@@ -82,7 +74,7 @@ Dispatched TokenDispatcher::dispatch_alltoall(const at::Tensor& tokens, const Ro
   const at::Tensor rows = choices(tokens).index_select(0, pairs_);  // [kept pairs, h] grouped by expert
   // How many rows every rank sends each expert: [ep, E] on the host.
   const at::Tensor counts = at::bincount(expert, {}, num_experts_ + 1).narrow(0, 0, num_experts_);  // dropped: bin E
-  const std::vector<int64_t> all = to_host(all_gather_rows(counts.unsqueeze(0), ep_));
+  const std::vector<int64_t> all = to_host(tp::all_gather_rows(counts.unsqueeze(0), ep_));
   auto sent = [&](int from, int expert_id) { return all[size_t(from) * num_experts_ + expert_id]; };
   in_splits_.assign(size_t(ep), 0);
   out_splits_.assign(size_t(ep), 0);

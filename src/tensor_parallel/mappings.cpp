@@ -6,6 +6,15 @@
 #include "tensor_parallel/group_capsule.h"
 
 namespace megatron::tp {
+
+at::Tensor all_gather_rows(const at::Tensor& x, const dist::Group& g) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] *= g.size();
+  at::Tensor out = at::empty(shape, x.options());
+  g.all_gather(out, x.contiguous());
+  return out;
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -14,15 +23,6 @@ using torch::autograd::variable_list;
 at::Tensor all_reduce(const at::Tensor& x, const dist::Group& g) {
   at::Tensor out = x.contiguous().clone();
   g.all_reduce(out);
-  return out;
-}
-
-// Along dim 0.
-at::Tensor all_gather_rows(const at::Tensor& x, const dist::Group& g) {
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape[0] *= g.size();
-  at::Tensor out = at::empty(shape, x.options());
-  g.all_gather(out, x.contiguous());
   return out;
 }
 

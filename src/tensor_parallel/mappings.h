@@ -29,6 +29,10 @@ at::Tensor gather_from_sp(const at::Tensor& x, const dist::Group& tp);
 // [s, b, h] partial sums -> [s/tp, b, h] reduced rows; bwd all-gather.
 at::Tensor reduce_scatter_to_sp(const at::Tensor& x, const dist::Group& tp);
 
+// The members' x [n, ...] stacked along dim 0 in group rank order, [size * n, ...]. No
+// autograd: for what has no gradient (routing indices, masks, counts).
+at::Tensor all_gather_rows(const at::Tensor& x, const dist::Group& group);
+
 // Rows exchanged over `group` (Megatron-Core's all_to_all, the expert-parallel token exchange):
 // x [sum(in_splits), ...] holds in_splits[r] rows for member r -> [sum(out_splits), ...] with
 // out_splits[r] rows from member r. Empty splits: equal blocks. bwd: the same exchange with

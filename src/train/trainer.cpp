@@ -140,8 +140,9 @@ class Trainer {
   // [1 + loss terms]: the sum of the micro-batch losses (each divided by micro_batches), then of
   // each named term likewise, on the last stage; zeros elsewhere.
   at::Tensor forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only);
-  // Losses summed on the last pipeline stage ([] or [n]): averaged over DP replicas and sent to
-  // every pipeline rank, fp64 on the device, the same shape.
+  // Losses summed on this rank ([] or [n]: the loss and terms on the last stage, MoE router
+  // losses on every stage) -> summed over the stages and averaged over DP replicas, on every
+  // rank, fp64 on the device, the same shape.
   at::Tensor global_loss(const at::Tensor& sums);
   void report_memory();
   std::vector<GPTModel*> chunks() const;
@@ -452,16 +453,9 @@ Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& 
 
 at::Tensor Trainer::global_loss(const at::Tensor& sums) {
   at::Tensor v = sums.to(at::kDouble).reshape({-1}).contiguous();
-  if (moe_terms_.empty()) {
-    if (ps_.dp.size() > 1 && ps_.is_last_stage()) {  // a DP group lies within one stage; only the last has a loss
-      ps_.dp.all_reduce(v);
-      v.div_(ps_.dp.size());
-    }
-    if (ps_.pp.size() > 1) ps_.pp.broadcast(v, ps_.pp.size() - 1);
-    return v.reshape(sums.sizes());
-  }
-  // MoE router losses come from every stage's layers: summed over the stages (the others hold
-  // zeros in the loss's slots), then averaged over DP on every stage.
+  // Summed over the stages: only the last has the loss and the family's terms (the others hold
+  // zeros there, so the sum is exact), while MoE router losses come from every stage's layers.
+  // Then averaged over DP, on every stage.
   if (ps_.pp.size() > 1) ps_.pp.all_reduce(v);
   if (ps_.dp.size() > 1) {
     ps_.dp.all_reduce(v);
