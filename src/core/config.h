@@ -78,8 +78,11 @@ struct ModelConfig {
   double moe_router_topk_scaling_factor = 0.0;       // 0: none
   std::string moe_router_dtype;       // "" (the activations') | fp32 | fp64: the router's logits and scores
   bool moe_router_force_load_balancing = false;      // random logits (benchmarks)
-  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | global_aux_loss | none
-  double moe_aux_loss_coeff = 0.0;
+  // Load-balancing losses, one coefficient each (Megatron's lists: --moe-router-load-balancing-type
+  // seq_aux_loss global_aux_loss --moe-aux-loss-coeff 1e-3 1e-4); types: aux_loss | seq_aux_loss |
+  // global_aux_loss | none. A single coefficient goes with a single type.
+  std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
+  std::vector<double> moe_aux_loss_coeff = {0.0};
   double moe_z_loss_coeff = 0.0;      // 0: no z-loss
   // Token dropping: each expert takes at most ceil(T k / E x factor) of a rank's T tokens; 0: dropless.
   double moe_expert_capacity_factor = 0.0;
@@ -87,6 +90,7 @@ struct ModelConfig {
   bool moe_pad_expert_input_to_capacity = false;
   int moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
   bool moe_shared_expert_gate = false;          // Qwen2-MoE's sigmoid gate on the shared experts' output
+  bool moe_shared_expert_overlap = false;       // shared experts on a stream of their own beside the routed ones (CUDA)
   bool moe_grouped_gemm = false;      // experts as one grouped GEMM (CUDA), else one GEMM per expert
   std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall
   bool moe_permute_fusion = false;
@@ -95,6 +99,13 @@ struct ModelConfig {
     return num_experts > 0 && layer >= 0 && size_t(layer) < moe_layers.size() && moe_layers[size_t(layer)] != 0;
   }
   int expert_ffn_hidden_size() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
+  // The coefficient of load-balancing loss `type` (Megatron's get_aux_loss_coeff): 0 when not used.
+  double aux_loss_coeff(const std::string& type) const {
+    for (size_t i = 0; i < moe_router_load_balancing_type.size() && i < moe_aux_loss_coeff.size(); ++i) {
+      if (moe_router_load_balancing_type[i] == type) return moe_aux_loss_coeff[i];
+    }
+    return 0.0;
+  }
   int num_moe_layers() const {
     int n = 0;
     for (int v : moe_layers) n += v;

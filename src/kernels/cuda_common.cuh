@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/kernels.h"
 
@@ -38,6 +40,19 @@ template <typename T>
 constexpr int kPack = 16 / sizeof(T);
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls launch(pack width): packs of 16 bytes when every row of `f` elements starts on a pack
+// boundary (f a multiple of the pack, the pointers 16-byte aligned), else one element at a time.
+template <typename T, typename Launch>
+void with_pack(int64_t f, std::initializer_list<const void*> pointers, Launch&& launch) {
+  bool packed = f % kPack<T> == 0;
+  for (const void* p : pointers) packed = packed && aligned16(p);
+  if (packed) {
+    launch(std::integral_constant<int, kPack<T>>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
+}
 
 // Blocks for `items` work items of one thread each: enough to cover them, capped where the
 // kernels' grid-stride loops take over.

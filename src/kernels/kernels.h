@@ -95,4 +95,19 @@ struct AdamWArgs {
 };
 void adamw_step(const AdamWArgs& args, Stream stream);
 
+// The MoE dispatcher's permutations (src/kernels/moe_permute.cu), rows of h channels
+// (row-contiguous), fp32 arithmetic. A layer routes T tokens to k experts each; pair p = t k + j
+// is token t's j-th choice.
+// out[t] = sum over j of weights[t k + j] * src[slots[t k + j]] ([T, h]), skipping slots < 0;
+// weights null: all 1.
+void moe_gather_sum(const void* src, const int64_t* slots, const float* weights, void* out, int64_t tokens, int64_t topk,
+                    int64_t h, DType dtype, Stream stream);
+// out[r] = weights[pairs[r]] * src[pairs[r] / k] ([rows, h]); zeros where pairs[r] < 0 (padding);
+// weights null: all 1.
+void moe_expand_rows(const void* src, const int64_t* pairs, const float* weights, void* out, int64_t rows, int64_t topk,
+                     int64_t h, DType dtype, Stream stream);
+// out[p] = <a[p / k], b[slots[p]]> (fp32 [pairs]), 0 where slots[p] < 0.
+void moe_pair_dots(const void* a, const void* b, const int64_t* slots, float* out, int64_t pairs, int64_t topk, int64_t h,
+                   DType dtype, Stream stream);
+
 }  // namespace megatron::kernels::cuda

@@ -5,11 +5,7 @@
 
 #include <cmath>
 
-#ifdef MEGATRON_WITH_CUDA_KERNELS
-#include <ATen/cuda/CUDAContext.h>
-
-#include "kernels/kernels.h"
-#endif
+#include "kernels/cuda_dispatch.h"
 
 namespace megatron::kernels {
 namespace {
@@ -18,18 +14,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 at::ScalarType compute_type(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
-#ifdef MEGATRON_WITH_CUDA_KERNELS
-cuda::DType storage_type(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return cuda::DType::Float32;
-    case at::kBFloat16: return cuda::DType::BFloat16;
-    case at::kHalf: return cuda::DType::Float16;
-    default: TORCH_CHECK(false, "fused kernels take fp32, bf16 or fp16 tensors, not ", t.scalar_type());
-  }
-}
-cuda::Stream current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
-#endif
 
 // ---- RoPE ----------------------------------------------------------------------------------
 

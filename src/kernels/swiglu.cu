@@ -48,18 +48,6 @@ __global__ void swiglu_backward_kernel(const T* grad_out, const T* in, T* grad_i
   }
 }
 
-// Packs of 16 bytes when every row starts on a pack boundary, else one element at a time.
-template <typename T, typename Launch>
-void with_pack(int64_t f, std::initializer_list<const void*> pointers, Launch&& launch) {
-  bool packed = f % kPack<T> == 0;
-  for (const void* p : pointers) packed = packed && aligned16(p);
-  if (packed) {
-    launch(std::integral_constant<int, kPack<T>>{});
-  } else {
-    launch(std::integral_constant<int, 1>{});
-  }
-}
-
 }  // namespace
 
 void swiglu_forward(const void* in, void* out, int64_t rows, int64_t f, DType dtype, Stream stream) {

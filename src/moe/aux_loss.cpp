@@ -24,6 +24,15 @@ struct AttachLoss : torch::autograd::Function<AttachLoss> {
 
 }  // namespace
 
+const std::vector<BalancingLoss>& balancing_losses() {
+  static const std::vector<BalancingLoss> losses = {
+      {"aux_loss", "load_balancing_loss"},
+      {"seq_aux_loss", "seq_load_balancing_loss"},
+      {"global_aux_loss", "global_load_balancing_loss"},
+  };
+  return losses;
+}
+
 at::Tensor attach_loss(const at::Tensor& activation, const at::Tensor& loss, double scale) {
   return AttachLoss::apply(activation, loss, scale);
 }
@@ -41,8 +50,9 @@ at::Tensor z_loss(const at::Tensor& logits, double coeff) {
 std::vector<std::string> tracked_loss_names(const ModelConfig& m) {
   std::vector<std::string> names;
   if (m.num_experts == 0) return names;
-  if (m.moe_aux_loss_coeff > 0 && m.moe_router_load_balancing_type == "aux_loss") names.push_back("load_balancing_loss");
-  if (m.moe_aux_loss_coeff > 0 && m.moe_router_load_balancing_type == "seq_aux_loss") names.push_back("seq_load_balancing_loss");
+  for (const BalancingLoss& loss : balancing_losses()) {
+    if (m.aux_loss_coeff(loss.type) > 0) names.push_back(loss.logged_as);
+  }
   if (m.moe_z_loss_coeff > 0) names.push_back("z_loss");
   return names;
 }

@@ -27,8 +27,19 @@ at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor
 // ST-MoE's router z-loss: coeff * mean_t(logsumexp(logits_t)^2), logits [T, E].
 at::Tensor z_loss(const at::Tensor& logits, double coeff);
 
-// The names of the router losses `model` tracks, as Megatron logs them: load_balancing_loss
-// (seq_load_balancing_loss) with a balancing coefficient, z_loss with a z-loss coefficient.
+// Megatron's load-balancing losses: the --moe-router-load-balancing-type that selects each and the
+// name its value is logged under. aux_loss: over each micro-batch; seq_aux_loss: per sequence,
+// averaged; global_aux_loss: expert counts over the whole data-parallel batch, averaged over the
+// step's micro-batches so far.
+struct BalancingLoss {
+  std::string type;
+  std::string logged_as;
+};
+const std::vector<BalancingLoss>& balancing_losses();
+
+// The names of the router losses `model` tracks, as Megatron logs them, in this order: the
+// balancing losses with a coefficient (balancing_losses' order), then z_loss with a z-loss
+// coefficient.
 std::vector<std::string> tracked_loss_names(const ModelConfig& model);
 
 }  // namespace megatron::moe

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/ops.h"
+#include "tensor_parallel/grad_accumulation.h"
 
 namespace megatron::moe {
 
@@ -52,7 +53,7 @@ at::Tensor GroupedExperts::forward(const at::Tensor& rows, const at::Tensor& cou
     const int64_t n = host.data_ptr<int64_t>()[e];
     const at::Tensor x = rows.narrow(0, begin, n);  // [n_e, h]
     begin += n;
-    outputs.push_back(at::linear(activation(at::linear(x, fc1[e])), fc2[e]));  // [n_e, h]
+    outputs.push_back(tp::linear(activation(tp::linear(x, fc1[e])), fc2[e]));  // [n_e, h]
   }
   if (outputs.empty()) return rows.narrow(0, 0, 0);
   return at::cat(outputs, 0);  // [N, h]
@@ -66,26 +67,19 @@ using torch::autograd::variable_list;
 // The experts' weights as one [E, out, in] tensor: in place when they lie side by side in one
 // storage (as the gradient buffer lays them out), else a copy.
 at::Tensor stacked_weights(at::TensorList weights) {
-  const at::Tensor& first = weights[0];
-  const int64_t step = first.numel();
-  bool adjacent = true;
-  for (size_t e = 0; e < weights.size() && adjacent; ++e) {
-    const at::Tensor& w = weights[e];
-    adjacent = w.is_contiguous() && w.sizes().equals(first.sizes()) && w.scalar_type() == first.scalar_type() &&
-               w.storage().is_alias_of(first.storage()) && w.storage_offset() == first.storage_offset() + int64_t(e) * step;
-  }
-  if (!adjacent) return at::stack(weights);
-  return at::empty({0}, first.options())
-      .set_(first.storage(), first.storage_offset(), {int64_t(weights.size()), first.size(0), first.size(1)},
-            {step, first.size(1), 1});
+  at::Tensor in_place = tp::stacked_in_place(weights);
+  return in_place.defined() ? in_place : at::stack(weights);
 }
 
 // y = x_e W_e^T for each expert's rows as one grouped GEMM, with the weights' gradients made
-// by one grouped GEMM too, each expert's a contiguous [out, in] block of it.
+// by one grouped GEMM too, each expert's a contiguous [out, in] block of it. Where the experts'
+// main_grads lie side by side (gradient-accumulation fusion), that block goes into them in one
+// pass instead of E gradients each upcast and added by a hook.
 struct GroupedLinear : torch::autograd::Function<GroupedLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& offs, at::TensorList weights) {
     const at::Tensor w = stacked_weights(weights);  // [E, out, in]
     ctx->save_for_backward({x, offs, w});
+    ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, to find their main_grads
     return at::_grouped_mm(x, w.transpose(1, 2), offs);  // [N, out]
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
@@ -94,7 +88,12 @@ struct GroupedLinear : torch::autograd::Function<GroupedLinear> {
     const at::Tensor dy = grad[0].contiguous();                          // [N, out]
     variable_list out = {at::_grouped_mm(dy, w, offs), at::Tensor()};  // dx [N, in]
     const at::Tensor dw = at::_grouped_mm(dy.t(), x, offs);             // [E, out, in]: groups along the rows
-    for (int64_t e = 0; e < dw.size(0); ++e) out.push_back(dw[e]);
+    const std::vector<at::Tensor> weights = ctx->saved_data["weights"].toTensorVector();
+    if (tp::add_to_stacked_main_grads(weights, dw)) {
+      out.resize(out.size() + weights.size());  // no .grad: the main_grads have them
+    } else {
+      for (int64_t e = 0; e < dw.size(0); ++e) out.push_back(dw[e]);
+    }
     return out;
   }
 };

@@ -1,5 +1,6 @@
 #include "moe/moe_config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 
@@ -138,27 +139,39 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
   if (!m.moe_router_dtype.empty() && m.moe_router_dtype != "fp32" && m.moe_router_dtype != "fp64") {
     bad("moe-router-dtype", "must be fp32 or fp64 (got '" + m.moe_router_dtype + "')");
   }
-  const std::string& lb = m.moe_router_load_balancing_type;
-  if (lb == "global_aux_loss") {
-    bad("moe-router-load-balancing-type", "global_aux_loss is not supported yet: use aux_loss or seq_aux_loss");
+  const std::vector<std::string>& types = m.moe_router_load_balancing_type;
+  if (types.empty()) bad("moe-router-load-balancing-type", "needs a type: aux_loss, seq_aux_loss, global_aux_loss or none");
+  for (size_t i = 0; i < types.size(); ++i) {
+    const std::string& lb = types[i];
+    if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "global_aux_loss" && lb != "none") {
+      bad("moe-router-load-balancing-type",
+          "must be aux_loss, seq_aux_loss, global_aux_loss or none (got '" + lb + "'; sinkhorn is not supported)");
+    }
+    if (std::find(types.begin(), types.begin() + long(i), lb) != types.begin() + long(i)) {
+      bad("moe-router-load-balancing-type", "names " + lb + " twice");
+    }
   }
-  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none") {
-    bad("moe-router-load-balancing-type", "must be aux_loss, seq_aux_loss or none (got '" + lb + "'; sinkhorn is not supported)");
+  if (m.moe_aux_loss_coeff.size() != types.size()) {
+    bad("moe-aux-loss-coeff", "gives " + std::to_string(m.moe_aux_loss_coeff.size()) + " coefficient(s) for " +
+                                  std::to_string(types.size()) + " --moe-router-load-balancing-type(s): give one per type");
   }
   if (m.moe_expert_capacity_factor < 0) bad("moe-expert-capacity-factor", "must be positive (or left out: dropless)");
   if (m.moe_token_drop_policy != "probs" && m.moe_token_drop_policy != "position") {
     bad("moe-token-drop-policy", "must be probs or position (got '" + m.moe_token_drop_policy + "')");
   }
-  if (m.moe_pad_expert_input_to_capacity) {
-    if (m.moe_expert_capacity_factor == 0) bad("moe-pad-expert-input-to-capacity", "needs --moe-expert-capacity-factor");
-    // Padding adds rows of weight 0: outputs and gradients are those of the unpadded layer.
-    bad("moe-pad-expert-input-to-capacity", "is not supported yet (its rows carry weight 0: drop the flag for the same results)");
+  if (m.moe_pad_expert_input_to_capacity && m.moe_expert_capacity_factor == 0) {
+    bad("moe-pad-expert-input-to-capacity", "needs --moe-expert-capacity-factor (the capacity it pads to)");
   }
-  if (m.moe_aux_loss_coeff < 0) bad("moe-aux-loss-coeff", "must be >= 0");
+  for (double coeff : m.moe_aux_loss_coeff) {
+    if (coeff < 0) bad("moe-aux-loss-coeff", "must be >= 0");
+  }
   if (m.moe_z_loss_coeff < 0) bad("moe-z-loss-coeff", "must be >= 0");
   if (m.moe_shared_expert_intermediate_size < 0) bad("moe-shared-expert-intermediate-size", "must be >= 0");
   if (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size == 0) {
     bad("moe-shared-expert-gate", "needs shared experts: set --moe-shared-expert-intermediate-size");
+  }
+  if (m.moe_shared_expert_overlap && m.moe_token_dispatcher_type != "alltoall") {
+    bad("moe-shared-expert-overlap", "works with --moe-token-dispatcher-type alltoall only (as Megatron)");
   }
   if (m.moe_token_dispatcher_type != "allgather" && m.moe_token_dispatcher_type != "alltoall") {
     bad("moe-token-dispatcher-type", "must be allgather or alltoall (got '" + m.moe_token_dispatcher_type + "'; flex is not supported)");
@@ -196,16 +209,20 @@ std::string describe_moe(const ModelConfig& m) {
   std::string out = "> mixture of experts: " + std::to_string(m.num_moe_layers()) + " of " + std::to_string(m.num_layers) +
                     " layers, " + std::to_string(m.num_experts) + " experts (top-" + std::to_string(m.moe_router_topk) +
                     "), expert ffn " + std::to_string(m.moe_ffn_hidden_size);
-  if (m.moe_shared_expert_intermediate_size > 0) out += ", shared experts " + std::to_string(m.moe_shared_expert_intermediate_size);
+  if (m.moe_shared_expert_intermediate_size > 0) {
+    out += ", shared experts " + std::to_string(m.moe_shared_expert_intermediate_size);
+    if (m.moe_shared_expert_overlap) out += " (overlapped on a stream of their own on the GPU)";
+  }
   out += ", " + m.moe_token_dispatcher_type + " dispatcher";
   if (m.moe_grouped_gemm) out += ", grouped GEMM";
   if (m.moe_expert_capacity_factor > 0) {
     char capacity[96];
     std::snprintf(capacity, sizeof(capacity), ", capacity factor %g (%s)", m.moe_expert_capacity_factor, m.moe_token_drop_policy.c_str());
     out += capacity;
+    if (m.moe_pad_expert_input_to_capacity) out += ", padded to capacity";
   }
+  if (m.moe_permute_fusion) out += ", fused permutation (CUDA kernels on the GPU)";
   out += "\n";
-  if (m.moe_permute_fusion) out += "> --moe-permute-fusion: no fused permutation kernels yet; tokens are permuted with index_select / index_copy\n";
   return out;
 }
 

@@ -1,12 +1,15 @@
 #include "moe/moe_layer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
 
+#include "core/streams.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron::moe {
 
-MoELayer::MoELayer(const PartContext& ctx) : dispatcher_(ctx.config, ctx.tp.experts), tp_(ctx.tp) {
+MoELayer::MoELayer(const PartContext& ctx)
+    : dispatcher_(ctx.config, ctx.tp.experts), tp_(ctx.tp), overlap_shared_(ctx.config.moe_shared_expert_overlap) {
   const ModelConfig& c = ctx.config;
   router = register_module("router", std::make_shared<TopKRouter>(ctx));
   experts = register_module("experts", std::make_shared<GroupedExperts>(ctx, dispatcher_.first_expert(), dispatcher_.local_experts()));
@@ -21,8 +24,28 @@ MoELayer::MoELayer(const PartContext& ctx) : dispatcher_(ctx.config, ctx.tp.expe
   }
 }
 
+at::Tensor MoELayer::shared_output(const at::Tensor& normed) const {
+  at::Tensor shared = shared_experts->forward(normed);  // [s, b, h]
+  if (shared_gate_weight.defined()) shared = shared * at::sigmoid(at::linear(normed, shared_gate_weight));
+  return shared;
+}
+
 at::Tensor MoELayer::forward(const at::Tensor& normed) {
   const int64_t s = normed.size(0), b = normed.size(1), h = normed.size(2);
+  // --moe-shared-expert-overlap: the shared experts start first, on a stream of their own, and
+  // run beside the router, the dispatch's communication and the routed experts; their backward
+  // runs there too (autograd runs each op's backward on the stream of its forward).
+  at::Tensor shared;
+  std::optional<c10::Stream> side;
+  if (shared_experts && overlap_shared_ && normed.is_cuda()) {
+    const c10::Stream main = current_stream(normed.device());
+    side = pooled_stream(normed.device(), /*high_priority=*/false);
+    order_after(main, *side);
+    // normed's memory is not reused until the side stream is done reading it.
+    c10::impl::getDeviceGuardImpl(normed.device().type())->recordDataPtrOnStream(normed.storage().data_ptr(), *side);
+    c10::StreamGuard on_side(*side);
+    shared = shared_output(normed);
+  }
   const at::Tensor local = normed.reshape({s * b, h});  // [s b, h] this rank's tokens
   Routing routing = router->forward(local, b);
   at::Tensor tokens = local;
@@ -31,17 +54,20 @@ at::Tensor MoELayer::forward(const at::Tensor& normed) {
     routing.probs = tp::gather_from_sp(routing.probs, tp_.group);  // [tp s b, k]; partial gradients summed back
     routing.indices = tp::all_gather_rows(routing.indices, tp_.group);
     if (routing.kept.defined()) routing.kept = tp::all_gather_rows(routing.kept, tp_.group);
+    routing.padded_capacity *= tp_.size();  // each TP rank's shard brings its own capacity's worth
   }
   const Dispatched dispatched = dispatcher_.dispatch(tokens, routing);
   at::Tensor out = dispatcher_.combine(experts->forward(dispatched.rows, dispatched.counts));  // [tp s b, h] partial over TP
   if (tp_.size() > 1) out = tp::reduce_scatter_to_sp(out, tp_.group);                        // [s b, h]
   out = out.view({s, b, h});
-  if (shared_experts) {
-    at::Tensor shared = shared_experts->forward(normed);  // [s, b, h]
-    if (shared_gate_weight.defined()) shared = shared * at::sigmoid(at::linear(normed, shared_gate_weight));
-    out = out + shared;
+  if (side) {
+    const c10::Stream main = current_stream(normed.device());
+    order_after(*side, main);
+    c10::impl::getDeviceGuardImpl(shared.device().type())->recordDataPtrOnStream(shared.storage().data_ptr(), main);
+  } else if (shared_experts) {
+    shared = shared_output(normed);
   }
-  return out;
+  return shared.defined() ? out + shared : out;
 }
 
 }  // namespace megatron::moe

@@ -32,8 +32,11 @@ class MoELayer : public FeedForward {
   at::Tensor shared_gate_weight;        // [1, h] with --moe-shared-expert-gate (`shared_experts.gate_weight`)
 
  private:
+  at::Tensor shared_output(const at::Tensor& normed) const;  // the shared experts (behind their gate): [s, b, h]
+
   TokenDispatcher dispatcher_;
   tp::TensorParallel tp_;
+  bool overlap_shared_;
 };
 
 }  // namespace megatron::moe

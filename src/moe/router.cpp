@@ -9,10 +9,14 @@
 
 namespace megatron::moe {
 
+int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t num_experts, double capacity_factor) {
+  return int64_t(std::ceil(double(tokens * topk) / double(num_experts) * capacity_factor));
+}
+
 at::Tensor within_capacity(const at::Tensor& probs, const at::Tensor& indices, int num_experts, double capacity_factor,
                            const std::string& policy) {
   const int64_t T = probs.size(0), k = probs.size(1);
-  const int64_t capacity = int64_t(std::ceil(double(T * k) / num_experts * capacity_factor));
+  const int64_t capacity = expert_capacity(T, k, num_experts, capacity_factor);
   if (capacity >= T) return at::ones_like(indices, at::kBool);  // no expert can overflow
   at::NoGradGuard no_grad;
   const at::Tensor routed = at::zeros({T, num_experts}, probs.options().dtype(at::kBool)).scatter_(1, indices, true);  // [T, E]
@@ -34,12 +38,7 @@ TopKRouter::TopKRouter(const PartContext& ctx) : config_(ctx.config), tp_(ctx.tp
   // Each TP rank routes its own sequence shard: its gradient is a partial sum over TP.
   tp::ParamInfo info = tp::sequence_sharded_replica(ctx.tp, tp::Init::Normal);
   weight = add_parameter("weight", at::empty({c.num_experts, c.hidden_size}, at::TensorOptions().device(ctx.device)), info);
-  const std::vector<std::string> names = tracked_loss_names(c);
-  tracked_count_ = int64_t(names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == "z_loss") z_slot_ = int(i);
-    else balancing_slot_ = int(i);
-  }
+  tracked_count_ = int64_t(tracked_loss_names(c).size());
 }
 
 at::Tensor TopKRouter::logits_of(const at::Tensor& tokens) const {
@@ -59,7 +58,52 @@ void TopKRouter::track(int slot, const at::Tensor& value) {
 at::Tensor TopKRouter::take_tracked() {
   at::Tensor out = tracked_;
   tracked_ = at::Tensor();
+  global_counts_ = at::Tensor();  // global_aux_loss averages over one step's micro-batches
+  global_micro_batches_ = 0;
   return out;
+}
+
+at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tensor& logits, int64_t batch) {
+  const ModelConfig& c = config_;
+  const int64_t E = c.num_experts, k = c.moe_router_topk, T = logits.size(0);
+  const int tp = tp_.size(), dp = tp_.data.size();
+  at::Tensor scores, routed;  // [T, E]: the scores and top-k of the losses, over all experts whatever the routing did
+  int slot = 0;
+  for (const BalancingLoss& kind : balancing_losses()) {
+    const double coeff = c.aux_loss_coeff(kind.type);
+    if (coeff <= 0) continue;
+    if (!scores.defined()) {
+      scores = c.moe_router_score_function == "softmax" ? at::softmax(logits, -1, at::kFloat) : at::sigmoid(logits.to(at::kFloat));
+      if (c.moe_router_score_function != "softmax") scores = scores / (scores.sum(-1, true) + 1e-20);
+      routed = at::zeros({T, E}, scores.options()).scatter_(1, std::get<1>(scores.topk(k, 1)), 1.0);
+    }
+    at::Tensor loss;
+    double shown = 1.0;  // the log line shows loss / coeff, times this
+    if (kind.type == "seq_aux_loss") {
+      // Per sequence, as [s, b * E] columns (each sequence's experts apart), averaged over them.
+      const at::Tensor seq_scores = scores.reshape({T / batch, batch * E}), seq_routed = routed.reshape({T / batch, batch * E});
+      at::Tensor counts = seq_routed.sum(0);  // over the sequence shards of every TP rank
+      if (tp > 1) tp_.group.all_reduce(counts);
+      loss = switch_load_balancing_loss(seq_scores, counts, (T / batch) * tp, int(k), int(E), coeff) / double(batch);
+    } else {
+      at::Tensor counts = routed.sum(0);  // [E] over every TP rank's shard
+      if (tp > 1) tp_.group.all_reduce(counts);
+      int64_t total = T * tp;
+      if (kind.type == "global_aux_loss") {
+        // Over every data-parallel replica too, averaged over the step's micro-batches so far.
+        if (dp > 1) tp_.data.all_reduce(counts);
+        global_counts_ = global_counts_.defined() ? global_counts_ + counts : counts;
+        counts = global_counts_ / double(++global_micro_batches_);
+        total *= dp;
+        // Each rank's share of the batch's loss: the log line averages over DP, Megatron sums.
+        shown = double(dp);
+      }
+      loss = switch_load_balancing_loss(scores, counts, total, int(k), int(E), coeff);
+    }
+    probs = attach_loss(probs, loss, loss_scale_);
+    track(slot++, loss / coeff * shown);
+  }
+  return probs;
 }
 
 Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
@@ -73,7 +117,7 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
     // Each TP rank's mean over its own tokens: the coefficient is shared out over TP.
     const at::Tensor z = z_loss(logits, c.moe_z_loss_coeff / tp);
     logits = attach_loss(logits, z, loss_scale_);
-    track(z_slot_, z / c.moe_z_loss_coeff);  // mean logsumexp^2 / tp: summed over TP, the mean
+    track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff);  // z_loss is tracked last  // mean logsumexp^2 / tp: summed over TP, the mean
   }
 
   at::Tensor probs, indices;  // [T, k]
@@ -93,30 +137,14 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
   if (c.moe_router_topk_scaling_factor > 0) probs = probs * c.moe_router_topk_scaling_factor;
   probs = probs.to(tokens.scalar_type());
   at::Tensor kept;  // [T, k], as Megatron drops before the balancing loss (which does not see it)
+  int64_t padded_capacity = 0;
   if (c.moe_expert_capacity_factor > 0) {
     kept = within_capacity(probs, indices, int(E), c.moe_expert_capacity_factor, c.moe_token_drop_policy);
+    if (c.moe_pad_expert_input_to_capacity) padded_capacity = expert_capacity(T, k, E, c.moe_expert_capacity_factor);
   }
 
-  if (losses && balancing_slot_ >= 0) {
-    // The scores and top-k of the loss: over all experts, whatever the routing did.
-    at::Tensor scores = c.moe_router_score_function == "softmax" ? at::softmax(logits, -1, at::kFloat)
-                                                                 : at::sigmoid(logits.to(at::kFloat));
-    if (c.moe_router_score_function != "softmax") scores = scores / (scores.sum(-1, true) + 1e-20);
-    const at::Tensor chosen = std::get<1>(scores.topk(k, 1));
-    at::Tensor routed = at::zeros({T, E}, scores.options()).scatter_(1, chosen, 1.0);  // [T, E]
-    // seq_aux_loss: per sequence, as [s, b * E] columns (each sequence's experts apart),
-    // averaged over the sequences.
-    const int64_t sequences = c.moe_router_load_balancing_type == "seq_aux_loss" ? batch : 1;
-    scores = scores.reshape({T / sequences, sequences * E});
-    routed = routed.reshape({T / sequences, sequences * E});
-    at::Tensor counts = routed.sum(0);  // over the sequence shards of every TP rank
-    if (tp > 1) tp_.group.all_reduce(counts);
-    const at::Tensor loss =
-        switch_load_balancing_loss(scores, counts, (T / sequences) * tp, int(k), int(E), c.moe_aux_loss_coeff) / double(sequences);
-    probs = attach_loss(probs, loss, loss_scale_);
-    track(balancing_slot_, loss / c.moe_aux_loss_coeff);
-  }
-  return {probs, indices, kept};
+  if (losses) probs = attach_balancing_losses(probs, logits, batch);
+  return {probs, indices, kept, padded_capacity};
 }
 
 }  // namespace megatron::moe

@@ -14,7 +14,13 @@ struct Routing {
   at::Tensor probs;    // [T, k] each token's weights for its experts, in the tokens' dtype
   at::Tensor indices;  // [T, k] int64 expert ids
   at::Tensor kept;     // [T, k] bool: the pairs within their expert's capacity; undefined: all (dropless)
+  // --moe-pad-expert-input-to-capacity: every expert takes exactly this many rows from these T
+  // tokens (its kept pairs, then zero rows); 0: as many as it was routed.
+  int64_t padded_capacity = 0;
 };
+
+// Megatron's expert capacity for T tokens routed to k of E experts: ceil(T k / E x factor).
+int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t num_experts, double capacity_factor);
 
 // Megatron's token dropping (--moe-expert-capacity-factor): each of `num_experts` experts takes
 // at most ceil(T k / E x factor) of the T tokens routed here; `policy` probs keeps those with the
@@ -40,6 +46,8 @@ class TopKRouter : public tp::DescribedModule {
 
  private:
   at::Tensor logits_of(const at::Tensor& tokens) const;  // [T, E] in the router's dtype
+  // probs with each load-balancing loss that has a coefficient attached for backward and tracked.
+  at::Tensor attach_balancing_losses(at::Tensor probs, const at::Tensor& logits, int64_t batch);
   void track(int slot, const at::Tensor& value);
 
   const ModelConfig& config_;
@@ -47,7 +55,8 @@ class TopKRouter : public tp::DescribedModule {
   double loss_scale_ = 1.0;
   at::Tensor tracked_;  // [n] fp32
   int64_t tracked_count_ = 0;  // tracked_loss_names(config).size()
-  int balancing_slot_ = -1, z_slot_ = -1;
+  at::Tensor global_counts_;    // global_aux_loss: [E] tokens per expert over this step's micro-batches
+  int64_t global_micro_batches_ = 0;
 };
 
 }  // namespace megatron::moe

@@ -4,12 +4,13 @@
 //   allgather  every expert-parallel rank gathers all EP ranks' tokens, runs its own experts on
 //              the tokens routed to them and reduce-scatters the weighted sums back
 //   alltoall   each rank sends every (token, expert) pair to the rank holding the expert and
-//              gets the results back (two all-to-alls; the row counts cross to the host once)
+//              gets the results back (two all-to-alls; the row counts cross to the host once,
+//              or never with --moe-pad-expert-input-to-capacity, where every count is the capacity)
 //
-// Rows reach the experts grouped by local expert, in token order within each expert; the
-// combine puts each result back at its (token, choice) place, weights it by its routing
-// probability and sums a token's k results. Every step is differentiable (index_select /
-// index_copy, a sum, the all-to-all mapping) and none scatter-adds, so backward is deterministic.
+// Rows reach the experts grouped by local expert, in token order within each expert (padding
+// rows, if any, last); the combine weights each row by its routing probability and sums a
+// token's k results. The permutations are kernels::moe_permute / moe_unpermute (gathers both
+// ways, fused CUDA kernels with --moe-permute-fusion), so backward is deterministic.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,6 +19,7 @@
 
 #include "core/config.h"
 #include "distributed/process_group.h"
+#include "kernels/ops.h"
 #include "moe/router.h"
 
 namespace megatron::moe {
@@ -41,17 +43,20 @@ class TokenDispatcher {
  private:
   Dispatched dispatch_allgather(const at::Tensor& tokens, const Routing& routing);
   Dispatched dispatch_alltoall(const at::Tensor& tokens, const Routing& routing);
+  Dispatched dispatch_alltoall_padded(const at::Tensor& tokens, const Routing& routing);
 
   dist::Group ep_;
   bool alltoall_;
   int num_experts_, topk_, first_, local_;
-  at::Tensor choices(const at::Tensor& x) const;  // [T, h] -> [T k, h]
+  kernels::Impl permute_impl_;  // the fused kernels with --moe-permute-fusion
 
   // Between dispatch and combine:
-  int64_t tokens_ = 0;         // T (allgather: of all EP ranks)
-  at::Tensor probs_;           // [T, k] the routing probabilities of those tokens
-  at::Tensor pairs_;           // [rows sent] the (token, choice) position t k + j of each row, in dispatch order
-  at::Tensor regroup_inverse_; // alltoall: received order -> expert-grouped order, inverted
+  at::Tensor probs_;           // [T, k] the routing probabilities of the combined tokens
+  at::Tensor pairs_;           // [rows] the pair t k + j each row carries (in dispatch order), -1: padding
+  at::Tensor slots_;           // [T k] the row carrying each pair, -1: none here
+  at::Tensor regroup_;         // alltoall: received order -> expert-grouped order
+  at::Tensor regroup_inverse_; // ... and back
+  int64_t padded_rows_ = 0;    // alltoall with padding: rows each (rank, expert) exchanges
   std::vector<int64_t> in_splits_, out_splits_;
 };
 

@@ -71,6 +71,54 @@ void unregister_main_grad(const at::Tensor& weight) {
   registry.erase(weight.unsafeGetTensorImpl());
 }
 
+at::Tensor stacked_in_place(at::TensorList tensors) {
+  if (tensors.empty()) return {};
+  const at::Tensor& first = tensors[0];
+  const int64_t step = first.numel();
+  for (size_t e = 0; e < tensors.size(); ++e) {
+    const at::Tensor& t = tensors[e];
+    const bool adjacent = t.is_contiguous() && t.sizes().equals(first.sizes()) && t.scalar_type() == first.scalar_type() &&
+                          t.storage().is_alias_of(first.storage()) &&
+                          t.storage_offset() == first.storage_offset() + int64_t(e) * step;
+    if (!adjacent) return {};
+  }
+  std::vector<int64_t> sizes = {int64_t(tensors.size())}, strides = {step};
+  for (int64_t d = 0; d < first.dim(); ++d) {
+    sizes.push_back(first.size(d));
+    strides.push_back(first.stride(d));
+  }
+  return first.as_strided(sizes, strides, first.storage_offset());
+}
+
+bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw) {
+  std::vector<const MainGradTarget*> targets;
+  std::vector<at::Tensor> main_grads;
+  for (const at::Tensor& w : weights) {
+    const MainGradTarget* target = find_target(w);
+    if (target == nullptr) return false;
+    targets.push_back(target);
+    main_grads.push_back(target->main_grad);
+  }
+  const at::Tensor stacked = stacked_in_place(main_grads);  // [n, out, in]
+  if (!stacked.defined()) return false;
+  TORCH_CHECK(stacked.sizes() == dw.sizes(), "stacked weight gradient ", dw.sizes(), " for main_grads ", stacked.sizes());
+  std::vector<bool> first(targets.size());
+  size_t firsts = 0;
+  for (size_t e = 0; e < targets.size(); ++e) firsts += (first[e] = targets[e]->first_add()) ? 1 : 0;
+  {
+    at::NoGradGuard no_grad;
+    if (firsts == targets.size()) {
+      stacked.copy_(dw);  // the step's first gradient: overwrite (upcasting bf16 into fp32)
+    } else if (firsts == 0) {
+      stacked.add_(dw);
+    } else {
+      for (size_t e = 0; e < targets.size(); ++e) first[e] ? stacked[int64_t(e)].copy_(dw[int64_t(e)]) : stacked[int64_t(e)].add_(dw[int64_t(e)]);
+    }
+  }
+  for (const MainGradTarget* target : targets) target->on_added();
+  return true;
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!weight.requires_grad() || !at::GradMode::is_enabled() || find_target(weight) == nullptr) {
     return at::linear(x, weight, bias);

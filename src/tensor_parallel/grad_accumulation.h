@@ -26,6 +26,18 @@ struct MainGradTarget {
 void register_main_grad(const at::Tensor& weight, MainGradTarget target);
 void unregister_main_grad(const at::Tensor& weight);
 
+// Same-shaped contiguous tensors that lie one after another in one storage (an MoE layer's
+// experts, as the gradient buffer lays them out) as one [n, ...] view of that storage, without a
+// copy; undefined when they do not.
+at::Tensor stacked_in_place(at::TensorList tensors);
+
+// The weight gradients of several registered weights at once, dw [n, out, in] with dw[e] for
+// weights[e] (an MoE layer's experts from one grouped GEMM): added into their main_grads in one
+// pass over the stacked main_grads (one upcast of the layer instead of n hook calls). Returns
+// false and does nothing when a weight has no registration or their main_grads do not lie side
+// by side: the caller then hands autograd the gradients one by one.
+bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw);
+
 // y = x W^T (+ bias). With a registered weight, backward adds dW into its main_grad and leaves
 // weight.grad undefined; the bias gradient and dx take the ordinary path.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});

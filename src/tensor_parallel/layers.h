@@ -25,6 +25,8 @@ struct TensorParallel {
   // The expert-parallel peers of the MoE layers (ParallelState::ep): each holds
   // num_experts / size() of every MoE layer's experts. A group of one: all experts here.
   dist::Group experts;
+  // The data-parallel replicas (global_aux_loss counts experts over the whole batch).
+  dist::Group data;
   int size() const { return group.size(); }
   int rank() const { return group.rank(); }
   // draw() under the model-parallel generator when `inside` the TP region and there is one.

@@ -21,7 +21,7 @@
 namespace megatron {
 namespace {
 
-enum class Kind { Int, Int64, Double, Bool, NegatedBool, String, StringList };
+enum class Kind { Int, Int64, Double, Bool, NegatedBool, String, StringList, DoubleList };
 
 struct Flag {
   std::string name;  // without leading dashes
@@ -83,17 +83,21 @@ std::vector<Flag> train_flags(Config& c) {
       {"moe-router-topk-scaling-factor", Kind::Double, &m.moe_router_topk_scaling_factor, "multiply the top-k routing weights by this"},
       {"moe-router-dtype", Kind::String, &m.moe_router_dtype, "fp32 or fp64: the router's logits and scores in this precision"},
       {"moe-router-force-load-balancing", Kind::Bool, &m.moe_router_force_load_balancing, "route on random logits (benchmarks of balanced load)"},
-      {"moe-router-load-balancing-type", Kind::String, &m.moe_router_load_balancing_type, "aux_loss, seq_aux_loss, global_aux_loss or none"},
-      {"moe-aux-loss-coeff", Kind::Double, &m.moe_aux_loss_coeff, "coefficient of the load-balancing loss"},
+      {"moe-router-load-balancing-type", Kind::StringList, &m.moe_router_load_balancing_type,
+       "aux_loss, seq_aux_loss, global_aux_loss or none; several types together take one coefficient each"},
+      {"moe-aux-loss-coeff", Kind::DoubleList, &m.moe_aux_loss_coeff, "coefficient(s) of the load-balancing loss(es), one per type"},
       {"moe-z-loss-coeff", Kind::Double, &m.moe_z_loss_coeff, "coefficient of the router z-loss"},
       {"moe-expert-capacity-factor", Kind::Double, &m.moe_expert_capacity_factor, "each expert takes at most ceil(tokens x topk / experts x factor) tokens; the rest are dropped (default: dropless)"},
       {"moe-token-drop-policy", Kind::String, &m.moe_token_drop_policy, "with a capacity: probs (keep the highest routing weights) or position (keep the first tokens)"},
-      {"moe-pad-expert-input-to-capacity", Kind::Bool, &m.moe_pad_expert_input_to_capacity, "pad every expert's input to its capacity"},
       {"moe-shared-expert-intermediate-size", Kind::Int, &m.moe_shared_expert_intermediate_size, "hidden size of the shared experts (all of them together)"},
       {"moe-shared-expert-gate", Kind::Bool, &m.moe_shared_expert_gate, "a sigmoid gate on the shared experts' output (Qwen2-MoE)"},
       {"moe-grouped-gemm", Kind::Bool, &m.moe_grouped_gemm, "the local experts as one grouped GEMM (CUDA)"},
       {"moe-token-dispatcher-type", Kind::String, &m.moe_token_dispatcher_type, "allgather or alltoall"},
-      {"moe-permute-fusion", Kind::Bool, &m.moe_permute_fusion, "fused token permutation"},
+      {"moe-permute-fusion", Kind::Bool, &m.moe_permute_fusion, "token permutation through the fused CUDA kernels"},
+      {"moe-shared-expert-overlap", Kind::Bool, &m.moe_shared_expert_overlap,
+       "run the shared experts on a CUDA stream of their own, beside the dispatch and routed experts (alltoall dispatcher)"},
+      {"moe-pad-expert-input-to-capacity", Kind::Bool, &m.moe_pad_expert_input_to_capacity,
+       "every expert takes exactly its capacity of rows (static shapes; needs --moe-expert-capacity-factor)"},
       // parallelism
       {"tensor-model-parallel-size", Kind::Int, &p.tensor_model_parallel_size, "tensor-parallel size"},
       {"pipeline-model-parallel-size", Kind::Int, &p.pipeline_model_parallel_size, "pipeline-parallel size"},
@@ -242,6 +246,13 @@ void assign(const Flag& f, const std::string& where, const std::vector<std::stri
       if (values.empty()) throw UserError(where + ": expects at least one value");
       *static_cast<std::vector<std::string>*>(f.target) = values;
       break;
+    case Kind::DoubleList: {
+      if (values.empty()) throw UserError(where + ": expects at least one value");
+      std::vector<double> numbers;
+      for (const std::string& v : values) numbers.push_back(parse_number<double>(where, v));
+      *static_cast<std::vector<double>*>(f.target) = numbers;
+      break;
+    }
   }
 }
 
@@ -367,7 +378,7 @@ std::string train_help() {
   out << "\n";
   for (const auto& f : flags) {
     std::string left = "  --" + f.name;
-    if (f.kind != Kind::Bool && f.kind != Kind::NegatedBool) left += f.kind == Kind::StringList ? " V..." : " V";
+    if (f.kind != Kind::Bool && f.kind != Kind::NegatedBool) left += f.kind == Kind::StringList || f.kind == Kind::DoubleList ? " V..." : " V";
     if (left.size() < 36) left.resize(36, ' ');
     out << left << " " << f.help << "\n";
   }

@@ -210,6 +210,7 @@ int Trainer::run() {
 
   tp::TensorParallel tensor_parallel{ps_.tp, p.sequence_parallel, nullptr};
   tensor_parallel.experts = ps_.ep;
+  tensor_parallel.data = ps_.dp;
   if (ps_.tp.size() > 1) {
     tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
   }

@@ -4,7 +4,8 @@
 // dispatcher, EP=2 x TP=2 + SP (experts split over TP too: expert TP = TP), EP=2 x DP=2 + the
 // distributed optimizer and EP=2 x PP=2 reproduces the single-process losses, balancing losses
 // and z-losses to 1e-5; with a capacity factor EP=2 drops what one process drops (both policies,
-// both dispatchers); a checkpoint saved under TP=2 x EP=2 x PP=2 + the distributed optimizer
+// both dispatchers), and padding every expert to its capacity changes nothing; the global
+// balancing loss (with the per-sequence one) is the same under TP=2 + SP and PP=2; a checkpoint saved under TP=2 x EP=2 x PP=2 + the distributed optimizer
 // resumes at one process and at EP=4 to the uninterrupted run's next losses.
 #include <gtest/gtest.h>
 
@@ -32,8 +33,11 @@ std::vector<std::string> moe_flags(int steps) {
           "--cpu-threads", "1", "--device", "cpu", "--seed", "5"};
 }
 
+// The per-iteration values read from --metrics-jsonl.
+const char* const kSeries[] = {"lm_loss", "load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss"};
+
 struct MoeRun {
-  std::map<std::string, std::vector<double>> series;  // lm_loss, load_balancing_loss, z_loss per iteration
+  std::map<std::string, std::vector<double>> series;  // each of kSeries the run logged, per iteration
   std::string output;
 };
 
@@ -51,7 +55,7 @@ MoeRun train(const test::TempDir& dir, const std::string& name, int nproc, const
   run.output = result.output;
   std::ifstream in(dir / (name + ".jsonl"));
   for (std::string line; std::getline(in, line);) {
-    for (const char* key : {"lm_loss", "load_balancing_loss", "z_loss"}) {
+    for (const char* key : kSeries) {
       std::smatch m;
       if (std::regex_search(line, m, std::regex(std::string("\"") + key + "\": ([0-9.eE+-]+)"))) {
         run.series[key].push_back(std::stod(m[1]));
@@ -62,8 +66,8 @@ MoeRun train(const test::TempDir& dir, const std::string& name, int nproc, const
 }
 
 void expect_same(const MoeRun& expected, const MoeRun& got, const std::string& name, size_t from = 0) {
-  for (const char* key : {"lm_loss", "load_balancing_loss", "z_loss"}) {
-    const auto& a = expected.series.at(key);
+  ASSERT_TRUE(expected.series.count("lm_loss")) << expected.output;
+  for (const auto& [key, a] : expected.series) {
     ASSERT_TRUE(got.series.count(key)) << name << " logged no " << key << "\n" << got.output;
     const auto& b = got.series.at(key);
     ASSERT_EQ(b.size() + from, a.size()) << name << " " << key << "\n" << got.output;
@@ -116,6 +120,16 @@ TEST(MoeTraining, CapacityDropsWhatOneProcessDrops) {
       for (const auto& a : {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type"}) layout.push_back(a);
       layout.push_back(dispatcher);
       expect_same(single, train(dir, "ep2_" + policy + "_" + dispatcher, 2, layout, 6), "EP=2 " + dispatcher + " " + policy);
+      if (policy != "probs") continue;
+      // Padding every expert's input to its capacity (zero rows of weight 0; under alltoall
+      // static splits, no count exchange) changes nothing.
+      layout.push_back("--moe-pad-expert-input-to-capacity");
+      expect_same(single, train(dir, "ep2_padded_" + dispatcher, 2, layout, 6), "EP=2 padded " + dispatcher);
+    }
+    if (policy == "probs") {
+      std::vector<std::string> padded = capacity;
+      padded.push_back("--moe-pad-expert-input-to-capacity");
+      expect_same(single, train(dir, "single_padded", 1, padded, 6), "one process padded");
     }
   }
 }
@@ -135,16 +149,44 @@ TEST(MoeTraining, CheckpointReshardsAcrossExpertLayouts) {
   expect_same(whole, ep4, "resumed at EP=4", 4);
 }
 
+// Megatron's global balancing loss (expert counts over the whole data-parallel batch, averaged
+// over the step's micro-batches), here beside the per-sequence one with a coefficient each:
+// TP=2 + SP and PP=2 keep the batch and reproduce one process. Under DP=2 (here EP=2) the batch's
+// micro-batches pair up differently, so the value is close to, not equal to, one process's.
+TEST(MoeTraining, GlobalAuxLossAcrossLayouts) {
+  test::TempDir dir;
+  const std::vector<std::string> losses = {"--moe-router-load-balancing-type", "seq_aux_loss", "global_aux_loss",
+                                           "--moe-aux-loss-coeff", "0.01", "0.001"};
+  auto with = [&](std::vector<std::string> layout) {
+    layout.insert(layout.end(), losses.begin(), losses.end());
+    return layout;
+  };
+  const MoeRun single = train(dir, "single", 1, with({}), 8);
+  ASSERT_TRUE(single.series.count("global_load_balancing_loss")) << single.output;
+  ASSERT_TRUE(single.series.count("seq_load_balancing_loss")) << single.output;
+  EXPECT_EQ(single.series.count("load_balancing_loss"), 0u) << "aux_loss was not asked for";
+  EXPECT_NE(single.output.find("global_load_balancing_loss: "), std::string::npos) << single.output;
+  expect_same(single, train(dir, "tp2_sp", 2, with({"--tensor-model-parallel-size", "2", "--sequence-parallel"}), 8), "TP=2 + SP");
+  expect_same(single, train(dir, "pp2", 2, with({"--pipeline-model-parallel-size", "2"}), 8), "PP=2");
+  const MoeRun ep2 = train(dir, "ep2", 2, with({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}), 8);
+  const double one = single.series.at("global_load_balancing_loss")[0], two = ep2.series.at("global_load_balancing_loss")[0];
+  EXPECT_NEAR(two, one, 0.1 * one) << "the DP=2 value is the whole batch's, as one process's";
+}
+
 // Bad MoE flags are errors that name the flag.
 TEST(MoeTraining, BadFlagsNameTheFlag) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--moe-router-topk", "5"}, "--moe-router-topk 5 must be between 1 and --num-experts 4"},
       {{"--moe-layer-freq", "[1,0]"}, "--moe-layer-freq '[1,0]' gives 2 layers, the model has --num-layers 4"},
       {{"--moe-layer-freq", "([1]*2+[0]*2"}, "--moe-layer-freq '([1]*2+[0]*2': missing ')'"},
-      {{"--moe-router-load-balancing-type", "sinkhorn"}, "--moe-router-load-balancing-type must be aux_loss, seq_aux_loss or none"},
+      {{"--moe-router-load-balancing-type", "sinkhorn"},
+       "--moe-router-load-balancing-type must be aux_loss, seq_aux_loss, global_aux_loss or none"},
+      {{"--moe-router-load-balancing-type", "aux_loss", "global_aux_loss"},
+       "--moe-aux-loss-coeff gives 1 coefficient(s) for 2 --moe-router-load-balancing-type(s)"},
+      {{"--moe-shared-expert-overlap"}, "--moe-shared-expert-overlap works with --moe-token-dispatcher-type alltoall only"},
       {{"--moe-token-dispatcher-type", "flex"}, "--moe-token-dispatcher-type must be allgather or alltoall"},
       {{"--moe-token-drop-policy", "random"}, "--moe-token-drop-policy must be probs or position"},
-      {{"--moe-expert-capacity-factor", "1", "--moe-pad-expert-input-to-capacity"}, "--moe-pad-expert-input-to-capacity is not supported yet"},
+      {{"--moe-pad-expert-input-to-capacity"}, "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> args = {"train"};

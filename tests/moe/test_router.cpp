@@ -1,12 +1,14 @@
 // The router's pieces against their definitions written out here: token dropping under both
 // policies (Megatron's apply_router_token_dropping: per expert the `capacity` highest weights, or
-// the first tokens), and the balancing and z losses against their formulas.
+// the first tokens), the balancing and z losses against their formulas, and the global balancing
+// loss's counts averaged over a step's micro-batches.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "model/layer_spec.h"
 #include "moe/aux_loss.h"
 #include "moe/router.h"
 
@@ -73,6 +75,47 @@ TEST(MoeRouter, BalancingAndZLossFollowTheirFormulas) {
   const at::Tensor uniform = at::full({T, E}, 1.0 / E);
   EXPECT_NEAR(moe::switch_load_balancing_loss(uniform, at::full({E}, double(T * k / E)), T, int(k), int(E), 0.01).item<double>(),
               0.01, 1e-9);
+}
+
+// global_aux_loss (Megatron's _apply_global_aux_loss): micro-batch m of a step uses the expert
+// counts averaged over micro-batches 1..m; the next step starts afresh. aux_loss beside it uses
+// each micro-batch's own counts. take_tracked() returns the sums of loss / coeff.
+TEST(MoeRouter, GlobalAuxLossAveragesCountsOverTheStepsMicroBatches) {
+  at::manual_seed(5);
+  ModelConfig c;
+  c.hidden_size = 16;
+  c.num_layers = 1;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_layers = {1};
+  c.moe_router_load_balancing_type = {"global_aux_loss", "aux_loss"};
+  c.moe_aux_loss_coeff = {0.02, 0.01};
+  ASSERT_EQ(moe::tracked_loss_names(c), (std::vector<std::string>{"load_balancing_loss", "global_load_balancing_loss"}));
+  const tp::TensorParallel tp;
+  moe::TopKRouter router(PartContext{c, tp, at::kCPU, false, 0});
+  {
+    at::NoGradGuard no_grad;
+    router.weight.normal_(0, 0.5);
+  }
+  router.train();
+  const int64_t T = 24, E = 4, k = 2;
+  for (int step = 0; step < 2; ++step) {
+    at::Tensor counts_so_far = at::zeros({E});
+    double want_aux = 0, want_global = 0;
+    for (int m = 1; m <= 3; ++m) {
+      const at::Tensor tokens = at::randn({T, 16});
+      router.forward(tokens, 1);
+      const at::Tensor scores = at::softmax(at::linear(tokens, router.weight.detach()), -1);
+      const at::Tensor counts = at::zeros({T, E}).scatter_(1, std::get<1>(scores.topk(k, 1)), 1.0).sum(0);
+      counts_so_far += counts;
+      want_aux += moe::switch_load_balancing_loss(scores, counts, T, int(k), int(E), 0.01).item<double>() / 0.01;
+      want_global += moe::switch_load_balancing_loss(scores, counts_so_far / double(m), T, int(k), int(E), 0.02).item<double>() / 0.02;
+    }
+    const at::Tensor tracked = router.take_tracked();
+    ASSERT_EQ(tracked.numel(), 2);
+    EXPECT_NEAR(tracked[0].item<double>(), want_aux, 1e-5 * want_aux) << "step " << step;
+    EXPECT_NEAR(tracked[1].item<double>(), want_global, 1e-5 * want_global) << "step " << step;
+  }
 }
 
 }  // namespace
