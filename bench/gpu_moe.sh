@@ -29,9 +29,8 @@ ours() {  # name global-batch flags... -> "tokens/s TFLOP/s max-allocated-MB"
        "$(sed -n 's/.*throughput per GPU (TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \
        "$(grep -o 'max allocated: [0-9.]*' "$out/$name.log" | head -1 | awk '{print $3}')"
 }
-hf() { "$py" bench/hf_moe_baseline.py "$@" 2>&1 | grep baseline | tail -1; }
-hf_tokens() { sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<< "$1"; }
-faster() { printf '%s\n%s\n' "$(hf_tokens "$1")" "$(hf_tokens "$2")" | sort -n | tail -1; }
+hf() { "$py" bench/hf_moe_baseline.py "$@" 2>&1 | grep baseline; }
+hf_tokens() { grep "grad_accum=$2 " <<< "$1" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p'; }
 ratio() { awk -v a="${1%% *}" -v b="$2" 'BEGIN { if (b > 0) printf "%.3fx", a / b; else printf "n/a" }'; }
 # Megatron's num_floating_point_operations per token for this shape (bench/hf_moe_baseline.py's formula).
 megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
@@ -39,22 +38,26 @@ megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
   per_token = L * (6 * (h * (q + 2 * kv) + q * h) + 6 * q * s + 18 * h * f * k) + 6 * h * V
   printf "%.0f", per_token * r / 1e12 }'; }
 
+declare -A real balanced
 for gbs in 1 8; do
-  real=$(ours "real_gbs$gbs" $gbs)
-  echo "megatron.cpp, global batch $gbs, real routing: tokens/s, TFLOP/s, max allocated MB = $real (Megatron's count $(megatron_tflops "$real") TFLOP/s)"
-  balanced=$(ours "balanced_gbs$gbs" $gbs --moe-router-force-load-balancing)
-  echo "megatron.cpp, global batch $gbs, force-balanced: tokens/s, TFLOP/s, max allocated MB = $balanced"
-  extra=""
-  if [ $gbs = 1 ]; then
-    extra=$(ours "overlap_gbs$gbs" $gbs --overlap-optimizer-step)
-    echo "megatron.cpp, global batch $gbs, real routing, --overlap-optimizer-step: tokens/s, TFLOP/s, max allocated MB = $extra"
-  fi
-  hf_eager=$(hf --iters 10 --grad-accum $gbs); echo "$hf_eager"
-  hf_compiled=$(hf --compile --iters 10 --grad-accum $gbs); echo "$hf_compiled"
-  best=$(faster "$hf_eager" "$hf_compiled")
-  echo "RATIO global batch $gbs, to the faster HF run ($best tok/s): real routing $(ratio "$real" "$best"), force-balanced $(ratio "$balanced" "$best")${extra:+, overlapped optimizer $(ratio "$extra" "$best")}"
+  real[$gbs]=$(ours "real_gbs$gbs" $gbs)
+  echo "megatron.cpp, global batch $gbs, real routing: tokens/s, TFLOP/s, max allocated MB = ${real[$gbs]} (Megatron's count $(megatron_tflops "${real[$gbs]}") TFLOP/s)"
+  balanced[$gbs]=$(ours "balanced_gbs$gbs" $gbs --moe-router-force-load-balancing)
+  echo "megatron.cpp, global batch $gbs, force-balanced: tokens/s, TFLOP/s, max allocated MB = ${balanced[$gbs]}"
+done
+overlap=$(ours overlap_gbs1 1 --overlap-optimizer-step)
+echo "megatron.cpp, global batch 1, real routing, --overlap-optimizer-step: tokens/s, TFLOP/s, max allocated MB = $overlap"
+# HF: one process per mode times both global batches on the same (compiled) model.
+hf_eager=$(hf --iters 10 --grad-accum 1 8); echo "$hf_eager"
+hf_compiled=$(hf --compile --iters 10 --grad-accum 1 8); echo "$hf_compiled"
+for gbs in 1 8; do
+  best=$(printf '%s\n%s\n' "$(hf_tokens "$hf_eager" $gbs)" "$(hf_tokens "$hf_compiled" $gbs)" | sort -n | tail -1)
+  line="RATIO global batch $gbs, to the faster HF run ($best tok/s): real routing $(ratio "${real[$gbs]}" "$best"), force-balanced $(ratio "${balanced[$gbs]}" "$best")"
+  [ $gbs = 1 ] && line+=", overlapped optimizer step $(ratio "$overlap" "$best")"
+  echo "$line"
 done
 if [ "${MOE_HF_LOOP:-0}" = 1 ]; then hf --experts eager --iters 3; fi
+[ "${MOE_PROFILE:-1}" = 1 ] || exit 0
 "$bin" train "${shape[@]}" --train-iters 12 --log-interval 6 --profile --profile-step-start 10 --profile-step-end 12 \
   --tensorboard-dir "$out/profile" > "$out/profile.log" 2>&1 || echo "FAILED: profile"
 grep -v "^ iteration" "$out/profile.log" | tail -45

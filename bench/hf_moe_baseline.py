@@ -8,11 +8,12 @@ pure bf16, SDPA, fused AdamW, experts through `grouped_mm` (config._experts_impl
 --experts eager.
 
   python3 hf_moe_baseline.py [--compile] [--experts grouped_mm|eager] [--layers 6] [--seq 4096] [--iters 10]
-                             [--grad-accum 1]
+                             [--grad-accum 1 [8 ...]]
 
 --grad-accum N: N micro-batches per optimizer step (gradients accumulated, the loss of each
 scaled by 1/N), as `megatron train --global-batch-size N` with micro-batch 1; tokens/s count all
-N micro-batches of a step.
+N micro-batches of a step. Several values are timed one after another on the same (compiled) model,
+one line each.
 
 Two FLOP counts per token, as bench/gpu_moe.sh prints them for megatron.cpp too:
   dense-style  6 * N_active + 6 * L * heads * head_dim * s   (N_active: parameters a token meets)
@@ -26,8 +27,9 @@ p = argparse.ArgumentParser()
 p.add_argument("--compile", action="store_true")
 p.add_argument("--experts", default="grouped_mm")
 for k, v in dict(mb=1, seq=4096, layers=6, hidden=2048, moe_ffn=768, num_experts=128, topk=8, heads=32, kv_heads=4,
-                 head_dim=128, vocab=151936, iters=10, grad_accum=1).items():
+                 head_dim=128, vocab=151936, iters=10).items():
     p.add_argument("--" + k.replace("_", "-"), type=int, default=v)
+p.add_argument("--grad-accum", type=int, nargs="+", default=[1])
 a = p.parse_args()
 
 
@@ -57,23 +59,24 @@ fwd = torch.compile(model) if a.compile else model
 x = torch.randint(0, a.vocab, (a.mb, a.seq), device="cuda")
 
 
-def step():
-    for _ in range(a.grad_accum):
+def step(accum):
+    for _ in range(accum):
         loss = fwd(input_ids=x, labels=x).loss
-        (loss / a.grad_accum).backward()
+        (loss / accum).backward()
     opt.step(); opt.zero_grad(set_to_none=True)
     return loss
 
 
-for _ in range(3):
-    step()
-torch.cuda.synchronize(); t0 = time.time()
-for _ in range(a.iters):
-    loss = step()
-torch.cuda.synchronize(); dt = (time.time() - t0) / a.iters
-tok = a.grad_accum * a.mb * a.seq / dt
-dense_style, megatron = flops_per_token(n)
-print(f"baseline hf-qwen3-moe experts={a.experts} params={n/1e9:.2f}B layers={a.layers} seq={a.seq} grad_accum={a.grad_accum} "
-      f"compile={a.compile}: "
-      f"{dt*1e3:.1f} ms/step, {tok:.0f} tok/s, {dense_style*tok/1e12:.0f} TFLOP/s (megatron count {megatron*tok/1e12:.0f}), "
-      f"peak mem {torch.cuda.max_memory_allocated()/2**30:.1f} GiB, loss {loss.item():.3f}")
+for accum in a.grad_accum:
+    for _ in range(3):
+        step(accum)
+    torch.cuda.synchronize(); t0 = time.time()
+    for _ in range(a.iters):
+        loss = step(accum)
+    torch.cuda.synchronize(); dt = (time.time() - t0) / a.iters
+    tok = accum * a.mb * a.seq / dt
+    dense_style, megatron = flops_per_token(n)
+    print(f"baseline hf-qwen3-moe experts={a.experts} params={n/1e9:.2f}B layers={a.layers} seq={a.seq} grad_accum={accum} "
+          f"compile={a.compile}: {dt*1e3:.1f} ms/step, {tok:.0f} tok/s, {dense_style*tok/1e12:.0f} TFLOP/s "
+          f"(megatron count {megatron*tok/1e12:.0f}), peak mem {torch.cuda.max_memory_allocated()/2**30:.1f} GiB, "
+          f"loss {loss.item():.3f}", flush=True)
