@@ -4,7 +4,7 @@
 # bf16, against HF transformers' Qwen3-MoE in the same call (bench/hf_moe_baseline.py: experts
 # through grouped_mm, SDPA, fused AdamW; eager and torch.compile; the eager experts loop too).
 #   bash bench/gpu_moe.sh MEGATRON_BINARY PYTHON [OUT_DIR]
-# megatron.cpp runs with Megatron's MoE speed flags (grouped GEMM, fused permutation) at a global
+# megatron.cpp runs with Megatron's speed flags (grouped GEMM, fused permutation, fused cross entropy) at a global
 # batch of 1 micro-batch (an optimizer step per 4096 tokens, where the fp32 optimizer weighs most)
 # and of 8 (gradient accumulation, as MoE training runs; HF accumulates the same way), each with
 # real routing (balancing loss on) and force-balanced (--moe-router-force-load-balancing), then
@@ -18,7 +18,8 @@ shape=(--model-family qwen3_moe --num-layers 6 --hidden-size 2048 --num-attentio
        --kv-channels 128 --ffn-hidden-size 6144 --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768
        --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1
        --tokenizer-type NullTokenizer --vocab-size 151935 --mock-data --bf16 --lr 1e-4 --lr-warmup-iters 2
-       --moe-grouped-gemm --moe-permute-fusion --moe-aux-loss-coeff 1e-3 --moe-router-dtype fp32 --eval-interval 0 --device cuda)
+       --moe-grouped-gemm --moe-permute-fusion --cross-entropy-loss-fusion --moe-aux-loss-coeff 1e-3 --moe-router-dtype fp32
+       --eval-interval 0 --device cuda)
 ours() {  # name global-batch flags... -> "tokens/s TFLOP/s max-allocated-MB"
   local name=$1 gbs=$2; shift 2
   local n=$iters; [ "$gbs" -gt 1 ] && n=$(( iters / 2 ))

@@ -59,7 +59,8 @@ nlohmann::json layout_summary(const ParallelConfig& p, int tp, int pp, int dp) {
           {"num_virtual_stages_per_pipeline_rank", pp > 1 ? p.num_virtual_stages_per_pipeline_rank : 1},
           {"decoder_first_pipeline_num_layers", pp > 1 ? p.decoder_first_pipeline_num_layers : 0},
           {"decoder_last_pipeline_num_layers", pp > 1 ? p.decoder_last_pipeline_num_layers : 0},
-          {"expert_model_parallel_size", p.expert_model_parallel_size}};
+          {"expert_model_parallel_size", p.expert_model_parallel_size},
+          {"expert_tensor_parallel_size", p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : tp}};
 }
 
 nlohmann::json layout_summary(const Config& c, const dist::ParallelState& ps) {
@@ -229,10 +230,12 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     buffer.copy_(d);
     return buffer;
   };
-  // Under expert parallelism the experts differ across the DP replicas: each EP rank's are
-  // written apart, by the first replica of them (expert-DP rank 0), into ..._epEEE files.
+  // Under expert parallelism the experts differ across the DP replicas, and under an expert TP
+  // other than TP they split otherwise than the dense tensors: each (expert-TP, EP) rank's are
+  // written apart, by the first replica of them (expert-DP rank 0), into ..._tpTT_ppPPP_epEEE
+  // files, TT its expert-TP rank.
   const tp::ParamTable table = chunk_table(chunks);
-  const bool expert_files = ps.ep.size() > 1;
+  const bool expert_files = ps.ep.size() > 1 || ps.expert_tp.size() != ps.tp.size();
   auto is_expert = [&](const std::string& param) { return table.contains(param) && table.at(param).expert >= 0; };
   auto of_expert = [&](const std::string& state_name) {  // "<param>.<field>"
     const size_t dot = state_name.rfind('.');
@@ -241,6 +244,9 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   const std::map<std::string, std::string> model_metadata = {{"format", "megatron.cpp"},
                                                              {"tensor_parallel_rank", std::to_string(ps.tp.rank())},
                                                              {"tensor_parallel_size", std::to_string(ps.tp.size())}};
+  const std::map<std::string, std::string> expert_metadata = {{"format", "megatron.cpp"},
+                                                              {"tensor_parallel_rank", std::to_string(ps.expert_tp.rank())},
+                                                              {"tensor_parallel_size", std::to_string(ps.expert_tp.size())}};
   if (ps.dp.rank() == 0) {
     CheckpointSnapshot::File f{checkpoint_file("model", ps, distributed_optimizer), {}, model_metadata};
     for (const auto& [name, param] : chunk_parameters(chunks)) {
@@ -249,7 +255,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     snap.files.push_back(std::move(f));
   }
   if (expert_files && ps.expert_dp.rank() == 0) {
-    CheckpointSnapshot::File f{checkpoint_part_name("model", ps.tp.rank(), ps.pp.rank(), -1, ps.ep.rank()), {}, model_metadata};
+    CheckpointSnapshot::File f{checkpoint_part_name("model", ps.expert_tp.rank(), ps.pp.rank(), -1, ps.ep.rank()), {}, expert_metadata};
     for (const auto& [name, param] : chunk_parameters(chunks)) {
       if (is_expert(name)) f.tensors.push_back({name, host("model/" + name, param)});
     }
@@ -266,7 +272,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     snap.files.push_back(std::move(f));
   }
   if (expert_optimizer_files && ps.expert_dp.rank() == 0) {
-    CheckpointSnapshot::File f{checkpoint_part_name("optimizer", ps.tp.rank(), ps.pp.rank(), -1, ps.ep.rank()), {},
+    CheckpointSnapshot::File f{checkpoint_part_name("optimizer", ps.expert_tp.rank(), ps.pp.rank(), -1, ps.ep.rank()), {},
                                optimizer.state_offsets()};
     for (const auto& t : optimizer_state) {
       if (of_expert(t.name)) f.tensors.push_back({t.name, host("optimizer/" + t.name, t.tensor)});
@@ -285,7 +291,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   // Every file's tensors described in state.json (gathered: each rank knows its own files).
   const at::Device device = chunks.at(0)->parameters().at(0).device();
   const std::vector<std::string> descriptions = gather_on_rank0(
-      ps, describe_files(snap.files, table, ps.tp.rank(), ps.tp.size()).dump(), device);
+      ps, describe_files(snap.files, table, ps.tp.rank(), ps.tp.size(), ps.expert_tp.rank(), ps.expert_tp.size()).dump(), device);
   if (snap.leader) {
     std::vector<nlohmann::json> parsed;
     for (const auto& d : descriptions) parsed.push_back(nlohmann::json::parse(d));
@@ -433,9 +439,11 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
   ShardedCheckpointReader reader(dir, state, chunk_table(chunks));
   const int64_t rows = config.model.padded_vocab_size;
   const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
-  // Each rank reads its own shards only.
+  const tp::ParamTable table = chunk_table(chunks);
+  // Each rank reads its own shards only (experts: of its expert-TP split).
   for (auto& [name, param] : chunk_parameters(chunks)) {
-    const at::Tensor value = reader.model(name, rows, tensor_parallel.rank(), tensor_parallel.size());
+    const dist::Group& split = tensor_parallel.split_group(table.at(name));
+    const at::Tensor value = reader.model(name, rows, split.rank(), split.size());
     if (!value.sizes().equals(param.sizes())) {
       throw UserError(dir + ": parameter '" + name + "' resharded to " + c10::str(value.sizes()) + ", the model expects " +
                       c10::str(param.sizes()));
@@ -447,7 +455,8 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
     if (optimizer != nullptr) optimizer->reset_from_model();
   } else {
     optimizer_to_load(optimizer).load_resharded([&](const std::string& name, const std::string& field, int64_t offset, int64_t numel) {
-      return reader.optimizer(name, field, rows, tensor_parallel.rank(), tensor_parallel.size(), offset, numel);
+      const dist::Group& split = tensor_parallel.split_group(table.at(name));
+      return reader.optimizer(name, field, rows, split.rank(), split.size(), offset, numel);
     }, reader.step());
   }
   if (ps.rank == 0) {
@@ -480,12 +489,16 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
   // Layouts saved before a key existed had its default value.
   nlohmann::json saved_layout = layout_summary(ParallelConfig(), 1, 1, 1);
   saved_layout.update(state.value("parallel", nlohmann::json::object()));
+  if (!state.value("parallel", nlohmann::json::object()).contains("expert_tensor_parallel_size")) {
+    saved_layout["expert_tensor_parallel_size"] = saved_layout["tensor_model_parallel_size"];  // expert TP was TP
+  }
   const nlohmann::json layout = layout_summary(config, ps);
   const bool distributed_optimizer = config.parallel.use_distributed_optimizer;
   // The same layout reads this rank's own files (and its generator states); any other reshards.
-  // Expert-parallel checkpoints spread a rank's tensors over two files: read through the table.
+  // Expert-parallel (or other-expert-TP) checkpoints spread a rank's tensors over two files: read
+  // through the table.
   const bool same_layout = state["model"].value("padded_vocab_size", 0) == config.model.padded_vocab_size && saved_layout == layout &&
-                           ps.ep.size() == 1;
+                           ps.ep.size() == 1 && ps.expert_tp.size() == ps.tp.size();
   if (!same_layout) return load_resharded(dir, state, saved_layout, chunks, optimizer, config, ps);
   {
     SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));

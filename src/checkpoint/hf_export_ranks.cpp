@@ -39,9 +39,10 @@ at::Tensor pass(const at::Tensor& full, const dist::Group& group, int from, int 
 
 }  // namespace
 
-// The ranks of DP replica 0 walk the parameter names in the same order, and under expert
-// parallelism the first replica of every EP rank's experts (expert-DP rank 0) too: an expert
-// is gathered over TP on its EP rank, passed to EP rank 0 of its stage, then to stage 0.
+// The ranks of DP replica 0 walk the parameter names in the same order, and the first replica of
+// every EP rank's experts (expert-DP rank 0) too: a dense tensor is gathered over TP and passed
+// to stage 0; an expert is gathered over expert TP on its EP rank, passed to EP rank 0 of its
+// stage, then to stage 0 (rank 0 is rank 0 of both layouts).
 void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c, const dist::ParallelState& ps,
                           const at::Device& device) {
   const auto start = std::chrono::steady_clock::now();
@@ -58,21 +59,34 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
     while (owner < ps.pp.size() && !pipeline::stage_holds(name, p, c.model, owner)) ++owner;
     if (owner == ps.pp.size()) throw UserError("--save-hf: no pipeline stage holds '" + name + "'");
     const int expert = whole_model.contains(name) ? whole_model.at(name).expert : -1;
-    const int ep_owner = expert >= 0 ? expert / experts_per_rank : 0;
-    // Only the ranks of this tensor's first replica take part (dense: DP rank 0).
-    const bool replica_zero = expert >= 0 && ps.ep.size() > 1 ? ps.expert_dp.rank() == 0 : ps.dp.rank() == 0;
-    if (!replica_zero) return {};
-    at::Tensor full;
-    if (ps.pp.rank() == owner && ps.ep.rank() == ep_owner) {
+    auto local = [&]() -> const std::pair<at::Tensor, tp::ParamInfo>& {
       auto it = params.find(name);
       if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
-      full = tp::gather_full(it->second.first.detach(), it->second.second.split, ps.tp).contiguous();
-    }
-    if (ps.pp.rank() == owner && ep_owner != 0 && ps.tp.rank() == 0 && (ps.ep.rank() == ep_owner || ps.ep.rank() == 0)) {
-      full = pass(full, ps.ep, ep_owner, 0, device, dtype);
-    }
-    if (ps.ep.rank() == 0 && owner != 0 && ps.tp.rank() == 0 && (ps.pp.rank() == owner || ps.pp.rank() == 0)) {
-      full = pass(full, ps.pp, owner, 0, device, dtype);
+      return it->second;
+    };
+    at::Tensor full;
+    if (expert < 0) {
+      // Dense: DP replica 0 gathers it over TP on its stage; TP rank 0 passes it to stage 0.
+      if (ps.dp.rank() != 0) return {};
+      if (ps.pp.rank() == owner) full = tp::gather_full(local().first.detach(), local().second.split, ps.tp).contiguous();
+      if (owner != 0 && ps.tp.rank() == 0 && (ps.pp.rank() == owner || ps.pp.rank() == 0)) {
+        full = pass(full, ps.pp, owner, 0, device, dtype);
+      }
+    } else {
+      // An expert: its first replica (expert-DP rank 0) gathers it over expert TP on its EP rank,
+      // which passes it to EP rank 0 of the stage, which passes it to stage 0.
+      if (ps.expert_dp.rank() != 0) return {};
+      const int ep_owner = expert / experts_per_rank;
+      const bool lead = ps.expert_tp.rank() == 0;
+      if (ps.pp.rank() == owner && ps.ep.rank() == ep_owner) {
+        full = tp::gather_full(local().first.detach(), local().second.split, ps.expert_tp).contiguous();
+      }
+      if (ps.pp.rank() == owner && ep_owner != 0 && lead && (ps.ep.rank() == ep_owner || ps.ep.rank() == 0)) {
+        full = pass(full, ps.ep, ep_owner, 0, device, dtype);
+      }
+      if (ps.ep.rank() == 0 && owner != 0 && lead && (ps.pp.rank() == owner || ps.pp.rank() == 0)) {
+        full = pass(full, ps.pp, owner, 0, device, dtype);
+      }
     }
     return full.defined() ? full.cpu() : full;
   };
@@ -90,7 +104,7 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("exported the model to %s (Hugging Face safetensors, %.2f s)\n", c.train.save_hf.c_str(), seconds);
     std::fflush(stdout);
-  } else if (ps.dp.rank() == 0 || (ps.ep.size() > 1 && ps.expert_dp.rank() == 0)) {
+  } else if (ps.dp.rank() == 0 || ps.expert_dp.rank() == 0) {
     // The other ranks of the first replica take part in every gather and transfer rank 0 makes.
     for (const auto& name : whole_model.names()) full_tensor(name);
   }

@@ -239,6 +239,28 @@ void adopt_hf_architecture(Config& config) {
   if (given("seq-length")) m.seq_length = user.seq_length;
   if (given("hidden-dropout")) m.hidden_dropout = user.hidden_dropout;
   if (given("attention-dropout")) m.attention_dropout = user.attention_dropout;
+  // What config.json does not describe stays the run's own choice: fused kernels, activation
+  // recomputation, and how the MoE layers route, balance, drop and dispatch.
+  m.apply_rope_fusion = user.apply_rope_fusion;
+  m.bias_swiglu_fusion = user.bias_swiglu_fusion;
+  m.cross_entropy_loss_fusion = user.cross_entropy_loss_fusion;
+  m.bias_dropout_fusion = user.bias_dropout_fusion;
+  m.recompute_granularity = user.recompute_granularity;
+  m.recompute_method = user.recompute_method;
+  m.recompute_num_layers = user.recompute_num_layers;
+  m.recompute_activations = user.recompute_activations;
+  m.moe_router_dtype = user.moe_router_dtype;
+  m.moe_router_force_load_balancing = user.moe_router_force_load_balancing;
+  m.moe_router_load_balancing_type = user.moe_router_load_balancing_type;
+  m.moe_aux_loss_coeff = user.moe_aux_loss_coeff;
+  m.moe_z_loss_coeff = user.moe_z_loss_coeff;
+  m.moe_expert_capacity_factor = user.moe_expert_capacity_factor;
+  m.moe_token_drop_policy = user.moe_token_drop_policy;
+  m.moe_pad_expert_input_to_capacity = user.moe_pad_expert_input_to_capacity;
+  m.moe_grouped_gemm = user.moe_grouped_gemm;
+  m.moe_token_dispatcher_type = user.moe_token_dispatcher_type;
+  m.moe_permute_fusion = user.moe_permute_fusion;
+  m.moe_shared_expert_overlap = user.moe_shared_expert_overlap;
   DataConfig& d = config.data;
   if (!given("tokenizer-type") && !given("tokenizer-model") && fs::exists(dir + "/tokenizer.json")) {
     d.tokenizer_type = "HuggingFaceTokenizer";
@@ -257,7 +279,9 @@ void load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& chunk
       const std::string& name = item.key();
       at::Tensor& param = item.value();
       const at::Tensor full = megatron_tensor_from_hf(name, model->config(), hf);
-      const at::Tensor shard = tp::shard_of(full, model->parameter_table().at(name).split, tp.rank(), tp.size());
+      const tp::ParamInfo& info = model->parameter_table().at(name);
+      const dist::Group& split = tp.split_group(info);  // experts: over expert TP
+      const at::Tensor shard = tp::shard_of(full, info.split, split.rank(), split.size());
       if (!shard.sizes().equals(param.sizes())) {
         throw UserError(dir + ": tensor for '" + name + "' has shape " + c10::str(shard.sizes()) + " on this rank, the model expects " +
                         c10::str(param.sizes()) + " (does config.json match the model flags?)");

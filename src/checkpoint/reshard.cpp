@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <filesystem>
+#include <functional>
+#include <tuple>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
@@ -107,16 +109,23 @@ std::string ShardedCheckpointReader::model_file(int tp_rank, const std::string& 
     if (!file(listed, false).contains(key)) throw UserError(dir_ + "/" + listed + " lacks '" + key + "', which state.json says it holds");
     return listed;
   }
-  for (const auto& name : model_names_[tp_rank]) {
+  for (const auto& name : tp_rank < int(model_names_.size()) ? model_names_[size_t(tp_rank)] : std::vector<std::string>()) {
     if (file(name, false).contains(key)) return name;
   }
   throw UserError(dir_ + ": no model file of tensor-parallel rank " + std::to_string(tp_rank) + " holds '" + key +
                   "' (a file is missing, or the checkpoint is of another model)");
 }
 
+int ShardedCheckpointReader::saved_parts(const std::string& name) const {
+  auto tensors = state_.find("tensors");
+  if (tensors != state_.end() && tensors->contains(name)) return (*tensors)[name].value("tp_size", tp_);
+  return tp_;
+}
+
 at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab_rows, int tp_rank, int tp_size) const {
   const tp::ParamInfo& info = params_.at(name);
   const tp::ShardSpec& spec = info.split;
+  const int parts = saved_parts(name);
   // Shapes from the headers; data (and checksums) only from the files a slice is taken from.
   const at::Tensor shape_of = file(model_file(0, name), false).view(name);
   auto part = [&](int s) {
@@ -124,21 +133,48 @@ at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab
     return file(f, true).view(name);
   };
   const int64_t saved_local = spec.replicated() ? 0 : shape_of.size(spec.dim);
-  const int64_t target_length = info.vocab_rows ? vocab_rows : saved_local * tp_;
-  return target_shard(part, tp_, spec, saved_local, target_length, tp_rank, tp_size);
+  const int64_t target_length = info.vocab_rows ? vocab_rows : saved_local * parts;
+  return target_shard(part, parts, spec, saved_local, target_length, tp_rank, tp_size);
 }
 
 at::Tensor ShardedCheckpointReader::saved_optimizer_range(int tp_rank, const std::string& name, const std::string& field,
                                                           int64_t begin, int64_t end) const {
-  const auto& names = optimizer_names_[tp_rank];
-  if (names.empty()) throw UserError(dir_ + " has no optimizer state: load with --no-load-optim or --finetune");
   const std::string key = name + "." + field;
+  at::Tensor out = at::empty({end - begin}, at::kFloat);
+  int64_t covered = 0;
+  // The table of state.json lists each saved slice with its TP rank (experts: expert-TP rank),
+  // offset and length, whichever file holds it: the range is filled from the slices in offset
+  // order, each element once (slices held twice, as a tied embedding's, serve once).
+  auto table = state_.find("optimizer_tensors");
+  if (table != state_.end() && table->contains(key)) {
+    std::vector<std::tuple<int64_t, int64_t, std::string>> slices;  // offset, length, file
+    for (const auto& part : (*table)[key].at("files")) {
+      if (part.at("tp_rank").get<int>() != tp_rank) continue;
+      slices.emplace_back(part.at("offset").get<int64_t>(), part.at("numel").get<int64_t>(), part.at("file").get<std::string>());
+    }
+    std::sort(slices.begin(), slices.end());
+    int64_t next = begin;
+    for (const auto& [offset, length, n] : slices) {
+      if (next >= end) break;
+      if (offset > next || offset + length <= next) continue;
+      const int64_t to = std::min(end, offset + length);
+      const at::Tensor slice = file(n, true).view(key).reshape({-1});
+      out.narrow(0, next - begin, to - next).copy_(slice.narrow(0, next - offset, to - next));
+      next = to;
+    }
+    if (next == end) return out;
+    throw UserError(dir_ + ": the optimizer state of '" + key + "' covers " + std::to_string(next - begin) + " of the " +
+                    std::to_string(end - begin) + " elements needed from element " + std::to_string(begin) +
+                    " (a shard file is missing?)");
+  }
+  if (tp_rank >= int(optimizer_names_.size()) || optimizer_names_[size_t(tp_rank)].empty()) {
+    throw UserError(dir_ + " has no optimizer state: load with --no-load-optim or --finetune");
+  }
+  const auto& names = optimizer_names_[size_t(tp_rank)];
   // Each DP rank's file holds a flat slice of the TP-local parameter at the offset its metadata
   // names; without the distributed optimizer one file holds all of it. A tied embedding is
   // held by two stages alike: whichever file comes first serves. Only files whose slice
   // overlaps [begin, end) are read.
-  at::Tensor out = at::empty({end - begin}, at::kFloat);
-  int64_t covered = 0;
   for (const auto& n : names) {
     const SafetensorsFile& header = file(n, false);
     if (!header.contains(key)) continue;
@@ -161,8 +197,9 @@ at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std
   const tp::ParamInfo& info = params_.at(name);
   const tp::ShardSpec& spec = info.split;
   const at::Tensor saved_shape = file(model_file(0, name), false).view(name);
-  const bool same_rows = !info.vocab_rows || saved_shape.size(0) * tp_ == vocab_rows;
-  if ((tp_size == tp_ || spec.replicated()) && same_rows) {
+  const int parts = saved_parts(name);
+  const bool same_rows = !info.vocab_rows || saved_shape.size(0) * parts == vocab_rows;
+  if ((tp_size == parts || spec.replicated()) && same_rows) {
     // Same TP shard: the range maps one to one onto the saved flat shard.
     return saved_optimizer_range(spec.replicated() ? 0 : tp_rank, name, field, offset, offset + numel);
   }
@@ -171,8 +208,8 @@ at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std
     return saved_optimizer_range(s, name, field, 0, saved_shape.numel()).view(saved_shape.sizes());
   };
   const int64_t saved_local = spec.replicated() ? 0 : saved_shape.size(spec.dim);
-  const int64_t target_length = info.vocab_rows ? vocab_rows : saved_local * tp_;
-  return target_shard(part, tp_, spec, saved_local, target_length, tp_rank, tp_size).reshape({-1}).narrow(0, offset, numel);
+  const int64_t target_length = info.vocab_rows ? vocab_rows : saved_local * parts;
+  return target_shard(part, parts, spec, saved_local, target_length, tp_rank, tp_size).reshape({-1}).narrow(0, offset, numel);
 }
 
 at::Tensor ShardedCheckpointReader::step() const {

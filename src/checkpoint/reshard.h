@@ -48,6 +48,9 @@ class ShardedCheckpointReader {
   // The name of the file of TP rank `tp_rank` holding `key`: as state.json's table lists it,
   // else found among the stages' files.
   std::string model_file(int tp_rank, const std::string& key) const;
+  // How many TP parts model tensor `name` was saved in: state.json's table says (experts: their
+  // expert-TP size); older tables without it, the TP size.
+  int saved_parts(const std::string& name) const;
   // A file of the checkpoint, opened (memory-mapped) on first use; with `verified` its
   // checksum is checked too, once: for every file this rank reads data from, and only those.
   const SafetensorsFile& file(const std::string& name, bool verified) const;

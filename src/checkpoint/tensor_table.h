@@ -6,6 +6,7 @@
 //   "tensors": {"decoder.layers.0.mlp.linear_fc1.weight": {"shape": [256, 64], "dtype": "F32",
 //       "split_dim": 0, "gated": true, "tp_size": 2,
 //       "files": [{"file": "model_tp00_pp000.safetensors", "tp_rank": 0}, ...]}, ...},
+// (an expert's "tp_size" and "tp_rank" count expert-TP ranks: --expert-tensor-parallel-size)
 //   "optimizer_tensors": {"decoder.layers.0.mlp.linear_fc1.weight.exp_avg": {"tp_size": 2,
 //       "files": [{"file": "optimizer_tp00_pp000_dp001.safetensors", "tp_rank": 0,
 //                  "offset": 4096, "numel": 4096}, ...]}, ...}
@@ -22,9 +23,10 @@
 namespace megatron {
 
 // This rank's files described (model and optimizer files; generator states are left out).
-// `params` says how each model tensor splits over TP (the model's parameter table).
+// `params` says how each model tensor splits (the model's parameter table): dense tensors over
+// the tp_size TP ranks, experts over the expert-TP ranks (the same as TP where not given).
 nlohmann::json describe_files(const std::vector<CheckpointSnapshot::File>& files, const tp::ParamTable& params, int tp_rank,
-                              int tp_size);
+                              int tp_size, int expert_tp_rank = -1, int expert_tp_size = -1);
 
 // The merged table {"tensors": ..., "optimizer_tensors": ...} from every rank's description.
 nlohmann::json merge_file_descriptions(const std::vector<nlohmann::json>& descriptions);

@@ -95,6 +95,9 @@ struct AdamWArgs {
 };
 void adamw_step(const AdamWArgs& args, Stream stream);
 
+// dst (fp32, n elements) = src, or dst += src, src in its storage type (upcast as read).
+void accumulate_into_fp32(float* dst, const void* src, int64_t n, DType src_dtype, bool overwrite, Stream stream);
+
 // The MoE dispatcher's permutations (src/kernels/moe_permute.cu), rows of h channels
 // (row-contiguous), fp32 arithmetic. A layer routes T tokens to k experts each; pair p = t k + j
 // is token t's j-th choice.

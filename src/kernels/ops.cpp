@@ -402,6 +402,20 @@ AdamWStepScalars adamw_step_scalars(const at::Tensor& step, const at::Tensor& gr
   return {step, corrections.to(at::kFloat), grad_scale.to(at::kFloat), found_inf.to(at::kFloat), lr.to(at::kDouble)};
 }
 
+void accumulate_grad(const at::Tensor& dst, const at::Tensor& src, bool overwrite, Impl impl) {
+  TORCH_CHECK(dst.numel() == src.numel(), "accumulate_grad: ", src.numel(), " elements into ", dst.numel());
+  const bool kernel = uses_kernel(src, impl) && dst.is_cuda() && dst.scalar_type() == at::kFloat && dst.is_contiguous() &&
+                      src.is_contiguous();
+  if (!kernel) {
+    at::NoGradGuard no_grad;
+    overwrite ? dst.copy_(src.reshape(dst.sizes())) : dst.add_(src.reshape(dst.sizes()));
+    return;
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  cuda::accumulate_into_fp32(dst.data_ptr<float>(), src.data_ptr(), src.numel(), storage_type(src), overwrite, current_stream());
+#endif
+}
+
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                 const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
                 const AdamWStepScalars& s, Impl impl) {

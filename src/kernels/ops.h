@@ -66,6 +66,10 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
                                   const at::Tensor& sum_exp, const at::Tensor& grad_loss, int64_t first,
                                   Impl impl = Impl::Auto);
 
+// A gradient into its accumulator: dst = src (overwrite) or dst += src, src upcast as read. One
+// vectorised kernel for a contiguous fp32 dst on CUDA; ATen's copy_ / add_ elsewhere.
+void accumulate_grad(const at::Tensor& dst, const at::Tensor& src, bool overwrite, Impl impl = Impl::Auto);
+
 // One AdamW step (PyTorch's arithmetic, decoupled weight decay) on one parameter's fp32 master
 // and moments [n], from its gradient [n] (fp32, or bf16 with --grad-reduce-in-bf16) divided by
 // the step's grad_scale; the result is also written to `model` ([n], bf16 / fp16) unless model is

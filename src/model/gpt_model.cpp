@@ -101,7 +101,8 @@ void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
     for (int64_t i = begin; i < end; ++i) {
       const auto& [name, held_param] = params[i];
       const auto& [param, info] = held_param;
-      const std::vector<int64_t> shape = tp::full_shape(param.sizes(), info.split, tensor_parallel.size());
+      const dist::Group& split = tensor_parallel.split_group(info);  // TP, or expert TP for experts
+      const std::vector<int64_t> shape = tp::full_shape(param.sizes(), info.split, split.size());
       at::Tensor value;
       switch (info.init) {
         case tp::Init::Ones: value = at::ones(shape); break;
@@ -115,7 +116,7 @@ void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
         }
       }
       // Every TP rank draws the whole tensor and keeps its shard.
-      at::Tensor(param).copy_(tp::shard_of(value, info.split, tensor_parallel.rank(), tensor_parallel.size()));
+      at::Tensor(param).copy_(tp::shard_of(value, info.split, split.rank(), split.size()));
     }
   });
 }
@@ -248,7 +249,7 @@ int64_t GPTModel::count_parameters(bool experts_only) const {
   for (const auto& p : named_parameters()) {
     const tp::ParamInfo& info = table_.at(p.key());
     if ((holds_tied_output_copy() && info.word_embedding) || (experts_only && info.expert < 0)) continue;
-    n += info.split.replicated() ? p.value().numel() : p.value().numel() * tp_.size();
+    n += info.split.replicated() ? p.value().numel() : p.value().numel() * tp_.split_group(info).size();
   }
   return n;
 }

@@ -11,7 +11,7 @@ namespace megatron::moe {
 GroupedExperts::GroupedExperts(const PartContext& ctx, int first_expert, int count)
     : grouped_gemm_(ctx.config.moe_grouped_gemm), swiglu_fusion_(ctx.config.bias_swiglu_fusion) {
   const ModelConfig& c = ctx.config;
-  const int64_t f = c.expert_ffn_hidden_size() / ctx.tp.size(), h = c.hidden_size;
+  const int64_t f = c.expert_ffn_hidden_size() / ctx.tp.expert_group.size(), h = c.hidden_size;  // split over expert TP
   const at::TensorOptions on = at::TensorOptions().device(ctx.device);
   auto linear_fc1 = register_module("linear_fc1", std::make_shared<tp::DescribedModule>());
   auto linear_fc2 = register_module("linear_fc2", std::make_shared<tp::DescribedModule>());

@@ -1,9 +1,10 @@
 // The experts of one MoE layer held by this rank (Megatron-Core's GroupedMLP / TEGroupedMLP):
 // SwiGLU MLPs, one weight per expert under its global index (`linear_fc1.weight<e>`,
 // `linear_fc2.weight<e>`), so checkpoints and the HF mapping name experts the same under any
-// expert-parallel size. Under tensor parallelism each weight is split as the dense MLP's
-// (fc1 by output rows, its gate and up halves apart; fc2 by input columns), and the output is
-// a partial sum over TP that the layer reduces.
+// expert-parallel size. Under expert tensor parallelism (--expert-tensor-parallel-size, by
+// default the TP size) each weight is split as the dense MLP's (fc1 by output rows, its gate and
+// up halves apart; fc2 by input columns), and the output is a partial sum over the expert-TP
+// ranks that the layer reduces.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,8 +23,8 @@ class GroupedExperts : public tp::DescribedModule {
   // counts: [E_local] int64 on the rows' device (the grouped GEMM never reads it on the host).
   at::Tensor forward(const at::Tensor& rows, const at::Tensor& counts) const;
 
-  std::vector<at::Tensor> fc1;  // [2f/tp, h] per local expert: [gate block; up block] of this rank
-  std::vector<at::Tensor> fc2;  // [h, f/tp]
+  std::vector<at::Tensor> fc1;  // [2f/etp, h] per local expert: [gate block; up block] of this rank
+  std::vector<at::Tensor> fc2;  // [h, f/etp]
 
  private:
   at::Tensor grouped(const at::Tensor& rows, const at::Tensor& counts) const;  // CUDA: at::_grouped_mm

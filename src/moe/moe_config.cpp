@@ -183,21 +183,22 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
                                           ": each expert-parallel rank holds the same number of experts");
   }
   if (p.expert_tensor_parallel_size == 0) p.expert_tensor_parallel_size = tp;
-  if (p.expert_tensor_parallel_size != tp) {
-    bad("expert-tensor-parallel-size", std::to_string(p.expert_tensor_parallel_size) + " differs from --tensor-model-parallel-size " +
-                                           std::to_string(tp) + ": only expert TP equal to TP is supported yet");
-  }
-  const int dense_dp = world_size / (tp * p.pipeline_model_parallel_size * p.context_parallel_size);
-  if (dense_dp % ep != 0) {
-    bad("expert-model-parallel-size", std::to_string(ep) + " must divide the data-parallel size " + std::to_string(dense_dp) +
-                                          " (expert parallelism splits the data-parallel replicas, as in Megatron)");
+  const int etp = p.expert_tensor_parallel_size;
+  if (etp < 1) bad("expert-tensor-parallel-size", "must be at least 1");
+  // One pipeline stage's ranks (tp x cp x dp) laid out again as expert TP x EP x expert DP.
+  const int stage_ranks = world_size / p.pipeline_model_parallel_size;
+  if (stage_ranks % (etp * ep) != 0) {
+    const std::string layout = "expert TP " + std::to_string(etp) + " x EP " + std::to_string(ep);
+    bad(etp != tp ? "expert-tensor-parallel-size" : "expert-model-parallel-size",
+        std::to_string(etp != tp ? etp : ep) + ": " + layout + " must divide the " + std::to_string(stage_ranks) +
+            " ranks of a pipeline stage (tensor x context x data parallel), as in Megatron");
   }
   if (tp > 1 && !p.sequence_parallel) {
     bad("tensor-model-parallel-size", std::to_string(tp) + " with MoE layers needs --sequence-parallel (as Megatron)");
   }
-  if (m.moe_ffn_hidden_size % tp != 0) {
-    bad("moe-ffn-hidden-size", std::to_string(m.moe_ffn_hidden_size) + " is not divisible by --tensor-model-parallel-size " +
-                                   std::to_string(tp));
+  if (m.moe_ffn_hidden_size % etp != 0) {
+    bad("moe-ffn-hidden-size", std::to_string(m.moe_ffn_hidden_size) + " is not divisible by the expert tensor-parallel size " +
+                                   std::to_string(etp) + " (--expert-tensor-parallel-size, by default the TP size)");
   }
   if (m.moe_shared_expert_intermediate_size % tp != 0) {
     bad("moe-shared-expert-intermediate-size", "is not divisible by --tensor-model-parallel-size " + std::to_string(tp));

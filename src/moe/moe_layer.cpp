@@ -46,19 +46,22 @@ at::Tensor MoELayer::forward(const at::Tensor& normed) {
     c10::StreamGuard on_side(*side);
     shared = shared_output(normed);
   }
-  const at::Tensor local = normed.reshape({s * b, h});  // [s b, h] this rank's tokens
+  const at::Tensor local = normed.reshape({s * b, h});  // [s b, h] this rank's tokens (its sequence shard under SP)
   Routing routing = router->forward(local, b);
   at::Tensor tokens = local;
-  if (tp_.size() > 1) {  // the whole sequence on every TP rank; each routed its own shard
-    tokens = tp::gather_from_sp(local, tp_.group);                 // [tp s b, h]
-    routing.probs = tp::gather_from_sp(routing.probs, tp_.group);  // [tp s b, k]; partial gradients summed back
-    routing.indices = tp::all_gather_rows(routing.indices, tp_.group);
-    if (routing.kept.defined()) routing.kept = tp::all_gather_rows(routing.kept, tp_.group);
-    routing.padded_capacity *= tp_.size();  // each TP rank's shard brings its own capacity's worth
+  // The experts are split over the expert-TP ranks (by default the TP ranks, which hold the
+  // other shards of the same sequences): each of them sees all their tokens and routing.
+  const dist::Group& etp = tp_.expert_group;
+  if (etp.size() > 1) {
+    tokens = tp::gather_from_sp(local, etp);                 // [etp s b, h]
+    routing.probs = tp::gather_from_sp(routing.probs, etp);  // [etp s b, k]; partial gradients summed back
+    routing.indices = tp::all_gather_rows(routing.indices, etp);
+    if (routing.kept.defined()) routing.kept = tp::all_gather_rows(routing.kept, etp);
+    routing.padded_capacity *= etp.size();  // each rank's tokens bring their own capacity's worth
   }
   const Dispatched dispatched = dispatcher_.dispatch(tokens, routing);
-  at::Tensor out = dispatcher_.combine(experts->forward(dispatched.rows, dispatched.counts));  // [tp s b, h] partial over TP
-  if (tp_.size() > 1) out = tp::reduce_scatter_to_sp(out, tp_.group);                        // [s b, h]
+  at::Tensor out = dispatcher_.combine(experts->forward(dispatched.rows, dispatched.counts));  // [etp s b, h] partial over expert TP
+  if (etp.size() > 1) out = tp::reduce_scatter_to_sp(out, etp);                             // [s b, h]
   out = out.view({s, b, h});
   if (side) {
     const c10::Stream main = current_stream(normed.device());

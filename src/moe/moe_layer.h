@@ -4,9 +4,10 @@
 // every token beside them, optionally behind a sigmoid gate.
 //
 // Under tensor parallelism (which needs sequence parallelism here, as in Megatron) each TP rank
-// routes its own sequence shard; the tokens and their routing are then gathered over TP, the
-// experts' weights are split over TP like the dense MLP's, and the partial outputs are
-// reduce-scattered back to the shards.
+// routes its own sequence shard. The experts' weights are split over the expert-TP ranks
+// (--expert-tensor-parallel-size, by default the TP ranks) like the dense MLP's: the tokens and
+// their routing are gathered over them and the partial outputs reduce-scattered back. With expert
+// TP 1 under TP each rank sends its own shard's tokens to the experts' ranks.
 #pragma once
 
 #include <memory>

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "core/streams.h"
+#include "kernels/ops.h"
 #include "tensor_parallel/grad_accumulation.h"
 
 namespace megatron {
@@ -104,14 +105,8 @@ void ParamAndGradBuffer::on_grad_ready(size_t index) {
   // Gradient-accumulation fusion already added this micro-batch's gradient (and called
   // grad_added); autograd still runs the hook, with no .grad.
   if (!grad.defined()) return;
-  {
-    at::NoGradGuard no_grad;
-    if (take_first_add(index)) {
-      p.main_grad.copy_(grad);  // upcasts bf16 gradients into the fp32 accumulator
-    } else {
-      p.main_grad.add_(grad);
-    }
-  }
+  // Upcasts bf16 gradients into the fp32 accumulator; the step's first gradient overwrites.
+  kernels::accumulate_grad(p.main_grad, grad, take_first_add(index));
   grad = at::Tensor();
   grad_added(index);
 }
@@ -144,12 +139,14 @@ void ParamAndGradBuffer::launch(Bucket& b) {
   b.launched = true;
   at::NoGradGuard no_grad;
   at::Tensor grads = grad_data.narrow(0, b.begin, b.end - b.begin);
-  // An expert's gradient already sums the tokens of every expert-parallel rank (they came to it
-  // through the dispatcher), so it is averaged over all dp = ep x expert-dp data replicas, as
-  // the dense gradients are (Megatron's expert_gradient_scaling_factor): 1/ep here, the rest
-  // in the collective.
-  const double expert_scale =
-      options_.grad_group == tp::GradGroup::ExpertDataParallel && ps_.ep.size() > 1 ? 1.0 / ps_.ep.size() : 1.0;
+  // An expert's gradient sums the tokens that reached it: those of every expert-parallel rank and
+  // expert-TP rank. Megatron scales expert gradients as dense ones, by 1 / (dense DP size), and
+  // sums them over expert DP; since etp x ep x expert-dp = tp x dp (one stage's ranks, CP 1) that
+  // is the mean over expert DP times tp / (ep x etp): 1/ep with expert TP = TP, and e.g. 2 under
+  // TP=2 with expert TP 1 and no EP (each TP rank's experts saw half of the sequence).
+  const double expert_scale = options_.grad_group == tp::GradGroup::ExpertDataParallel
+                                  ? double(ps_.tp.size()) / double(ps_.ep.size() * ps_.expert_tp.size())
+                                  : 1.0;
   if (reduce_group_.size() == 1) {
     if (expert_scale != 1.0) grads.mul_(expert_scale);
     return;

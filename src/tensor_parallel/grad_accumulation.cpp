@@ -6,6 +6,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/ops.h"
+
 namespace megatron::tp {
 namespace {
 
@@ -105,15 +107,10 @@ bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw) {
   std::vector<bool> first(targets.size());
   size_t firsts = 0;
   for (size_t e = 0; e < targets.size(); ++e) firsts += (first[e] = targets[e]->first_add()) ? 1 : 0;
-  {
-    at::NoGradGuard no_grad;
-    if (firsts == targets.size()) {
-      stacked.copy_(dw);  // the step's first gradient: overwrite (upcasting bf16 into fp32)
-    } else if (firsts == 0) {
-      stacked.add_(dw);
-    } else {
-      for (size_t e = 0; e < targets.size(); ++e) first[e] ? stacked[int64_t(e)].copy_(dw[int64_t(e)]) : stacked[int64_t(e)].add_(dw[int64_t(e)]);
-    }
+  if (firsts == targets.size() || firsts == 0) {
+    kernels::accumulate_grad(stacked, dw, /*overwrite=*/firsts > 0);  // the step's first gradient overwrites
+  } else {
+    for (size_t e = 0; e < targets.size(); ++e) kernels::accumulate_grad(stacked[int64_t(e)], dw[int64_t(e)], first[e]);
   }
   for (const MainGradTarget* target : targets) target->on_added();
   return true;

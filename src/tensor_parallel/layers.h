@@ -25,10 +25,16 @@ struct TensorParallel {
   // The expert-parallel peers of the MoE layers (ParallelState::ep): each holds
   // num_experts / size() of every MoE layer's experts. A group of one: all experts here.
   dist::Group experts;
+  // The ranks splitting each expert's weights (expert tensor parallelism, ParallelState::expert_tp):
+  // the MoE layer gathers its tokens over them. With --expert-tensor-parallel-size = TP the TP
+  // group itself; a group of one: experts whole.
+  dist::Group expert_group;
   // The data-parallel replicas (global_aux_loss counts experts over the whole batch).
   dist::Group data;
   int size() const { return group.size(); }
   int rank() const { return group.rank(); }
+  // The group a parameter's ShardSpec splits it over: expert_group for experts, else group.
+  const dist::Group& split_group(const ParamInfo& info) const { return info.expert >= 0 ? expert_group : group; }
   // draw() under the model-parallel generator when `inside` the TP region and there is one.
   at::Tensor random(bool inside, const std::function<at::Tensor()>& draw) const {
     return inside && rng ? rng->fork(draw) : draw();

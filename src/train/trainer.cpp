@@ -210,6 +210,7 @@ int Trainer::run() {
 
   tp::TensorParallel tensor_parallel{ps_.tp, p.sequence_parallel, nullptr};
   tensor_parallel.experts = ps_.ep;
+  tensor_parallel.expert_group = ps_.expert_tp;
   tensor_parallel.data = ps_.dp;
   if (ps_.tp.size() > 1) {
     tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
@@ -274,7 +275,8 @@ int Trainer::run() {
         p.num_virtual_stages_per_pipeline_rank > 1 ? " (" + std::to_string(p.num_virtual_stages_per_pipeline_rank) + " virtual stages, interleaved 1F1B)"
         : ps_.pp.size() > 1                       ? " (1F1B)"
                                                   : "";
-    const std::string experts = m.num_experts > 0 ? ", experts: expert parallel " + std::to_string(ps_.ep.size()) + " x expert data " +
+    const std::string experts = m.num_experts > 0 ? ", experts: expert tensor " + std::to_string(ps_.expert_tp.size()) +
+                                                        " x expert parallel " + std::to_string(ps_.ep.size()) + " x expert data " +
                                                         std::to_string(ps_.expert_dp.size())
                                                   : "";
     std::printf("> parallel layout: tensor %d x pipeline %d%s x data %d%s%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),

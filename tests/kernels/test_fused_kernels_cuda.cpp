@@ -262,6 +262,25 @@ TEST(CudaFusedKernelsBf16Gradients, AdamWMatchesAtenOnUpcastGradients) {
   }
 }
 
+// A gradient upcast into its fp32 accumulator, overwriting and adding: exactly ATen's copy_ and
+// add_ (one rounding-free upcast, one fp32 add), at a length with a tail past the last pack and
+// at an unaligned offset (the one-element kernel).
+TEST_P(CudaFusedKernels, AccumulateGradIsCopyAndAdd) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  for (int64_t offset : {0, 1}) {
+    const int64_t n = 1000003;
+    const at::Tensor src = at::randn({n + offset}, at::TensorOptions(kGpu).dtype(dtype)).narrow(0, offset, n);
+    const at::Tensor start = at::randn({n + offset}, at::TensorOptions(kGpu)).narrow(0, offset, n);
+    for (bool overwrite : {true, false}) {
+      at::Tensor kernel = start.clone(), composite = start.clone();
+      kernels::accumulate_grad(kernel, src, overwrite);
+      kernels::accumulate_grad(composite, src, overwrite, kernels::Impl::Composite);
+      EXPECT_TRUE(at::equal(kernel, composite)) << "offset " << offset << (overwrite ? " overwrite" : " add");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFusedKernels, ::testing::Values(at::kFloat, at::kBFloat16),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 

@@ -70,11 +70,24 @@ TEST(MoeConfig, ExpertLayoutChecks) {
   ParallelConfig ep3 = p;
   ep3.expert_model_parallel_size = 3;
   EXPECT_NE(error_of(m, ep3, 3).find("does not divide --num-experts 8"), std::string::npos);
-  EXPECT_NE(error_of(m, p, 2).find("must divide the data-parallel size 2"), std::string::npos);
+  EXPECT_NE(error_of(m, p, 2).find("--expert-model-parallel-size 4: expert TP 1 x EP 4 must divide the 2 ranks of a pipeline stage"),
+            std::string::npos);
+  // Expert TP apart from TP: 1 under TP=2 (EP spans the TP ranks), or 2 without TP.
   ParallelConfig etp = tp2;
   etp.sequence_parallel = true;
   etp.expert_tensor_parallel_size = 1;
-  EXPECT_NE(error_of(m, etp, 2).find("only expert TP equal to TP"), std::string::npos);
+  etp.expert_model_parallel_size = 2;
+  EXPECT_EQ(error_of(m, etp, 2), "");
+  ParallelConfig etp2 = p;
+  etp2.expert_model_parallel_size = 1;
+  etp2.expert_tensor_parallel_size = 2;
+  EXPECT_EQ(error_of(m, etp2, 2), "");
+  etp2.expert_tensor_parallel_size = 4;
+  EXPECT_NE(error_of(m, etp2, 2).find("--expert-tensor-parallel-size 4: expert TP 4 x EP 1 must divide the 2 ranks"),
+            std::string::npos);
+  etp2.expert_tensor_parallel_size = 3;
+  EXPECT_NE(error_of(m, etp2, 3).find("--moe-ffn-hidden-size 64 is not divisible by the expert tensor-parallel size 3"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // style model (shared experts behind their gate, pre-softmax top-2 of 4 experts, one dense layer
 // among MoE layers, balancing and z losses on) trained for 20 steps under EP=2 with either
 // dispatcher, EP=2 x TP=2 + SP (experts split over TP too: expert TP = TP), EP=2 x DP=2 + the
-// distributed optimizer and EP=2 x PP=2 reproduces the single-process losses, balancing losses
+// distributed optimizer, EP=2 x PP=2, EP=2 x expert TP 2, and expert TP 1 under TP=2 reproduces the single-process losses, balancing losses
 // and z-losses to 1e-5; with a capacity factor EP=2 drops what one process drops (both policies,
 // both dispatchers), and padding every expert to its capacity changes nothing; the global
 // balancing loss (with the per-sequence one) is the same under TP=2 + SP and PP=2; a checkpoint saved under TP=2 x EP=2 x PP=2 + the distributed optimizer
@@ -93,6 +93,12 @@ TEST(MoeTraining, ExpertParallelLayoutsReproduceOneProcess) {
                                "--moe-token-dispatcher-type", "alltoall"}}},
       {"ep2_pp2", {4, {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                        "--moe-token-dispatcher-type", "allgather"}}},
+      // Expert TP apart from TP: EP=2 with expert TP 2 and no TP (the experts split over two
+      // ranks holding different data), and expert TP 1 under TP=2 + SP (EP spans the TP ranks).
+      {"ep2_etp2", {4, {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2",
+                        "--moe-token-dispatcher-type", "alltoall"}}},
+      {"ep2_etp1_tp2_sp", {2, {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1",
+                               "--tensor-model-parallel-size", "2", "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall"}}},
   };
   for (const auto& [name, run] : layouts) {
     const MoeRun got = train(dir, name, run.first, run.second);
@@ -147,6 +153,16 @@ TEST(MoeTraining, CheckpointReshardsAcrossExpertLayouts) {
   const MoeRun ep4 = train(dir, "resumed_ep4", 4, {"--load", dir / "ckpt", "--expert-model-parallel-size", "4",
                                                 "--moe-token-dispatcher-type", "alltoall"}, 14);
   expect_same(whole, ep4, "resumed at EP=4", 4);
+  // Saved with expert TP 1 under TP=2 + SP x EP=2 x DP=2 and the distributed optimizer (the
+  // experts' optimizer state sharded over expert DP), resumed at one process and at expert TP 2.
+  train(dir, "etp1_first", 4, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                               "--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--moe-token-dispatcher-type",
+                               "alltoall", "--save", dir / "etp1_ckpt", "--save-interval", "4", "--exit-interval", "4"}, 14);
+  expect_same(whole, train(dir, "etp1_resumed_one", 1, {"--load", dir / "etp1_ckpt"}, 14), "expert TP 1 resumed at one process", 4);
+  expect_same(whole, train(dir, "etp1_resumed_etp2", 4, {"--load", dir / "etp1_ckpt", "--tensor-model-parallel-size", "2",
+                                                         "--sequence-parallel", "--expert-model-parallel-size", "2",
+                                                         "--moe-token-dispatcher-type", "alltoall"}, 14),
+              "expert TP 1 resumed at expert TP 2", 4);
 }
 
 // Megatron's global balancing loss (expert counts over the whole data-parallel batch, averaged
