@@ -6,9 +6,9 @@
 #   bash bench/gpu_moe.sh MEGATRON_BINARY PYTHON [OUT_DIR]
 # megatron.cpp runs with Megatron's speed flags (grouped GEMM, fused permutation, fused cross entropy) at a global
 # batch of 1 micro-batch (an optimizer step per 4096 tokens, where the fp32 optimizer weighs most)
-# and of 8 (gradient accumulation, as MoE training runs; HF accumulates the same way), each with
-# real routing (balancing loss on) and force-balanced (--moe-router-force-load-balancing), then
-# once more profiled (iterations 10-11) for where the time goes.
+# and of 8 (gradient accumulation, as MoE training runs; HF accumulates the same way), with real
+# routing (balancing loss on), and at 8 also force-balanced (--moe-router-force-load-balancing) and
+# with bf16 gradients, at 1 also with the optimizer step overlapped; then profiled at both.
 # Prints tokens/s, TFLOP/s (both counts) and peak memory, and the ratios.
 set -uo pipefail
 bin=$1 py=$2 out=${3:-/tmp/moe}
@@ -39,13 +39,15 @@ megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
   per_token = L * (6 * (h * (q + 2 * kv) + q * h) + 6 * q * s + 18 * h * f * k) + 6 * h * V
   printf "%.0f", per_token * r / 1e12 }'; }
 
-declare -A real balanced
+declare -A real
 for gbs in 1 8; do
   real[$gbs]=$(ours "real_gbs$gbs" $gbs)
   echo "megatron.cpp, global batch $gbs, real routing: tokens/s, TFLOP/s, max allocated MB = ${real[$gbs]} (Megatron's count $(megatron_tflops "${real[$gbs]}") TFLOP/s)"
-  balanced[$gbs]=$(ours "balanced_gbs$gbs" $gbs --moe-router-force-load-balancing)
-  echo "megatron.cpp, global batch $gbs, force-balanced: tokens/s, TFLOP/s, max allocated MB = ${balanced[$gbs]}"
 done
+balanced=$(ours balanced_gbs8 8 --moe-router-force-load-balancing)
+echo "megatron.cpp, global batch 8, force-balanced: tokens/s, TFLOP/s, max allocated MB = $balanced"
+bf16_grads=$(ours bf16_grads_gbs8 8 --grad-reduce-in-bf16)
+echo "megatron.cpp, global batch 8, real routing, --grad-reduce-in-bf16: tokens/s, TFLOP/s, max allocated MB = $bf16_grads"
 overlap=$(ours overlap_gbs1 1 --overlap-optimizer-step)
 echo "megatron.cpp, global batch 1, real routing, --overlap-optimizer-step: tokens/s, TFLOP/s, max allocated MB = $overlap"
 # HF: one process per mode times both global batches on the same (compiled) model.
@@ -53,12 +55,21 @@ hf_eager=$(hf --iters 10 --grad-accum 1 8); echo "$hf_eager"
 hf_compiled=$(hf --compile --iters 10 --grad-accum 1 8); echo "$hf_compiled"
 for gbs in 1 8; do
   best=$(printf '%s\n%s\n' "$(hf_tokens "$hf_eager" $gbs)" "$(hf_tokens "$hf_compiled" $gbs)" | sort -n | tail -1)
-  line="RATIO global batch $gbs, to the faster HF run ($best tok/s): real routing $(ratio "${real[$gbs]}" "$best"), force-balanced $(ratio "${balanced[$gbs]}" "$best")"
-  [ $gbs = 1 ] && line+=", overlapped optimizer step $(ratio "$overlap" "$best")"
+  line="RATIO global batch $gbs, to the faster HF run ($best tok/s): real routing $(ratio "${real[$gbs]}" "$best")"
+  if [ $gbs = 1 ]; then
+    line+=", overlapped optimizer step $(ratio "$overlap" "$best")"
+  else
+    line+=", force-balanced $(ratio "$balanced" "$best"), bf16 gradients $(ratio "$bf16_grads" "$best")"
+  fi
   echo "$line"
 done
 if [ "${MOE_HF_LOOP:-0}" = 1 ]; then hf --experts eager --iters 3; fi
 [ "${MOE_PROFILE:-1}" = 1 ] || exit 0
-"$bin" train "${shape[@]}" --train-iters 12 --log-interval 6 --profile --profile-step-start 10 --profile-step-end 12 \
-  --tensorboard-dir "$out/profile" > "$out/profile.log" 2>&1 || echo "FAILED: profile"
-grep -v "^ iteration" "$out/profile.log" | tail -45
+# Where the time goes: one step at global batch 1 (the optimizer's share) and one at 8 (eight
+# micro-batches' forward and backward, the gradients accumulated).
+"$bin" train "${shape[@]}" --global-batch-size 1 --train-iters 12 --log-interval 6 --profile --profile-step-start 10 \
+  --profile-step-end 12 --tensorboard-dir "$out/profile" > "$out/profile.log" 2>&1 || echo "FAILED: profile"
+grep -v "^ iteration" "$out/profile.log" | grep "^>" | tail -32
+"$bin" train "${shape[@]}" --global-batch-size 8 --train-iters 4 --log-interval 2 --profile --profile-step-start 3 \
+  --profile-step-end 4 --tensorboard-dir "$out/profile8" > "$out/profile8.log" 2>&1 || echo "FAILED: profile at global batch 8"
+grep -v "^ iteration" "$out/profile8.log" | grep "^>" | tail -32

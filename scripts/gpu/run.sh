@@ -158,6 +158,7 @@ if [ "$what" = moe ]; then
   # Logs to /tmp, the summary and the profile's kernel table to $OUT (few files come back).
   bash bench/gpu_moe.sh build-gpu/megatron "$py" /tmp/moe 2>&1 | tee "$out/moe.log"
   cp /tmp/moe/profile.log "$out/moe-profile.log" 2>/dev/null
+  cp /tmp/moe/profile8.log "$out/moe-profile-gbs8.log" 2>/dev/null
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   bash bench/gpu_bench.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/bench.log"

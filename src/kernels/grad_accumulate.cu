@@ -27,9 +27,13 @@ __global__ void accumulate_kernel(float* dst, const T* src, int64_t n) {
 template <typename T, bool Overwrite>
 void launch(float* dst, const T* src, int64_t n, Stream stream) {
   constexpr int threads = 256;
-  // 8 elements a thread where both arrays allow 16-byte (fp32: two 16-byte) accesses.
-  if (aligned16(dst) && reinterpret_cast<uintptr_t>(src) % (8 * sizeof(T)) == 0) {
+  // 8 or 4 elements a thread where both arrays are aligned to a whole pack of them (a pack of
+  // N values is aligned to its size), else one (parameters at odd offsets in the flat buffer).
+  auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (aligned(dst, 8 * sizeof(float)) && aligned(src, 8 * sizeof(T))) {
     accumulate_kernel<T, 8, Overwrite><<<grid_for(n / 8 + 1, threads), threads, 0, stream>>>(dst, src, n);
+  } else if (aligned(dst, 4 * sizeof(float)) && aligned(src, 4 * sizeof(T))) {
+    accumulate_kernel<T, 4, Overwrite><<<grid_for(n / 4 + 1, threads), threads, 0, stream>>>(dst, src, n);
   } else {
     accumulate_kernel<T, 1, Overwrite><<<grid_for(n, threads), threads, 0, stream>>>(dst, src, n);
   }

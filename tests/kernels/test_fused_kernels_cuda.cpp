@@ -263,19 +263,19 @@ TEST(CudaFusedKernelsBf16Gradients, AdamWMatchesAtenOnUpcastGradients) {
 }
 
 // A gradient upcast into its fp32 accumulator, overwriting and adding: exactly ATen's copy_ and
-// add_ (one rounding-free upcast, one fp32 add), at a length with a tail past the last pack and
-// at an unaligned offset (the one-element kernel).
+// add_ (an exact upcast, one fp32 add), at a length with a tail past the last pack, and at offsets
+// that allow packs of 8, of 4 and of 1 (parameters sit at any offset of the flat buffers).
 TEST_P(CudaFusedKernels, AccumulateGradIsCopyAndAdd) {
   REQUIRE_CUDA_KERNELS();
   const at::ScalarType dtype = GetParam();
-  for (int64_t offset : {0, 1}) {
-    const int64_t n = 1000003;
-    const at::Tensor src = at::randn({n + offset}, at::TensorOptions(kGpu).dtype(dtype)).narrow(0, offset, n);
-    const at::Tensor start = at::randn({n + offset}, at::TensorOptions(kGpu)).narrow(0, offset, n);
+  const int64_t n = 1000003;
+  for (int64_t offset : {0, 4, 1}) {
+    const at::Tensor src = at::randn({n + 8}, at::TensorOptions(kGpu).dtype(dtype)).narrow(0, offset, n);
+    const at::Tensor start = at::randn({n + 8}, at::TensorOptions(kGpu));
     for (bool overwrite : {true, false}) {
       at::Tensor kernel = start.clone(), composite = start.clone();
-      kernels::accumulate_grad(kernel, src, overwrite);
-      kernels::accumulate_grad(composite, src, overwrite, kernels::Impl::Composite);
+      kernels::accumulate_grad(kernel.narrow(0, offset, n), src, overwrite);
+      kernels::accumulate_grad(composite.narrow(0, offset, n), src, overwrite, kernels::Impl::Composite);
       EXPECT_TRUE(at::equal(kernel, composite)) << "offset " << offset << (overwrite ? " overwrite" : " add");
     }
   }
