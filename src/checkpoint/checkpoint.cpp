@@ -47,6 +47,16 @@ nlohmann::json model_summary(const ModelConfig& m) {
     j["moe_ffn_hidden_size"] = m.moe_ffn_hidden_size;
     j["moe_layers"] = m.moe_layers;
     j["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size;
+    if (m.moe_router_enable_expert_bias) j["moe_router_enable_expert_bias"] = true;
+  }
+  if (m.mtp_num_layers > 0) j["mtp_num_layers"] = m.mtp_num_layers;
+  if (m.multi_latent_attention) {
+    j["multi_latent_attention"] = true;
+    j["q_lora_rank"] = m.q_lora_rank;
+    j["kv_lora_rank"] = m.kv_lora_rank;
+    j["qk_head_dim"] = m.qk_head_dim;
+    j["qk_pos_emb_head_dim"] = m.qk_pos_emb_head_dim;
+    j["v_head_dim"] = m.v_head_dim;
   }
   return j;
 }

@@ -53,7 +53,7 @@ void save_hf_checkpoint(const std::string& out_dir, const ModelConfig& model, in
   const tp::ParamTable params = describe_model(model);
   for (const auto& name : params.names()) {
     const at::Tensor full = full_tensor(name);
-    dtype = full.scalar_type();
+    if (!params.at(name).keep_fp32) dtype = full.scalar_type();  // the model's dtype, for config.json
     for (auto& [hf_name, tensor] : hf_tensors_from_megatron(name, full, model, hf_vocab)) {
       const int64_t bytes = tensor.numel() * int64_t(tensor.element_size());
       if (pending_bytes > 0 && pending_bytes + bytes > options.max_shard_bytes) flush();

@@ -50,7 +50,13 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
   for (GPTModel* chunk : chunks) {
     for (const auto& item : chunk->named_parameters()) params[item.key()] = {item.value(), chunk->parameter_table().at(item.key())};
   }
-  const at::ScalarType dtype = params.begin()->second.first.scalar_type();
+  at::ScalarType dtype = params.begin()->second.first.scalar_type();  // the model's (bf16 or fp32)
+  for (const auto& [name, param] : params) {
+    if (!param.second.keep_fp32) {
+      dtype = param.first.scalar_type();
+      break;
+    }
+  }
   const tp::ParamTable whole_model = describe_model(c.model);
   const int experts_per_rank = c.model.num_experts > 0 ? c.model.num_experts / ps.ep.size() : 1;
   const ParallelConfig& p = c.parallel;
@@ -59,6 +65,8 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
     while (owner < ps.pp.size() && !pipeline::stage_holds(name, p, c.model, owner)) ++owner;
     if (owner == ps.pp.size()) throw UserError("--save-hf: no pipeline stage holds '" + name + "'");
     const int expert = whole_model.contains(name) ? whole_model.at(name).expert : -1;
+    // What arrives from another rank comes in the parameter's dtype (an expert bias stays fp32).
+    const at::ScalarType arriving = whole_model.contains(name) && whole_model.at(name).keep_fp32 ? at::kFloat : dtype;
     auto local = [&]() -> const std::pair<at::Tensor, tp::ParamInfo>& {
       auto it = params.find(name);
       if (it == params.end()) throw UserError("--save-hf: the model has no parameter '" + name + "'");
@@ -70,7 +78,7 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
       if (ps.dp.rank() != 0) return {};
       if (ps.pp.rank() == owner) full = tp::gather_full(local().first.detach(), local().second.split, ps.tp).contiguous();
       if (owner != 0 && ps.tp.rank() == 0 && (ps.pp.rank() == owner || ps.pp.rank() == 0)) {
-        full = pass(full, ps.pp, owner, 0, device, dtype);
+        full = pass(full, ps.pp, owner, 0, device, arriving);
       }
     } else {
       // An expert: its first replica (expert-DP rank 0) gathers it over expert TP on its EP rank,
@@ -82,10 +90,10 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
         full = tp::gather_full(local().first.detach(), local().second.split, ps.expert_tp).contiguous();
       }
       if (ps.pp.rank() == owner && ep_owner != 0 && lead && (ps.ep.rank() == ep_owner || ps.ep.rank() == 0)) {
-        full = pass(full, ps.ep, ep_owner, 0, device, dtype);
+        full = pass(full, ps.ep, ep_owner, 0, device, arriving);
       }
       if (ps.ep.rank() == 0 && owner != 0 && lead && (ps.pp.rank() == owner || ps.pp.rank() == 0)) {
-        full = pass(full, ps.pp, owner, 0, device, dtype);
+        full = pass(full, ps.pp, owner, 0, device, arriving);
       }
     }
     return full.defined() ? full.cpu() : full;

@@ -61,6 +61,19 @@ HfCheckpointReader::HfCheckpointReader(const std::string& dir) : dir_(dir) {
     auto file = std::make_shared<SafetensorsFile>(dir + "/" + f);
     for (const auto& name : file->names()) by_name_[name] = file;
   }
+  const std::string config = dir + "/config.json";
+  if (fs::exists(config)) {
+    const nlohmann::json j = read_json(config);
+    if (j.contains("quantization_config") && j["quantization_config"].contains("weight_block_size")) {
+      const nlohmann::json& block = j["quantization_config"]["weight_block_size"];
+      if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() || !block[1].is_number_integer() ||
+          block[0].get<int64_t>() <= 0 || block[1].get<int64_t>() <= 0) {
+        throw UserError(config + ": quantization_config.weight_block_size must be two positive integers (got " + block.dump() + ")");
+      }
+      block_rows_ = block[0].get<int64_t>();
+      block_cols_ = block[1].get<int64_t>();
+    }
+  }
 }
 
 bool HfCheckpointReader::has(const std::string& name) const { return by_name_.count(name) > 0; }
@@ -69,12 +82,46 @@ at::Tensor HfCheckpointReader::take(const std::string& name) {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) throw UserError(dir_ + ": Hugging Face checkpoint lacks tensor '" + name + "'");
   used_.insert(name);
-  return it->second->view(name);
+  const at::Tensor t = it->second->view(name);
+  if (t.scalar_type() != at::kFloat8_e4m3fn && t.scalar_type() != at::kFloat8_e5m2) return t;
+  // W[i, j] = fp8 W[i, j] x scale_inv[i / block rows, j / block columns], edge blocks partial.
+  const std::string scale_name = name + "_scale_inv";
+  auto scale_it = by_name_.find(scale_name);
+  if (scale_it == by_name_.end()) {
+    throw UserError(it->second->path() + ": tensor '" + name + "' is FP8 but the checkpoint has no '" + scale_name +
+                    "' to dequantise it with");
+  }
+  used_.insert(scale_name);
+  const at::Tensor scale = scale_it->second->view(scale_name).to(at::kFloat);
+  const int64_t rows = t.size(0), cols = t.dim() > 1 ? t.size(1) : 1;
+  const int64_t row_blocks = (rows + block_rows_ - 1) / block_rows_, col_blocks = (cols + block_cols_ - 1) / block_cols_;
+  if (t.dim() != 2 || scale.dim() != 2 || scale.size(0) != row_blocks || scale.size(1) != col_blocks) {
+    throw UserError(scale_it->second->path() + ": '" + scale_name + "' has shape " + c10::str(scale.sizes()) + "; the " +
+                    c10::str(t.sizes()) + " weight in blocks of " + std::to_string(block_rows_) + " x " +
+                    std::to_string(block_cols_) + " needs [" + std::to_string(row_blocks) + ", " + std::to_string(col_blocks) + "]");
+  }
+  const at::Tensor per_element =
+      scale.repeat_interleave(block_rows_, 0).narrow(0, 0, rows).repeat_interleave(block_cols_, 1).narrow(1, 0, cols);
+  return t.to(at::kFloat) * per_element;
+}
+
+void ignore_unbuilt_hf_layers(HfCheckpointReader& hf, const ModelConfig& c) {
+  for (int k = 0; k < c.hf_mtp_layers; ++k) {
+    const std::string layer = "model.layers." + std::to_string(c.num_layers + k) + ".";
+    if (k >= c.mtp_num_layers) {
+      hf.ignore_prefix(layer);  // a depth this model does not build
+    } else {  // DeepSeek's copies of the embedding and output layer in each depth: the model's own serve
+      hf.ignore_prefix(layer + "embed_tokens.");
+      hf.ignore_prefix(layer + "shared_head.head.");
+    }
+  }
 }
 
 void HfCheckpointReader::check_all_used() const {
   for (const auto& [name, file] : by_name_) {
-    if (!used_.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos) {
+    bool ignored = false;
+    for (const auto& prefix : ignored_) ignored = ignored || name.rfind(prefix, 0) == 0;
+    if (!used_.count(name) && !ignored && name.find("rotary_emb.inv_freq") == std::string::npos) {
       throw UserError(file->path() + ": tensor '" + name + "' has no place in the model (unsupported architecture option?)");
     }
   }
@@ -82,8 +129,9 @@ void HfCheckpointReader::check_all_used() const {
 
 namespace {
 
-// Numbered slots in the table's names: a decoder layer's number and an expert's.
-const char* const kSlots[] = {"{layer}", "{expert}"};
+// Numbered slots in the table's names: a decoder layer's number, an expert's, a multi-token
+// prediction depth's (whose HF layer number, {mtp_layer}, follows the decoder's layers).
+const char* const kSlots[] = {"{layer}", "{expert}", "{mtp}"};
 
 // Whether `name` matches `pattern`, each slot standing for a number; the numbers into `values`.
 bool match_slots(const std::string& pattern, const std::string& name, std::map<std::string, std::string>& values) {
@@ -123,10 +171,11 @@ struct ResolvedRow {
   std::string fallback;         // rule->hf_fallback likewise ("" without one)
 };
 
-ResolvedRow resolve_row(const ModelFamily& family, const std::string& name) {
+ResolvedRow resolve_row(const ModelFamily& family, const std::string& name, const ModelConfig& c) {
   for (const auto& rule : family.weights) {
     std::map<std::string, std::string> values;
     if (!match_slots(rule.megatron, name, values)) continue;
+    if (values.count("{mtp}")) values["{mtp_layer}"] = std::to_string(c.num_layers + std::stoi(values["{mtp}"]));
     ResolvedRow row{&rule, {}, rule.hf_fallback.empty() ? "" : with_slots(rule.hf_fallback, values)};
     for (const auto& pattern : rule.hf) row.hf.push_back(with_slots(pattern, values));
     return row;
@@ -148,7 +197,7 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 }  // namespace
 
 at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
-  const ResolvedRow row = resolve_row(family_of(c), name);
+  const ResolvedRow row = resolve_row(family_of(c), name, c);
   const std::vector<std::string>& names = row.hf;
   switch (row.rule->transform) {
     case HfTransform::Copy: return hf.take(names[0]);
@@ -171,7 +220,7 @@ at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c
 
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& c, int64_t hf_vocab) {
-  const ResolvedRow row = resolve_row(family_of(c), name);
+  const ResolvedRow row = resolve_row(family_of(c), name, c);
   const std::vector<std::string>& names = row.hf;
   switch (row.rule->transform) {
     case HfTransform::Copy: return {{names[0], full}};
@@ -239,6 +288,7 @@ void adopt_hf_architecture(Config& config) {
   if (given("seq-length")) m.seq_length = user.seq_length;
   if (given("hidden-dropout")) m.hidden_dropout = user.hidden_dropout;
   if (given("attention-dropout")) m.attention_dropout = user.attention_dropout;
+  m.moe_router_bias_update_rate = user.moe_router_bias_update_rate;
   // What config.json does not describe stays the run's own choice: fused kernels, activation
   // recomputation, and how the MoE layers route, balance, drop and dispatch.
   m.apply_rope_fusion = user.apply_rope_fusion;
@@ -261,6 +311,8 @@ void adopt_hf_architecture(Config& config) {
   m.moe_token_dispatcher_type = user.moe_token_dispatcher_type;
   m.moe_permute_fusion = user.moe_permute_fusion;
   m.moe_shared_expert_overlap = user.moe_shared_expert_overlap;
+  m.mtp_num_layers = user.mtp_num_layers;  // HF keeps no MTP depths: building one is the run's choice
+  m.mtp_loss_scaling_factor = user.mtp_loss_scaling_factor;
   DataConfig& d = config.data;
   if (!given("tokenizer-type") && !given("tokenizer-model") && fs::exists(dir + "/tokenizer.json")) {
     d.tokenizer_type = "HuggingFaceTokenizer";
@@ -268,16 +320,21 @@ void adopt_hf_architecture(Config& config) {
   }
 }
 
-void load_hf_weights(const std::string& dir, GPTModel& model) { load_hf_weights(dir, std::vector<GPTModel*>{&model}); }
+int64_t load_hf_weights(const std::string& dir, GPTModel& model) { return load_hf_weights(dir, std::vector<GPTModel*>{&model}); }
 
-void load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& chunks) {
+int64_t load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& chunks) {
   at::NoGradGuard no_grad;
   HfCheckpointReader hf(dir);
+  int64_t left = 0;  // multi-token prediction parameters the checkpoint lacks
   for (GPTModel* model : chunks) {
     const tp::TensorParallel& tp = model->tensor_parallel();
     for (auto& item : model->named_parameters()) {
       const std::string& name = item.key();
       at::Tensor& param = item.value();
+      if (name.rfind("mtp.", 0) == 0 && !hf.has(resolve_row(family_of(model->config()), name, model->config()).hf[0])) {
+        ++left;  // HF transformers keeps no MTP weights: the depth starts from its initialisation
+        continue;
+      }
       const at::Tensor full = megatron_tensor_from_hf(name, model->config(), hf);
       const tp::ParamInfo& info = model->parameter_table().at(name);
       const dist::Group& split = tp.split_group(info);  // experts: over expert TP
@@ -292,7 +349,11 @@ void load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& chunk
   // A pipeline stage uses only its own layers' tensors.
   const bool whole_model = chunks.size() == 1 && chunks[0]->chunk().num_layers == chunks[0]->config().num_layers &&
                            chunks[0]->tensor_parallel().experts.size() == 1;  // under EP a rank holds its experts only
-  if (whole_model) hf.check_all_used();
+  if (whole_model) {
+    ignore_unbuilt_hf_layers(hf, chunks[0]->config());
+    hf.check_all_used();
+  }
+  return left;
 }
 
 }  // namespace megatron

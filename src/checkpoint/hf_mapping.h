@@ -18,14 +18,21 @@ namespace megatron {
 
 class GPTModel;
 class SafetensorsFile;
+struct ModelFamily;
 
 // All tensors of an HF checkpoint directory (model.safetensors, or the shards its
-// model.safetensors.index.json names), memory-mapped, by name.
+// model.safetensors.index.json names), memory-mapped, by name. Block-quantised FP8 weights
+// (DeepSeek-V3's: float8 e4m3 with a `<name>_scale_inv` of one fp32 scale per block, the block
+// as config.json's quantization_config.weight_block_size, 128 x 128 by default) are taken
+// dequantised, in fp32.
 class HfCheckpointReader {
  public:
   explicit HfCheckpointReader(const std::string& dir);
   bool has(const std::string& name) const;
-  at::Tensor take(const std::string& name);  // a view of the mapping; UserError if absent
+  at::Tensor take(const std::string& name);  // a view of the mapping (FP8: dequantised); UserError if absent
+  // Tensors under these name prefixes are known and left unused on purpose (an HF checkpoint's
+  // multi-token prediction layers, which this model does not have).
+  void ignore_prefix(const std::string& prefix) { ignored_.push_back(prefix); }
   // UserError naming the first tensor nothing took (an architecture option we do not map).
   void check_all_used() const;
 
@@ -33,6 +40,8 @@ class HfCheckpointReader {
   std::string dir_;
   std::map<std::string, std::shared_ptr<SafetensorsFile>> by_name_;
   std::set<std::string> used_;
+  std::vector<std::string> ignored_;
+  int64_t block_rows_ = 128, block_cols_ = 128;  // FP8 scale blocks
 };
 
 // The full (unsplit) Megatron tensor `name` from HF tensors: q/k/v fused per query group,
@@ -43,6 +52,10 @@ at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c
 // embedding and output layer (padding dropped). Views of `full` where possible.
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& config, int64_t hf_vocab);
+
+// The HF layers after the decoder that `config` does not build (hf_mtp_layers: multi-token
+// prediction) marked as left unread on purpose.
+void ignore_unbuilt_hf_layers(HfCheckpointReader& hf, const ModelConfig& config);
 
 // Reads <dir>/config.json through `family` (default: the built-in family of its model_type);
 // the result names its family. The vocabulary is not padded (padded_vocab_size = vocab_size)
@@ -57,8 +70,10 @@ void adopt_hf_architecture(Config& config);
 
 // Copies the weights of an HF directory into `model` (this TP rank's shards). Every model
 // parameter must be covered and every HF tensor used; otherwise UserError naming the tensor.
-void load_hf_weights(const std::string& hf_dir, GPTModel& model);
+// Multi-token prediction depths the checkpoint has no weights for (HF transformers saves none)
+// keep their initialisation: returns how many parameters did.
+int64_t load_hf_weights(const std::string& hf_dir, GPTModel& model);
 // The chunks of one pipeline rank (each takes the tensors of its own parameters).
-void load_hf_weights(const std::string& hf_dir, const std::vector<GPTModel*>& chunks);
+int64_t load_hf_weights(const std::string& hf_dir, const std::vector<GPTModel*>& chunks);
 
 }  // namespace megatron

@@ -23,7 +23,7 @@ const std::vector<std::pair<std::string, at::ScalarType>>& dtype_names() {
   static const std::vector<std::pair<std::string, at::ScalarType>> names = {
       {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
       {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
-      {"U8", at::kByte},    {"BOOL", at::kBool}};
+      {"U8", at::kByte},    {"BOOL", at::kBool},   {"F8_E4M3", at::kFloat8_e4m3fn}, {"F8_E5M2", at::kFloat8_e5m2}};
   return names;
 }
 

@@ -124,6 +124,7 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
     std::printf("convert: wrote %s (%zu tensors)\n", path.c_str(), entries.size());
     std::fflush(stdout);
   }, {{"hf_config.json", hf_dir + "/config.json"}});
+  ignore_unbuilt_hf_layers(hf, m);
   hf.check_all_used();
   std::printf("convert: %s -> %s (tensor parallel %d, pipeline parallel %d, expert parallel %d, padded vocabulary %d, %s)\n",
               hf_dir.c_str(), save.c_str(), tp, pp, ep, m.padded_vocab_size, bf16 ? "bf16" : "as stored");

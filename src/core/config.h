@@ -31,7 +31,10 @@ struct ModelConfig {
   int vocab_size = 0;            // tokenizer vocabulary (before padding)
   int make_vocab_size_divisible_by = 128;
   int padded_vocab_size = 0;     // derived: vocab padded as Megatron does
-  int hf_vocab_size = 0;         // rows of the HF checkpoint loaded (--load-hf); the padding covers them
+  int hf_vocab_size = 0;
+  // Multi-token prediction layers an HF checkpoint carries after the decoder (DeepSeek-V3's
+  // model.layers.61) that this model does not build: left unread, and said so at start-up.
+  int hf_mtp_layers = 0;         // rows of the HF checkpoint loaded (--load-hf); the padding covers them
 
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double norm_epsilon = 1e-5;
@@ -48,6 +51,32 @@ struct ModelConfig {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int rope_original_max_position_embeddings = 8192;
+
+  // YaRN (--rope-type yarn; DeepSeek): frequencies below the original context's band slowed by
+  // --rotary-scaling-factor, the band between blended; cos/sin scaled by get_mscale(factor,
+  // mscale) / get_mscale(factor, mscale_all_dim). "" = rope: plain, or Llama 3.1 scaling above.
+  std::string rope_type;
+  double rotary_scaling_factor = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+  int yarn_original_max_position_embeddings = 4096;
+  double yarn_beta_fast = 32.0;
+  double yarn_beta_slow = 1.0;
+
+  // Multi-latent attention (DeepSeek-V2/V3, --multi-latent-attention; model/mla): queries through
+  // a low-rank latent (q_lora_rank; 0: one projection), keys and values up-projected from a shared
+  // latent (kv_lora_rank) plus one rotary key shared by all heads.
+  bool multi_latent_attention = false;
+  int q_lora_rank = 0;
+  int kv_lora_rank = 32;
+  int qk_head_dim = 128;          // per head, the query / key channels without rotary (HF qk_nope_head_dim)
+  int qk_pos_emb_head_dim = 64;   // per head, the rotary channels (HF qk_rope_head_dim)
+  int v_head_dim = 128;
+
+  // Multi-token prediction (DeepSeek-V3, --mtp-num-layers; model/mtp): depths after the decoder,
+  // each predicting one more token ahead; the objective adds scaling / D x their losses' sum.
+  int mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
 
   bool untie_embeddings_and_output_weights = false;
   double init_method_std = 0.02;
@@ -78,6 +107,14 @@ struct ModelConfig {
   double moe_router_topk_scaling_factor = 0.0;       // 0: none
   std::string moe_router_dtype;       // "" (the activations') | fp32 | fp64: the router's logits and scores
   bool moe_router_force_load_balancing = false;      // random logits (benchmarks)
+  // DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to the scores when
+  // choosing experts (not to the weights), moved after each step by rate x sign(mean - count).
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  // Group-limited routing: experts in num_groups groups, a token's experts from its group_topk
+  // best groups (a group scored by the sum of its top topk / group_topk scores). 0: off.
+  int moe_router_num_groups = 0;
+  int moe_router_group_topk = 0;
   // Load-balancing losses, one coefficient each (Megatron's lists: --moe-router-load-balancing-type
   // seq_aux_loss global_aux_loss --moe-aux-loss-coeff 1e-3 1e-4); types: aux_loss | seq_aux_loss |
   // global_aux_loss | none. A single coefficient goes with a single type.

@@ -59,6 +59,30 @@ void visit_moe(ModelConfig& m, Visit&& v) {
   v("moe_shared_expert_gate", m.moe_shared_expert_gate);
 }
 
+// Written by checkpoints since multi-latent attention and DeepSeek routing; older ones lack them
+// (and the defaults hold).
+template <typename Visit>
+void visit_deepseek(ModelConfig& m, Visit&& v) {
+  v("multi_latent_attention", m.multi_latent_attention);
+  v("q_lora_rank", m.q_lora_rank);
+  v("kv_lora_rank", m.kv_lora_rank);
+  v("qk_head_dim", m.qk_head_dim);
+  v("qk_pos_emb_head_dim", m.qk_pos_emb_head_dim);
+  v("v_head_dim", m.v_head_dim);
+  v("rope_type", m.rope_type);
+  v("rotary_scaling_factor", m.rotary_scaling_factor);
+  v("mscale", m.mscale);
+  v("mscale_all_dim", m.mscale_all_dim);
+  v("yarn_original_max_position_embeddings", m.yarn_original_max_position_embeddings);
+  v("yarn_beta_fast", m.yarn_beta_fast);
+  v("yarn_beta_slow", m.yarn_beta_slow);
+  v("moe_router_enable_expert_bias", m.moe_router_enable_expert_bias);
+  v("moe_router_num_groups", m.moe_router_num_groups);
+  v("moe_router_group_topk", m.moe_router_group_topk);
+  v("mtp_num_layers", m.mtp_num_layers);
+  v("mtp_loss_scaling_factor", m.mtp_loss_scaling_factor);
+}
+
 template <typename Visit>
 void visit_tokenizer(DataConfig& d, Visit&& v) {
   v("tokenizer_type", d.tokenizer_type);
@@ -81,15 +105,18 @@ nlohmann::json model_config_to_json(const ModelConfig& model) {
   nlohmann::json j;
   visit_model(m, [&](const char* key, auto& value) { j[key] = value; });
   visit_moe(m, [&](const char* key, auto& value) { j[key] = value; });
+  visit_deepseek(m, [&](const char* key, auto& value) { j[key] = value; });
   return j;
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& j) {
   ModelConfig m;
   visit_model(m, [&](const char* key, auto& value) { read_key(j, key, value); });
-  visit_moe(m, [&](const char* key, auto& value) {
+  auto optional = [&](const char* key, auto& value) {
     if (j.contains(key)) value = j.at(key).get<std::remove_reference_t<decltype(value)>>();
-  });
+  };
+  visit_moe(m, optional);
+  visit_deepseek(m, optional);
   return m;
 }
 

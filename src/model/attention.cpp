@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/ops.h"
-#include "tensor_parallel/recompute.h"
+#include "model/core_attention.h"
 
 namespace megatron {
 
@@ -87,17 +87,7 @@ at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* ro
 at::Tensor SelfAttention::attend_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& attention_mask) {
   const double dropout = is_training() ? attention_dropout_ : 0.0;
-  at::Tensor out;
-  if (recompute_core_attention_) {
-    // Selective recomputation: the attention output and its softmax statistics are not kept;
-    // the backward runs attention again from q, k and v (saved anyway).
-    auto region = [this, dropout, attention_mask](const std::vector<at::Tensor>& qkv_in) {
-      return std::vector<at::Tensor>{core_attention_->forward(qkv_in[0], qkv_in[1], qkv_in[2], attention_mask, dropout)};
-    };
-    out = tp::recompute_in_backward(region, {q, k, v}, tp_, dropout > 0.0)[0];
-  } else {
-    out = core_attention_->forward(q, k, v, attention_mask, dropout);
-  }
+  const at::Tensor out = attend(*core_attention_, q, k, v, attention_mask, dropout, recompute_core_attention_, tp_);
   return linear_proj->forward(out);  // [s, b, h] ([s/tp, b, h] with sequence parallelism)
 }
 

@@ -2,18 +2,29 @@
 // flash CPU kernel on CPU): causal, or under an explicit mask; GQA without repeating K/V.
 #pragma once
 
+#include <optional>
+
 #include "model/layer_spec.h"
 
 namespace megatron {
 
 class SdpaAttention : public CoreAttention {
  public:
-  explicit SdpaAttention(const tp::TensorParallel& tp) : tp_(tp) {}
+  // softmax_scale: the scores' factor; unset: 1 / sqrt(the query head dim).
+  explicit SdpaAttention(const tp::TensorParallel& tp, std::optional<double> softmax_scale = std::nullopt)
+      : tp_(tp), softmax_scale_(softmax_scale) {}
+  // v may have another head dim than q and k (multi-latent attention): context [s, b, H/tp * dv].
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
                      double dropout) const override;
 
  private:
   tp::TensorParallel tp_;  // dropout inside the TP region draws from its generator
+  std::optional<double> softmax_scale_;
 };
+
+// core(q, k, v); with `recompute` (--recompute-granularity selective) its output and softmax
+// statistics are not kept: the backward runs it again from q, k and v (saved anyway).
+at::Tensor attend(const CoreAttention& core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& attention_mask, double dropout, bool recompute, const tp::TensorParallel& tp);
 
 }  // namespace megatron

@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "model/family.h"
 #include "model/llama_parts.h"
+#include "model/deepseek_family.h"
 #include "model/moe_families.h"
 
 namespace megatron {
@@ -142,7 +143,7 @@ ModelFamily llama_family() {
   };
   f.hf_model_types = {"llama", "mistral", "qwen2", "qwen3"};
   f.describes = [](const ModelConfig& m) {
-    return m.num_experts == 0 && m.normalization == "RMSNorm" && m.swiglu && !m.add_bias_linear && m.position_embedding_type == "rope";
+    return m.num_experts == 0 && !m.multi_latent_attention && m.normalization == "RMSNorm" && m.swiglu && !m.add_bias_linear && m.position_embedding_type == "rope";
   };
   f.config_from_hf = llama_config_from_hf;
   f.config_to_hf = llama_config_to_hf;
@@ -166,8 +167,10 @@ ModelFamily gpt_family() {
 }  // namespace
 
 const std::vector<ModelFamily>& builtin_families() {
-  // gpt last: it describes any model; the MoE families before llama, which does not read experts.
-  static const std::vector<ModelFamily> families = {mixtral_family(), qwen_moe_family(), llama_family(), gpt_family()};
+  // gpt last: it describes any model; the MoE families before llama, which does not read experts;
+  // DeepSeek first, the only one with multi-latent attention.
+  static const std::vector<ModelFamily> families = {deepseek_family(), mixtral_family(), qwen_moe_family(), llama_family(),
+                                                    gpt_family()};
   return families;
 }
 

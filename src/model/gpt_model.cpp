@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "model/family.h"
 #include "model/loss.h"
+#include "moe/aux_loss.h"
 #include "moe/moe_layer.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/grad_accumulation.h"
@@ -31,7 +32,7 @@ GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::opti
   tp::ParamInfo vocab;
   vocab.split = {0, false};
   vocab.vocab_rows = true;
-  if (chunk_.pre_process || holds_tied_output_copy()) {
+  if (chunk_.pre_process || holds_embedding_copy()) {
     auto embedding = register_module("embedding", std::make_shared<tp::DescribedModule>());
     auto word = embedding->register_module("word_embeddings", std::make_shared<tp::DescribedModule>());
     tp::ParamInfo info = vocab;
@@ -53,6 +54,7 @@ GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::opti
       auto out = register_module("output_layer", std::make_shared<tp::DescribedModule>());
       output_layer_weight = out->add_parameter("weight", at::empty({local_vocab, c.hidden_size}, on), vocab);
     }
+    if (c.mtp_num_layers > 0) mtp = register_module("mtp", std::make_shared<MultiTokenPrediction>(c, tp, layer_spec, device));
   }
   table_ = tp::describe_parameters(*this);
 }
@@ -129,31 +131,40 @@ const RopeTables* GPTModel::rope_for(int64_t seq_len, const at::Device& device) 
   return &*rope_;
 }
 
-at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask,
-                            const at::Tensor& input) {
+at::Tensor GPTModel::embed(const at::Tensor& tokens, const at::Tensor& position_ids) {
   const int64_t s = tokens.size(1);
+  if (before_use) before_use({word_embeddings, position_embeddings});
+  at::Tensor hidden = tp::vocab_parallel_embedding(word_embeddings, tokens.t(), tp_);  // [s, b, h]
+  if (position_embeddings.defined()) {
+    hidden = position_ids.defined()
+                 ? hidden + at::embedding(position_embeddings, position_ids.t())                   // [s, b, h]
+                 : hidden + at::embedding(position_embeddings, at::arange(s, tokens.options())).unsqueeze(1);
+  }
+  if (tp_.sequence_parallel) hidden = tp::scatter_to_sp(hidden, tp_.group);  // [s/tp, b, h]
+  const bool sharded = tp_.sequence_parallel && is_training() && config_.hidden_dropout > 0.0;
+  return tp_.random(sharded, [&] { return at::dropout(hidden, config_.hidden_dropout, is_training()); });
+}
+
+const RopeTables* GPTModel::tables_for(const at::Tensor& tokens, const at::Tensor& position_ids, std::optional<RopeTables>& gathered) {
+  const RopeTables* tables = rope_for(tokens.size(1), tokens.device());
+  if (tables != nullptr && position_ids.defined()) {  // per-sample positions: the tables' rows for them
+    gathered = gather_rope_tables(*tables, position_ids);
+    tables = &*gathered;
+  }
+  return tables;
+}
+
+at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask,
+                                   const at::Tensor& input) {
   at::Tensor hidden;
   if (chunk_.pre_process) {
-    if (before_use) before_use({word_embeddings, position_embeddings});
-    hidden = tp::vocab_parallel_embedding(word_embeddings, tokens.t(), tp_);  // [s, b, h]
-    if (position_embeddings.defined()) {
-      hidden = position_ids.defined()
-                   ? hidden + at::embedding(position_embeddings, position_ids.t())                   // [s, b, h]
-                   : hidden + at::embedding(position_embeddings, at::arange(s, tokens.options())).unsqueeze(1);
-    }
-    if (tp_.sequence_parallel) hidden = tp::scatter_to_sp(hidden, tp_.group);  // [s/tp, b, h]
-    const bool sharded = tp_.sequence_parallel && is_training() && config_.hidden_dropout > 0.0;
-    hidden = tp_.random(sharded, [&] { return at::dropout(hidden, config_.hidden_dropout, is_training()); });
+    hidden = embed(tokens, position_ids);
   } else {
     TORCH_CHECK(input.defined(), "GPTModel::forward: a chunk without the embedding needs the previous stage's output");
     hidden = input;  // [s(/tp), b, h]
   }
-  const RopeTables* tables = rope_for(s, tokens.device());
-  std::optional<RopeTables> gathered;  // per-sample positions: the tables' rows for them
-  if (tables != nullptr && position_ids.defined()) {
-    gathered = gather_rope_tables(*tables, position_ids);
-    tables = &*gathered;
-  }
+  std::optional<RopeTables> gathered;
+  const RopeTables* tables = tables_for(tokens, position_ids, gathered);
   ResidualStream stream{hidden, {}};
   for (size_t first = 0; first < layers.size();) {
     const size_t count = recomputed_group_at(first);
@@ -180,19 +191,28 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
   }
   if (!chunk_.post_process) return stream.materialize();  // [s(/tp), b, h]
   const NormParams final_norm = final_layernorm->params();
-  if (before_use) before_use({final_norm.weight, final_norm.bias, output_layer_weight, word_embeddings});
+  if (before_use) before_use({final_norm.weight, final_norm.bias});
   if (stream.delta.defined()) {  // the last layer's residual add, fused with the final RMSNorm
-    hidden = kernels::add_rms_norm(stream.base, stream.delta, final_norm.weight, final_norm.eps).normed;
-  } else {
-    hidden = final_norm.apply(stream.base);
+    return kernels::add_rms_norm(stream.base, stream.delta, final_norm.weight, final_norm.eps).normed;
   }
+  return final_norm.apply(stream.base);  // [s(/tp), b, h]
+}
+
+at::Tensor GPTModel::output_logits(const at::Tensor& normed) {
+  if (before_use) before_use({output_layer_weight, word_embeddings});
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
   // The output layer is column-parallel over the vocabulary.
-  hidden = tp_.sequence_parallel ? tp::gather_from_sp(hidden, tp_.group) : tp::copy_to_tp(hidden, tp_.group);
+  const at::Tensor hidden = tp_.sequence_parallel ? tp::gather_from_sp(normed, tp_.group) : tp::copy_to_tp(normed, tp_.group);
   // Untied: the output weight's gradient may accumulate in the GEMM (its only use). Tied: the
   // embedding lookup adds to the same gradient, so it takes the ordinary path.
   if (output_layer_weight.defined()) return tp::linear(hidden, out_weight);  // [s, b, V/tp]
   return at::linear(hidden, out_weight);
+}
+
+at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask,
+                            const at::Tensor& input) {
+  const at::Tensor hidden = hidden_states(tokens, position_ids, attention_mask, input);
+  return chunk_.post_process ? output_logits(hidden) : hidden;
 }
 
 ResidualStream GPTModel::run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,
@@ -211,44 +231,96 @@ size_t GPTModel::recomputed_group_at(size_t layer) const {
   return std::min(n, layers.size() - layer);                            // uniform: groups of n (the last may be short)
 }
 
+at::Tensor GPTModel::cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const {
+  const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
+  if (config_.cross_entropy_loss_fusion) return tp::fused_vocab_parallel_cross_entropy(logits, labels.t(), tp_.group).t();
+  if (tp_.size() > 1) return tp::vocab_parallel_cross_entropy(logits, labels.t(), tp_.group).t();  // [b, s]
+  // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
+  at::Tensor losses = at::cross_entropy_loss(logits.to(at_least_fp32(logits.scalar_type())).view({s * b, v}),
+                                             labels.t().reshape({s * b}), /*weight=*/{}, at::Reduction::None);
+  return losses.view({s, b}).t();  // [b, s]
+}
+
 at::Tensor GPTModel::token_losses(const Batch& batch, const at::Tensor& input) {
   TORCH_CHECK(chunk_.post_process, "GPTModel::token_losses: this chunk does not end the model");
-  at::Tensor logits = forward(batch.tokens, batch.position_ids, batch.attention_mask, input);  // [s, b, V]
-  const int64_t s = logits.size(0), b = logits.size(1), v = logits.size(2);
-  if (config_.cross_entropy_loss_fusion) return tp::fused_vocab_parallel_cross_entropy(logits, batch.labels.t(), tp_.group).t();
-  if (tp_.size() > 1) return tp::vocab_parallel_cross_entropy(logits, batch.labels.t(), tp_.group).t();  // [b, s]
-  // Cross entropy in fp32, as Megatron does, whatever the activation dtype.
-  at::Tensor losses = at::cross_entropy_loss(logits.to(at_least_fp32(logits.scalar_type())).view({s * b, v}), batch.labels.t().reshape({s * b}),
-                                             /*weight=*/{}, at::Reduction::None);
-  return losses.view({s, b}).t();                                              // [b, s]
+  const at::Tensor hidden = hidden_states(batch.tokens, batch.position_ids, batch.attention_mask, input);  // [s(/tp), b, h]
+  at::Tensor logits = output_logits(hidden);  // [s, b, V/tp]
+  if (mtp && is_training() && at::GradMode::is_enabled()) {
+    // The depths' loss enters backward beside the main loss, with its scale (1 / micro-batches).
+    std::optional<RopeTables> gathered;
+    MtpModelParts parts;
+    parts.embed = [&](const at::Tensor& tokens) { return embed(tokens, batch.position_ids); };
+    parts.logits = [&](const at::Tensor& normed) { return output_logits(normed); };
+    parts.token_losses = [&](const at::Tensor& l, const at::Tensor& labels) { return cross_entropy(l, labels); };
+    parts.rope = tables_for(batch.tokens, batch.position_ids, gathered);
+    parts.attention_mask = batch.attention_mask;
+    logits = moe::attach_loss(logits, mtp->loss(hidden, batch, parts), auxiliary_loss_scale_);
+  }
+  return cross_entropy(logits, batch.labels);  // [b, s]
 }
 
 at::Tensor GPTModel::loss(const Batch& batch, const at::Tensor& input) {
   return masked_token_mean(token_losses(batch, input), batch).loss;
 }
 
-void GPTModel::set_moe_loss_scale(double scale) {
-  for (auto& layer : layers) {
-    if (auto moe = std::dynamic_pointer_cast<moe::MoELayer>(layer->mlp)) moe->router->set_loss_scale(scale);
+std::vector<moe::MoELayer*> GPTModel::moe_layers() const {
+  std::vector<TransformerLayer*> all;
+  for (const auto& layer : layers) all.push_back(layer.get());
+  if (mtp) {
+    for (const auto& depth : mtp->layers) all.push_back(depth->transformer_layer.get());
   }
+  std::vector<moe::MoELayer*> out;
+  for (TransformerLayer* layer : all) {
+    if (auto* moe = dynamic_cast<moe::MoELayer*>(layer->mlp.get())) out.push_back(moe);
+  }
+  return out;
+}
+
+void GPTModel::set_moe_loss_scale(double scale) {
+  auxiliary_loss_scale_ = scale;
+  for (moe::MoELayer* moe : moe_layers()) moe->router->set_loss_scale(scale);
+  if (mtp) mtp->set_tracked_scale(scale);
 }
 
 at::Tensor GPTModel::take_moe_losses() {
   at::Tensor sum;
-  for (auto& layer : layers) {
-    auto moe = std::dynamic_pointer_cast<moe::MoELayer>(layer->mlp);
-    if (!moe) continue;
+  for (moe::MoELayer* moe : moe_layers()) {
     const at::Tensor tracked = moe->router->take_tracked();
     if (tracked.defined()) sum = sum.defined() ? sum + tracked : tracked;
   }
   return sum;
 }
 
+at::Tensor GPTModel::take_mtp_losses() { return mtp ? mtp->take_tracked() : at::Tensor(); }
+
+void GPTModel::update_expert_biases() {
+  std::vector<moe::TopKRouter*> routers;
+  for (moe::MoELayer* moe : moe_layers()) {
+    if (moe->router->expert_bias.defined()) routers.push_back(moe->router.get());
+  }
+  if (routers.empty()) return;
+  std::vector<at::Tensor> counts;
+  for (moe::TopKRouter* r : routers) counts.push_back(r->take_expert_counts());
+  at::Tensor all = at::stack(counts);  // [layers, E]: this rank's tokens per expert this step
+  if (tp_.size() > 1) tp_.group.all_reduce(all);
+  if (tp_.data.size() > 1) tp_.data.all_reduce(all);
+  for (size_t i = 0; i < routers.size(); ++i) routers[i]->update_expert_bias(all[int64_t(i)]);
+}
+
+void GPTModel::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  at::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) {
+    if (table_.at(p.key()).keep_fp32) p.value().set_data(p.value().to(at::kFloat));
+  }
+}
+
 int64_t GPTModel::count_parameters(bool experts_only) const {
   int64_t n = 0;
   for (const auto& p : named_parameters()) {
     const tp::ParamInfo& info = table_.at(p.key());
-    if ((holds_tied_output_copy() && info.word_embedding) || (experts_only && info.expert < 0)) continue;
+    if (!info.trainable) continue;  // model state, not a parameter in Megatron's count
+    if ((holds_embedding_copy() && info.word_embedding) || (experts_only && info.expert < 0)) continue;
     n += info.split.replicated() ? p.value().numel() : p.value().numel() * tp_.split_group(info).size();
   }
   return n;

@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "data/micro_batch.h"
 #include "model/layer_spec.h"
+#include "model/mtp.h"
 #include "model/norm_module.h"
 #include "model/rope.h"
 #include "model/transformer_layer.h"
@@ -28,6 +29,10 @@
 #include "tensor_parallel/parameters.h"
 
 namespace megatron {
+
+namespace moe {
+class MoELayer;
+}
 
 class GPTModel : public tp::DescribedModule {
  public:
@@ -73,14 +78,30 @@ class GPTModel : public tp::DescribedModule {
   // chunk's MoE layers ([n] fp32 in moe::tracked_loss_names order; undefined without any).
   void set_moe_loss_scale(double scale);
   at::Tensor take_moe_losses();
-  // This chunk holds a copy of the embedding for a tied output layer on a later stage.
-  bool holds_tied_output_copy() const { return chunk_.post_process && !chunk_.pre_process && !config_.untie_embeddings_and_output_weights; }
+  // The multi-token prediction depths' mean losses since the last call, each times that scale
+  // ([D] fp32; undefined without MTP on this chunk).
+  at::Tensor take_mtp_losses();
+  // The routers' expert biases (--moe-router-enable-expert-bias) moved by the step's expert
+  // counts, summed over TP and DP (one all-reduce of every layer's counts each); after the
+  // step's last backward, before the optimizer. Collective over this stage's TP and DP ranks.
+  void update_expert_biases();
+
+  // As torch::nn::Module's, but parameters described keep_fp32 stay fp32.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  using torch::nn::Module::to;
+  // This chunk ends the model but does not begin it, and holds a copy of the word embedding: for
+  // a tied output layer, or for multi-token prediction's embeddings. The copies start equal and
+  // their gradients are summed across the first and last stage, so they stay equal.
+  bool holds_embedding_copy() const {
+    return chunk_.post_process && !chunk_.pre_process && (!config_.untie_embeddings_and_output_weights || config_.mtp_num_layers > 0);
+  }
 
   at::Tensor word_embeddings;       // [V/tp, h] (pre-process, or the tied output copy)
   at::Tensor position_embeddings;   // [max_pos, h] (learned_absolute, pre-process only)
   std::vector<std::shared_ptr<TransformerLayer>> layers;  // registered as decoder.layers.<global index>
   std::shared_ptr<NormModule> final_layernorm;  // weight [h] (bias [h] for LayerNorm); post-process
   at::Tensor output_layer_weight;     // [V/tp, h] when untied
+  std::shared_ptr<MultiTokenPrediction> mtp;  // --mtp-num-layers, post-process
 
   // Called in forward with the parameters the next part (embedding, a layer, the head) is
   // about to use, so an overlapped parameter all-gather need only have finished for those.
@@ -89,6 +110,15 @@ class GPTModel : public tp::DescribedModule {
  private:
   int64_t count_parameters(bool experts_only) const;
   const RopeTables* rope_for(int64_t seq_len, const at::Device& device);
+  // The tables for tokens [b, s] at position_ids (optional; their rows gathered into `gathered`).
+  const RopeTables* tables_for(const at::Tensor& tokens, const at::Tensor& position_ids, std::optional<RopeTables>& gathered);
+  at::Tensor embed(const at::Tensor& tokens, const at::Tensor& position_ids);  // [b, s] -> [s(/tp), b, h]
+  // The decoder's output: [s(/tp), b, h], final-normed on the chunk that ends the model.
+  at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask,
+                           const at::Tensor& input);
+  at::Tensor output_logits(const at::Tensor& normed);                                   // -> [s, b, V/tp]
+  at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const;  // labels [b, s] -> [b, s] fp32
+  std::vector<moe::MoELayer*> moe_layers() const;  // of the decoder and of the MTP depths
   // Layers [first, first + count) of this chunk on the residual stream.
   ResidualStream run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,
                             const at::Tensor& attention_mask);
@@ -101,6 +131,7 @@ class GPTModel : public tp::DescribedModule {
   pipeline::ChunkLayers chunk_;
   std::optional<RopeTables> rope_;
   tp::ParamTable table_;
+  double auxiliary_loss_scale_ = 1.0;  // what the MTP loss enters backward with (1 / micro-batches)
 };
 
 // The parameter table of `chunk` (default: the whole model) of `config` with its family's layer

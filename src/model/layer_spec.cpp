@@ -2,17 +2,29 @@
 
 #include "model/attention.h"
 #include "model/core_attention.h"
+#include "model/mla.h"
 #include "model/mlp.h"
 #include "moe/moe_layer.h"
 
 namespace megatron {
 
-LayerSpec gpt_layer_spec(const ModelConfig&) {
+LayerSpec gpt_layer_spec(const ModelConfig& config) {
   LayerSpec spec;
-  spec.core_attention = [](const PartContext& ctx) { return std::make_shared<SdpaAttention>(ctx.tp); };
-  spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) {
-    return std::make_shared<SelfAttention>(ctx, std::move(core));
-  };
+  if (config.multi_latent_attention) {
+    // Megatron's MLA spec: its own softmax scale (YaRN's mscale squared), the input norm a module
+    // of the layer.
+    spec.core_attention = [](const PartContext& ctx) {
+      return std::make_shared<SdpaAttention>(ctx.tp, MultiLatentAttention::softmax_scale(ctx.config));
+    };
+    spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {
+      return std::make_shared<MultiLatentAttention>(ctx, std::move(core));
+    };
+  } else {
+    spec.core_attention = [](const PartContext& ctx) { return std::make_shared<SdpaAttention>(ctx.tp); };
+    spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {
+      return std::make_shared<SelfAttention>(ctx, std::move(core));
+    };
+  }
   spec.feed_forward = [](const PartContext& ctx) -> std::shared_ptr<FeedForward> {
     if (ctx.config.is_moe_layer(ctx.layer)) return std::make_shared<moe::MoELayer>(ctx);
     return std::make_shared<MLP>(ctx);

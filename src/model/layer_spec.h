@@ -1,7 +1,7 @@
 // How a decoder layer is assembled, as Megatron-Core's layer specs (gpt_layer_specs.py): a layer
 // is built from parts behind small interfaces, and one function per family picks the parts.
 //
-//   attention block   normed hidden -> attention output (self-attention today; MLA next)
+//   attention block   normed hidden -> attention output (self-attention, or multi-latent attention)
 //   core attention    q, k, v -> context (SDPA today; ring attention, KV-cache attention next)
 //   feed-forward      normed hidden -> MLP output (the dense MLP, or MoE: src/moe)
 //
@@ -35,7 +35,8 @@ struct PartContext {
   tp::LinearOptions linear(tp::Init weight_init, bool gated = false) const { return {device, weight_init, gated}; }
 };
 
-// q: [s, b, H/tp, d], k and v: [s, b, G/tp, d] -> context [s, b, H/tp * d]. Holds no parameters.
+// q and k: [s, b, H/tp, d] and [s, b, G/tp, d], v: [s, b, G/tp, dv] -> context [s, b, H/tp * dv]
+// (dv = d except under multi-latent attention). Holds no parameters.
 class CoreAttention {
  public:
   virtual ~CoreAttention() = default;
@@ -70,12 +71,13 @@ struct LayerSpec {
   std::function<std::shared_ptr<AttentionBlock>(const PartContext&, std::shared_ptr<CoreAttention>)> attention;
   std::function<std::shared_ptr<FeedForward>(const PartContext&)> feed_forward;
   // false: input_layernorm / pre_mlp_layernorm modules of the layer. A part may keep its norm
-  // out of its linears regardless (fused_norm() empty: MoE), and the layer then holds it.
+  // out of its linears regardless (fused_norm() empty: MLA, MoE), and the layer then holds it.
   bool norms_in_linears = true;
 };
 
 // The decoder layer of every family built in: self-attention (GQA, optional q/k norm, RoPE)
-// over SDPA, norms fused into linear_qkv and linear_fc1; the feed-forward a dense SwiGLU or
+// over SDPA, norms fused into linear_qkv and linear_fc1, or with --multi-latent-attention MLA
+// (model/mla.h; its input norm the layer's input_layernorm); the feed-forward a dense SwiGLU or
 // GELU MLP, or on the layers --moe-layer-freq names the MoE layer (its norm then the layer's
 // pre_mlp_layernorm, as Megatron-Core's MoE specs).
 LayerSpec gpt_layer_spec(const ModelConfig& config);

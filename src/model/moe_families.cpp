@@ -70,16 +70,6 @@ nlohmann::json mixtral_to_hf(const ModelConfig& m, int64_t hf_vocab, at::ScalarT
   return j;
 }
 
-std::vector<HfWeightRule> expert_rows(const std::string& hf_moe, const char* gate, const char* up, const char* down) {
-  const std::string L = "decoder.layers.{layer}.", H = "model.layers.{layer}." + hf_moe + ".";
-  return {
-      {L + "pre_mlp_layernorm.weight", {"model.layers.{layer}.post_attention_layernorm.weight"}},
-      {L + "mlp.router.weight", {H + "gate.weight"}},
-      {L + "mlp.experts.linear_fc1.weight{expert}", {H + "experts.{expert}." + gate + ".weight", H + "experts.{expert}." + up + ".weight"},
-       HfTransform::GateUp},
-      {L + "mlp.experts.linear_fc2.weight{expert}", {H + "experts.{expert}." + down + ".weight"}},
-  };
-}
 
 // Qwen2-MoE (shared experts behind a sigmoid gate, qkv bias, softmax before top-k without
 // renormalising) and Qwen3-MoE (q/k norm, renormalised top-k, no shared experts).
@@ -140,6 +130,17 @@ nlohmann::json qwen_moe_to_hf(const ModelConfig& m, int64_t hf_vocab, at::Scalar
 
 }  // namespace
 
+std::vector<HfWeightRule> moe_expert_rows(const std::string& hf_moe, const char* gate, const char* up, const char* down) {
+  const std::string L = "decoder.layers.{layer}.", H = "model.layers.{layer}." + hf_moe + ".";
+  return {
+      {L + "pre_mlp_layernorm.weight", {"model.layers.{layer}.post_attention_layernorm.weight"}},
+      {L + "mlp.router.weight", {H + "gate.weight"}},
+      {L + "mlp.experts.linear_fc1.weight{expert}", {H + "experts.{expert}." + gate + ".weight", H + "experts.{expert}." + up + ".weight"},
+       HfTransform::GateUp},
+      {L + "mlp.experts.linear_fc2.weight{expert}", {H + "experts.{expert}." + down + ".weight"}},
+  };
+}
+
 ModelFamily mixtral_family() {
   ModelFamily f;
   f.name = "mixtral";
@@ -153,13 +154,13 @@ ModelFamily mixtral_family() {
                 }}};
   f.hf_model_types = {"mixtral"};
   f.describes = [](const ModelConfig& m) {
-    return m.num_experts > 0 && m.moe_shared_expert_intermediate_size == 0 && !m.qk_layernorm && !m.add_qkv_bias &&
+    return m.num_experts > 0 && !m.multi_latent_attention && m.moe_shared_expert_intermediate_size == 0 && !m.qk_layernorm && !m.add_qkv_bias &&
            !m.moe_router_pre_softmax && m.moe_router_score_function == "softmax" && m.swiglu && m.normalization == "RMSNorm";
   };
   f.config_from_hf = mixtral_from_hf;
   f.config_to_hf = mixtral_to_hf;
   f.weights = llama_weights();
-  for (auto& row : expert_rows("block_sparse_moe", "w1", "w3", "w2")) f.weights.push_back(row);
+  for (auto& row : moe_expert_rows("block_sparse_moe", "w1", "w3", "w2")) f.weights.push_back(row);
   f.layer_spec = gpt_layer_spec;
   f.flops_per_token = moe_flops_per_token;
   return f;
@@ -186,13 +187,13 @@ ModelFamily qwen_moe_family() {
                 }}};
   f.hf_model_types = {"qwen2_moe", "qwen3_moe"};
   f.describes = [](const ModelConfig& m) {
-    return m.num_experts > 0 && m.swiglu && m.normalization == "RMSNorm" && m.moe_router_score_function == "softmax" &&
+    return m.num_experts > 0 && !m.multi_latent_attention && m.swiglu && m.normalization == "RMSNorm" && m.moe_router_score_function == "softmax" &&
            (m.qk_layernorm || m.add_qkv_bias) && (m.moe_shared_expert_intermediate_size == 0 || m.moe_shared_expert_gate);
   };
   f.config_from_hf = qwen_moe_from_hf;
   f.config_to_hf = qwen_moe_to_hf;
   f.weights = llama_weights();
-  for (auto& row : expert_rows("mlp", "gate_proj", "up_proj", "down_proj")) f.weights.push_back(row);
+  for (auto& row : moe_expert_rows("mlp", "gate_proj", "up_proj", "down_proj")) f.weights.push_back(row);
   const std::string L = "decoder.layers.{layer}.", H = "model.layers.{layer}.mlp.";
   f.weights.push_back({L + "mlp.shared_experts.linear_fc1.weight", {H + "shared_expert.gate_proj.weight", H + "shared_expert.up_proj.weight"},
                        HfTransform::GateUp});

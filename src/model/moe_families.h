@@ -9,4 +9,9 @@ namespace megatron {
 ModelFamily mixtral_family();
 ModelFamily qwen_moe_family();
 
+// The weight-table rows of an MoE layer whose HF block is `model.layers.{layer}.<hf_moe>`: the
+// pre-MLP norm, the router (`gate`) and each expert's [gate; up] and down projections under the
+// HF names given (Mixtral's w1 / w3 / w2, the others' gate_proj / up_proj / down_proj).
+std::vector<HfWeightRule> moe_expert_rows(const std::string& hf_moe, const char* gate, const char* up, const char* down);
+
 }  // namespace megatron

@@ -1,5 +1,5 @@
 // Rotary position embeddings (rotate-half form, as Megatron-Core and HF Llama), with
-// --rotary-percent and Llama 3.1 frequency scaling.
+// --rotary-percent, Llama 3.1 frequency scaling and YaRN (--rope-type yarn, DeepSeek).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,9 +15,19 @@ struct RopeTables {
   at::Tensor sin;
 };
 
-// Inverse frequencies [rot_dim / 2] in fp32, Llama 3.1 scaling applied when configured.
+// The channels of a head that rotate: the head's share by --rotary-percent, or under
+// multi-latent attention its rotary part (--qk-pos-emb-head-dim).
+int64_t rope_rotary_dim(const ModelConfig& config);
+// rope or yarn: --rope-type, by default yarn under multi-latent attention (Megatron's MLA default).
+bool uses_yarn(const ModelConfig& config);
+// YaRN's magnitude correction: 0.1 * mscale * ln(factor) + 1, or 1 for factor <= 1.
+double yarn_get_mscale(double factor, double mscale);
+
+// Inverse frequencies [rot_dim / 2] in fp32, Llama 3.1 or YaRN scaling applied when configured.
 at::Tensor rope_inverse_frequencies(const ModelConfig& config);
 
+// With YaRN, cos and sin carry its concentration factor, get_mscale(factor, mscale) /
+// get_mscale(factor, mscale_all_dim) (1 for DeepSeek's configurations, where the two are equal).
 RopeTables make_rope_tables(const ModelConfig& config, int64_t seq_len, const at::Device& device);
 
 // Rows of `tables` for position_ids [b, s] (positions restarting per packed document).

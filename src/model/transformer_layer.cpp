@@ -12,16 +12,18 @@ TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParalle
       fuse_add_norm_(c.bias_dropout_fusion && norm_kind_from_name(c.normalization) == NormKind::RMSNorm),
       tp_(tp) {
   const PartContext ctx{c, tp, device, spec.norms_in_linears, layer};
-  if (!spec.norms_in_linears) input_layernorm_ = register_module("input_layernorm", std::make_shared<NormModule>(c, tp, device));
-  self_attention = register_module("self_attention", spec.attention(ctx, spec.core_attention(ctx)));
+  std::shared_ptr<AttentionBlock> attention = spec.attention(ctx, spec.core_attention(ctx));
+  // The layer holds the input norm when the attention block does not (the spec says so, or the
+  // part keeps its norm apart: MLA).
+  if (!attention->fused_norm()) input_layernorm_ = register_module("input_layernorm", std::make_shared<NormModule>(c, tp, device));
+  self_attention = register_module("self_attention", attention);
   std::shared_ptr<FeedForward> feed_forward = spec.feed_forward(ctx);
   // The layer holds the pre-MLP norm when the feed-forward does not (the spec says so, or the
   // part keeps its norm apart: MoE).
   if (!feed_forward->fused_norm()) pre_mlp_layernorm_ = register_module("pre_mlp_layernorm", std::make_shared<NormModule>(c, tp, device));
   mlp = register_module("mlp", feed_forward);
-  TORCH_CHECK(spec.norms_in_linears == self_attention->fused_norm().has_value(), "layer spec: norms_in_linears is ",
-              spec.norms_in_linears, " but its attention block ", spec.norms_in_linears ? "does not hold" : "holds",
-              " the norm in front of it");
+  TORCH_CHECK(spec.norms_in_linears || !self_attention->fused_norm(), "layer spec: norms_in_linears is false but the "
+              "attention block holds the norm in front of it");
   TORCH_CHECK(spec.norms_in_linears || !mlp->fused_norm(), "layer spec: norms_in_linears is false but the feed-forward holds its norm");
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 
 #include "core/errors.h"
@@ -139,6 +140,32 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
   if (!m.moe_router_dtype.empty() && m.moe_router_dtype != "fp32" && m.moe_router_dtype != "fp64") {
     bad("moe-router-dtype", "must be fp32 or fp64 (got '" + m.moe_router_dtype + "')");
   }
+  if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid") {
+    bad("moe-router-enable-expert-bias", "needs --moe-router-score-function sigmoid (as Megatron)");
+  }
+  if (!(m.moe_router_bias_update_rate >= 0.0) || !std::isfinite(m.moe_router_bias_update_rate)) {
+    bad("moe-router-bias-update-rate", "must be finite and >= 0");
+  }
+  const int groups = m.moe_router_num_groups, group_topk = m.moe_router_group_topk;
+  if ((groups > 0) != (group_topk > 0) || groups < 0 || group_topk < 0) {
+    bad("moe-router-num-groups", "and --moe-router-group-topk go together, both positive (group-limited routing)");
+  }
+  if (groups > 0) {
+    const int k = m.moe_router_topk;
+    if (m.num_experts % groups != 0) {
+      bad("moe-router-num-groups", std::to_string(groups) + " does not divide --num-experts " + std::to_string(m.num_experts));
+    }
+    if (group_topk > groups) {
+      bad("moe-router-group-topk", std::to_string(group_topk) + " is above --moe-router-num-groups " + std::to_string(groups));
+    }
+    if (group_topk > k || k / group_topk > m.num_experts / groups) {
+      bad("moe-router-group-topk", std::to_string(group_topk) + ": each group is scored by its top --moe-router-topk / " +
+                                       "--moe-router-group-topk experts, which must be between 1 and the experts of a group");
+    }
+    if (k > group_topk * (m.num_experts / groups)) {
+      bad("moe-router-topk", std::to_string(k) + " is more than the experts of --moe-router-group-topk groups");
+    }
+  }
   const std::vector<std::string>& types = m.moe_router_load_balancing_type;
   if (types.empty()) bad("moe-router-load-balancing-type", "needs a type: aux_loss, seq_aux_loss, global_aux_loss or none");
   for (size_t i = 0; i < types.size(); ++i) {
@@ -224,6 +251,19 @@ std::string describe_moe(const ModelConfig& m) {
   }
   if (m.moe_permute_fusion) out += ", fused permutation (CUDA kernels on the GPU)";
   out += "\n";
+  if (m.moe_router_num_groups > 0) {
+    out += "> routing: experts in " + std::to_string(m.moe_router_num_groups) + " groups, each token's from its best " +
+           std::to_string(m.moe_router_group_topk) + "\n";
+  }
+  if (m.moe_router_enable_expert_bias) {
+    char rate[64];
+    std::snprintf(rate, sizeof(rate), "%g", m.moe_router_bias_update_rate);
+    out += std::string("> expert bias (auxiliary-loss-free balancing), updated by ") + rate + " per step\n";
+  }
+  if (m.hf_mtp_layers > m.mtp_num_layers) {
+    out += "> config.json names " + std::to_string(m.hf_mtp_layers) + " multi-token prediction layer(s) (num_nextn_predict_layers); " +
+           "this run builds " + std::to_string(m.mtp_num_layers) + " (--mtp-num-layers): the others' weights are not loaded\n";
+  }
   return out;
 }
 

@@ -3,11 +3,21 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 
 #include "moe/aux_loss.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron::moe {
+
+std::tuple<at::Tensor, at::Tensor> group_limited_topk(const at::Tensor& scores, int64_t k, int64_t groups, int64_t group_topk) {
+  const int64_t T = scores.size(0), E = scores.size(1), per_group = E / groups;
+  const at::Tensor group_scores = std::get<0>(scores.view({T, groups, per_group}).topk(k / group_topk, -1)).sum(-1);  // [T, G]
+  const at::Tensor chosen = std::get<1>(group_scores.topk(group_topk, -1, /*largest=*/true, /*sorted=*/false));   // [T, gk]
+  const at::Tensor in_group = at::zeros({T, groups}, scores.options().dtype(at::kBool)).scatter_(1, chosen, true);
+  const at::Tensor allowed = in_group.unsqueeze(-1).expand({T, groups, per_group}).reshape({T, E});
+  return scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity()).topk(k, 1);
+}
 
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t num_experts, double capacity_factor) {
   return int64_t(std::ceil(double(tokens * topk) / double(num_experts) * capacity_factor));
@@ -38,6 +48,13 @@ TopKRouter::TopKRouter(const PartContext& ctx) : config_(ctx.config), tp_(ctx.tp
   // Each TP rank routes its own sequence shard: its gradient is a partial sum over TP.
   tp::ParamInfo info = tp::sequence_sharded_replica(ctx.tp, tp::Init::Normal);
   weight = add_parameter("weight", at::empty({c.num_experts, c.hidden_size}, at::TensorOptions().device(ctx.device)), info);
+  if (c.moe_router_enable_expert_bias) {
+    tp::ParamInfo bias;
+    bias.init = tp::Init::Zeros;
+    bias.trainable = false;
+    bias.keep_fp32 = true;
+    expert_bias = add_parameter("expert_bias", at::zeros({c.num_experts}, at::TensorOptions().device(ctx.device)), bias);
+  }
   tracked_count_ = int64_t(tracked_loss_names(c).size());
 }
 
@@ -117,23 +134,11 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
     // Each TP rank's mean over its own tokens: the coefficient is shared out over TP.
     const at::Tensor z = z_loss(logits, c.moe_z_loss_coeff / tp);
     logits = attach_loss(logits, z, loss_scale_);
-    track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff);  // z_loss is tracked last  // mean logsumexp^2 / tp: summed over TP, the mean
+    // mean logsumexp^2 / tp (summed over TP: the mean); z_loss is tracked last
+    track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff);
   }
 
-  at::Tensor probs, indices;  // [T, k]
-  if (c.moe_router_score_function == "softmax") {
-    if (c.moe_router_pre_softmax) {
-      std::tie(probs, indices) = at::softmax(logits, -1, at::kFloat).topk(k, 1);
-    } else {
-      at::Tensor top;
-      std::tie(top, indices) = logits.topk(k, 1);
-      probs = at::softmax(top, -1, at::kFloat);
-    }
-  } else {  // sigmoid, renormalised over the chosen experts
-    at::Tensor scores;
-    std::tie(scores, indices) = at::sigmoid(logits.to(at::kFloat)).topk(k, 1);
-    probs = k > 1 ? scores / (scores.sum(-1, true) + 1e-20) : scores;
-  }
+  auto [probs, indices] = choose(logits);  // [T, k]
   if (c.moe_router_topk_scaling_factor > 0) probs = probs * c.moe_router_topk_scaling_factor;
   probs = probs.to(tokens.scalar_type());
   at::Tensor kept;  // [T, k], as Megatron drops before the balancing loss (which does not see it)
@@ -143,8 +148,59 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
     if (c.moe_pad_expert_input_to_capacity) padded_capacity = expert_capacity(T, k, E, c.moe_expert_capacity_factor);
   }
 
+  if (losses && expert_bias.defined()) {
+    // The routed (token, expert) pairs, after dropping, counted for the bias update.
+    at::NoGradGuard no_grad;
+    at::Tensor chosen = indices.reshape({-1});
+    if (kept.defined()) chosen = at::where(kept.reshape({-1}), chosen, at::full({}, E, chosen.options()));  // dropped: bin E
+    const at::Tensor counts = at::bincount(chosen, {}, E + 1).narrow(0, 0, E).to(at::kFloat);
+    expert_counts_ = expert_counts_.defined() ? expert_counts_ + counts : counts;
+  }
   if (losses) probs = attach_balancing_losses(probs, logits, batch);
   return {probs, indices, kept, padded_capacity};
+}
+
+std::pair<at::Tensor, at::Tensor> TopKRouter::choose(const at::Tensor& logits) const {
+  const ModelConfig& c = config_;
+  const int64_t k = c.moe_router_topk;
+  auto topk = [&](const at::Tensor& scores) {
+    return c.moe_router_num_groups > 0 ? group_limited_topk(scores, k, c.moe_router_num_groups, c.moe_router_group_topk)
+                                       : scores.topk(k, 1);
+  };
+  at::Tensor probs, indices;  // [T, k]
+  if (c.moe_router_score_function == "softmax") {
+    if (c.moe_router_pre_softmax) {
+      std::tie(probs, indices) = topk(at::softmax(logits, -1, at::kFloat));
+    } else {
+      at::Tensor top;
+      std::tie(top, indices) = topk(logits);
+      probs = at::softmax(top, -1, at::kFloat);
+    }
+    return {probs, indices};
+  }
+  // sigmoid, renormalised over the chosen experts; an expert bias steers the choice only.
+  const at::Tensor scores = at::sigmoid(logits.to(at::kFloat));  // [T, E]
+  if (expert_bias.defined()) {
+    indices = std::get<1>(topk(scores + expert_bias.to(at::kFloat)));
+    probs = scores.gather(1, indices);
+  } else {
+    std::tie(probs, indices) = topk(scores);
+  }
+  if (k > 1) probs = probs / (probs.sum(-1, true) + 1e-20);
+  return {probs, indices};
+}
+
+at::Tensor TopKRouter::take_expert_counts() {
+  at::Tensor counts = expert_counts_.defined() ? expert_counts_ : at::zeros({config_.num_experts}, expert_bias.options().dtype(at::kFloat));
+  expert_counts_ = at::Tensor();
+  return counts;
+}
+
+void TopKRouter::update_expert_bias(const at::Tensor& counts) {
+  at::NoGradGuard no_grad;
+  // Under-loaded experts up, over-loaded down (Megatron's get_updated_expert_bias).
+  const at::Tensor mean = counts.sum() / double(config_.num_experts);
+  expert_bias.add_(at::sign(mean - counts).to(expert_bias.scalar_type()) * config_.moe_router_bias_update_rate);
 }
 
 }  // namespace megatron::moe

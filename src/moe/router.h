@@ -6,6 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
+#include <utility>
+
 #include "model/layer_spec.h"
 
 namespace megatron::moe {
@@ -18,6 +21,11 @@ struct Routing {
   // tokens (its kept pairs, then zero rows); 0: as many as it was routed.
   int64_t padded_capacity = 0;
 };
+
+// Megatron's group-limited top-k: experts in `groups` equal groups, each group scored by the sum of
+// its top (k / group_topk) scores, a token's k experts chosen among its group_topk best groups.
+// scores [T, E] -> (values, indices) [T, k].
+std::tuple<at::Tensor, at::Tensor> group_limited_topk(const at::Tensor& scores, int64_t k, int64_t groups, int64_t group_topk);
 
 // Megatron's expert capacity for T tokens routed to k of E experts: ceil(T k / E x factor).
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t num_experts, double capacity_factor);
@@ -42,10 +50,19 @@ class TopKRouter : public tp::DescribedModule {
   // values (load balancing: aux / coeff; z: mean logsumexp^2). [n] fp32, or undefined.
   at::Tensor take_tracked();
 
-  at::Tensor weight;  // [E, h], replicated
+  // --moe-router-enable-expert-bias: this step's tokens per expert so far ([E] fp32, this rank's;
+  // reset), and the bias moved by rate x sign(mean - count) of the step's counts summed over
+  // every rank sharing the batch.
+  at::Tensor take_expert_counts();
+  void update_expert_bias(const at::Tensor& counts);
+
+  at::Tensor weight;       // [E, h], replicated
+  at::Tensor expert_bias;  // [E] fp32, replicated, not trained (--moe-router-enable-expert-bias; HF e_score_correction_bias)
 
  private:
   at::Tensor logits_of(const at::Tensor& tokens) const;  // [T, E] in the router's dtype
+  // Megatron's topk_routing_with_score_function: each token's k experts and their weights [T, k].
+  std::pair<at::Tensor, at::Tensor> choose(const at::Tensor& logits) const;
   // probs with each load-balancing loss that has a coefficient attached for backward and tracked.
   at::Tensor attach_balancing_losses(at::Tensor probs, const at::Tensor& logits, int64_t batch);
   void track(int slot, const at::Tensor& value);
@@ -57,6 +74,7 @@ class TopKRouter : public tp::DescribedModule {
   int64_t tracked_count_ = 0;  // tracked_loss_names(config).size()
   at::Tensor global_counts_;    // global_aux_loss: [E] tokens per expert over this step's micro-batches
   int64_t global_micro_batches_ = 0;
+  at::Tensor expert_counts_;    // expert bias: [E] fp32 tokens routed to each expert this step
 };
 
 }  // namespace megatron::moe

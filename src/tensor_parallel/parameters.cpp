@@ -20,7 +20,7 @@ void ParamTable::merge(const ParamTable& other) {
 
 at::Tensor DescribedModule::add_parameter(const std::string& name, const at::Tensor& tensor, const ParamInfo& info) {
   info_[name] = info;
-  return register_parameter(name, tensor);
+  return register_parameter(name, tensor, /*requires_grad=*/info.trainable);
 }
 
 namespace {

@@ -48,6 +48,11 @@ struct ParamInfo {
   bool partial_grad = false;
   int expert = -1;              // the global index of the expert it belongs to; -1: dense
   GradGroup grad_group = GradGroup::DataParallel;
+  // false: state the model carries (checkpoints, HF) that no gradient or optimizer touches; the
+  // model updates it itself (a router's expert bias). Registered without requires_grad.
+  bool trainable = true;
+  // Stays fp32 when the model is cast to bf16 (an expert bias moves in steps of 1e-3).
+  bool keep_fp32 = false;
 };
 
 // Every parameter of a model (chunk) by its global name, in registration order.

@@ -47,6 +47,46 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
   }
 }
 
+// --multi-latent-attention and --rope-type yarn: the dimensions MLA needs, each error naming its
+// flag.
+void validate_mla_and_yarn(const ModelConfig& m, const ParallelConfig& p) {
+  auto bad = [](const std::string& flag, const std::string& what) { throw UserError("--" + flag + " " + what); };
+  if (!m.rope_type.empty() && m.rope_type != "rope" && m.rope_type != "yarn") {
+    bad("rope-type", "must be rope or yarn (got '" + m.rope_type + "')");
+  }
+  if (m.rope_type == "yarn" || (m.rope_type.empty() && m.multi_latent_attention)) {
+    if (!(m.rotary_scaling_factor > 0.0) || !std::isfinite(m.rotary_scaling_factor)) bad("rotary-scaling-factor", "must be positive");
+    if (!std::isfinite(m.mscale) || !std::isfinite(m.mscale_all_dim)) bad("mscale", "and --mscale-all-dim must be finite");
+    if (m.yarn_original_max_position_embeddings <= 0) bad("yarn-original-max-position-embeddings", "must be positive");
+    if (!(m.yarn_beta_fast > 0.0 && m.yarn_beta_slow > 0.0)) bad("yarn-beta-fast", "and --yarn-beta-slow must be positive");
+    if (m.use_rope_scaling) bad("use-rope-scaling", "(Llama 3.1 scaling) and YaRN are two rope scalings: keep one");
+  }
+  if (m.mtp_num_layers < 0) bad("mtp-num-layers", "must be >= 0");
+  if (m.mtp_num_layers > 0) {
+    if (m.position_embedding_type == "learned_absolute") {
+      bad("mtp-num-layers", "needs rotary (or no) position embeddings, as Megatron: the last stage has no position table");
+    }
+    if (!(m.mtp_loss_scaling_factor >= 0.0) || !std::isfinite(m.mtp_loss_scaling_factor)) {
+      bad("mtp-loss-scaling-factor", "must be finite and >= 0");
+    }
+  }
+  if (!m.multi_latent_attention) return;
+  if (m.position_embedding_type != "rope") bad("multi-latent-attention", "needs --position-embedding-type rope");
+  if (m.group_query_attention) bad("multi-latent-attention", "has no query groups: drop --group-query-attention");
+  for (auto [flag, v] : {std::pair<const char*, int>{"kv-lora-rank", m.kv_lora_rank}, {"qk-head-dim", m.qk_head_dim},
+                         {"qk-pos-emb-head-dim", m.qk_pos_emb_head_dim}, {"v-head-dim", m.v_head_dim}}) {
+    if (v <= 0) bad(flag, "must be positive with --multi-latent-attention (got " + std::to_string(v) + ")");
+  }
+  if (m.q_lora_rank < 0) bad("q-lora-rank", "must be positive, or 0 for one query projection");
+  if (m.qk_pos_emb_head_dim % 2 != 0) {
+    bad("qk-pos-emb-head-dim", std::to_string(m.qk_pos_emb_head_dim) + " must be even: the rotary channels turn in pairs");
+  }
+  if (m.num_attention_heads % p.tensor_model_parallel_size != 0) {
+    bad("num-attention-heads", std::to_string(m.num_attention_heads) + " is not divisible by --tensor-model-parallel-size " +
+                                   std::to_string(p.tensor_model_parallel_size) + " (MLA splits whole heads)");
+  }
+}
+
 }  // namespace
 
 TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
@@ -104,8 +144,8 @@ void finalize_config(Config& c, int world_size) {
     throw UserError("--seq-length " + std::to_string(m.seq_length) + " exceeds --max-position-embeddings " +
                     std::to_string(m.max_position_embeddings));
   }
-  if (m.position_embedding_type == "rope" && (m.rotary_percent <= 0.0 || m.rotary_percent > 1.0 ||
-                                             static_cast<int>(m.kv_channels * m.rotary_percent) % 2 != 0)) {
+  if (m.position_embedding_type == "rope" && !m.multi_latent_attention &&
+      (m.rotary_percent <= 0.0 || m.rotary_percent > 1.0 || static_cast<int>(m.kv_channels * m.rotary_percent) % 2 != 0)) {
     throw UserError("--rotary-percent must be in (0, 1] and rotate an even number of head channels");
   }
   if (m.normalization != "LayerNorm" && m.normalization != "RMSNorm") {
@@ -179,6 +219,7 @@ void finalize_config(Config& c, int world_size) {
   if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
   if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
   validate_recompute(m, t);
+  validate_mla_and_yarn(m, p);
   if (p.grad_reduce_in_bf16 && !t.bf16) {
     throw UserError("--grad-reduce-in-bf16 needs --bf16: the gradients are kept in the bf16 parameters' dtype");
   }

@@ -18,6 +18,7 @@ GradBuffers make_grad_buffers(const std::vector<GPTModel*>& chunks, const Config
   for (size_t v = 0; v < chunks.size(); ++v) {
     for (const auto& item : chunks[v]->named_parameters()) {
       const tp::ParamInfo& info = chunks[v]->parameter_table().at(item.key());
+      if (!info.trainable) continue;  // model state (an expert bias): no gradient, no optimizer
       (info.grad_group == tp::GradGroup::ExpertDataParallel ? experts : dense).push_back({item.key(), item.value(), int(v), info});
     }
   }
@@ -29,7 +30,8 @@ GradBuffers make_grad_buffers(const std::vector<GPTModel*>& chunks, const Config
   options.gradient_accumulation_fusion = p.gradient_accumulation_fusion;
   options.grad_reduce_in_bf16 = p.grad_reduce_in_bf16;
   options.overlap_optimizer_step = c.train.overlap_optimizer_step && on_cuda;
-  options.tied_embedding_across_stages = ps.pp.size() > 1 && !c.model.untie_embeddings_and_output_weights;
+  // The first and last stage both hold the word embedding: for a tied output layer, or for MTP.
+  options.tied_embedding_across_stages = ps.pp.size() > 1 && (!c.model.untie_embeddings_and_output_weights || c.model.mtp_num_layers > 0);
   GradBuffers buffers;
   buffers.dense = std::make_unique<ParamAndGradBuffer>(dense, ps, options);
   if (!experts.empty()) {

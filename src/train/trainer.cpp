@@ -33,7 +33,6 @@
 #include "distributed/world.h"
 #include "model/family.h"
 #include "model/gpt_model.h"
-#include "moe/aux_loss.h"
 #include "moe/moe_config.h"
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
@@ -43,6 +42,7 @@
 #include "tensor_parallel/sharding.h"
 #include "train/grad_buffers.h"
 #include "train/metrics.h"
+#include "train/model_terms.h"
 #include "train/profiler.h"
 #include "train/step_graph.h"
 #include "train/batch_transfer.h"
@@ -179,7 +179,7 @@ class Trainer {
   std::unique_ptr<TrainingMetrics> metrics_;
   LossFunction loss_function_;           // the family's, or masked_token_mean
   std::vector<std::string> loss_terms_;  // the names of its terms
-  std::vector<std::string> moe_terms_;   // the MoE router losses tracked for the log line (after loss_terms_)
+  ModelTerms model_terms_;               // MTP and MoE router losses tracked for the log line (after loss_terms_)
   double flops_per_token_ = 0;
 
 
@@ -221,7 +221,11 @@ int Trainer::run() {
   const auto init_start = std::chrono::steady_clock::now();
   initialize_chunks(chunks(), static_cast<uint64_t>(t_.seed));
   const double init_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count();
-  if (!t_.load_hf.empty()) load_hf_weights(t_.load_hf, chunks());
+  const int64_t fresh = t_.load_hf.empty() ? 0 : load_hf_weights(t_.load_hf, chunks());
+  if (fresh > 0 && ps_.tp.rank() == 0 && ps_.dp.rank() == 0) {  // the last stage's first rank
+    std::printf("> --load-hf: %lld multi-token prediction parameters are not in the checkpoint: they start from --seed\n",
+                static_cast<long long>(fresh));
+  }
   int64_t parameters = 0;
   for (auto& chunk : chunks_) {
     chunk->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
@@ -238,7 +242,7 @@ int Trainer::run() {
   flops_per_token_ = family.flops_per_token(m, parameters);
   loss_function_ = family.loss ? family.loss : LossFunction(masked_token_mean);
   loss_terms_ = family.loss_terms;
-  moe_terms_ = moe::tracked_loss_names(m);
+  model_terms_ = ModelTerms(m);
 
   buffers_ = make_grad_buffers(chunks(), c_, ps_, device_.is_cuda());
   buffer_ = buffers_.dense.get();
@@ -313,7 +317,7 @@ int Trainer::run() {
     }
   }
   std::vector<std::string> logged_terms = loss_terms_;
-  logged_terms.insert(logged_terms.end(), moe_terms_.begin(), moe_terms_.end());
+  logged_terms.insert(logged_terms.end(), model_terms_.names().begin(), model_terms_.names().end());
   metrics_ = std::make_unique<TrainingMetrics>(c_, ps_, device_, flops_per_token_, logged_terms);
 
   stop_ = std::make_unique<StopSignal>(ps_, device_);
@@ -412,11 +416,13 @@ Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& ba
   // Gradients land in the buffer's main_grad through its hooks.
   const at::Tensor sums = forward_backward(micro_batches, batch, /*forward_only=*/false);
   for (ParamAndGradBuffer* b : buffers()) b->finish_grad_sync();
+  // As Megatron's finalize_model_grads: the expert biases move once per step, from its counts.
+  for (auto& chunk : chunks_) chunk->update_expert_biases();
   StepResult r;
   r.grad_norm = optimizer_->grad_norm();
   const at::Tensor global = global_loss(sums);  // [1 + terms]
   r.loss = global[0];
-  r.terms = global.narrow(0, 1, int64_t(loss_terms_.size() + moe_terms_.size()));
+  r.terms = global.narrow(0, 1, int64_t(loss_terms_.size()) + model_terms_.size());
   // Here, not after the step: collectives run in order on one NCCL stream, and the optimizer
   // step queues the parameter all-gathers (distributed optimizer). Queued behind them, the poll's
   // copy to the host would hold the next forward until every bucket had arrived (5 ms exposed
@@ -469,8 +475,8 @@ at::Tensor Trainer::global_loss(const at::Tensor& sums) {
 
 at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only) {
   const ModelConfig& m = c_.model;
-  const int64_t family_terms = int64_t(loss_terms_.size()), moe_terms = forward_only ? 0 : int64_t(moe_terms_.size());
-  at::Tensor sums = at::zeros({1 + family_terms + moe_terms}, at::TensorOptions().device(device_));  // [1 + terms]
+  const int64_t family_terms = int64_t(loss_terms_.size()), model_terms = forward_only ? 0 : model_terms_.size();
+  at::Tensor sums = at::zeros({1 + family_terms + model_terms}, at::TensorOptions().device(device_));  // [1 + terms]
   for (auto& chunk : chunks_) chunk->set_moe_loss_scale(1.0 / double(micro_batches));
   std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it
   pipeline::StageFunctions f;
@@ -513,15 +519,10 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   o.activation_options = at::TensorOptions().device(device_).dtype(t_.bf16 ? at::kBFloat16 : at::kFloat);
   const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
   if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
-  if (moe_terms > 0) {
-    // Megatron's report: each loss averaged over the MoE layers, each layer's summed over TP.
-    at::Tensor moe = sums.narrow(0, 1 + family_terms, moe_terms);
-    for (auto& chunk : chunks_) {
-      const at::Tensor tracked = chunk->take_moe_losses();
-      if (tracked.defined()) moe.add_(tracked);
-    }
-    moe.div_(double(std::max(m.num_moe_layers(), 1)));
-    if (ps_.tp.size() > 1) ps_.tp.all_reduce(moe);
+  if (model_terms > 0) {
+    std::vector<GPTModel*> chunks;
+    for (auto& chunk : chunks_) chunks.push_back(chunk.get());
+    model_terms_.collect(chunks, sums.narrow(0, 1 + family_terms, model_terms), ps_.tp);
   }
   return sums;
 }

@@ -1,6 +1,8 @@
 // The model against Hugging Face transformers itself: a small random-weight HF model of each
 // family is built by tests/fixtures/make_hf_model.py with the pinned transformers, its weights
-// are loaded through the HF mapping, and logits and loss must match HF's (fp32, <= 1e-4).
+// are loaded through the HF mapping, and logits and loss must match HF's (fp32, <= 1e-4). The
+// DeepSeek fixtures: V2-Lite-shaped, V3-shaped, and V3 with its weights block-quantised to FP8
+// (dequantised on load).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -44,7 +46,8 @@ TEST_P(HfParity, LogitsAndLossMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity,
-                         ::testing::Values("llama3", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"));
+                         ::testing::Values("llama3", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe",
+                                           "deepseek_v2", "deepseek_v3", "deepseek_v3_fp8"));
 
 }  // namespace
 }  // namespace megatron
