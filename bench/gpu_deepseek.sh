@@ -17,26 +17,15 @@ shape=(--model-family deepseek_v2 --num-layers 6 --hidden-size 2048 --num-attent
        --max-position-embeddings 4096 --micro-batch-size 1 --tokenizer-type NullTokenizer --vocab-size 102399 --mock-data
        --bf16 --lr 1e-4 --lr-warmup-iters 2 --moe-grouped-gemm --moe-permute-fusion --cross-entropy-loss-fusion
        --moe-aux-loss-coeff 1e-3 --moe-router-dtype fp32 --eval-interval 0 --device cuda)
-ours() {  # name global-batch flags... -> "tokens/s TFLOP/s max-allocated-MB"
-  local name=$1 gbs=$2; shift 2
-  local n=$iters; [ "$gbs" -gt 1 ] && n=$(( iters / 2 ))
-  "$bin" train "${shape[@]}" --global-batch-size "$gbs" --train-iters "$n" --log-interval $(( n / 3 )) "$@" > "$out/$name.log" 2>&1 \
-    || { echo "FAILED: $name" >&2; tail -20 "$out/$name.log" >&2; echo "0 0 0"; return; }
-  local line; line=$(grep " iteration" "$out/$name.log" | tail -1)
-  echo "$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \
-       "$(sed -n 's/.*throughput per GPU (TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \
-       "$(grep -o 'max allocated: [0-9.]*' "$out/$name.log" | head -1 | awk '{print $3}')"
-}
+source bench/lib.sh
 hf() { "$py" bench/hf_deepseek_baseline.py "$@" 2>&1 | grep baseline; }
-hf_tokens() { grep "grad_accum=$2 " <<< "$1" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p'; }
-ratio() { awk -v a="${1%% *}" -v b="$2" 'BEGIN { if (b > 0) printf "%.3fx", a / b; else printf "n/a" }'; }
 
 declare -A real
 for gbs in 1 8; do
-  real[$gbs]=$(ours "real_gbs$gbs" $gbs)
+  real[$gbs]=$(run_shape "real_gbs$gbs" $gbs)
   echo "megatron.cpp, global batch $gbs: tokens/s, TFLOP/s, max allocated MB = ${real[$gbs]}"
 done
-mtp=$(ours mtp_gbs8 8 --mtp-num-layers 1)
+mtp=$(run_shape mtp_gbs8 8 --mtp-num-layers 1)
 echo "megatron.cpp, global batch 8, one MTP depth: tokens/s, TFLOP/s, max allocated MB = $mtp"
 hf_eager=$(hf --iters 10 --grad-accum 1 8); echo "$hf_eager"
 hf_compiled=$(hf --compile --iters 10 --grad-accum 1 8); echo "$hf_compiled"

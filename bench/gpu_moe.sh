@@ -20,19 +20,8 @@ shape=(--model-family qwen3_moe --num-layers 6 --hidden-size 2048 --num-attentio
        --tokenizer-type NullTokenizer --vocab-size 151935 --mock-data --bf16 --lr 1e-4 --lr-warmup-iters 2
        --moe-grouped-gemm --moe-permute-fusion --cross-entropy-loss-fusion --moe-aux-loss-coeff 1e-3 --moe-router-dtype fp32
        --eval-interval 0 --device cuda)
-ours() {  # name global-batch flags... -> "tokens/s TFLOP/s max-allocated-MB"
-  local name=$1 gbs=$2; shift 2
-  local n=$iters; [ "$gbs" -gt 1 ] && n=$(( iters / 2 ))
-  "$bin" train "${shape[@]}" --global-batch-size "$gbs" --train-iters "$n" --log-interval $(( n / 3 )) "$@" > "$out/$name.log" 2>&1 \
-    || { echo "FAILED: $name" >&2; tail -20 "$out/$name.log" >&2; echo "0 0 0"; return; }
-  local line; line=$(grep " iteration" "$out/$name.log" | tail -1)
-  echo "$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \
-       "$(sed -n 's/.*throughput per GPU (TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \
-       "$(grep -o 'max allocated: [0-9.]*' "$out/$name.log" | head -1 | awk '{print $3}')"
-}
+source bench/lib.sh
 hf() { "$py" bench/hf_moe_baseline.py "$@" 2>&1 | grep baseline; }
-hf_tokens() { grep "grad_accum=$2 " <<< "$1" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p'; }
-ratio() { awk -v a="${1%% *}" -v b="$2" 'BEGIN { if (b > 0) printf "%.3fx", a / b; else printf "n/a" }'; }
 # Megatron's num_floating_point_operations per token for this shape (bench/hf_moe_baseline.py's formula).
 megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
   h = 2048; f = 768; k = 8; L = 6; s = 4096; q = 32 * 128; kv = 4 * 128; V = 151936
@@ -41,14 +30,14 @@ megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
 
 declare -A real
 for gbs in 1 8; do
-  real[$gbs]=$(ours "real_gbs$gbs" $gbs)
+  real[$gbs]=$(run_shape "real_gbs$gbs" $gbs)
   echo "megatron.cpp, global batch $gbs, real routing: tokens/s, TFLOP/s, max allocated MB = ${real[$gbs]} (Megatron's count $(megatron_tflops "${real[$gbs]}") TFLOP/s)"
 done
-balanced=$(ours balanced_gbs8 8 --moe-router-force-load-balancing)
+balanced=$(run_shape balanced_gbs8 8 --moe-router-force-load-balancing)
 echo "megatron.cpp, global batch 8, force-balanced: tokens/s, TFLOP/s, max allocated MB = $balanced"
-bf16_grads=$(ours bf16_grads_gbs8 8 --grad-reduce-in-bf16)
+bf16_grads=$(run_shape bf16_grads_gbs8 8 --grad-reduce-in-bf16)
 echo "megatron.cpp, global batch 8, real routing, --grad-reduce-in-bf16: tokens/s, TFLOP/s, max allocated MB = $bf16_grads"
-overlap=$(ours overlap_gbs1 1 --overlap-optimizer-step)
+overlap=$(run_shape overlap_gbs1 1 --overlap-optimizer-step)
 echo "megatron.cpp, global batch 1, real routing, --overlap-optimizer-step: tokens/s, TFLOP/s, max allocated MB = $overlap"
 # HF: one process per mode times both global batches on the same (compiled) model.
 hf_eager=$(hf --iters 10 --grad-accum 1 8); echo "$hf_eager"

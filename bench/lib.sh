@@ -30,3 +30,17 @@ power_summary() {  # nvidia-smi samples ("W, MHz" per line) -> "P W / C MHz", av
     END { for (i = 1; i <= NR; i++) if (p[i] >= 0.6 * max) { sp += p[i]; sc += c[i]; k++ }
           if (k) printf "%.0f W / %.0f MHz", sp / k, sc / k; else print "n/a" }' "$1"
 }
+# The MoE / DeepSeek comparisons (bench/gpu_moe.sh, gpu_deepseek.sh): megatron.cpp on the caller's
+# `shape` array at a global batch, and what the HF baseline scripts print.
+run_shape() {  # name global-batch flags... -> "tokens/s TFLOP/s max-allocated-MB" ($bin, $out, $iters; fewer steps at larger batches)
+  local name=$1 gbs=$2; shift 2
+  local n=$iters; [ "$gbs" -gt 1 ] && n=$(( iters / 2 ))
+  "$bin" train "${shape[@]}" --global-batch-size "$gbs" --train-iters "$n" --log-interval $(( n / 3 )) "$@" > "$out/$name.log" 2>&1 \
+    || { echo "FAILED: $name" >&2; tail -20 "$out/$name.log" >&2; echo "0 0 0"; return; }
+  local line; line=$(grep " iteration" "$out/$name.log" | tail -1)
+  echo "$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \
+       "$(sed -n 's/.*throughput per GPU (TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \
+       "$(grep -o 'max allocated: [0-9.]*' "$out/$name.log" | head -1 | awk '{print $3}')"
+}
+hf_tokens() { grep "grad_accum=$2 " <<< "$1" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p'; }  # baseline lines, global batch -> tok/s
+ratio() { awk -v a="${1%% *}" -v b="$2" 'BEGIN { if (b > 0) printf "%.3fx", a / b; else printf "n/a" }'; }
