@@ -14,7 +14,8 @@ seq 4096, micro-batch 1; pure bf16, SDPA, fused AdamW, experts through `grouped_
 TFLOP/s counts 6 x the parameters a token meets + attention's scores and values
 (3 x L x heads x (qk + v head dims) x s), as bench/gpu_deepseek.sh counts megatron.cpp's.
 """
-import argparse, time, torch
+import argparse, torch
+from hf_timing import time_steps
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
 p = argparse.ArgumentParser()
@@ -46,23 +47,7 @@ moe_layers = a.layers - 1
 active = n - moe_layers * (a.num_experts - a.topk) * 3 * a.hidden * a.moe_ffn
 flops_per_token = 6 * active + 3 * a.layers * a.heads * (a.nope + a.rope + a.v_dim) * a.seq
 
-
-def step(accum):
-    for _ in range(accum):
-        loss = fwd(input_ids=x, labels=x).loss
-        (loss / accum).backward()
-    opt.step(); opt.zero_grad(set_to_none=True)
-    return loss
-
-
-for accum in a.grad_accum:
-    for _ in range(3):
-        step(accum)
-    torch.cuda.synchronize(); t0 = time.time()
-    for _ in range(a.iters):
-        loss = step(accum)
-    torch.cuda.synchronize(); dt = (time.time() - t0) / a.iters
-    tok = accum * a.mb * a.seq / dt
+for accum, dt, tok, loss in time_steps(fwd, opt, x, a.grad_accum, a.iters):
     print(f"baseline hf-deepseek-v2 experts={a.experts} params={n/1e9:.2f}B layers={a.layers} seq={a.seq} grad_accum={accum} "
           f"compile={a.compile}: {dt*1e3:.1f} ms/step, {tok:.0f} tok/s, {flops_per_token*tok/1e12:.0f} TFLOP/s, "
           f"peak mem {torch.cuda.max_memory_allocated()/2**30:.1f} GiB, loss {loss.item():.3f}", flush=True)

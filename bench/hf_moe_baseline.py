@@ -20,7 +20,8 @@ Two FLOP counts per token, as bench/gpu_moe.sh prints them for megatron.cpp too:
   megatron     Megatron-LM's num_floating_point_operations for this shape (GEMMs x 3 for backward,
                attention projections and core attention, routed experts x top-k, logits)
 """
-import argparse, time, torch
+import argparse, torch
+from hf_timing import time_steps
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 p = argparse.ArgumentParser()
@@ -58,23 +59,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 fwd = torch.compile(model) if a.compile else model
 x = torch.randint(0, a.vocab, (a.mb, a.seq), device="cuda")
 
-
-def step(accum):
-    for _ in range(accum):
-        loss = fwd(input_ids=x, labels=x).loss
-        (loss / accum).backward()
-    opt.step(); opt.zero_grad(set_to_none=True)
-    return loss
-
-
-for accum in a.grad_accum:
-    for _ in range(3):
-        step(accum)
-    torch.cuda.synchronize(); t0 = time.time()
-    for _ in range(a.iters):
-        loss = step(accum)
-    torch.cuda.synchronize(); dt = (time.time() - t0) / a.iters
-    tok = accum * a.mb * a.seq / dt
+for accum, dt, tok, loss in time_steps(fwd, opt, x, a.grad_accum, a.iters):
     dense_style, megatron = flops_per_token(n)
     print(f"baseline hf-qwen3-moe experts={a.experts} params={n/1e9:.2f}B layers={a.layers} seq={a.seq} grad_accum={accum} "
           f"compile={a.compile}: {dt*1e3:.1f} ms/step, {tok:.0f} tok/s, {dense_style*tok/1e12:.0f} TFLOP/s "
