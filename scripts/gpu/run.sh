@@ -29,7 +29,8 @@
 # (grouped_mm experts, eager and torch.compile) at global batches 1 and 8, real routing and
 # force-balanced, and a profile of where the step's time goes. Two calls: each fits the 10 minutes.
 # `deepseek` (the megatron binary only): bench/gpu_deepseek.sh, issue #21's DeepSeek-V2-Lite layer
-# shape against HF's DeepseekV2 (not yet run on a GPU: written without device time left).
+# shape against HF's DeepseekV2 (not yet run in full on a GPU). `deepseek-short`: the same comparison
+# in fewer steps, the most telling runs first (bench/gpu_deepseek_short.sh; ~5 minutes with the build).
 # `before-after`: the tree in .gpu/before (scripts/gpu/prepare.sh BEFORE_COMMIT puts it there) built
 # too, the GPU tests of this tree, then bench/gpu_ab.sh: both binaries alternated on the reference
 # shape next to the HF torch.compile baseline (is a change speed-neutral?).
@@ -49,7 +50,7 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-targets=(); case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek) targets=(--target megatron) ;; esac
+targets=(); case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
@@ -159,6 +160,9 @@ fi
 if [ "$what" = deepseek ]; then
   bash bench/gpu_deepseek.sh build-gpu/megatron "$py" /tmp/deepseek 2>&1 | tee "$out/deepseek.log"
   cp /tmp/deepseek/profile.log "$out/deepseek-profile.log" 2>/dev/null
+fi
+if [ "$what" = deepseek-short ]; then
+  bash bench/gpu_deepseek_short.sh build-gpu/megatron "$py" "$out" 2>&1 | tee "$out/deepseek-short.log"
 fi
 if [ "$what" = moe ]; then
   # Logs to /tmp, the summary and the profile's kernel table to $OUT (few files come back).
