@@ -31,10 +31,10 @@ struct ModelConfig {
   int vocab_size = 0;            // tokenizer vocabulary (before padding)
   int make_vocab_size_divisible_by = 128;
   int padded_vocab_size = 0;     // derived: vocab padded as Megatron does
-  int hf_vocab_size = 0;
+  int hf_vocab_size = 0;         // rows of the HF checkpoint loaded (--load-hf); the padding covers them
   // Multi-token prediction layers an HF checkpoint carries after the decoder (DeepSeek-V3's
   // model.layers.61) that this model does not build: left unread, and said so at start-up.
-  int hf_mtp_layers = 0;         // rows of the HF checkpoint loaded (--load-hf); the padding covers them
+  int hf_mtp_layers = 0;
 
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double norm_epsilon = 1e-5;
@@ -135,6 +135,10 @@ struct ModelConfig {
   bool is_moe_layer(int layer) const {
     return num_experts > 0 && layer >= 0 && size_t(layer) < moe_layers.size() && moe_layers[size_t(layer)] != 0;
   }
+  // The layers after the decoder use the word embedding: as a tied output layer, or for the
+  // multi-token prediction depths' embeddings. Under pipeline parallelism the last stage then
+  // holds a copy of it, kept equal to the first stage's.
+  bool output_uses_word_embeddings() const { return !untie_embeddings_and_output_weights || mtp_num_layers > 0; }
   int expert_ffn_hidden_size() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
   // The coefficient of load-balancing loss `type` (Megatron's get_aux_loss_coeff): 0 when not used.
   double aux_loss_coeff(const std::string& type) const {

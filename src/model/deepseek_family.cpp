@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/errors.h"
 #include "model/llama_parts.h"
@@ -31,15 +30,6 @@ namespace {
 int required_int(const nlohmann::json& j, const std::string& path, const char* key) {
   if (!j.contains(key) || !j[key].is_number_integer()) throw UserError(path + ": needs an integer '" + key + "'");
   return j[key].get<int>();
-}
-
-// 6 per parameter a token meets (experts it is not routed to left out) plus attention's scores
-// and values over the query/key and value head dims, causal.
-double deepseek_flops_per_token(const ModelConfig& m, int64_t parameters) {
-  const double per_expert = 3.0 * m.hidden_size * double(m.expert_ffn_hidden_size());
-  const double active = double(parameters) - double(m.num_moe_layers()) * (m.num_experts - m.moe_router_topk) * per_expert;
-  const double qk = m.qk_head_dim + m.qk_pos_emb_head_dim, v = m.v_head_dim;
-  return 6.0 * active + 3.0 * m.num_layers * double(m.num_attention_heads) * (qk + v) * m.seq_length;
 }
 
 // config.json's rope_parameters (transformers v5) or rope_scaling + rope_theta (earlier).
@@ -288,7 +278,7 @@ ModelFamily deepseek_family() {
   f.config_to_hf = deepseek_to_hf;
   f.weights = deepseek_weights();
   f.layer_spec = gpt_layer_spec;
-  f.flops_per_token = deepseek_flops_per_token;
+  f.flops_per_token = moe_flops_per_token;
   return f;
 }
 

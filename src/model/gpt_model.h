@@ -93,7 +93,7 @@ class GPTModel : public tp::DescribedModule {
   // a tied output layer, or for multi-token prediction's embeddings. The copies start equal and
   // their gradients are summed across the first and last stage, so they stay equal.
   bool holds_embedding_copy() const {
-    return chunk_.post_process && !chunk_.pre_process && (!config_.untie_embeddings_and_output_weights || config_.mtp_num_layers > 0);
+    return chunk_.post_process && !chunk_.pre_process && config_.output_uses_word_embeddings();
   }
 
   at::Tensor word_embeddings;       // [V/tp, h] (pre-process, or the tied output copy)

@@ -14,16 +14,6 @@
 namespace megatron {
 namespace {
 
-// FLOPs as the dense count but with the parameters a token meets: every expert it is not routed
-// to is taken out, and attention counted over heads x head dim (not the hidden size, which
-// Qwen3-MoE's attention does not match).
-double moe_flops_per_token(const ModelConfig& m, int64_t parameters) {
-  const int moe_layers = m.num_moe_layers();
-  const double per_expert = 3.0 * m.hidden_size * double(m.expert_ffn_hidden_size());
-  const double active = double(parameters) - double(moe_layers) * (m.num_experts - m.moe_router_topk) * per_expert;
-  return 6.0 * active + 6.0 * m.num_layers * double(m.num_attention_heads) * m.kv_channels * m.seq_length;
-}
-
 // Fields of an HF MoE config.json we cannot honour: an error naming the field.
 void refuse(const nlohmann::json& j, const std::string& path, const std::string& field, const std::string& why) {
   throw UserError(path + ": " + field + " = " + j.at(field).dump() + " is not supported: " + why);
@@ -69,7 +59,6 @@ nlohmann::json mixtral_to_hf(const ModelConfig& m, int64_t hf_vocab, at::ScalarT
   j["router_jitter_noise"] = 0.0;
   return j;
 }
-
 
 // Qwen2-MoE (shared experts behind a sigmoid gate, qkv bias, softmax before top-k without
 // renormalising) and Qwen3-MoE (q/k norm, renormalised top-k, no shared experts).
@@ -129,6 +118,19 @@ nlohmann::json qwen_moe_to_hf(const ModelConfig& m, int64_t hf_vocab, at::Scalar
 }
 
 }  // namespace
+
+// As the dense count but with the parameters a token meets, and attention counted over heads x
+// head dims (not the hidden size, which Qwen3-MoE's and MLA's attention do not match).
+double moe_flops_per_token(const ModelConfig& m, int64_t parameters) {
+  const int moe_layers = m.num_moe_layers();
+  const double per_expert = 3.0 * m.hidden_size * double(m.expert_ffn_hidden_size());
+  const double active = double(parameters) - double(moe_layers) * (m.num_experts - m.moe_router_topk) * per_expert;
+  // Attention's scores (query/key dims) and weighted values (value dims), causal: MLA's own
+  // head dims, else kv_channels for both.
+  const double qk = m.multi_latent_attention ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.kv_channels;
+  const double v = m.multi_latent_attention ? m.v_head_dim : m.kv_channels;
+  return 6.0 * active + 3.0 * m.num_layers * double(m.num_attention_heads) * (qk + v) * m.seq_length;
+}
 
 std::vector<HfWeightRule> moe_expert_rows(const std::string& hf_moe, const char* gate, const char* up, const char* down) {
   const std::string L = "decoder.layers.{layer}.", H = "model.layers.{layer}." + hf_moe + ".";

@@ -101,7 +101,7 @@ bool stage_holds(const std::string& name, const ParallelConfig& p, const ModelCo
     return false;
   }
   // The last stage holds a copy for a tied output layer, or for multi-token prediction.
-  if (name == kWordEmbeddings) return pp_rank == 0 || (pp_rank == pp - 1 && (!m.untie_embeddings_and_output_weights || m.mtp_num_layers > 0));
+  if (name == kWordEmbeddings) return pp_rank == 0 || (pp_rank == pp - 1 && m.output_uses_word_embeddings());
   if (name.rfind("embedding.", 0) == 0) return pp_rank == 0;
   return pp_rank == pp - 1;  // final norm, output layer, multi-token prediction
 }

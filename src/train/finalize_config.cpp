@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "model/rope.h"
 #include "moe/moe_config.h"
 #include "pipeline/layout.h"
 #include "tokenizer/tokenizer.h"
@@ -54,7 +55,7 @@ void validate_mla_and_yarn(const ModelConfig& m, const ParallelConfig& p) {
   if (!m.rope_type.empty() && m.rope_type != "rope" && m.rope_type != "yarn") {
     bad("rope-type", "must be rope or yarn (got '" + m.rope_type + "')");
   }
-  if (m.rope_type == "yarn" || (m.rope_type.empty() && m.multi_latent_attention)) {
+  if (uses_yarn(m)) {
     if (!(m.rotary_scaling_factor > 0.0) || !std::isfinite(m.rotary_scaling_factor)) bad("rotary-scaling-factor", "must be positive");
     if (!std::isfinite(m.mscale) || !std::isfinite(m.mscale_all_dim)) bad("mscale", "and --mscale-all-dim must be finite");
     if (m.yarn_original_max_position_embeddings <= 0) bad("yarn-original-max-position-embeddings", "must be positive");

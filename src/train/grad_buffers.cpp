@@ -31,7 +31,7 @@ GradBuffers make_grad_buffers(const std::vector<GPTModel*>& chunks, const Config
   options.grad_reduce_in_bf16 = p.grad_reduce_in_bf16;
   options.overlap_optimizer_step = c.train.overlap_optimizer_step && on_cuda;
   // The first and last stage both hold the word embedding: for a tied output layer, or for MTP.
-  options.tied_embedding_across_stages = ps.pp.size() > 1 && (!c.model.untie_embeddings_and_output_weights || c.model.mtp_num_layers > 0);
+  options.tied_embedding_across_stages = ps.pp.size() > 1 && c.model.output_uses_word_embeddings();
   GradBuffers buffers;
   buffers.dense = std::make_unique<ParamAndGradBuffer>(dense, ps, options);
   if (!experts.empty()) {

@@ -519,11 +519,7 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   o.activation_options = at::TensorOptions().device(device_).dtype(t_.bf16 ? at::kBFloat16 : at::kFloat);
   const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
   if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
-  if (model_terms > 0) {
-    std::vector<GPTModel*> chunks;
-    for (auto& chunk : chunks_) chunks.push_back(chunk.get());
-    model_terms_.collect(chunks, sums.narrow(0, 1 + family_terms, model_terms), ps_.tp);
-  }
+  if (model_terms > 0) model_terms_.collect(chunks(), sums.narrow(0, 1 + family_terms, model_terms), ps_.tp);
   return sums;
 }
 
