@@ -158,8 +158,7 @@ if [ "$what" = moe-test ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-MoeCuda|Cuda}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
 fi
 if [ "$what" = deepseek ]; then
-  bash bench/gpu_deepseek.sh build-gpu/megatron "$py" /tmp/deepseek 2>&1 | tee "$out/deepseek.log"
-  cp /tmp/deepseek/profile.log "$out/deepseek-profile.log" 2>/dev/null
+  bash bench/gpu_deepseek.sh build-gpu/megatron "$py" "$out/deepseek" 2>&1 | tee "$out/deepseek.log"
 fi
 if [ "$what" = deepseek-short ]; then
   bash bench/gpu_deepseek_short.sh build-gpu/megatron "$py" "$out" 2>&1 | tee "$out/deepseek-short.log"
