@@ -122,14 +122,19 @@ nlohmann::json qwen_moe_to_hf(const ModelConfig& m, int64_t hf_vocab, at::Scalar
 // As the dense count but with the parameters a token meets, and attention counted over heads x
 // head dims (not the hidden size, which Qwen3-MoE's and MLA's attention do not match).
 double moe_flops_per_token(const ModelConfig& m, int64_t parameters) {
-  const int moe_layers = m.num_moe_layers();
+  // The multi-token prediction depths are layers built as the decoder's last one, and each runs
+  // the shared output layer again (its weight is counted once in `parameters`).
+  const int mtp_moe = m.is_moe_layer(m.num_layers - 1) ? m.mtp_num_layers : 0;
+  const int moe_layers = m.num_moe_layers() + mtp_moe;
   const double per_expert = 3.0 * m.hidden_size * double(m.expert_ffn_hidden_size());
   const double active = double(parameters) - double(moe_layers) * (m.num_experts - m.moe_router_topk) * per_expert;
   // Attention's scores (query/key dims) and weighted values (value dims), causal: MLA's own
   // head dims, else kv_channels for both.
   const double qk = m.multi_latent_attention ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.kv_channels;
   const double v = m.multi_latent_attention ? m.v_head_dim : m.kv_channels;
-  return 6.0 * active + 3.0 * m.num_layers * double(m.num_attention_heads) * (qk + v) * m.seq_length;
+  const int attention_layers = m.num_layers + m.mtp_num_layers;
+  const double mtp_output = 6.0 * m.mtp_num_layers * double(m.padded_vocab_size) * m.hidden_size;
+  return 6.0 * active + mtp_output + 3.0 * attention_layers * double(m.num_attention_heads) * (qk + v) * m.seq_length;
 }
 
 std::vector<HfWeightRule> moe_expert_rows(const std::string& hf_moe, const char* gate, const char* up, const char* down) {

@@ -12,6 +12,7 @@
 //  - a dense MLA model under TP=2 without SP, PP=2 and selective recomputation gives one
 //    process's losses;
 //  - group-limited routing and the bias update against their definitions;
+//  - the FLOP count takes an MTP depth as one more decoder layer plus the output layer again;
 //  - inconsistent MLA dimensions and routing groups are errors naming the flag or field.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -27,6 +28,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "model/family.h"
 #include "model/gpt_model.h"
 #include "moe/router.h"
 #include "support/hf_fixtures.h"
@@ -316,6 +318,32 @@ TEST(DeepSeekRouting, ExpertBiasStaysFp32AndUntrained) {
 
 // Inconsistent MLA dimensions, routing groups that do not fit, HF fields we cannot honour: each an
 // error naming the flag or field.
+// An MTP depth costs what one more MoE decoder layer costs, plus its own projections and norms,
+// plus the output layer's GEMM once more (its weight is the model's, counted once): its 64
+// inactive experts are not FLOPs (session 12's log counted them, 524 "TFLOP/s" on an H200).
+TEST(DeepSeekConfig, FlopsCountAnMtpDepthAsOneMoreLayerAndTheOutputLayerAgain) {
+  test::TempDir dir;
+  test::make_hf_model(dir / "hf", "deepseek_v3");
+  ModelConfig base = model_config_from_hf(dir / "hf");
+  base.padded_vocab_size = 96;
+  base.seq_length = 16;
+  ASSERT_TRUE(base.is_moe_layer(base.num_layers - 1));
+  auto flops = [](const ModelConfig& m, int64_t* parameters) {
+    *parameters = GPTModel(m).num_parameters();
+    return family_of(m).flops_per_token(m, *parameters);
+  };
+  ModelConfig deeper = base, with_mtp = base;
+  deeper.num_layers += 1;
+  deeper.moe_layers.push_back(1);
+  with_mtp.mtp_num_layers = 1;
+  int64_t p_base = 0, p_deeper = 0, p_mtp = 0;
+  const double f_base = flops(base, &p_base), f_deeper = flops(deeper, &p_deeper), f_mtp = flops(with_mtp, &p_mtp);
+  const double projections_and_norms = double(p_mtp - p_deeper);  // eh_proj, enorm, hnorm, the depth's final norm
+  ASSERT_GT(projections_and_norms, 0);
+  const double output_again = 6.0 * base.padded_vocab_size * base.hidden_size;
+  EXPECT_DOUBLE_EQ(f_mtp - f_base, (f_deeper - f_base) + 6.0 * projections_and_norms + output_again);
+}
+
 TEST(DeepSeekConfig, BadInputNamesTheFlagOrField) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--qk-pos-emb-head-dim", "5"}, "--qk-pos-emb-head-dim 5 must be even"},
