@@ -281,6 +281,8 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   std::set<std::string> explicit_flags;  // flags given on the command line or in the recipe
+  // Megatron flags accepted without effect (train/megatron_flags.h): one line each, printed by rank 0.
+  std::vector<std::string> flag_notices;
 };
 
 }  // namespace megatron

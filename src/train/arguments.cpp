@@ -17,6 +17,7 @@
 
 #include "core/errors.h"
 #include "model/families.h"
+#include "train/megatron_flags.h"
 
 namespace megatron {
 namespace {
@@ -182,6 +183,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"save", Kind::String, &t.save, "checkpoint directory to save to"},
       {"load", Kind::String, &t.load, "checkpoint directory to resume from"},
       {"save-interval", Kind::Int64, &t.save_interval, "iterations between checkpoints"},
+      {"persistent-save-interval", Kind::Int64, &t.save_interval, "the same as --save-interval"},
       {"exit-interval", Kind::Int64, &t.exit_interval, "stop after an iteration divisible by this (saving first)"},
       {"check-weight-hash-across-dp-replicas-interval", Kind::Int64, &t.check_weight_hash_across_dp_replicas_interval,
        "every N iterations, check the weights are identical on all data-parallel replicas"},
@@ -212,16 +214,33 @@ const Flag* find_flag(const std::vector<Flag>& flags, std::string name) {
   return nullptr;
 }
 
-std::string suggest(const std::vector<Flag>& flags, const std::string& name) {
-  // Nearest flag by shared prefix: good enough to catch typos like --num-layer.
-  size_t best = 0;
-  std::string best_name;
-  for (const auto& f : flags) {
-    size_t k = 0;
-    while (k < f.name.size() && k < name.size() && f.name[k] == name[k]) ++k;
-    if (k > best) best = k, best_name = f.name;
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
   }
-  return best >= 4 ? " (did you mean --" + best_name + "?)" : "";
+  return row[b.size()];
+}
+
+// The nearest flag Megatron or megatron.cpp knows, by edit distance: catches typos such as
+// --num-layer or --micro-batchsize, and says nothing when no flag is close.
+std::string suggest(const std::vector<Flag>& flags, const std::string& name) {
+  size_t best = std::string::npos;
+  std::string best_name;
+  auto consider = [&](const std::string& candidate) {
+    const size_t d = edit_distance(name, candidate);
+    if (d < best) best = d, best_name = candidate;
+  };
+  for (const auto& f : flags) consider(f.name);
+  for (const auto& f : megatron_flags()) consider(f.name);
+  return best <= std::max<size_t>(2, name.size() / 5) ? " (did you mean --" + best_name + "?)" : "";
 }
 
 template <typename T>
@@ -353,31 +372,55 @@ Config parse_train_arguments(const std::vector<std::string>& args) {
   }
   if (!split.family.empty()) apply_model_family(split.family, config.model);
 
+  // Every problem of the recipe and the command line is reported at once: porting a launch
+  // script should not take one run per flag.
+  std::vector<std::string> problems;
+  auto take = [&](const std::string& name, const std::string& where, std::vector<std::string> values, bool from_recipe) {
+    const Flag* f = find_flag(flags, name);
+    if (f != nullptr && (from_recipe || name.find('_') == std::string::npos)) {
+      if ((f->kind == Kind::Bool || f->kind == Kind::NegatedBool) && values.empty()) values = {"true"};
+      assign(*f, where, values);
+      config.explicit_flags.insert(f->name);
+      return;
+    }
+    std::string dashed = name;
+    if (from_recipe) std::replace(dashed.begin(), dashed.end(), '_', '-');
+    const MegatronFlag* megatron = find_megatron_flag(name);
+    if (megatron == nullptr) megatron = find_megatron_flag(dashed);
+    if (megatron != nullptr) {
+      std::string notice;
+      const std::string problem = judge_megatron_flag(*megatron, values, &notice);
+      if (!problem.empty()) throw UserError((from_recipe ? where + ": " : std::string()) + problem);
+      config.flag_notices.push_back(notice);
+      return;
+    }
+    throw UserError(from_recipe ? where + " is not a known setting" + suggest(flags, dashed)
+                                : "unknown flag --" + name + suggest(flags, name) + "; see megatron train --help");
+  };
   if (recipe.IsMap()) {
     for (const auto& kv : recipe) {
       const std::string key = kv.first.Scalar();
       const std::string where = split.config_path + ":" + std::to_string(kv.first.Mark().line + 1) + ": key '" + key + "'";
       if (key == "model-family") continue;
-      const Flag* f = find_flag(flags, key);
-      if (f == nullptr) throw UserError(where + " is not a known setting" + suggest(flags, key));
-      auto values = yaml_values(kv.second, where);
-      assign(*f, where, values);
-      config.explicit_flags.insert(f->name);
+      try {
+        take(key, where, yaml_values(kv.second, where), true);
+      } catch (const UserError& e) {
+        problems.push_back(e.what());
+      }
     }
   }
-
   for (const auto& [name, values] : split.flags) {
-    const Flag* f = find_flag(flags, name);
-    if (f == nullptr || name.find('_') != std::string::npos) {
-      throw UserError("unknown flag --" + name + suggest(flags, name) + "; see megatron train --help");
+    try {
+      take(name, "--" + name, values, false);
+    } catch (const UserError& e) {
+      problems.push_back(e.what());
     }
-    const std::string where = "--" + name;
-    if ((f->kind == Kind::Bool || f->kind == Kind::NegatedBool) && values.empty()) {
-      assign(*f, where, {"true"});
-    } else {
-      assign(*f, where, values);
-    }
-    config.explicit_flags.insert(f->name);
+  }
+  if (problems.size() == 1) throw UserError(problems[0]);
+  if (!problems.empty()) {
+    std::string all = std::to_string(problems.size()) + " problems with the flags:";
+    for (const auto& p : problems) all += "\n  " + p;
+    throw UserError(all);
   }
   if (!config.train.load_hf.empty() && !split.family.empty()) {
     throw UserError("--model-family and --load-hf contradict each other: the architecture comes from the HF config.json");
@@ -402,6 +445,23 @@ std::string train_help() {
     if (left.size() < 36) left.resize(36, ' ');
     out << left << " " << f.help << "\n";
   }
+  // The rest of Megatron-LM's and Pai-Megatron-Patch's flags, so that a launch script's whole
+  // argument list is understood: those accepted without effect and those refused for now.
+  auto list = [&](MegatronFlag::Fate fate, const char* title) {
+    out << "\n" << title << "\n ";
+    size_t column = 1;
+    for (const auto& f : megatron_flags()) {
+      if (f.fate != fate) continue;
+      const std::string word = std::string(" --") + f.name;
+      if (column + word.size() > 100) out << "\n ", column = 1;
+      out << word;
+      column += word.size();
+    }
+    out << "\n";
+  };
+  list(MegatronFlag::Fate::Ignored, "Megatron flags accepted with a notice, without effect here (a kernel, service or format choice):");
+  list(MegatronFlag::Fate::NotYet,
+       "Megatron flags not implemented yet: refused with what to use instead, unless given Megatron's default value:");
   return out.str();
 }
 
