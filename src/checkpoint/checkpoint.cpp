@@ -271,10 +271,10 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     }
     snap.files.push_back(std::move(f));
   }
-  const std::vector<NamedTensor> optimizer_state = optimizer.state();
+  const std::vector<NamedTensor> optimizer_state = config.train.no_save_optim ? std::vector<NamedTensor>() : optimizer.state();
   // The distributed optimizer's files are per DP rank already and hold this rank's shards of both.
-  const bool expert_optimizer_files = expert_files && !distributed_optimizer;
-  if (ps.dp.rank() == 0 || distributed_optimizer) {
+  const bool expert_optimizer_files = expert_files && !distributed_optimizer && !config.train.no_save_optim;
+  if (!config.train.no_save_optim && (ps.dp.rank() == 0 || distributed_optimizer)) {
     CheckpointSnapshot::File f{checkpoint_file("optimizer", ps, distributed_optimizer), {}, optimizer.state_offsets()};
     for (const auto& t : optimizer_state) {
       if (!expert_optimizer_files || !of_expert(t.name)) f.tensors.push_back({t.name, host("optimizer/" + t.name, t.tensor)});
@@ -289,14 +289,16 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     }
     snap.files.push_back(std::move(f));
   }
-  CheckpointSnapshot::File rng{checkpoint_file("rng", ps, distributed_optimizer), {}, {}};
-  auto gens = generators();
-  for (size_t i = 0; i < gens.size(); ++i) rng.tensors.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
-  if (const auto& tracker = chunks.at(0)->tensor_parallel().rng) {
-    rng.tensors.push_back({"model_parallel_cpu", tracker->cpu_state()});
-    if (tracker->cuda_state().defined()) rng.tensors.push_back({"model_parallel_cuda", tracker->cuda_state()});
+  if (!config.train.no_save_rng) {
+    CheckpointSnapshot::File rng{checkpoint_file("rng", ps, distributed_optimizer), {}, {}};
+    auto gens = generators();
+    for (size_t i = 0; i < gens.size(); ++i) rng.tensors.push_back({i == 0 ? "cpu" : "cuda", gens[i].get_state()});
+    if (const auto& tracker = chunks.at(0)->tensor_parallel().rng) {
+      rng.tensors.push_back({"model_parallel_cpu", tracker->cpu_state()});
+      if (tracker->cuda_state().defined()) rng.tensors.push_back({"model_parallel_cuda", tracker->cuda_state()});
+    }
+    snap.files.push_back(std::move(rng));
   }
-  snap.files.push_back(std::move(rng));
 
   // Every file's tensors described in state.json (gathered: each rank knows its own files).
   const at::Device device = chunks.at(0)->parameters().at(0).device();
@@ -309,6 +311,9 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     nlohmann::json state = state_skeleton(config, progress, layout_summary(config, ps));
     state["tensors"] = table.at("tensors");
     state["optimizer_tensors"] = table.at("optimizer_tensors");
+    // --no-save-optim / --no-save-rng: a resume must say it starts those afresh.
+    if (config.train.no_save_optim) state["optimizer_saved"] = false;
+    if (config.train.no_save_rng) state["rng_saved"] = false;
     snap.state_json = state.dump(2) + "\n";
   }
   return snap;
@@ -487,6 +492,12 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     return std::nullopt;
   }
   const nlohmann::json state = read_checkpoint_state(dir);
+  if (!state.value("optimizer_saved", true) && !config.train.no_load_optim && !config.train.finetune) {
+    throw UserError(dir + " was saved with --no-save-optim: resume it with --no-load-optim (a fresh optimizer) or --finetune");
+  }
+  if (!state.value("rng_saved", true) && !config.train.no_load_rng && !config.train.finetune) {
+    throw UserError(dir + " was saved with --no-save-rng: resume it with --no-load-rng (generators from --seed) or --finetune");
+  }
   nlohmann::json expected = model_summary(config.model);
   nlohmann::json saved_model = state["model"];
   // The padded vocabulary follows the TP size; resharding pads or trims those rows.

@@ -31,6 +31,7 @@ struct ModelConfig {
   int vocab_size = 0;            // tokenizer vocabulary (before padding)
   int make_vocab_size_divisible_by = 128;
   int padded_vocab_size = 0;     // derived: vocab padded as Megatron does
+  int padded_vocab_size_flag = 0;  // --padded-vocab-size: the embedding rows exactly (0: derived)
   int hf_vocab_size = 0;         // rows of the HF checkpoint loaded (--load-hf); the padding covers them
   // Multi-token prediction layers an HF checkpoint carries after the decoder (DeepSeek-V3's
   // model.layers.61) that this model does not build: left unread, and said so at start-up.
@@ -205,6 +206,7 @@ struct DataConfig {
   bool eod_mask_loss = false;
   std::string tokenizer_type;           // HuggingFaceTokenizer | GPT2BPETokenizer | SentencePieceTokenizer | NullTokenizer
   std::string tokenizer_model;
+  std::string patch_tokenizer_type;     // Pai-Megatron-Patch: an HF tokenizer read from --load (see finalize_config)
   std::string vocab_file;
   std::string merge_file;
   int64_t eod_id = -1;                  // derived from the tokenizer
@@ -253,6 +255,8 @@ struct TrainConfig {
   int64_t save_interval = 0;
   int64_t exit_interval = 0;
   bool no_load_optim = false;
+  bool no_save_optim = false;  // checkpoints without optimizer state (resumed with --no-load-optim)
+  bool no_save_rng = false;    // checkpoints without generator states (resumed with --no-load-rng)
   bool no_load_rng = false;
   bool async_save = false;       // write checkpoints on a thread from host copies while training goes on
   int64_t keep_last_n = 0;       // keep only the newest N checkpoints under --save (0: all)

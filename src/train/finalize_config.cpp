@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include "core/errors.h"
@@ -98,6 +99,37 @@ TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, 
   return {tokenizer->vocab_size(), *eod};
 }
 
+namespace {
+
+// Pai-Megatron-Patch's --patch-tokenizer-type: an HF tokenizer read from the --load directory
+// (Pai's conversion copies the tokenizer files there), here from --tokenizer-model, --load-hf or
+// --load, in that order. Only the types Pai loads with AutoTokenizer are the same tokenizer here.
+void apply_patch_tokenizer(Config& c) {
+  DataConfig& d = c.data;
+  if (d.patch_tokenizer_type.empty()) return;
+  static const std::set<std::string> hf_types = {"LLamaTokenizer", "LLama2Tokenizer", "LLama3Tokenizer", "MistralTokenizer",
+                                                 "MixtralTokenizer", "Qwen2Tokenizer", "Qwen3Tokenizer", "DeepSeekV2Tokenizer",
+                                                 "YiTokenizer"};
+  if (hf_types.count(d.patch_tokenizer_type) == 0) {
+    std::string names;
+    for (const auto& n : hf_types) names += (names.empty() ? "" : ", ") + n;
+    throw UserError("--patch-tokenizer-type " + d.patch_tokenizer_type + " is not supported; supported: " + names +
+                    " (or give --tokenizer-type and --tokenizer-model)");
+  }
+  if (!d.tokenizer_type.empty() && d.tokenizer_type != "HuggingFaceTokenizer") {
+    throw UserError("--patch-tokenizer-type " + d.patch_tokenizer_type + " contradicts --tokenizer-type " + d.tokenizer_type);
+  }
+  d.tokenizer_type = "HuggingFaceTokenizer";
+  if (d.tokenizer_model.empty()) d.tokenizer_model = !c.train.load_hf.empty() ? c.train.load_hf : c.train.load;
+  if (d.tokenizer_model.empty()) {
+    throw UserError("--patch-tokenizer-type " + d.patch_tokenizer_type +
+                    " reads the tokenizer from --load, as Pai-Megatron-Patch does: pass --load DIR (holding tokenizer.json), "
+                    "--load-hf DIR or --tokenizer-model DIR");
+  }
+}
+
+}  // namespace
+
 void finalize_config(Config& c, int world_size) {
   ModelConfig& m = c.model;
   TrainConfig& t = c.train;
@@ -163,6 +195,7 @@ void finalize_config(Config& c, int world_size) {
   }
   if (!d.mock_data && d.data_path.empty()) throw UserError("pass --data-path PREFIX or --mock-data");
   if (d.sft && d.mock_data) throw UserError("--sft trains on a packed dataset: pass --data-path, not --mock-data");
+  apply_patch_tokenizer(c);
   if (d.tokenizer_type.empty()) d.tokenizer_type = "NullTokenizer";
   if (d.tokenizer_type == "NullTokenizer" && m.vocab_size <= 0) {
     throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");
@@ -176,6 +209,14 @@ void finalize_config(Config& c, int world_size) {
   // A Hugging Face checkpoint may have more embedding rows than its tokenizer has ids (Qwen).
   const int64_t rows = std::max<int64_t>(tokenizer_vocab, m.hf_vocab_size);
   m.padded_vocab_size = static_cast<int>((rows + multiple - 1) / multiple * multiple);
+  if (m.padded_vocab_size_flag != 0) {  // the rows a script names (Pai's converted Qwen checkpoints: 151936)
+    if (m.padded_vocab_size_flag < rows || m.padded_vocab_size_flag % p.tensor_model_parallel_size != 0) {
+      throw UserError("--padded-vocab-size " + std::to_string(m.padded_vocab_size_flag) + " must cover the " + std::to_string(rows) +
+                      " ids of the tokenizer (and checkpoint) and be a multiple of --tensor-model-parallel-size " +
+                      std::to_string(p.tensor_model_parallel_size));
+    }
+    m.padded_vocab_size = m.padded_vocab_size_flag;
+  }
 
   // Parallel layout.
   for (auto [flag, v] : {std::pair<const char*, int>{"tensor-model-parallel-size", p.tensor_model_parallel_size},

@@ -62,11 +62,9 @@ TEST(MegatronFlags, RealLaunchScriptsAreUnderstoodWhole) {
         "--fp8-amax-compute-algo", "--fp8-amax-history-len", "--fp8-format", "--fp8-param-gather", "--lr-decay-samples",
         "--lr-warmup-samples", "--tiktoken-pattern", "--train-samples"}},
       {"megatron_mixtral_8x7b", {}},
-      {"pai_qwen3_8b", {"--no-save-optim", "--padded-vocab-size", "--patch-tokenizer-type"}},
-      {"pai_qwen3_30b_a3b", {"--no-save-optim", "--padded-vocab-size", "--patch-tokenizer-type"}},
-      {"pai_deepseek_v3",
-       {"--extra-vocab-size", "--no-save-optim", "--patch-tokenizer-type", "--qk-nope-head-dim", "--qk-rope-head-dim",
-        "--recompute-modules"}},
+      {"pai_qwen3_8b", {}},
+      {"pai_qwen3_30b_a3b", {}},
+      {"pai_deepseek_v3", {"--extra-vocab-size", "--recompute-modules"}},
   };
   for (const auto& [script, flags] : expected) {
     const std::string error = parse_error(script_args(script));
@@ -133,6 +131,34 @@ TEST(MegatronFlags, RecipeKeysAreJudgedTheSameWay) {
   std::ofstream(dir / "fine.yaml") << "num-layers: 2\nuse_flash_attn: true\nfp16: false\n";
   Config c = parse_train_arguments({"--config", dir / "fine.yaml"});
   EXPECT_EQ(c.flag_notices.size(), 2u);
+}
+
+TEST(MegatronFlags, PaddedVocabSizeAndPatchTokenizerAreChecked) {
+  auto finalized = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
+                                     "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data", "--vocab-size", "100"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Config c = parse_train_arguments(args);
+    finalize_config(c, 2);
+    return c;
+  };
+  EXPECT_EQ(finalized({}).model.padded_vocab_size, 128);
+  EXPECT_EQ(finalized({"--padded-vocab-size", "150"}).model.padded_vocab_size, 150);
+  auto error = [&](std::vector<std::string> extra) {
+    try {
+      finalized(extra);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error({"--padded-vocab-size", "99"}).find("--padded-vocab-size 99 must cover the 101 ids"), std::string::npos);
+  EXPECT_NE(error({"--padded-vocab-size", "151", "--tensor-model-parallel-size", "2"}).find("a multiple of --tensor-model-parallel-size 2"),
+            std::string::npos);
+  EXPECT_NE(error({"--patch-tokenizer-type", "Qwen3Tokenizer"}).find("reads the tokenizer from --load, as Pai-Megatron-Patch does"),
+            std::string::npos);
+  EXPECT_NE(error({"--patch-tokenizer-type", "IcetkGLM130BTokenizer", "--load", "x"}).find("is not supported; supported:"),
+            std::string::npos);
 }
 
 TEST(MegatronFlags, TableIsSortedAndApartFromTheImplementedFlags) {
