@@ -87,7 +87,7 @@ bubble)
     name="tp${tp}_pp${pp}_dp$dp"
     "$bin" launch --nproc-per-node "$gpus" --master-port 0 train --config examples/llama3-8b.yaml --mock-data \
       --tokenizer-type NullTokenizer --vocab-size 128255 --train-iters "${BENCH_8B_ITERS:-10}" --log-interval $(( ${BENCH_8B_ITERS:-10} / 2 )) \
-      --eval-interval 0 --save-interval 0 --lr-warmup-iters 1 --global-batch-size "$gbs" --tensor-model-parallel-size "$tp" \
+      --eval-interval 0 --save-interval 0 --lr-warmup-iters 1 --log-throughput --global-batch-size "$gbs" --tensor-model-parallel-size "$tp" \
       --pipeline-model-parallel-size "$pp" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
       $([ "$tp" -gt 1 ] && echo --sequence-parallel) ${BENCH_8B_FLAGS:-} > "$work/$name.log" 2>&1 || { echo "FAILED: $name"; tail -5 "$work/$name.log"; }
     line=$(grep " iteration" "$work/$name.log" | tail -1)

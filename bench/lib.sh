@@ -35,7 +35,7 @@ power_summary() {  # nvidia-smi samples ("W, MHz" per line) -> "P W / C MHz", av
 run_shape() {  # name global-batch flags... -> "tokens/s TFLOP/s max-allocated-MB" ($bin, $out, $iters; fewer steps at larger batches)
   local name=$1 gbs=$2; shift 2
   local n=$iters; [ "$gbs" -gt 1 ] && n=$(( iters / 2 ))
-  "$bin" train "${shape[@]}" --global-batch-size "$gbs" --train-iters "$n" --log-interval $(( n / 3 )) "$@" > "$out/$name.log" 2>&1 \
+  "$bin" train "${shape[@]}" --global-batch-size "$gbs" --train-iters "$n" --log-interval $(( n / 3 )) --log-throughput "$@" > "$out/$name.log" 2>&1 \
     || { echo "FAILED: $name" >&2; tail -20 "$out/$name.log" >&2; echo "0 0 0"; return; }
   local line; line=$(grep " iteration" "$out/$name.log" | tail -1)
   echo "$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")" \

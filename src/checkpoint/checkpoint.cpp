@@ -401,6 +401,10 @@ std::string latest_checkpoint_directory(const std::string& load_dir) {
   const std::string text = read_file(tracker);
   char* end = nullptr;
   const long long iteration = std::strtoll(text.c_str(), &end, 10);
+  if (text.rfind("release", 0) == 0) {
+    throw UserError(tracker + " names a Megatron 'release' checkpoint, which megatron.cpp cannot read yet: export it to Hugging Face "
+                    "with Megatron's converter and start from that with --load-hf");
+  }
   if (end == text.c_str() || iteration < 0) {
     throw UserError(tracker + ": expected an iteration number, found '" + text + "'");
   }
@@ -410,6 +414,19 @@ std::string latest_checkpoint_directory(const std::string& load_dir) {
 }
 
 nlohmann::json read_checkpoint_state(const std::string& dir) {
+  if (!fs::exists(dir + "/state.json")) {  // Megatron's own formats share the tracker's name
+    const char* megatron = nullptr;
+    if (fs::exists(dir + "/.metadata")) {
+      megatron = "a Megatron-Core torch_dist checkpoint (.metadata, *.distcp)";
+    } else if (fs::is_directory(dir + "/mp_rank_00") || fs::is_directory(dir + "/mp_rank_00_000")) {
+      megatron = "a legacy Megatron checkpoint (mp_rank_XX/model_optim_rng.pt)";
+    }
+    if (megatron != nullptr) {
+      throw UserError(dir + " is " + megatron + ", which megatron.cpp cannot read yet: export it to Hugging Face with Megatron's "
+                      "converter and start from that with --load-hf");
+    }
+    throw UserError(dir + "/state.json is missing: " + dir + " is not a megatron.cpp checkpoint");
+  }
   nlohmann::json state;
   try {
     state = nlohmann::json::parse(read_file(dir + "/state.json"));
@@ -488,7 +505,15 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
                                                 AdamW* optimizer, const Config& config, const dist::ParallelState& ps) {
   const std::string dir = latest_checkpoint_directory(load_dir);
   if (dir.empty()) {
-    std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
+    // `--save D --load D` resumes whatever is there, and starts from scratch the first time; any
+    // other --load must exist: a typo must not restart a run from scratch.
+    if (!fs::exists(load_dir) && fs::path(load_dir).lexically_normal() != fs::path(config.train.save).lexically_normal()) {
+      throw UserError("--load " + load_dir + ": no such directory; check the path, or drop --load to start from scratch");
+    }
+    if (fs::exists(fs::path(load_dir) / "config.json")) {
+      throw UserError("--load " + load_dir + " holds a Hugging Face model (config.json): start from it with --load-hf " + load_dir);
+    }
+    if (ps.rank == 0) std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
     return std::nullopt;
   }
   const nlohmann::json state = read_checkpoint_state(dir);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <string>
 
 #include "cli/commands.h"
 
@@ -40,6 +41,28 @@ void print_usage(std::FILE* out) {
   }
 }
 
+// The training scripts of Megatron-LM (pretrain_gpt.py) and Pai-Megatron-Patch (its GPT-style
+// models' pretrain_*.py) that `megatron train` stands in for, so that a launch line changes only
+// the program: `torchrun --no-python megatron pretrain_gpt.py ARGS`.
+const char* const kGptScripts[] = {"pretrain_gpt.py", "pretrain_llama.py", "pretrain_qwen.py", "pretrain_mcore_qwen.py",
+                                   "pretrain_qwen2_moe.py", "pretrain_deepseek.py"};
+
+std::string gpt_scripts_list() {
+  std::string out;
+  for (const char* s : kGptScripts) out += (out.empty() ? "" : ", ") + std::string(s);
+  return out;
+}
+
+// The script's file name when `arg` (a path or a name) is one of them, else "".
+std::string megatron_script(const std::string& arg) {
+  const size_t slash = arg.rfind('/');
+  const std::string base = slash == std::string::npos ? arg : arg.substr(slash + 1);
+  for (const char* s : kGptScripts) {
+    if (base == s) return base;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,7 +71,17 @@ int main(int argc, char** argv) {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  const std::string name = argv[1];
+  std::string name = argv[1];
+  if (const std::string script = megatron_script(name); !script.empty()) {
+    if (const char* rank = std::getenv("RANK"); rank == nullptr || std::string(rank) == "0") {
+      std::printf("> note: %s runs as `megatron train`\n", script.c_str());
+    }
+    name = "train";
+  } else if (name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) {
+    std::fprintf(stderr, "error: %s is not a script megatron.cpp stands in for; it stands in for %s (as `megatron train`)\n",
+                 name.c_str(), gpt_scripts_list().c_str());
+    return 2;
+  }
   auto it = subcommands().find(name);
   if (it == subcommands().end()) {
     std::fprintf(stderr, "error: unknown subcommand '%s'\n", name.c_str());

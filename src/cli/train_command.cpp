@@ -39,6 +39,14 @@ int train(const Args& args) {
     std::fputs(train_help().c_str(), stdout);
     return 0;
   }
+  if (args.empty()) {
+    std::fputs("usage: megatron train [--config recipe.yaml] [--model-family NAME] [Megatron-LM flags]\n"
+               "e.g.   megatron train --config examples/tiny_cpu.yaml --mock-data\n"
+               "       torchrun --nproc-per-node 8 --no-python megatron pretrain_gpt.py ARGS   (a Megatron launch line)\n"
+               "megatron train --help lists every flag.\n",
+               stderr);
+    return 2;
+  }
   return run_trainer(parse_train_arguments(args), RunMode::Train);
 }
 

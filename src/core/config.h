@@ -216,6 +216,16 @@ struct TrainConfig {
   int micro_batch_size = 1;
   int global_batch_size = 0;     // 0: micro_batch_size * data_parallel_size
   int64_t train_iters = 0;
+  // Megatron's sample-based schedule: --train-samples sets train_iters = samples / global batch,
+  // and the learning rate then counts samples (--lr-decay-samples, --lr-warmup-samples,
+  // --lr-wsd-decay-samples) instead of iterations.
+  int64_t train_samples = 0;
+  int64_t lr_decay_samples = 0;  // 0: = train_samples
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_wsd_decay_samples = 0;
+  double lr_warmup_fraction = -1.0;  // >= 0: warm-up over this fraction of the decay (iterations or samples)
+  double exit_duration_in_mins = 0;  // > 0: save and stop once the run is this old
+  bool log_throughput = false;       // Megatron's TFLOP/s field in the log line
 
   double lr = 0.0;
   double min_lr = 0.0;

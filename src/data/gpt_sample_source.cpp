@@ -11,6 +11,7 @@ GPTDataOptions gpt_data_options(const Config& c, const std::string& data_cache_p
   o.seed = c.train.seed;
   o.data_cache_path = data_cache_path;
   o.train_iters = c.train.train_iters;
+  o.train_samples = c.train.train_samples;
   o.global_batch_size = c.train.global_batch_size;
   o.eval_interval = c.train.eval_interval;
   o.eval_iters = c.train.eval_iters;
@@ -18,7 +19,10 @@ GPTDataOptions gpt_data_options(const Config& c, const std::string& data_cache_p
 }
 
 std::unique_ptr<SampleSource> make_gpt_sample_source(const GPTDataOptions& o, Split split) {
-  const auto sizes = megatron_split_num_samples(o.train_iters, o.global_batch_size, o.eval_interval, o.eval_iters);
+  auto sizes = megatron_split_num_samples(o.train_iters, o.global_batch_size, o.eval_interval, o.eval_iters);
+  // As Megatron's get_train_valid_test_num_samples: --train-samples sizes the training split
+  // itself (the shuffle depends on it), not iterations x global batch.
+  if (o.train_samples > 0) sizes[0] = o.train_samples;
   GPTDatasetConfig config;
   config.seq_length = o.seq_length;
   config.seed = o.seed;

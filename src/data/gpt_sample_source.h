@@ -20,6 +20,7 @@ struct GPTDataOptions {
   int64_t seed = 1234;                 // --seed
   std::string data_cache_path;         // --data-cache-path ("" = Megatron's default per dataset)
   int64_t train_iters = 0;             // --train-iters
+  int64_t train_samples = 0;           // --train-samples: the training split's size when given (Megatron)
   int64_t global_batch_size = 0;
   int64_t eval_interval = 1000;        // --eval-interval
   int64_t eval_iters = 100;            // --eval-iters

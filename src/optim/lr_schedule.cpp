@@ -5,30 +5,42 @@
 
 namespace megatron {
 
-LearningRateSchedule::LearningRateSchedule(const TrainConfig& config) : c_(config) {}
+LearningRateSchedule::LearningRateSchedule(const TrainConfig& config) : c_(config) {
+  const double batch = c_.global_batch_size;
+  if (c_.train_samples > 0) {
+    decay_ = double(c_.lr_decay_samples);
+    warmup_ = double(c_.lr_warmup_samples);
+    wsd_decay_ = double(c_.lr_wsd_decay_samples);
+  } else {
+    decay_ = double(c_.lr_decay_iters) * batch;
+    warmup_ = double(c_.lr_warmup_iters) * batch;
+    wsd_decay_ = double(c_.lr_wsd_decay_iters) * batch;
+  }
+  if (c_.lr_warmup_fraction >= 0) warmup_ = c_.lr_warmup_fraction * decay_;
+}
 
-double LearningRateSchedule::at(int64_t step) const {
+double LearningRateSchedule::at(int64_t iterations) const {
   const double max_lr = c_.lr, min_lr = c_.min_lr;
-  const int64_t warmup = c_.lr_warmup_iters, decay = c_.lr_decay_iters;
+  const double step = double(iterations) * c_.global_batch_size, warmup = warmup_, decay = decay_;
   if (warmup > 0 && step <= warmup) {
     return c_.lr_warmup_init + (max_lr - c_.lr_warmup_init) * double(step) / double(warmup);
   }
   if (c_.lr_decay_style == "constant") return max_lr;
   if (step > decay) return min_lr;
   if (c_.lr_decay_style == "inverse-square-root") {
-    const double w = std::max<int64_t>(warmup, 1), n = std::max<int64_t>(step, 1);
+    const double w = std::max(warmup, 1.0), n = std::max(step, 1.0);
     return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(n));
   }
-  const double ratio = double(step - warmup) / double(decay - warmup);
+  const double ratio = (step - warmup) / (decay - warmup);
   double coeff = 1.0;
   if (c_.lr_decay_style == "linear") {
     coeff = 1.0 - ratio;
   } else if (c_.lr_decay_style == "cosine") {
     coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0);
   } else {  // WSD: stable at max_lr, then the final decay over lr_wsd_decay_iters
-    const int64_t anneal_start = decay - c_.lr_wsd_decay_iters;
+    const double anneal_start = decay - wsd_decay_;
     if (step > anneal_start) {
-      const double r = double(step - anneal_start) / double(c_.lr_wsd_decay_iters);
+      const double r = (step - anneal_start) / wsd_decay_;
       const std::string& s = c_.lr_wsd_decay_style;
       if (s == "linear") coeff = 1.0 - r;
       else if (s == "cosine") coeff = 0.5 * (std::cos(M_PI * r) + 1.0);

@@ -1,6 +1,7 @@
 // Learning-rate schedules, as Megatron's OptimizerParamScheduler computes them: linear warm-up
 // from --lr-warmup-init, then constant, linear, cosine, inverse-square-root or WSD decay to
-// --min-lr over --lr-decay-iters.
+// --min-lr over --lr-decay-iters. Like Megatron it counts samples (each iteration steps by the
+// global batch), so iteration- and sample-based flags and --lr-warmup-fraction share one formula.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@ class LearningRateSchedule {
 
  private:
   TrainConfig c_;
+  double warmup_ = 0, decay_ = 0, wsd_decay_ = 0;  // in samples
 };
 
 }  // namespace megatron

@@ -128,6 +128,60 @@ void apply_patch_tokenizer(Config& c) {
   }
 }
 
+// The iteration count and learning-rate schedule, as Megatron's validate_args and
+// get_optimizer_param_scheduler: by iterations (--train-iters, --lr-*-iters) or by samples
+// (--train-samples, --lr-*-samples; iterations = samples / global batch), never both; the
+// warm-up given as iterations, samples or --lr-warmup-fraction of the decay.
+void finalize_schedule(TrainConfig& t) {
+  const bool by_samples = t.train_samples > 0;
+  if (by_samples) {
+    t.train_iters = t.train_samples / t.global_batch_size;
+    if (t.train_iters == 0) {
+      throw UserError("--train-samples " + std::to_string(t.train_samples) + " is less than one global batch (" +
+                      std::to_string(t.global_batch_size) + ")");
+    }
+    if (t.lr_decay_iters != 0 || t.lr_warmup_iters != 0 || t.lr_wsd_decay_iters != 0) {
+      throw UserError("--train-samples counts the schedule in samples: give --lr-decay-samples, --lr-warmup-samples and "
+                      "--lr-wsd-decay-samples instead of their -iters forms");
+    }
+    if (t.lr_decay_samples == 0) t.lr_decay_samples = t.train_samples;
+  } else if (t.lr_decay_samples != 0 || t.lr_warmup_samples != 0 || t.lr_wsd_decay_samples != 0) {
+    throw UserError("--lr-decay-samples, --lr-warmup-samples and --lr-wsd-decay-samples need --train-samples; with --train-iters "
+                    "give their -iters forms");
+  }
+  if (t.lr_warmup_fraction >= 0 && (t.lr_warmup_iters != 0 || t.lr_warmup_samples != 0)) {
+    throw UserError("--lr-warmup-fraction and --lr-warmup-" + std::string(by_samples ? "samples" : "iters") +
+                    " contradict each other: give one of them");
+  }
+  if (!(t.lr_warmup_fraction < 1.0) || (t.lr_warmup_fraction < 0 && t.lr_warmup_fraction != -1.0)) {
+    throw UserError("--lr-warmup-fraction must be in [0, 1)");
+  }
+  if (t.lr <= 0.0) throw UserError("--lr is required and must be positive");
+  if (t.min_lr < 0.0 || t.min_lr > t.lr) throw UserError("--min-lr must be between 0 and --lr");
+  if (t.lr_decay_iters == 0) t.lr_decay_iters = t.train_iters;
+  static const char* styles[] = {"constant", "linear", "cosine", "inverse-square-root", "WSD"};
+  if (std::find(std::begin(styles), std::end(styles), t.lr_decay_style) == std::end(styles)) {
+    throw UserError("--lr-decay-style must be constant, linear, cosine, inverse-square-root or WSD (got '" + t.lr_decay_style + "')");
+  }
+  const std::string unit = by_samples ? "samples" : "iters";
+  const int64_t decay = by_samples ? t.lr_decay_samples : t.lr_decay_iters;
+  const int64_t warmup = by_samples ? t.lr_warmup_samples : t.lr_warmup_iters;
+  const int64_t wsd = by_samples ? t.lr_wsd_decay_samples : t.lr_wsd_decay_iters;
+  if (decay <= 0) throw UserError("--lr-decay-" + unit + " must be positive");
+  if (warmup < 0 || (t.lr_decay_style != "constant" && t.lr_decay_style != "inverse-square-root" && warmup > decay)) {
+    throw UserError("--lr-warmup-" + unit + " must be between 0 and --lr-decay-" + unit + " (" + std::to_string(decay) + ")");
+  }
+  if (t.lr_decay_style == "WSD") {
+    static const char* wsd_styles[] = {"linear", "cosine", "exponential", "minus_sqrt"};
+    if (std::find(std::begin(wsd_styles), std::end(wsd_styles), t.lr_wsd_decay_style) == std::end(wsd_styles)) {
+      throw UserError("--lr-wsd-decay-style must be linear, cosine, exponential or minus_sqrt");
+    }
+    if (wsd <= 0 || wsd > decay - warmup) {
+      throw UserError("--lr-decay-style WSD needs --lr-wsd-decay-" + unit + " in (0, lr-decay-" + unit + " - lr-warmup-" + unit + "]");
+    }
+  }
+}
+
 }  // namespace
 
 void finalize_config(Config& c, int world_size) {
@@ -143,7 +197,9 @@ void finalize_config(Config& c, int world_size) {
   require_positive("num-attention-heads", m.num_attention_heads);
   require_positive("seq-length", m.seq_length);
   require_positive("micro-batch-size", t.micro_batch_size);
-  require_positive("train-iters", t.train_iters);
+  if (t.train_samples < 0) throw UserError("--train-samples must be positive");
+  if (t.train_samples == 0) require_positive("train-iters", t.train_iters);
+  if (t.train_samples > 0 && t.train_iters > 0) throw UserError("--train-iters and --train-samples contradict each other: give one of them");
 
   if (m.kv_channels == 0) {
     if (m.hidden_size % m.num_attention_heads != 0) {
@@ -280,27 +336,7 @@ void finalize_config(Config& c, int world_size) {
                     "--pipeline-model-parallel-size " + std::to_string(p.pipeline_model_parallel_size));
   }
 
-  // Learning rate.
-  if (t.lr <= 0.0) throw UserError("--lr is required and must be positive");
-  if (t.min_lr < 0.0 || t.min_lr > t.lr) throw UserError("--min-lr must be between 0 and --lr");
-  if (t.lr_decay_iters == 0) t.lr_decay_iters = t.train_iters;
-  static const char* styles[] = {"constant", "linear", "cosine", "inverse-square-root", "WSD"};
-  if (std::find(std::begin(styles), std::end(styles), t.lr_decay_style) == std::end(styles)) {
-    throw UserError("--lr-decay-style must be constant, linear, cosine, inverse-square-root or WSD (got '" + t.lr_decay_style + "')");
-  }
-  if (t.lr_warmup_iters < 0 || (t.lr_decay_style != "constant" && t.lr_decay_style != "inverse-square-root" &&
-                                t.lr_warmup_iters > t.lr_decay_iters)) {
-    throw UserError("--lr-warmup-iters must be between 0 and --lr-decay-iters (" + std::to_string(t.lr_decay_iters) + ")");
-  }
-  if (t.lr_decay_style == "WSD") {
-    static const char* wsd[] = {"linear", "cosine", "exponential", "minus_sqrt"};
-    if (std::find(std::begin(wsd), std::end(wsd), t.lr_wsd_decay_style) == std::end(wsd)) {
-      throw UserError("--lr-wsd-decay-style must be linear, cosine, exponential or minus_sqrt");
-    }
-    if (t.lr_wsd_decay_iters <= 0 || t.lr_wsd_decay_iters > t.lr_decay_iters - t.lr_warmup_iters) {
-      throw UserError("--lr-decay-style WSD needs --lr-wsd-decay-iters in (0, lr-decay-iters - lr-warmup-iters]");
-    }
-  }
+  finalize_schedule(t);
   if (t.clip_grad < 0.0) throw UserError("--clip-grad must be >= 0");
   if (t.adam_beta1 < 0 || t.adam_beta1 >= 1 || t.adam_beta2 < 0 || t.adam_beta2 >= 1) {
     throw UserError("--adam-beta1 and --adam-beta2 must be in [0, 1)");
@@ -310,6 +346,9 @@ void finalize_config(Config& c, int world_size) {
   if (t.log_interval <= 0) throw UserError("--log-interval must be positive");
   if (t.eval_interval < 0 || t.eval_iters < 0) throw UserError("--eval-interval and --eval-iters must be >= 0");
   if (t.save_interval < 0 || t.exit_interval < 0) throw UserError("--save-interval and --exit-interval must be >= 0");
+  if (!(t.exit_duration_in_mins >= 0) || !std::isfinite(t.exit_duration_in_mins)) {
+    throw UserError("--exit-duration-in-mins must be a finite number >= 0");
+  }
   if (t.profile && (t.profile_step_start < 0 || t.profile_step_end <= t.profile_step_start)) {
     throw UserError("--profile-step-end (" + std::to_string(t.profile_step_end) + ") must be after --profile-step-start (" +
                     std::to_string(t.profile_step_start) + ")");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 
 namespace megatron {
 namespace {
@@ -17,13 +18,11 @@ void append(std::string& out, const char* format, T... values) {
 }  // namespace
 
 std::string format_iteration_log(const IterationLog& l) {
-  std::string s;
+  std::string s = l.timestamp.empty() ? std::string() : " [" + l.timestamp + "]";
   append(s, " iteration %8lld/%8lld |", (long long)l.iteration, (long long)l.train_iters);
   append(s, " consumed samples: %12lld |", (long long)l.consumed_samples);
   append(s, " elapsed time per iteration (ms): %.1f |", l.elapsed_ms_per_iteration);
-  append(s, " throughput per GPU (TFLOP/s/GPU): %.1f |", l.tflops_per_device);
-  append(s, " throughput (tokens/s/GPU): %.1f |", l.tokens_per_second_per_device);
-  if (l.mfu_percent >= 0) append(s, " MFU: %.1f%% |", l.mfu_percent);
+  if (l.log_throughput) append(s, " throughput per GPU (TFLOP/s/GPU): %.1f |", l.tflops_per_device);
   append(s, " learning rate: %.6E |", l.learning_rate);
   append(s, " global batch size: %5lld |", (long long)l.global_batch_size);
   append(s, " lm loss: %.6E |", l.lm_loss);
@@ -32,7 +31,22 @@ std::string format_iteration_log(const IterationLog& l) {
   append(s, " grad norm: %.3f |", l.grad_norm);
   append(s, " number of skipped iterations: %3lld |", (long long)l.skipped_iterations);
   append(s, " number of nan iterations: %3lld |", (long long)l.nan_iterations);
+  // megatron.cpp's own fields after all of Megatron's, so `split('|')` parsers keep their indices.
+  append(s, " throughput (tokens/s/GPU): %.1f |", l.tokens_per_second_per_device);
+  if (l.mfu_percent >= 0) append(s, " MFU: %.1f%% |", l.mfu_percent);
   return s;
+}
+
+std::string megatron_timestamp(std::chrono::system_clock::time_point when) {
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(when);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count() % 1000000;
+  std::tm local{};
+  localtime_r(&seconds, &local);
+  char text[64];
+  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S", &local);
+  std::string out = text;
+  append(out, ".%06lld", static_cast<long long>(micros < 0 ? micros + 1000000 : micros));
+  return out;
 }
 
 std::string format_validation_log(const std::string& label, int64_t iteration, double loss, const std::string& which) {

@@ -1,8 +1,9 @@
 // The table of megatron_flags.h: every flag of Megatron-LM's and Pai-Megatron-Patch's argument
 // parsers that megatron.cpp does not implement, with Megatron's default (as argparse holds it)
 // and what `megatron train` does when a script gives it. Sorted by name. The default column is
-// the value that changes nothing here: Megatron's default, except Pai's --dataset, whose MMAP is
-// what --data-path reads. Edit a row's fate when a flag becomes meaningful; move the row to
+// the value that changes nothing here: Megatron's default (for --recompute-modules the one its
+// TransformerConfig fills in, core_attn), except Pai's --dataset, whose MMAP is what --data-path
+// reads. Edit a row's fate when a flag becomes meaningful; move the row to
 // train/arguments.cpp's table when the flag is implemented.
 // Taken from Megatron-LM d98e8a6 (2026-08-22) and Pai-Megatron-Patch a098ca5 (2025-12-15).
 #include "train/megatron_flags.h"
@@ -196,7 +197,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"eval-global-batch-size", Arity::One, nullptr, nullptr, Fate::NotYet, "validation uses --global-batch-size", Origin::MegatronLm},
     {"eval-micro-batch-size", Arity::One, nullptr, nullptr, Fate::NotYet, "validation uses --micro-batch-size", Origin::MegatronLm},
     {"evidence-data-path", Arity::One, nullptr, nullptr, Fate::Ignored, kOtherScript, Origin::MegatronLm},
-    {"exit-duration-in-mins", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"exit-on-missing-checkpoint", Arity::None, "false", "true", Fate::NotYet, nullptr, Origin::MegatronLm},
     {"exit-signal", Arity::One, "15", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"exit-signal-handler", Arity::None, "false", "true", Fate::Ignored, kAlways, Origin::MegatronLm},
@@ -393,7 +393,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"log-params-norm", Arity::None, "false", "true", Fate::Ignored, kLogging, Origin::MegatronLm},
     {"log-progress", Arity::None, "false", "true", Fate::Ignored, kLogging, Origin::MegatronLm},
     {"log-straggler", Arity::None, "false", "true", Fate::Ignored, kService, Origin::MegatronLm},
-    {"log-throughput", Arity::None, "false", "true", Fate::Ignored, kLogging, Origin::MegatronLm},
     {"log-timers-to-tensorboard", Arity::None, "false", "true", Fate::Ignored, kLogging, Origin::MegatronLm},
     {"log-validation-ppl-to-tensorboard", Arity::None, "false", "true", Fate::Ignored, kLogging, Origin::MegatronLm},
     {"log-world-size-to-tensorboard", Arity::None, "false", "true", Fate::Ignored, kLogging, Origin::MegatronLm},
@@ -411,10 +410,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"logits-save-top-p-min-k", Arity::One, "1", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"loss-scale", Arity::One, nullptr, nullptr, Fate::NotYet, "use --bf16 (no loss scaling needed)", Origin::MegatronLm},
     {"loss-scale-window", Arity::One, "1000", nullptr, Fate::NotYet, "use --bf16 (no loss scaling needed)", Origin::MegatronLm},
-    {"lr-decay-samples", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
-    {"lr-warmup-fraction", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
-    {"lr-warmup-samples", Arity::One, "0", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
-    {"lr-wsd-decay-samples", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"main-grads-dtype", Arity::One, "fp32", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"main-params-dtype", Arity::One, "fp32", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"mamba-head-dim", Arity::One, "64", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
@@ -659,7 +654,8 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"query-in-block-prob", Arity::One, "0.1", nullptr, Fate::Ignored, kOtherScript, Origin::MegatronLm},
     {"quick-geglu", Arity::None, "false", "true", Fate::NotYet, nullptr, Origin::MegatronLm},
     {"rampup-batch-size", Arity::Three, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
-    {"recompute-modules", Arity::OneOrMore, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
+    {"recompute-modules", Arity::OneOrMore, "core_attn", nullptr, Fate::NotYet,
+     "selective recomputation here recomputes core_attn only (--recompute-granularity selective)", Origin::MegatronLm},
     {"record-memory-history", Arity::None, "false", "true", Fate::Ignored, kProfiler, Origin::MegatronLm},
     {"record-shapes", Arity::None, "false", "true", Fate::Ignored, kProfiler, Origin::MegatronLm},
     {"refit-method", Arity::One, "gloo", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
@@ -776,7 +772,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"train-data", Arity::OneOrMore, nullptr, nullptr, Fate::NotYet, "use --data-path", Origin::Pai},
     {"train-data-path", Arity::ZeroOrMore, nullptr, nullptr, Fate::NotYet, "use --data-path with --split", Origin::MegatronLm},
     {"train-mode", Arity::One, "pretrain", nullptr, Fate::NotYet, "pretraining is the default; fine-tuning on chat data is --sft", Origin::Pai},
-    {"train-samples", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"train-sync-interval", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"transformer-impl", Arity::One, "transformer_engine", nullptr, Fate::Ignored, kKernel, Origin::MegatronLm},
     {"transformer-timers", Arity::None, "false", "true", Fate::Ignored, kLogging, Origin::Pai},

@@ -69,6 +69,8 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   const double per_iteration = elapsed / double(interval_iterations_);
   const double tokens_per_second = double(t.global_batch_size) * c_.model.seq_length / per_iteration / double(ps_.world_size);
   IterationLog l;
+  l.timestamp = megatron_timestamp(std::chrono::system_clock::now());
+  l.log_throughput = t.log_throughput;
   l.iteration = progress.iteration;
   l.train_iters = t.train_iters;
   l.consumed_samples = progress.consumed_train_samples;

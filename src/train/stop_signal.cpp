@@ -17,12 +17,23 @@ extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
 
 }  // namespace
 
-StopSignal::StopSignal(const dist::ParallelState& ps, const at::Device& device) : ps_(ps), device_(device) {
+StopSignal::StopSignal(const dist::ParallelState& ps, const at::Device& device, double exit_after_minutes,
+                       std::chrono::steady_clock::time_point started)
+    : ps_(ps), device_(device), exit_after_minutes_(exit_after_minutes), started_(started) {
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
 }
 
-int StopSignal::signal() const { return g_stop_signal.load(); }
+int StopSignal::signal() const { return seen_ != 0 ? seen_ : g_stop_signal.load(); }
+
+double StopSignal::minutes_elapsed() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60.0;
+}
+
+int StopSignal::local_reason() const {
+  if (const int signal = g_stop_signal.load(); signal != 0) return signal;
+  return exit_after_minutes_ > 0 && minutes_elapsed() > exit_after_minutes_ ? kOutOfTime : 0;
+}
 
 void StopSignal::launch_poll() {
   if (ps_.world_size == 1) return;
@@ -32,7 +43,7 @@ void StopSignal::launch_poll() {
   // finished long before (the GPU runs at most about one iteration behind the host), so the
   // read does not stall the host as reading this iteration's would, and every rank reads the
   // same value at the same iteration.
-  at::Tensor flag = at::full({1}, double(g_stop_signal.load()), at::TensorOptions().device(device_).dtype(at::kFloat));
+  at::Tensor flag = at::full({1}, double(local_reason()), at::TensorOptions().device(device_).dtype(at::kFloat));
   ps_.world.all_reduce(flag, dist::ReduceOp::Max);
   Poll poll;
   if (device_.is_cpu()) {
@@ -47,14 +58,16 @@ void StopSignal::launch_poll() {
 }
 
 bool StopSignal::requested() {
-  if (ps_.world_size == 1) return g_stop_signal.load() != 0;
+  if (ps_.world_size == 1) {
+    seen_ = local_reason();
+    return seen_ != 0;
+  }
   if (polls_.size() <= kPollLag) return false;
   Poll due = std::move(polls_.front());
   polls_.pop_front();
   if (due.ready) due.ready->synchronize();
-  const int signal = static_cast<int>(due.host.data_ptr<float>()[0]);
-  if (signal != 0) g_stop_signal.store(signal);
-  return signal != 0;
+  seen_ = static_cast<int>(due.host.data_ptr<float>()[0]);
+  return seen_ != 0;
 }
 
 }  // namespace megatron

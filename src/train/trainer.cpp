@@ -155,6 +155,8 @@ class Trainer {
   const TrainConfig& t_;
   dist::LaunchEnv env_;
   RunMode mode_;
+  // When the run began: --exit-duration-in-mins counts from here, as Megatron's from its start.
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   dist::World world_;
   dist::ParallelState ps_;
   LearningRateSchedule schedule_;
@@ -320,7 +322,7 @@ int Trainer::run() {
   logged_terms.insert(logged_terms.end(), model_terms_.names().begin(), model_terms_.names().end());
   metrics_ = std::make_unique<TrainingMetrics>(c_, ps_, device_, flops_per_token_, logged_terms);
 
-  stop_ = std::make_unique<StopSignal>(ps_, device_);
+  stop_ = std::make_unique<StopSignal>(ps_, device_, t_.exit_duration_in_mins, started_);
 
   if (mode_ == RunMode::Evaluate) return evaluate_splits();
 
@@ -364,8 +366,12 @@ int Trainer::run() {
     metrics_->exclude(checkpointer_->finish_async(/*wait=*/false));
     if (!t_.save.empty() && t_.save_interval > 0 && progress_.iteration % t_.save_interval == 0) save("save-interval");
     if (stop_->requested()) {
-      std::printf("received signal %d: stopping after iteration %lld\n", stop_->signal(),
-                  static_cast<long long>(progress_.iteration));
+      if (stop_->signal() == StopSignal::kOutOfTime) {
+        std::printf("exiting program after %.3f minutes (--exit-duration-in-mins), after iteration %lld\n", stop_->minutes_elapsed(),
+                    static_cast<long long>(progress_.iteration));
+      } else {
+        std::printf("received signal %d: stopping after iteration %lld\n", stop_->signal(), static_cast<long long>(progress_.iteration));
+      }
       if (!t_.save.empty()) save("signal");
       checkpointer_->finish_async(/*wait=*/true);
       return 0;
@@ -385,10 +391,6 @@ int Trainer::run() {
   }
   return 0;
 }
-
-
-
-
 
 // FNV-1a over the bytes of this rank's parameters, compared across data-parallel replicas.
 void Trainer::check_weight_hash() {

