@@ -25,11 +25,17 @@ TrainingMetrics::TrainingMetrics(const Config& config, const dist::ParallelState
 }
 
 TrainingMetrics::~TrainingMetrics() {
+  try {
+    write_tensorboard_steps();  // the iterations after the last log interval
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "WARNING: the last iterations' TensorBoard scalars were not written: %s\n", e.what());
+  }
   if (jsonl_ != nullptr) std::fclose(jsonl_);
 }
 
-void TrainingMetrics::add_step(int64_t iteration, double lr, const at::Tensor& loss, const at::Tensor& grad_norm,
-                               const at::Tensor& applied, const at::Tensor& terms) {
+void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const at::Tensor& loss,
+                               const at::Tensor& grad_norm, const at::Tensor& applied, const at::Tensor& terms) {
+  if (tensorboard_) tensorboard_steps_.push_back({iteration, consumed_samples, next_lr, loss.detach(), grad_norm.detach(), terms.detach()});
   // Nothing so far waited for the GPU: a loss or norm that is not finite skipped the update on
   // the device (parameters stay as they were) and is counted when the statistics are read back.
   statistics_.add(loss, grad_norm, applied);
@@ -95,23 +101,50 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   l.nan_iterations = progress.nan_iterations;
   if (prints()) std::printf("%s\n", format_iteration_log(l).c_str());
   std::fflush(stdout);
-  if (tensorboard_) {
-    tensorboard_->add_scalar("lm loss", float(l.lm_loss), l.iteration);
-    for (const auto& [name, value] : l.loss_terms) tensorboard_->add_scalar(name, float(value), l.iteration);
-    tensorboard_->add_scalar("learning-rate", float(l.learning_rate), l.iteration);
-    tensorboard_->add_scalar("grad-norm", float(last_grad_norm_), l.iteration);
-    tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);
-  }
+  write_tensorboard_steps();
+  if (tensorboard_) tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);  // ours
   interval_loss_ = 0;
   interval_iterations_ = 0;
   start_interval();
 }
 
-void TrainingMetrics::log_validation(int64_t iteration, double loss, const std::string& split) {
+void TrainingMetrics::write_tensorboard_steps() {
+  if (!tensorboard_ || tensorboard_steps_.empty()) return;
+  std::vector<at::Tensor> losses, norms, terms;
+  for (const auto& s : tensorboard_steps_) {
+    losses.push_back(s.loss.to(at::kDouble));
+    norms.push_back(s.grad_norm.to(at::kDouble));
+    if (!loss_terms_.empty()) terms.push_back(s.terms.to(at::kDouble));
+  }
+  const at::Tensor loss_values = at::stack(losses).cpu(), norm_values = at::stack(norms).cpu();
+  const at::Tensor term_values = loss_terms_.empty() ? at::Tensor() : at::stack(terms).cpu();  // [steps, terms]
+  const double batch = c_.train.global_batch_size;
+  for (size_t i = 0; i < tensorboard_steps_.size(); ++i) {
+    const TensorBoardStep& s = tensorboard_steps_[i];
+    // Megatron's training_log: each scalar against the iteration and against consumed samples.
+    auto both = [&](const std::string& tag, double value) {
+      tensorboard_->add_scalar(tag, float(value), s.iteration);
+      tensorboard_->add_scalar(tag + " vs samples", float(value), s.consumed_samples);
+    };
+    both("learning-rate", s.next_lr);
+    both("batch-size", batch);
+    both("lm loss", loss_values[int64_t(i)].item<double>());
+    for (size_t k = 0; k < loss_terms_.size(); ++k) both(loss_terms_[k], term_values[int64_t(i)][int64_t(k)].item<double>());
+    both("loss-scale", 1.0);  // bf16 and fp32 runs have no loss scaler
+    both("grad-norm", norm_values[int64_t(i)].item<double>());
+  }
+  tensorboard_steps_.clear();
+}
+
+void TrainingMetrics::log_validation(int64_t iteration, int64_t consumed_samples, double loss, const std::string& split) {
   if (prints()) {
     std::printf("%s\n", format_validation_log("validation", iteration, loss, split.empty() ? "" : "for " + split + " data").c_str());
   }
-  if (tensorboard_) tensorboard_->add_scalar(split.empty() ? "lm loss validation" : "lm loss " + split, float(loss), iteration);
+  if (tensorboard_) {
+    const std::string tag = split.empty() ? "lm loss validation" : "lm loss " + split;
+    tensorboard_->add_scalar(tag, float(loss), iteration);
+    tensorboard_->add_scalar(tag + " vs samples", float(loss), consumed_samples);
+  }
   std::fflush(stdout);
 }
 

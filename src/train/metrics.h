@@ -1,6 +1,7 @@
 // What training reports: Megatron's iteration log line and validation block (from the last
-// rank, which holds the last stage's loss), TensorBoard scalars, and one --metrics-jsonl line per
-// iteration with the exact loss. A step's loss, norm and skip flag stay on the device
+// rank, which holds the last stage's loss), TensorBoard scalars with Megatron's tags (every
+// iteration, and each against consumed samples: "lm loss vs samples"), and one --metrics-jsonl
+// line per iteration with the exact loss. A step's loss, norm and skip flag stay on the device
 // (StepStatistics) until a log interval, a checkpoint or the exit reads them.
 #pragma once
 
@@ -28,11 +29,12 @@ class TrainingMetrics {
   TrainingMetrics(const TrainingMetrics&) = delete;
   TrainingMetrics& operator=(const TrainingMetrics&) = delete;
 
-  // After iteration `iteration`, run at learning rate `lr`: loss [] fp64, grad_norm [] fp32,
-  // applied [] bool, terms [loss terms] fp64, all on the device. Nothing is read back but for
-  // --metrics-jsonl.
-  void add_step(int64_t iteration, double lr, const at::Tensor& loss, const at::Tensor& grad_norm, const at::Tensor& applied,
-                const at::Tensor& terms);
+  // After iteration `iteration`, run at learning rate `lr` (the next one runs at `next_lr`), with
+  // `consumed_samples` consumed by its end: loss [] fp64, grad_norm [] fp32, applied [] bool,
+  // terms [loss terms] fp64, all on the device. Nothing is read back but for --metrics-jsonl;
+  // TensorBoard gets the iteration's scalars at the next log interval (or the end).
+  void add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const at::Tensor& loss,
+                const at::Tensor& grad_norm, const at::Tensor& applied, const at::Tensor& terms);
   // The statistics since the last call (one host synchronisation) into the interval's totals and
   // `progress`'s skipped and nan counts.
   void settle(TrainingProgress& progress);
@@ -41,13 +43,17 @@ class TrainingMetrics {
   void log_iteration(TrainingProgress& progress, double next_lr);
   // Megatron's validation block; `split` names the data in `megatron eval` ("val", "test"), empty
   // during training.
-  void log_validation(int64_t iteration, double loss, const std::string& split = "");
+  // `consumed_samples`: the training samples consumed by then (the "vs samples" tag's step).
+  void log_validation(int64_t iteration, int64_t consumed_samples, double loss, const std::string& split = "");
   void start_interval() { interval_start_ = std::chrono::steady_clock::now(); }
   // Time the interval spent outside training steps (saving a checkpoint), left out of its figures.
   void exclude(std::chrono::steady_clock::duration d) { interval_start_ += d; }
 
  private:
   bool prints() const { return ps_.is_last_rank(); }
+  // The scalars Megatron's training_log writes each iteration, for the iterations added since
+  // the last call (their values read back in one copy).
+  void write_tensorboard_steps();
   const Config& c_;
   const dist::ParallelState& ps_;
   double flops_per_token_;
@@ -62,6 +68,12 @@ class TrainingMetrics {
   int64_t interval_iterations_ = 0;
   double last_grad_norm_ = 0;
   std::chrono::steady_clock::time_point interval_start_;
+  struct TensorBoardStep {
+    int64_t iteration, consumed_samples;
+    double next_lr;
+    at::Tensor loss, grad_norm, terms;  // on the device until written
+  };
+  std::vector<TensorBoardStep> tensorboard_steps_;
 };
 
 }  // namespace megatron

@@ -346,8 +346,8 @@ int Trainer::run() {
     optimizer_->set_learning_rate(schedule_.at(progress_.iteration));
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
     const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
-    metrics_->add_step(progress_.iteration + 1, schedule_.at(progress_.iteration), step.loss, step.grad_norm, step.applied,
-                       step.terms);
+    metrics_->add_step(progress_.iteration + 1, schedule_.at(progress_.iteration), schedule_.at(progress_.iteration + 1),
+                       progress_.consumed_train_samples + t_.global_batch_size, step.loss, step.grad_norm, step.applied, step.terms);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
     progress_.consumed_train_samples += t_.global_batch_size;
@@ -361,7 +361,8 @@ int Trainer::run() {
       check_weight_hash();
     }
     if (t_.eval_interval > 0 && t_.eval_iters > 0 && valid_data_ && progress_.iteration % t_.eval_interval == 0) {
-      metrics_->log_validation(progress_.iteration, evaluate(*valid_data_, progress_.consumed_valid_samples));
+      const double loss = evaluate(*valid_data_, progress_.consumed_valid_samples);
+      metrics_->log_validation(progress_.iteration, progress_.consumed_train_samples, loss);
     }
     metrics_->exclude(checkpointer_->finish_async(/*wait=*/false));
     if (!t_.save.empty() && t_.save_interval > 0 && progress_.iteration % t_.save_interval == 0) save("save-interval");
@@ -573,7 +574,7 @@ int Trainer::evaluate_splits() {
   for (const auto& [source, name] : splits) {
     if (source == nullptr) continue;
     int64_t consumed = 0;  // from the split's first sample: every checkpoint is scored on the same batches
-    metrics_->log_validation(progress_.iteration, evaluate(*source, consumed), name);
+    metrics_->log_validation(progress_.iteration, progress_.consumed_train_samples, evaluate(*source, consumed), name);
   }
   return 0;
 }

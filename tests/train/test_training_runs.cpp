@@ -249,9 +249,12 @@ TEST(TrainingRuns, CorruptCheckpointIsRefusedNamingTheFile) {
   EXPECT_NE(load.output.find("truncated or corrupt"), std::string::npos) << load.output;
 }
 
+// Megatron's tags, every iteration and against consumed samples (8 a step here), the last
+// iterations after the last log interval too, and the values the log's exact losses say.
 TEST(TrainingRuns, TensorBoardReadsTheEvents) {
   test::TempDir dir;
-  auto run = test::run_megatron(tiny({"--train-iters", "6", "--log-interval", "2", "--tensorboard-dir", dir / "tb"}));
+  auto run = test::run_megatron(tiny({"--train-iters", "7", "--log-interval", "2", "--eval-interval", "4", "--tensorboard-dir",
+                                      dir / "tb", "--metrics-jsonl", dir / "m.jsonl"}));
   ASSERT_EQ(run.status, 0) << run.output;
   const std::string python = test::venv_python();
   ASSERT_FALSE(python.empty());
@@ -259,8 +262,21 @@ TEST(TrainingRuns, TensorBoardReadsTheEvents) {
                                 test::shell_quote(test::source_dir() + "/tests/train/read_tensorboard.py") + " " +
                                 test::shell_quote(dir / "tb"));
   ASSERT_EQ(read.status, 0) << read.output;
-  for (const char* line : {"lm loss 2 ", "lm loss 6 ", "learning-rate 4 ", "grad-norm 2 ", "throughput (tokens/s/GPU) 6 "}) {
+  for (const char* line : {"lm loss 1 ", "lm loss 7 ", "lm loss vs samples 56 ", "learning-rate 3 ", "learning-rate vs samples 24 ",
+                           "batch-size 5 8.0", "batch-size vs samples 40 8.0", "loss-scale 6 1.0", "loss-scale vs samples 48 1.0",
+                           "grad-norm 2 ", "grad-norm vs samples 16 ", "lm loss validation 4 ", "lm loss validation vs samples 32 ",
+                           "throughput (tokens/s/GPU) 6 "}) {
     EXPECT_NE(read.output.find(line), std::string::npos) << line << " missing in:\n" << read.output;
+  }
+  // Each iteration's "lm loss" is its exact loss from --metrics-jsonl, in fp32.
+  const std::vector<std::string> jsonl = file_lines(dir / "m.jsonl");
+  ASSERT_EQ(jsonl.size(), 7u);
+  for (size_t i = 0; i < jsonl.size(); ++i) {
+    const double exact = std::stod(jsonl[i].substr(jsonl[i].find("\"lm_loss\": ") + 11));
+    const std::string tag = "\nlm loss " + std::to_string(i + 1) + " ";
+    const size_t at = ("\n" + read.output).find(tag);
+    ASSERT_NE(at, std::string::npos) << tag;
+    EXPECT_FLOAT_EQ(std::stof(("\n" + read.output).substr(at + tag.size())), float(exact)) << "iteration " << i + 1;
   }
 }
 
