@@ -15,7 +15,7 @@ TFLOP/s counts 6 x the parameters a token meets + attention's scores and values
 (3 x L x heads x (qk + v head dims) x s), as bench/gpu_deepseek.sh counts megatron.cpp's.
 """
 import argparse, torch
-from hf_timing import time_steps
+from hf_timing import prepare, time_steps
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
 p = argparse.ArgumentParser()
@@ -35,14 +35,7 @@ cfg = DeepseekV2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_si
                        max_position_embeddings=a.seq, tie_word_embeddings=False,
                        rope_scaling=dict(type="yarn", factor=40, original_max_position_embeddings=4096, beta_fast=32,
                                          beta_slow=1, mscale=0.707, mscale_all_dim=0.707))
-cfg._attn_implementation = "sdpa"
-cfg._experts_implementation = a.experts
-torch.manual_seed(0)
-model = DeepseekV2ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
-n = sum(p.numel() for p in model.parameters())
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-fwd = torch.compile(model) if a.compile else model
-x = torch.randint(0, a.vocab, (a.mb, a.seq), device="cuda")
+n, opt, fwd, x = prepare(DeepseekV2ForCausalLM, cfg, a.experts, a.compile, a.mb, a.seq, a.vocab)
 moe_layers = a.layers - 1
 active = n - moe_layers * (a.num_experts - a.topk) * 3 * a.hidden * a.moe_ffn
 flops_per_token = 6 * active + 3 * a.layers * a.heads * (a.nope + a.rope + a.v_dim) * a.seq

@@ -21,7 +21,7 @@ Two FLOP counts per token, as bench/gpu_moe.sh prints them for megatron.cpp too:
                attention projections and core attention, routed experts x top-k, logits)
 """
 import argparse, torch
-from hf_timing import time_steps
+from hf_timing import prepare, time_steps
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 p = argparse.ArgumentParser()
@@ -50,14 +50,7 @@ cfg = Qwen3MoeConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size
                      head_dim=a.head_dim, num_experts=a.num_experts, num_experts_per_tok=a.topk, norm_topk_prob=True,
                      max_position_embeddings=a.seq, decoder_sparse_step=1, mlp_only_layers=[],
                      output_router_logits=False, tie_word_embeddings=False)
-cfg._attn_implementation = "sdpa"
-cfg._experts_implementation = a.experts
-torch.manual_seed(0)
-model = Qwen3MoeForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
-n = sum(p.numel() for p in model.parameters())
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-fwd = torch.compile(model) if a.compile else model
-x = torch.randint(0, a.vocab, (a.mb, a.seq), device="cuda")
+n, opt, fwd, x = prepare(Qwen3MoeForCausalLM, cfg, a.experts, a.compile, a.mb, a.seq, a.vocab)
 
 for accum, dt, tok, loss in time_steps(fwd, opt, x, a.grad_accum, a.iters):
     dense_style, megatron = flops_per_token(n)

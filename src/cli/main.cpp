@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "distributed/launch_env.h"
 
 namespace {
 
@@ -72,10 +73,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   std::string name = argv[1];
-  if (const std::string script = megatron_script(name); !script.empty()) {
-    if (const char* rank = std::getenv("RANK"); rank == nullptr || std::string(rank) == "0") {
-      std::printf("> note: %s runs as `megatron train`\n", script.c_str());
-    }
+  const std::string script = megatron_script(name);
+  if (!script.empty()) {
     name = "train";
   } else if (name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) {
     std::fprintf(stderr, "error: %s is not a script megatron.cpp stands in for; it stands in for %s (as `megatron train`)\n",
@@ -94,5 +93,11 @@ int main(int argc, char** argv) {
                  name.c_str(), it->second.summary, it->second.arrives_with);
     return 2;
   }
-  return megatron::cli::run_reporting_errors([&] { return it->second.run(args); });
+  return megatron::cli::run_reporting_errors([&] {
+    // Rank 0 of the launch environment the trainer reads (its malformed variables are user errors).
+    if (!script.empty() && megatron::dist::launch_env_from_environment().rank == 0) {
+      std::printf("> note: %s runs as `megatron train`\n", script.c_str());
+    }
+    return it->second.run(args);
+  });
 }

@@ -21,10 +21,9 @@ LearningRateSchedule::LearningRateSchedule(const TrainConfig& config) : c_(confi
 
 double LearningRateSchedule::at(int64_t iterations) const {
   const double max_lr = c_.lr, min_lr = c_.min_lr;
-  const double step = double(iterations) * c_.global_batch_size, warmup = warmup_, decay = decay_;
-  if (warmup > 0 && step <= warmup) {
-    return c_.lr_warmup_init + (max_lr - c_.lr_warmup_init) * double(step) / double(warmup);
-  }
+  const double step = double(iterations) * c_.global_batch_size;  // samples, as Megatron's scheduler steps
+  const double warmup = warmup_, decay = decay_;
+  if (warmup > 0 && step <= warmup) return c_.lr_warmup_init + (max_lr - c_.lr_warmup_init) * step / warmup;
   if (c_.lr_decay_style == "constant") return max_lr;
   if (step > decay) return min_lr;
   if (c_.lr_decay_style == "inverse-square-root") {

@@ -397,11 +397,10 @@ Config parse_train_arguments(const std::vector<std::string>& args) {
       config.explicit_flags.insert(f->name);
       return;
     }
+    // A recipe may spell a key with underscores; the table holds Megatron's dashed names.
     std::string dashed = name;
     if (from_recipe) std::replace(dashed.begin(), dashed.end(), '_', '-');
-    const MegatronFlag* megatron = find_megatron_flag(name);
-    if (megatron == nullptr) megatron = find_megatron_flag(dashed);
-    if (megatron != nullptr) {
+    if (const MegatronFlag* megatron = find_megatron_flag(dashed)) {
       std::string notice;
       const std::string problem = judge_megatron_flag(*megatron, values, &notice);
       if (!problem.empty()) throw UserError((from_recipe ? where + ": " : std::string()) + problem);

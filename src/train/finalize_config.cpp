@@ -89,18 +89,6 @@ void validate_mla_and_yarn(const ModelConfig& m, const ParallelConfig& p) {
   }
 }
 
-}  // namespace
-
-TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
-                             const std::string& merge_file, int64_t null_vocab_size) {
-  auto tokenizer = make_tokenizer(type, model, vocab_file, merge_file, null_vocab_size);
-  auto eod = tokenizer->eod_id();
-  if (!eod) throw UserError("--tokenizer-model " + model + ": the tokenizer has no end-of-document (EOS) token");
-  return {tokenizer->vocab_size(), *eod};
-}
-
-namespace {
-
 // Pai-Megatron-Patch's --patch-tokenizer-type: an HF tokenizer read from the --load directory
 // (Pai's conversion copies the tokenizer files there), here from --tokenizer-model, --load-hf or
 // --load, in that order. Only the types Pai loads with AutoTokenizer are the same tokenizer here.
@@ -183,6 +171,14 @@ void finalize_schedule(TrainConfig& t) {
 }
 
 }  // namespace
+
+TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
+                             const std::string& merge_file, int64_t null_vocab_size) {
+  auto tokenizer = make_tokenizer(type, model, vocab_file, merge_file, null_vocab_size);
+  auto eod = tokenizer->eod_id();
+  if (!eod) throw UserError("--tokenizer-model " + model + ": the tokenizer has no end-of-document (EOS) token");
+  return {tokenizer->vocab_size(), *eod};
+}
 
 void finalize_config(Config& c, int world_size) {
   ModelConfig& m = c.model;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 namespace megatron {
 
@@ -40,16 +41,8 @@ bool parses_as_number(const std::string& text, double* value) {
 bool equals_default(const char* megatron_default, const std::vector<std::string>& values) {
   if (megatron_default == nullptr) return false;
   std::vector<std::string> words;
-  std::string word;
-  for (const char* p = megatron_default;; ++p) {
-    if (*p == ' ' || *p == '\0') {
-      if (!word.empty()) words.push_back(word);
-      word.clear();
-      if (*p == '\0') break;
-    } else {
-      word += *p;
-    }
-  }
+  std::istringstream in(megatron_default);
+  for (std::string word; in >> word;) words.push_back(word);
   if (words.empty()) return values.empty() || (values.size() == 1 && values[0].empty());
   if (words.size() != values.size()) return false;
   for (size_t i = 0; i < words.size(); ++i) {

@@ -112,12 +112,17 @@ void TrainingMetrics::write_tensorboard_steps() {
   if (!tensorboard_ || tensorboard_steps_.empty()) return;
   std::vector<at::Tensor> losses, norms, terms;
   for (const auto& s : tensorboard_steps_) {
-    losses.push_back(s.loss.to(at::kDouble));
-    norms.push_back(s.grad_norm.to(at::kDouble));
-    if (!loss_terms_.empty()) terms.push_back(s.terms.to(at::kDouble));
+    losses.push_back(s.loss);
+    norms.push_back(s.grad_norm);
+    if (!loss_terms_.empty()) terms.push_back(s.terms);
   }
-  const at::Tensor loss_values = at::stack(losses).cpu(), norm_values = at::stack(norms).cpu();
-  const at::Tensor term_values = loss_terms_.empty() ? at::Tensor() : at::stack(terms).cpu();  // [steps, terms]
+  // One copy to host memory per series, as doubles: [steps] and [steps, terms].
+  auto host = [](const std::vector<at::Tensor>& v) { return at::stack(v).to(at::kCPU, at::kDouble).contiguous(); };
+  const at::Tensor loss_values = host(losses), norm_values = host(norms);
+  const at::Tensor term_values = loss_terms_.empty() ? at::Tensor() : host(terms);
+  const double* loss_at = loss_values.data_ptr<double>();
+  const double* norm_at = norm_values.data_ptr<double>();
+  const double* terms_at = loss_terms_.empty() ? nullptr : term_values.data_ptr<double>();
   const double batch = c_.train.global_batch_size;
   for (size_t i = 0; i < tensorboard_steps_.size(); ++i) {
     const TensorBoardStep& s = tensorboard_steps_[i];
@@ -128,10 +133,10 @@ void TrainingMetrics::write_tensorboard_steps() {
     };
     both("learning-rate", s.next_lr);
     both("batch-size", batch);
-    both("lm loss", loss_values[int64_t(i)].item<double>());
-    for (size_t k = 0; k < loss_terms_.size(); ++k) both(loss_terms_[k], term_values[int64_t(i)][int64_t(k)].item<double>());
+    both("lm loss", loss_at[i]);
+    for (size_t k = 0; k < loss_terms_.size(); ++k) both(loss_terms_[k], terms_at[i * loss_terms_.size() + k]);
     both("loss-scale", 1.0);  // bf16 and fp32 runs have no loss scaler
-    both("grad-norm", norm_values[int64_t(i)].item<double>());
+    both("grad-norm", norm_at[i]);
   }
   tensorboard_steps_.clear();
 }
