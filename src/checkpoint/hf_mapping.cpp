@@ -15,6 +15,7 @@
 #include "core/files.h"
 #include "model/gpt_model.h"
 #include "model/family.h"
+#include "model/parameter_names.h"
 #include "tensor_parallel/sharding.h"
 
 namespace megatron {
@@ -196,7 +197,21 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 
 }  // namespace
 
+namespace {
+
+at::Tensor megatron_tensor_from_hf_as_stored_by_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf);
+
+}  // namespace
+
+// HF stores a norm's scale; --apply-layernorm-1p models store the scale minus one.
 at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
+  const at::Tensor t = megatron_tensor_from_hf_as_stored_by_hf(name, c, hf);
+  return c.layernorm_zero_centered_gamma && is_norm_weight(name) ? t.to(at::kFloat) - 1.0 : t;
+}
+
+namespace {
+
+at::Tensor megatron_tensor_from_hf_as_stored_by_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
   const ResolvedRow row = resolve_row(family_of(c), name, c);
   const std::vector<std::string>& names = row.hf;
   switch (row.rule->transform) {
@@ -218,9 +233,15 @@ at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c
   TORCH_CHECK(false, "unknown HfTransform");
 }
 
+}  // namespace
+
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& c, int64_t hf_vocab) {
   const ResolvedRow row = resolve_row(family_of(c), name, c);
+  if (c.layernorm_zero_centered_gamma && is_norm_weight(name)) {
+    // The scale HF applies, rounded once to the stored dtype.
+    return {{row.hf.at(0), (full.to(at::kFloat) + 1.0).to(full.scalar_type())}};
+  }
   const std::vector<std::string>& names = row.hf;
   switch (row.rule->transform) {
     case HfTransform::Copy: return {{names[0], full}};
@@ -275,6 +296,7 @@ void adopt_hf_architecture(Config& config) {
   check("rotary-base", str(m.rotary_base), str(hf.rotary_base));
   check("use-rope-scaling", str(m.use_rope_scaling), str(hf.use_rope_scaling));
   check("rope-scaling-factor", str(m.rope_scaling_factor), str(hf.rope_scaling_factor));
+  check("rotary-seq-len-interpolation-factor", str(m.rotary_seq_len_interpolation_factor), str(hf.rotary_seq_len_interpolation_factor));
   check("untie-embeddings-and-output-weights", str(m.untie_embeddings_and_output_weights),
         str(hf.untie_embeddings_and_output_weights));
   check("max-position-embeddings", str(m.max_position_embeddings), str(hf.max_position_embeddings));
@@ -285,6 +307,10 @@ void adopt_hf_architecture(Config& config) {
   m.vocab_size = user.vocab_size;  // the tokenizer's, settled by finalize_config
   m.make_vocab_size_divisible_by = user.make_vocab_size_divisible_by;
   m.init_method_std = user.init_method_std;
+  // How the norms' weights are stored is the run's choice; the conversion shifts them.
+  m.layernorm_zero_centered_gamma = user.layernorm_zero_centered_gamma;
+  m.extra_vocab_size = user.extra_vocab_size;
+  m.padded_vocab_size_flag = user.padded_vocab_size_flag;
   if (given("seq-length")) m.seq_length = user.seq_length;
   if (given("hidden-dropout")) m.hidden_dropout = user.hidden_dropout;
   if (given("attention-dropout")) m.attention_dropout = user.attention_dropout;

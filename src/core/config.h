@@ -33,12 +33,18 @@ struct ModelConfig {
   int padded_vocab_size = 0;     // derived: vocab padded as Megatron does
   int padded_vocab_size_flag = 0;  // --padded-vocab-size: the embedding rows exactly (0: derived)
   int hf_vocab_size = 0;         // rows of the HF checkpoint loaded (--load-hf); the padding covers them
+  // Pai-Megatron-Patch's --extra-vocab-size: the embedding rows are the tokenizer's base vocabulary
+  // (without its added tokens) plus this many, unpadded (0: Megatron's padding).
+  int extra_vocab_size = 0;
   // Multi-token prediction layers an HF checkpoint carries after the decoder (DeepSeek-V3's
   // model.layers.61) that this model does not build: left unread, and said so at start-up.
   int hf_mtp_layers = 0;
 
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double norm_epsilon = 1e-5;
+  // --apply-layernorm-1p (Megatron's layernorm_zero_centered_gamma): every norm's weight is
+  // stored as gamma - 1 (initialised to zeros) and applied as 1 + weight.
+  bool layernorm_zero_centered_gamma = false;
   bool swiglu = false;
   bool add_bias_linear = true;   // --disable-bias-linear clears it
   bool add_qkv_bias = false;     // Qwen2: bias on linear_qkv only
@@ -47,6 +53,7 @@ struct ModelConfig {
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | none
   double rotary_base = 10000.0;
   double rotary_percent = 1.0;
+  double rotary_seq_len_interpolation_factor = 1.0;  // positions divided by this (linear RoPE scaling)
   bool use_rope_scaling = false;      // Llama 3.1 frequency scaling
   double rope_scaling_factor = 8.0;
   double rope_low_freq_factor = 1.0;
@@ -226,6 +233,20 @@ struct TrainConfig {
   double lr_warmup_fraction = -1.0;  // >= 0: warm-up over this fraction of the decay (iterations or samples)
   double exit_duration_in_mins = 0;  // > 0: save and stop once the run is this old
   bool log_throughput = false;       // Megatron's TFLOP/s field in the log line
+  // --calculate-per-token-loss: the gradient is the sum over every loss token of the global batch
+  // divided by their count (not the mean of per-micro-batch means).
+  bool calculate_per_token_loss = false;
+  // --decoupled-lr / --decoupled-min-lr: the embedding and output layer follow the same schedule
+  // from this peak (and floor); < 0: Megatron's None (the other parameters' values).
+  double decoupled_lr = -1.0;
+  double decoupled_min_lr = -1.0;
+  // Megatron's optional TensorBoard series and log-line fields.
+  bool log_params_norm = false;       // "params norm" (after each step)
+  bool log_num_zeros_in_grad = false; // "num zeros" of the reduced gradients
+  bool log_timers_to_tensorboard = false;           // iteration-time, throughput
+  bool log_memory_to_tensorboard = false;           // mem-* of the CUDA allocator
+  bool log_world_size_to_tensorboard = false;       // world-size
+  bool log_validation_ppl_to_tensorboard = false;   // "<loss> validation ppl"
 
   double lr = 0.0;
   double min_lr = 0.0;

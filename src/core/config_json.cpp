@@ -83,6 +83,14 @@ void visit_deepseek(ModelConfig& m, Visit&& v) {
   v("mtp_loss_scaling_factor", m.mtp_loss_scaling_factor);
 }
 
+// Written since Megatron's launch-script flags (--apply-layernorm-1p,
+// --rotary-seq-len-interpolation-factor); older checkpoints lack them (and the defaults hold).
+template <typename Visit>
+void visit_launch_flags(ModelConfig& m, Visit&& v) {
+  v("layernorm_zero_centered_gamma", m.layernorm_zero_centered_gamma);
+  v("rotary_seq_len_interpolation_factor", m.rotary_seq_len_interpolation_factor);
+}
+
 template <typename Visit>
 void visit_tokenizer(DataConfig& d, Visit&& v) {
   v("tokenizer_type", d.tokenizer_type);
@@ -106,6 +114,7 @@ nlohmann::json model_config_to_json(const ModelConfig& model) {
   visit_model(m, [&](const char* key, auto& value) { j[key] = value; });
   visit_moe(m, [&](const char* key, auto& value) { j[key] = value; });
   visit_deepseek(m, [&](const char* key, auto& value) { j[key] = value; });
+  visit_launch_flags(m, [&](const char* key, auto& value) { j[key] = value; });
   return j;
 }
 
@@ -117,6 +126,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   };
   visit_moe(m, optional);
   visit_deepseek(m, optional);
+  visit_launch_flags(m, optional);
   return m;
 }
 

@@ -14,6 +14,14 @@ int64_t allocated_bytes(const c10::Device& device) {
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
 }
 
+std::optional<AllocatorStatistics> allocator_statistics(const c10::Device& device) {
+  if (device.is_cpu()) return std::nullopt;
+  const auto stats = at::accelerator::getDeviceStats(device.index());
+  const size_t all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return AllocatorStatistics{stats.reserved_bytes[all].current, stats.allocated_bytes[all].current, stats.allocated_bytes[all].peak,
+                             stats.allocation[all].current};
+}
+
 int64_t max_allocated_bytes(const c10::Device& device) {
   if (device.is_cpu()) return -1;
   const auto stats = at::accelerator::getDeviceStats(device.index());

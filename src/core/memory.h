@@ -4,6 +4,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace megatron {
 
@@ -14,5 +15,12 @@ int64_t allocated_bytes(const c10::Device& device);
 // The allocator's peak since start on an accelerator; -1 on CPU (no allocator keeps one: the
 // trainer samples allocated_bytes instead).
 int64_t max_allocated_bytes(const c10::Device& device);
+
+// The caching allocator's counters (Megatron's --log-memory-to-tensorboard series); nullopt on
+// CPU, which has no such allocator.
+struct AllocatorStatistics {
+  int64_t reserved_bytes = 0, allocated_bytes = 0, max_allocated_bytes = 0, allocation_count = 0;
+};
+std::optional<AllocatorStatistics> allocator_statistics(const c10::Device& device);
 
 }  // namespace megatron

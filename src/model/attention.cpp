@@ -4,6 +4,7 @@
 
 #include "kernels/ops.h"
 #include "model/core_attention.h"
+#include "model/norm_module.h"
 
 namespace megatron {
 
@@ -15,6 +16,7 @@ SelfAttention::SelfAttention(const PartContext& ctx, std::shared_ptr<CoreAttenti
       head_dim_(ctx.config.kv_channels),
       attention_dropout_(ctx.config.attention_dropout),
       norm_epsilon_(ctx.config.norm_epsilon),
+      zero_centered_gamma_(ctx.config.layernorm_zero_centered_gamma),
       rope_fusion_(ctx.config.apply_rope_fusion),
       recompute_core_attention_(ctx.config.recompute_granularity == "selective") {
   const ModelConfig& c = ctx.config;
@@ -23,8 +25,8 @@ SelfAttention::SelfAttention(const PartContext& ctx, std::shared_ptr<CoreAttenti
   const int64_t qkv_out = int64_t(c.num_attention_heads + 2 * c.num_query_groups) * head_dim_;
   const bool qkv_bias = c.add_bias_linear || c.add_qkv_bias;
   if (ctx.norm_in_linear) {
-    norm_in_qkv_ = std::make_shared<tp::LayerNormColumnParallelLinear>(
-        c.hidden_size, qkv_out, qkv_bias, norm_kind_from_name(c.normalization), c.norm_epsilon, ctx.tp, ctx.linear(tp::Init::Normal));
+    norm_in_qkv_ = std::make_shared<tp::LayerNormColumnParallelLinear>(c.hidden_size, qkv_out, qkv_bias, norm_spec(c), ctx.tp,
+                                                                       ctx.linear(tp::Init::Normal));
     linear_qkv = register_module("linear_qkv", std::shared_ptr<tp::ColumnParallelLinear>(norm_in_qkv_));
   } else {
     linear_qkv = register_module("linear_qkv", std::make_shared<tp::ColumnParallelLinear>(c.hidden_size, qkv_out, qkv_bias,
@@ -36,13 +38,14 @@ SelfAttention::SelfAttention(const PartContext& ctx, std::shared_ptr<CoreAttenti
     // Megatron names these q_layernorm.weight / k_layernorm.weight. Each TP rank normalises its
     // own heads only, so its gradient of the shared weight is a partial sum.
     tp::ParamInfo info;
-    info.init = tp::Init::Ones;
+    info.init = norm_weight_init(c);
     info.partial_grad = ctx.tp.size() > 1;
     const at::TensorOptions on = at::TensorOptions().device(ctx.device);
     auto q = register_module("q_layernorm", std::make_shared<tp::DescribedModule>());
     auto k = register_module("k_layernorm", std::make_shared<tp::DescribedModule>());
-    q_layernorm_weight = q->add_parameter("weight", at::ones({head_dim_}, on), info);
-    k_layernorm_weight = k->add_parameter("weight", at::ones({head_dim_}, on), info);
+    const double start = c.layernorm_zero_centered_gamma ? 0.0 : 1.0;
+    q_layernorm_weight = q->add_parameter("weight", at::full({head_dim_}, start, on), info);
+    k_layernorm_weight = k->add_parameter("weight", at::full({head_dim_}, start, on), info);
   }
 }
 
@@ -67,8 +70,8 @@ at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* ro
   at::Tensor k = parts[1];                                              // [s, b, G, d]
   at::Tensor v = parts[2];                                              // [s, b, G, d]
   if (q_layernorm_weight.defined()) {
-    q = apply_norm(q, q_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
-    k = apply_norm(k, k_layernorm_weight, {}, NormKind::RMSNorm, norm_epsilon_);
+    q = apply_norm(q, norm_scale(q_layernorm_weight, zero_centered_gamma_), {}, NormKind::RMSNorm, norm_epsilon_);
+    k = apply_norm(k, norm_scale(k_layernorm_weight, zero_centered_gamma_), {}, NormKind::RMSNorm, norm_epsilon_);
   }
   if (rope != nullptr && rope_fusion_) {
     // After the q/k norms: one pass each way; q comes out as [s, b, H, d].

@@ -32,6 +32,7 @@ class SelfAttention : public AttentionBlock {
   int64_t heads_, groups_, head_dim_;  // heads_ and groups_: this TP rank's
   double attention_dropout_;
   double norm_epsilon_;
+  bool zero_centered_gamma_;  // --apply-layernorm-1p: q/k norm weights stored as gamma - 1
   bool rope_fusion_;
   bool recompute_core_attention_;  // --recompute-granularity selective
 };

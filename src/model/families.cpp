@@ -66,8 +66,10 @@ ModelConfig llama_config_from_hf(const nlohmann::json& j, const std::string& pat
     m.rope_low_freq_factor = rope.value("low_freq_factor", 1.0);
     m.rope_high_freq_factor = rope.value("high_freq_factor", 4.0);
     m.rope_original_max_position_embeddings = rope.value("original_max_position_embeddings", 8192);
+  } else if (rope_type == "linear") {
+    m.rotary_seq_len_interpolation_factor = rope.at("factor");
   } else if (rope_type != "default") {
-    throw UserError(path + ": rope type '" + rope_type + "' is not supported yet (default, llama3)");
+    throw UserError(path + ": rope type '" + rope_type + "' is not supported yet (default, llama3, linear)");
   }
   return m;
 }
@@ -91,6 +93,13 @@ nlohmann::json llama_config_to_hf(const ModelConfig& m, int64_t hf_vocab, at::Sc
                       {"tie_word_embeddings", !m.untie_embeddings_and_output_weights},
                       {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32"}};
   if (type == "llama") j["attention_bias"] = false;
+  if (m.rotary_seq_len_interpolation_factor != 1.0) {
+    if (m.use_rope_scaling) {
+      throw UserError("--save-hf: HF has no rope scaling that is both Llama 3.1's and linear interpolation "
+                      "(--use-rope-scaling with --rotary-seq-len-interpolation-factor)");
+    }
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.rotary_seq_len_interpolation_factor}};
+  }
   if (m.use_rope_scaling) {
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", m.rope_scaling_factor},

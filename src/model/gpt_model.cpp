@@ -192,9 +192,12 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
   if (!chunk_.post_process) return stream.materialize();  // [s(/tp), b, h]
   const NormParams final_norm = final_layernorm->params();
   if (before_use) before_use({final_norm.weight, final_norm.bias});
-  if (stream.delta.defined()) {  // the last layer's residual add, fused with the final RMSNorm
-    return kernels::add_rms_norm(stream.base, stream.delta, final_norm.weight, final_norm.eps).normed;
+  const at::Tensor gamma = final_norm.gamma();  // [h]
+  if (stream.delta.defined() && gamma.scalar_type() == stream.base.scalar_type()) {
+    // The last layer's residual add, fused with the final RMSNorm.
+    return kernels::add_rms_norm(stream.base, stream.delta, gamma, final_norm.eps).normed;
   }
+  if (stream.delta.defined()) return final_norm.apply(stream.materialize());
   return final_norm.apply(stream.base);  // [s(/tp), b, h]
 }
 

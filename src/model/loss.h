@@ -15,8 +15,12 @@
 namespace megatron {
 
 struct MicroBatchLoss {
-  at::Tensor loss;                          // [] what backward starts from (the trainer divides it by the micro-batch count)
+  at::Tensor loss;                          // [] the mean over the micro-batch's loss tokens (the trainer scales it, see below)
   std::map<std::string, at::Tensor> terms;  // [] each, by the names the family declares; averaged as the loss is
+  // [] how many tokens `loss` averages over. The trainer divides the loss by the micro-batch count
+  // before backward, or with --calculate-per-token-loss multiplies it by this (a sum over tokens)
+  // and divides the gradients by the global batch's count.
+  at::Tensor tokens;
 };
 
 // token_losses: [b, s] fp32 cross entropy of each position.

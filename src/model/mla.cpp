@@ -7,6 +7,7 @@
 #include "kernels/ops.h"
 #include "model/core_attention.h"
 #include "model/norm.h"
+#include "model/norm_module.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
 
@@ -20,8 +21,9 @@ std::shared_ptr<tp::ColumnParallelLinear> up_projection(const PartContext& ctx, 
   if (!ctx.config.qk_layernorm) {
     return std::make_shared<tp::ColumnParallelLinear>(rank, out, false, ctx.tp, ctx.linear(tp::Init::Normal));
   }
-  return std::make_shared<tp::LayerNormColumnParallelLinear>(rank, out, false, NormKind::RMSNorm, ctx.config.norm_epsilon,
-                                                             ctx.tp, ctx.linear(tp::Init::Normal));
+  NormSpec spec = norm_spec(ctx.config);
+  spec.kind = NormKind::RMSNorm;  // the latent norms are RMSNorms whatever --normalization says
+  return std::make_shared<tp::LayerNormColumnParallelLinear>(rank, out, false, spec, ctx.tp, ctx.linear(tp::Init::Normal));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/ops.h"
+#include "model/norm_module.h"
 
 namespace megatron {
 
@@ -14,8 +15,7 @@ MLP::MLP(const PartContext& ctx, int64_t ffn_hidden_size)
   // SwiGLU's [gate; up] halves are split over TP separately, so each rank gates its own columns.
   const tp::LinearOptions fc1 = ctx.linear(tp::Init::Normal, /*gated=*/c.swiglu);
   if (ctx.norm_in_linear) {
-    norm_in_fc1_ = std::make_shared<tp::LayerNormColumnParallelLinear>(c.hidden_size, fc1_out, c.add_bias_linear,
-                                                                       norm_kind_from_name(c.normalization), c.norm_epsilon, ctx.tp, fc1);
+    norm_in_fc1_ = std::make_shared<tp::LayerNormColumnParallelLinear>(c.hidden_size, fc1_out, c.add_bias_linear, norm_spec(c), ctx.tp, fc1);
     linear_fc1 = register_module("linear_fc1", std::shared_ptr<tp::ColumnParallelLinear>(norm_in_fc1_));
   } else {
     linear_fc1 = register_module("linear_fc1", std::make_shared<tp::ColumnParallelLinear>(c.hidden_size, fc1_out, c.add_bias_linear, ctx.tp, fc1));

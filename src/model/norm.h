@@ -20,14 +20,27 @@ at::ScalarType at_least_fp32(at::ScalarType t);
 at::Tensor apply_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, NormKind kind,
                       double eps);
 
+// What a norm is: kind, epsilon, and whether its weight is stored zero-centred (Megatron's
+// --apply-layernorm-1p: the scale applied is 1 + weight, the weight starts at zeros).
+struct NormSpec {
+  NormKind kind = NormKind::RMSNorm;
+  double eps = 1e-5;
+  bool zero_centered_gamma = false;
+};
+
+// The scale a stored norm weight applies: the weight itself, or 1 + weight when zero-centred.
+at::Tensor norm_scale(const at::Tensor& weight, bool zero_centered_gamma);
+
 // A norm's parameters and kind, wherever the parameters live (a norm module of the layer, or
 // fused into the linear after it).
 struct NormParams {
-  at::Tensor weight;  // [h]
+  at::Tensor weight;  // [h] as stored (see NormSpec::zero_centered_gamma)
   at::Tensor bias;    // [h] LayerNorm only
   NormKind kind = NormKind::RMSNorm;
   double eps = 1e-5;
-  at::Tensor apply(const at::Tensor& x) const { return apply_norm(x, weight, bias, kind, eps); }
+  bool zero_centered_gamma = false;
+  at::Tensor gamma() const { return norm_scale(weight, zero_centered_gamma); }  // [h] the scale applied
+  at::Tensor apply(const at::Tensor& x) const { return apply_norm(x, gamma(), bias, kind, eps); }
 };
 
 }  // namespace megatron

@@ -12,14 +12,18 @@ namespace megatron {
 class NormModule : public tp::DescribedModule {
  public:
   NormModule(const ModelConfig& config, const tp::TensorParallel& tp, at::Device device = at::kCPU);
-  NormParams params() const { return {weight, bias, kind_, eps_}; }
+  NormParams params() const { return {weight, bias, spec_.kind, spec_.eps, spec_.zero_centered_gamma}; }
 
   at::Tensor weight;  // [h]
   at::Tensor bias;    // [h] LayerNorm only
 
  private:
-  NormKind kind_;
-  double eps_;
+  NormSpec spec_;
 };
+
+// The spec of the model's norms (--normalization, --norm-epsilon, --apply-layernorm-1p).
+NormSpec norm_spec(const ModelConfig& config);
+// Init::Ones for a norm's weight, or Init::Zeros when it is stored zero-centred.
+tp::Init norm_weight_init(const ModelConfig& config);
 
 }  // namespace megatron

@@ -61,6 +61,9 @@ at::Tensor rope_inverse_frequencies(const ModelConfig& c) {
 RopeTables make_rope_tables(const ModelConfig& c, int64_t seq_len, const at::Device& device) {
   at::Tensor inv_freq = rope_inverse_frequencies(c);                        // [rot/2]
   at::Tensor positions = at::arange(seq_len, at::kLong).to(at::kFloat);     // [s]
+  // --rotary-seq-len-interpolation-factor: positions slowed down (Megatron multiplies by the
+  // reciprocal; HF's "linear" rope divides the frequencies, the same up to rounding).
+  if (c.rotary_seq_len_interpolation_factor != 1.0) positions = positions * (1.0 / c.rotary_seq_len_interpolation_factor);
   at::Tensor freqs = at::outer(positions, inv_freq);                        // [s, rot/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1).view({seq_len, 1, 1, -1});   // [s, 1, 1, rot]
   if (uses_yarn(c)) {

@@ -45,15 +45,16 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
                                          const at::Tensor& attention_mask) {
   const bool train = is_training();
   const NormParams first = input_norm(), second = pre_mlp_norm();
-  if (fuse_add_norm_ && (!train || hidden_dropout_ == 0.0) && first.weight.scalar_type() == in.base.scalar_type() &&
-      second.weight.scalar_type() == in.base.scalar_type()) {
+  const at::Tensor first_gamma = first.gamma(), second_gamma = second.gamma();  // [h] the scales applied
+  if (fuse_add_norm_ && (!train || hidden_dropout_ == 0.0) && first_gamma.scalar_type() == in.base.scalar_type() &&
+      second_gamma.scalar_type() == in.base.scalar_type()) {
     // h = base + delta with the input norm, then x = h + attn with the pre-MLP norm: one kernel
     // each way for each add + norm; the MLP output goes on as the next delta.
     const kernels::AddRmsNorm h = in.delta.defined()
-                                      ? kernels::add_rms_norm(in.base, in.delta, first.weight, first.eps)
-                                      : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first.weight, first.eps)};
+                                      ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
+                                      : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
     const kernels::AddRmsNorm x =
-        kernels::add_rms_norm(h.sum, self_attention->forward(h.normed, rope, attention_mask), second.weight, second.eps);
+        kernels::add_rms_norm(h.sum, self_attention->forward(h.normed, rope, attention_mask), second_gamma, second.eps);
     return {x.sum, mlp->forward(x.normed)};
   }
   // Under sequence parallelism each TP rank holds different tokens: independent masks.

@@ -12,8 +12,17 @@
 #include "core/errors.h"
 #include "core/streams.h"
 #include "kernels/ops.h"
+#include "model/parameter_names.h"
 
 namespace megatron {
+namespace {
+
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::char_traits<char>::length(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+
+}  // namespace
 
 AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : AdamW(std::vector<ParamAndGradBuffer*>{&buffer}, config) {}
 
@@ -21,6 +30,7 @@ AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig&
     : buffers_(buffers),
       steps_(at::zeros({}, buffers.at(0)->grad_data.options().dtype(at::kFloat))),
       lr_(at::zeros({}, buffers.at(0)->grad_data.options().dtype(at::kDouble))),
+      decoupled_lr_(at::zeros({}, buffers.at(0)->grad_data.options().dtype(at::kDouble))),
       c_(config) {
   at::NoGradGuard no_grad;
   for (size_t b = 0; b < buffers_.size(); ++b) {
@@ -44,6 +54,7 @@ AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig&
         op.exp_avg = at::zeros_like(op.master);
         op.exp_avg_sq = at::zeros_like(op.master);
         op.decay = p->param.dim() > 1;  // norms and biases are 1-D
+        op.decoupled_lr = config.decoupled_lr >= 0.0 && (ends_with(p->name, kWordEmbeddings) || ends_with(p->name, kOutputLayer));
         op.tp_duplicate = p->tp_duplicate;
         op.stage_copy = p->stage_copy;
         op.buffer = b;
@@ -64,45 +75,73 @@ std::vector<size_t> AdamW::no_buckets_started() const {
   return n;
 }
 
-at::Tensor AdamW::grad_norm() const {
+at::Tensor AdamW::sum_over_model(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& per_buffer,
+                                 const std::function<const at::Tensor&(const OptimizerParam&)>& field) const {
   const dist::ParallelState& ps = first_buffer().parallel_state();
-  // Norms in fp32 whatever the gradients' dtype (bf16 with --grad-reduce-in-bf16); fp32
-  // gradients pass no dtype, the call measured on GPUs.
   const at::TensorOptions fp32 = first_buffer().grad_data.options().dtype(at::kFloat);
-  const std::optional<at::ScalarType> norm_dtype =
-      first_buffer().grad_data.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
-  std::vector<at::Tensor> squares;  // per buffer
+  std::vector<at::Tensor> sums;  // per buffer
   for (size_t b = 0; b < buffers_.size(); ++b) {
-    std::vector<at::Tensor> grads;
+    std::vector<at::Tensor> tensors;
     for (const auto& p : params_) {
-      if (p.buffer == b && (!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) grads.push_back(p.main_grad);
+      if (p.buffer == b && (!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) tensors.push_back(field(p));
     }
-    squares.push_back(grads.empty() ? at::zeros({}, fp32) : at::stack(at::_foreach_norm(grads, 2, norm_dtype)).pow(2).sum());
+    sums.push_back(tensors.empty() ? at::zeros({}, fp32) : per_buffer(tensors).to(at::kFloat));
   }
   if (buffers_.size() == 1) {
-    at::Tensor squared = squares[0];
-    // Replicas hold the same gradients, except that the distributed optimizer reduced each DP
-    // rank's shard only.
+    at::Tensor sum = sums[0];
+    // Replicas hold the same values, except that the distributed optimizer holds each DP rank's
+    // shard only.
     const dist::Group& group = first_buffer().distributed_optimizer() ? ps.world : ps.model_parallel;
     if (group.size() > 1) {
-      squared = squared.reshape({1}).contiguous();
-      group.all_reduce(squared);
+      sum = sum.reshape({1}).contiguous();
+      group.all_reduce(sum);
     }
-    return squared.sqrt().reshape({});
+    return sum.reshape({});
   }
   // Several buffers reduce over different groups (expert parameters differ across EP ranks, which
   // replicate the dense ones): each buffer's sum over the world, divided by its replica count.
-  at::Tensor squared = at::stack(squares);  // [buffers]
+  at::Tensor sum = at::stack(sums);  // [buffers]
   for (size_t b = 0; b < buffers_.size(); ++b) {
     const ParamAndGradBuffer& buffer = *buffers_[b];
-    if (!buffer.distributed_optimizer() && buffer.reduce_group().size() > 1) squared[int64_t(b)].div_(buffer.reduce_group().size());
+    if (!buffer.distributed_optimizer() && buffer.reduce_group().size() > 1) sum[int64_t(b)].div_(buffer.reduce_group().size());
   }
-  squared = squared.contiguous();
-  if (ps.world.size() > 1) ps.world.all_reduce(squared);
-  return squared.sum().sqrt().reshape({});
+  sum = sum.contiguous();
+  if (ps.world.size() > 1) ps.world.all_reduce(sum);
+  return sum.sum().reshape({});
 }
 
-void AdamW::set_learning_rate(double lr) { lr_.fill_(lr); }
+at::Tensor AdamW::grad_norm() const {
+  // Norms in fp32 whatever the gradients' dtype (bf16 with --grad-reduce-in-bf16); fp32
+  // gradients pass no dtype, the call measured on GPUs.
+  const std::optional<at::ScalarType> norm_dtype =
+      first_buffer().grad_data.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
+  const at::Tensor squared = sum_over_model(
+      [&](const std::vector<at::Tensor>& grads) { return at::stack(at::_foreach_norm(grads, 2, norm_dtype)).pow(2).sum(); },
+      [](const OptimizerParam& p) -> const at::Tensor& { return p.main_grad; });
+  return squared.sqrt();
+}
+
+at::Tensor AdamW::params_norm() const {
+  const at::Tensor squared = sum_over_model(
+      [](const std::vector<at::Tensor>& masters) { return at::stack(at::_foreach_norm(masters, 2)).pow(2).sum(); },
+      [](const OptimizerParam& p) -> const at::Tensor& { return p.master; });
+  return squared.sqrt();
+}
+
+at::Tensor AdamW::grad_zeros() const {
+  return sum_over_model(
+      [](const std::vector<at::Tensor>& grads) {
+        at::Tensor zeros = at::zeros({}, grads[0].options().dtype(at::kLong));
+        for (const at::Tensor& g : grads) zeros += g.eq(0).sum();
+        return zeros;
+      },
+      [](const OptimizerParam& p) -> const at::Tensor& { return p.main_grad; });
+}
+
+void AdamW::set_learning_rate(double lr, double decoupled_lr) {
+  lr_.fill_(lr);
+  if (c_.decoupled_lr >= 0.0) decoupled_lr_.fill_(decoupled_lr);
+}
 
 at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   at::NoGradGuard no_grad;
@@ -118,12 +157,15 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   const at::Tensor lr = update_stream_ ? lr_.clone() : lr_;
   const kernels::AdamWStepScalars scalars =
       kernels::adamw_step_scalars(steps_, grad_scale, applied.logical_not(), lr, c_.adam_beta1, c_.adam_beta2);
+  kernels::AdamWStepScalars decoupled = scalars;  // the embedding and output layer (--decoupled-lr)
+  decoupled.lr = update_stream_ ? decoupled_lr_.clone() : decoupled_lr_;
   std::optional<c10::StreamGuard> on_update_stream;
   if (update_stream_) {
     // The update stream starts after everything the trainer's stream has queued (gradients,
     // norm, scalars), and the scalars' memory is not reused until it has read them.
     order_after(current_stream(first_buffer().param_data.device()), *update_stream_);
-    for (const at::Tensor* t : {&scalars.bias_corrections, &scalars.grad_scale, &scalars.found_inf, &scalars.lr}) {
+    for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&scalars.bias_corrections, &scalars.grad_scale,
+                                                                         &scalars.found_inf, &scalars.lr, &decoupled.lr}) {
       c10::impl::getDeviceGuardImpl(t->device().type())->recordDataPtrOnStream(t->storage().data_ptr(), *update_stream_);
     }
     on_update_stream.emplace(*update_stream_);
@@ -139,7 +181,7 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
   for (size_t i = 0; i < params_.size(); ++i) {
     OptimizerParam& p = params_[i];
     const kernels::AdamWHyperparameters h{c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
-    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, scalars);
+    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, p.decoupled_lr ? decoupled : scalars);
     if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket || params_[i + 1].buffer != p.buffer) {
       ParamAndGradBuffer& buffer = *buffers_[p.buffer];
       if (update_stream_) {

@@ -35,6 +35,7 @@ struct OptimizerParam {
   at::Tensor exp_avg;       // [numel] fp32
   at::Tensor exp_avg_sq;    // [numel] fp32
   bool decay = true;        // weight decay applies
+  bool decoupled_lr = false;  // the embedding or output layer under --decoupled-lr
   bool tp_duplicate = false;
   bool stage_copy = false;  // the tied output copy of the embedding on the last pipeline stage
   size_t buffer = 0;        // which of the optimizer's buffers holds the parameter (dense, expert)
@@ -53,8 +54,14 @@ class AdamW {
   // buffer's device, not read back (a training step never waits for the host).
   at::Tensor grad_norm() const;
   // The learning rate of the next step(), written to the device without waiting for it (a step
-  // captured as a CUDA graph reads it there on every replay).
-  void set_learning_rate(double lr);
+  // captured as a CUDA graph reads it there on every replay); `decoupled_lr`: the embedding's and
+  // output layer's under --decoupled-lr (ignored without it).
+  void set_learning_rate(double lr, double decoupled_lr = 0.0);
+  // The L2 norm of the fp32 master weights (Megatron's calc_params_l2_norm: every parameter
+  // once, whatever the layout), and the count of zero elements in the reduced gradients
+  // (count_zeros_fp32): [] fp32 on the device each, not read back.
+  at::Tensor params_norm() const;
+  at::Tensor grad_zeros() const;
   // One AdamW step at the learning rate set last with the gradients clipped to --clip-grad by
   // `grad_norm` (Megatron's clip_grad_norm_, applied by the kernel as it reads each gradient),
   // then master -> model parameters (all-gathered over DP with the distributed optimizer).
@@ -98,7 +105,13 @@ class AdamW {
   // [] fp32 on the device: steps applied, shared by all parameters (they always step together);
   // "step" in checkpoints. On the device because whether a step applies is known only there.
   at::Tensor steps_;
+  // Per buffer, the sum over its parameters of `per_param` (each parameter counted once over TP
+  // replicas and tied copies), added over the world: [] fp32.
+  at::Tensor sum_over_model(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& per_buffer,
+                            const std::function<const at::Tensor&(const OptimizerParam&)>& field) const;
+
   at::Tensor lr_;  // [] fp64 on the device: set_learning_rate's value
+  at::Tensor decoupled_lr_;  // [] fp64 on the device: the embedding's and output layer's (--decoupled-lr)
   // The stream the updates run on with the buffer's overlap_optimizer_step (a CUDA buffer).
   std::optional<c10::Stream> update_stream_;
   TrainConfig c_;

@@ -50,4 +50,12 @@ double LearningRateSchedule::at(int64_t iterations) const {
   return min_lr + coeff * (max_lr - min_lr);
 }
 
+std::optional<LearningRateSchedule> decoupled_lr_schedule(const TrainConfig& config) {
+  if (config.decoupled_lr < 0.0) return std::nullopt;
+  TrainConfig decoupled = config;
+  decoupled.lr = config.decoupled_lr;
+  if (config.decoupled_min_lr >= 0.0) decoupled.min_lr = config.decoupled_min_lr;
+  return LearningRateSchedule(decoupled);
+}
+
 }  // namespace megatron

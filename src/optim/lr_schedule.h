@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "core/config.h"
 
@@ -21,5 +22,9 @@ class LearningRateSchedule {
   TrainConfig c_;
   double warmup_ = 0, decay_ = 0, wsd_decay_ = 0;  // in samples
 };
+
+// --decoupled-lr: the embedding's and output layer's schedule, the same shape from that peak down
+// to --decoupled-min-lr (or --min-lr, as Megatron when it is not given); nullopt without it.
+std::optional<LearningRateSchedule> decoupled_lr_schedule(const TrainConfig& config);
 
 }  // namespace megatron

@@ -43,14 +43,17 @@ at::Tensor ColumnParallelLinear::enter(const at::Tensor& x) const {
 
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return tp::linear(enter(x), weight, bias); }
 
-LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, NormKind norm, double eps,
+LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, const NormSpec& norm,
                                                              const TensorParallel& tp, const LinearOptions& options)
-    : ColumnParallelLinear(in, out, bias, tp, options), norm_(norm), eps_(eps) {
+    : ColumnParallelLinear(in, out, bias, tp, options), norm_(norm) {
   // The norm runs on the sequence shard under SP, before the gather into the TP region: its
   // gradient is then a partial sum.
   const at::TensorOptions on = at::TensorOptions().device(options.device);
-  layer_norm_weight = add_parameter("layer_norm_weight", at::ones({in}, on), sequence_sharded_replica(tp, Init::Ones));
-  if (norm == NormKind::LayerNorm) {
+  // Zero-centred (--apply-layernorm-1p): stored as gamma - 1, so it starts at zeros.
+  const Init gamma_init = norm.zero_centered_gamma ? Init::Zeros : Init::Ones;
+  layer_norm_weight = add_parameter("layer_norm_weight", at::zeros({in}, on) + (norm.zero_centered_gamma ? 0.0 : 1.0),
+                                    sequence_sharded_replica(tp, gamma_init));
+  if (norm.kind == NormKind::LayerNorm) {
     layer_norm_bias = add_parameter("layer_norm_bias", at::zeros({in}, on), sequence_sharded_replica(tp, Init::Zeros));
   }
 }

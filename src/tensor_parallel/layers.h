@@ -72,16 +72,15 @@ class ColumnParallelLinear : public DescribedModule {
 // one on already normalised input.
 class LayerNormColumnParallelLinear : public ColumnParallelLinear {
  public:
-  LayerNormColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, NormKind norm, double eps,
+  LayerNormColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const NormSpec& norm,
                                 const TensorParallel& tp, const LinearOptions& options = {});
-  NormParams norm() const { return {layer_norm_weight, layer_norm_bias, norm_, eps_}; }
+  NormParams norm() const { return {layer_norm_weight, layer_norm_bias, norm_.kind, norm_.eps, norm_.zero_centered_gamma}; }
 
   at::Tensor layer_norm_weight;  // [in], replicated
   at::Tensor layer_norm_bias;    // [in] for LayerNorm, undefined for RMSNorm
 
  private:
-  NormKind norm_;
-  double eps_;
+  NormSpec norm_;
 };
 
 // Y = X A^T with A split by input columns: [..., in/tp] -> [..., out], summed over TP.

@@ -35,6 +35,7 @@ class HfTokenizer : public Tokenizer {
 
   std::string decode(const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
+  int64_t base_vocab_size() const override { return parts_.model->max_id() + 1; }
   std::optional<int64_t> bos_id() const override { return parts_.bos; }
   std::optional<int64_t> eos_id() const override { return parts_.eos; }
   std::optional<int64_t> token_to_id(std::string_view token) const override;

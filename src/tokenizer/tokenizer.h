@@ -31,6 +31,9 @@ class Tokenizer {
 
   // One past the largest id (vocabulary plus added tokens): the embedding size needed.
   virtual int64_t vocab_size() const = 0;
+  // The model's own vocabulary, without added tokens (Pai-Megatron-Patch's len(tokenizer.encoder),
+  // which --extra-vocab-size counts from).
+  virtual int64_t base_vocab_size() const { return vocab_size(); }
   virtual std::optional<int64_t> bos_id() const = 0;
   virtual std::optional<int64_t> eos_id() const = 0;
   // End of document, appended by preprocessing with --append-eod: EOS, as Megatron's

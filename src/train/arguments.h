@@ -22,6 +22,7 @@ void finalize_config(Config& config, int world_size);
 struct TokenizerInfo {
   int64_t vocab_size;
   int64_t eod_id;
+  int64_t base_vocab_size;  // without added tokens
 };
 TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
                              const std::string& merge_file, int64_t null_vocab_size);

@@ -177,7 +177,7 @@ TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, 
   auto tokenizer = make_tokenizer(type, model, vocab_file, merge_file, null_vocab_size);
   auto eod = tokenizer->eod_id();
   if (!eod) throw UserError("--tokenizer-model " + model + ": the tokenizer has no end-of-document (EOS) token");
-  return {tokenizer->vocab_size(), *eod};
+  return {tokenizer->vocab_size(), *eod, tokenizer->base_vocab_size()};
 }
 
 void finalize_config(Config& c, int world_size) {
@@ -269,6 +269,18 @@ void finalize_config(Config& c, int world_size) {
     }
     m.padded_vocab_size = m.padded_vocab_size_flag;
   }
+  if (m.extra_vocab_size != 0) {
+    // Pai-Megatron-Patch's rows: the tokenizer's base vocabulary plus --extra-vocab-size, unpadded.
+    if (m.padded_vocab_size_flag != 0) throw UserError("--extra-vocab-size and --padded-vocab-size both set the embedding rows: pass one");
+    const int64_t pai_rows = info.base_vocab_size + m.extra_vocab_size;
+    if (m.extra_vocab_size < 0 || pai_rows < rows || pai_rows % p.tensor_model_parallel_size != 0) {
+      throw UserError("--extra-vocab-size " + std::to_string(m.extra_vocab_size) + ": the tokenizer's " + std::to_string(info.base_vocab_size) +
+                      " base ids plus it (" + std::to_string(pai_rows) + ") must cover its " + std::to_string(rows) +
+                      " ids (added tokens and checkpoint rows included) and be a multiple of --tensor-model-parallel-size " +
+                      std::to_string(p.tensor_model_parallel_size));
+    }
+    m.padded_vocab_size = static_cast<int>(pai_rows);
+  }
 
   // Parallel layout.
   for (auto [flag, v] : {std::pair<const char*, int>{"tensor-model-parallel-size", p.tensor_model_parallel_size},
@@ -334,6 +346,23 @@ void finalize_config(Config& c, int world_size) {
 
   finalize_schedule(t);
   if (t.clip_grad < 0.0) throw UserError("--clip-grad must be >= 0");
+  auto given = [&](const char* flag) { return c.explicit_flags.count(flag) > 0; };
+  if (given("decoupled-lr") && !(t.decoupled_lr >= 0.0 && std::isfinite(t.decoupled_lr))) {
+    throw UserError("--decoupled-lr must be a finite number >= 0");
+  }
+  if (given("decoupled-min-lr") && !(t.decoupled_min_lr >= 0.0 && std::isfinite(t.decoupled_min_lr))) {
+    throw UserError("--decoupled-min-lr must be a finite number >= 0");
+  }
+  if (!(m.rotary_seq_len_interpolation_factor > 0.0) || !std::isfinite(m.rotary_seq_len_interpolation_factor)) {
+    throw UserError("--rotary-seq-len-interpolation-factor must be a finite number > 0");
+  }
+  if (t.calculate_per_token_loss && m.mtp_num_layers > 0) {
+    throw UserError("--calculate-per-token-loss with --mtp-num-layers is not implemented yet: drop one of them");
+  }
+  if (t.log_params_norm && t.overlap_optimizer_step) {
+    throw UserError("--log-params-norm reads the weights right after the update, which --overlap-optimizer-step runs "
+                    "under the next forward: drop one of them");
+  }
   if (t.adam_beta1 < 0 || t.adam_beta1 >= 1 || t.adam_beta2 < 0 || t.adam_beta2 >= 1) {
     throw UserError("--adam-beta1 and --adam-beta2 must be in [0, 1)");
   }

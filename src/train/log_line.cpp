@@ -29,6 +29,9 @@ std::string format_iteration_log(const IterationLog& l) {
   for (const auto& [name, value] : l.loss_terms) append(s, " %s: %.6E |", name.c_str(), value);
   append(s, " loss scale: %.1f |", l.loss_scale);
   append(s, " grad norm: %.3f |", l.grad_norm);
+  // Python prints the float count as "123.0".
+  if (l.num_zeros) append(s, " num zeros: %.1f |", *l.num_zeros);
+  if (l.params_norm) append(s, " params norm: %.3f |", *l.params_norm);
   append(s, " number of skipped iterations: %3lld |", (long long)l.skipped_iterations);
   append(s, " number of nan iterations: %3lld |", (long long)l.nan_iterations);
   // megatron.cpp's own fields after all of Megatron's, so `split('|')` parsers keep their indices.

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,8 @@ struct IterationLog {
   std::vector<std::pair<std::string, double>> loss_terms;  // the family's named terms, after "lm loss"
   double loss_scale = 1.0;
   double grad_norm = 0;
+  std::optional<double> num_zeros;    // --log-num-zeros-in-grad
+  std::optional<double> params_norm;  // --log-params-norm
   int64_t skipped_iterations = 0;
   int64_t nan_iterations = 0;
 };

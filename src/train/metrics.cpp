@@ -2,7 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/errors.h"
+#include "core/memory.h"
 #include "train/log_line.h"
 
 namespace megatron {
@@ -11,6 +15,7 @@ TrainingMetrics::TrainingMetrics(const Config& config, const dist::ParallelState
                                  double flops_per_token, std::vector<std::string> loss_terms)
     : c_(config),
       ps_(ps),
+      device_(device),
       flops_per_token_(flops_per_token),
       peak_tflops_(config.train.peak_tflops > 0 ? config.train.peak_tflops : (device.is_cuda() ? 989.0 : 0.0)),
       loss_terms_(std::move(loss_terms)),
@@ -33,9 +38,18 @@ TrainingMetrics::~TrainingMetrics() {
   if (jsonl_ != nullptr) std::fclose(jsonl_);
 }
 
-void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const at::Tensor& loss,
-                               const at::Tensor& grad_norm, const at::Tensor& applied, const at::Tensor& terms) {
-  if (tensorboard_) tensorboard_steps_.push_back({iteration, consumed_samples, next_lr, loss.detach(), grad_norm.detach(), terms.detach()});
+void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const StepOutcome& step) {
+  const at::Tensor &loss = step.loss, &grad_norm = step.grad_norm, &applied = step.applied, &terms = step.terms;
+  last_step_ = step;
+  if (tensorboard_) {
+    std::vector<double> memory;
+    if (c_.train.log_memory_to_tensorboard) {
+      if (const auto m = allocator_statistics(device_)) {
+        memory = {double(m->reserved_bytes), double(m->allocated_bytes), double(m->max_allocated_bytes), double(m->allocation_count)};
+      }
+    }
+    tensorboard_steps_.push_back({iteration, consumed_samples, next_lr, step, std::move(memory)});
+  }
   // Nothing so far waited for the GPU: a loss or norm that is not finite skipped the update on
   // the device (parameters stay as they were) and is counted when the statistics are read back.
   statistics_.add(loss, grad_norm, applied);
@@ -90,6 +104,8 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   const int64_t counted = interval_iterations_;
   l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
   l.grad_norm = last_grad_norm_;
+  if (last_step_.grad_zeros.defined()) l.num_zeros = last_step_.grad_zeros.item<double>();
+  if (last_step_.params_norm.defined()) l.params_norm = last_step_.params_norm.item<double>();
   if (!loss_terms_.empty()) {
     const at::Tensor sums = interval_terms_.cpu();
     for (size_t i = 0; i < loss_terms_.size(); ++i) {
@@ -102,7 +118,18 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   if (prints()) std::printf("%s\n", format_iteration_log(l).c_str());
   std::fflush(stdout);
   write_tensorboard_steps();
-  if (tensorboard_) tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);  // ours
+  if (tensorboard_) {
+    tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);  // ours
+    // Megatron's timer series at the log interval (its default --timing-log-level 0 adds no
+    // per-region timers), leaving out an interval of the run's first iteration alone, whose time
+    // is the set-up's.
+    const bool first_iteration_alone = !timed_an_interval_ && interval_iterations_ == 1;
+    if (t.log_timers_to_tensorboard && !first_iteration_alone) {
+      tensorboard_->add_scalar("iteration-time", float(per_iteration), l.iteration);
+      if (t.log_throughput) tensorboard_->add_scalar("throughput", float(l.tflops_per_device), l.iteration);
+    }
+  }
+  timed_an_interval_ = true;
   interval_loss_ = 0;
   interval_iterations_ = 0;
   start_interval();
@@ -110,16 +137,15 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
 
 void TrainingMetrics::write_tensorboard_steps() {
   if (!tensorboard_ || tensorboard_steps_.empty()) return;
-  std::vector<at::Tensor> losses, norms, terms;
-  for (const auto& s : tensorboard_steps_) {
-    losses.push_back(s.loss);
-    norms.push_back(s.grad_norm);
-    if (!loss_terms_.empty()) terms.push_back(s.terms);
-  }
-  // One copy to host memory per series, as doubles: [steps] and [steps, terms].
-  auto host = [](const std::vector<at::Tensor>& v) { return at::stack(v).to(at::kCPU, at::kDouble).contiguous(); };
-  const at::Tensor loss_values = host(losses), norm_values = host(norms);
-  const at::Tensor term_values = loss_terms_.empty() ? at::Tensor() : host(terms);
+  // One copy to host memory per series, as doubles: [steps] (or [steps, terms]).
+  auto host = [&](at::Tensor StepOutcome::*field) {
+    std::vector<at::Tensor> values;
+    for (const auto& s : tensorboard_steps_) values.push_back(s.values.*field);
+    return values.front().defined() ? at::stack(values).to(at::kCPU, at::kDouble).contiguous() : at::Tensor();
+  };
+  const at::Tensor loss_values = host(&StepOutcome::loss), norm_values = host(&StepOutcome::grad_norm);
+  const at::Tensor term_values = loss_terms_.empty() ? at::Tensor() : host(&StepOutcome::terms);
+  const at::Tensor zeros_values = host(&StepOutcome::grad_zeros), params_norm_values = host(&StepOutcome::params_norm);
   const double* loss_at = loss_values.data_ptr<double>();
   const double* norm_at = norm_values.data_ptr<double>();
   const double* terms_at = loss_terms_.empty() ? nullptr : term_values.data_ptr<double>();
@@ -136,7 +162,14 @@ void TrainingMetrics::write_tensorboard_steps() {
     both("lm loss", loss_at[i]);
     for (size_t k = 0; k < loss_terms_.size(); ++k) both(loss_terms_[k], terms_at[i * loss_terms_.size() + k]);
     both("loss-scale", 1.0);  // bf16 and fp32 runs have no loss scaler
+    if (c_.train.log_world_size_to_tensorboard) both("world-size", ps_.world_size);
     both("grad-norm", norm_at[i]);
+    if (zeros_values.defined()) both("num-zeros", zeros_values.data_ptr<double>()[i]);
+    if (params_norm_values.defined()) both("params-norm", params_norm_values.data_ptr<double>()[i]);
+    if (!s.memory.empty()) {
+      const char* tags[] = {"mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes", "mem-allocated-count"};
+      for (size_t k = 0; k < 4; ++k) tensorboard_->add_scalar(tags[k], float(s.memory[k]), s.iteration);
+    }
   }
   tensorboard_steps_.clear();
 }
@@ -149,6 +182,11 @@ void TrainingMetrics::log_validation(int64_t iteration, int64_t consumed_samples
     const std::string tag = split.empty() ? "lm loss validation" : "lm loss " + split;
     tensorboard_->add_scalar(tag, float(loss), iteration);
     tensorboard_->add_scalar(tag + " vs samples", float(loss), consumed_samples);
+    if (c_.train.log_validation_ppl_to_tensorboard) {
+      const double ppl = std::exp(std::min(20.0, loss));  // Megatron's cap, as in the printed PPL
+      tensorboard_->add_scalar(tag + " ppl", float(ppl), iteration);
+      tensorboard_->add_scalar(tag + " ppl vs samples", float(ppl), consumed_samples);
+    }
   }
   std::fflush(stdout);
 }

@@ -20,6 +20,16 @@
 
 namespace megatron {
 
+// What one training step leaves on the device, none of it read back yet.
+struct StepOutcome {
+  at::Tensor loss;         // [] fp64: the global batch's loss
+  at::Tensor terms;        // [loss terms] fp64: the family's named loss terms, averaged as the loss
+  at::Tensor grad_norm;    // [] fp32
+  at::Tensor applied;      // [] bool: false when the update was skipped (loss or norm not finite)
+  at::Tensor params_norm;  // [] fp32 after the update, with --log-params-norm (else undefined)
+  at::Tensor grad_zeros;   // [] fp32, with --log-num-zeros-in-grad (else undefined)
+};
+
 class TrainingMetrics {
  public:
   // `loss_terms`: the names of the family's loss terms, reported after "lm loss".
@@ -30,11 +40,9 @@ class TrainingMetrics {
   TrainingMetrics& operator=(const TrainingMetrics&) = delete;
 
   // After iteration `iteration`, run at learning rate `lr` (the next one runs at `next_lr`), with
-  // `consumed_samples` consumed by its end: loss [] fp64, grad_norm [] fp32, applied [] bool,
-  // terms [loss terms] fp64, all on the device. Nothing is read back but for --metrics-jsonl;
+  // `consumed_samples` consumed by its end. Nothing is read back but for --metrics-jsonl;
   // TensorBoard gets the iteration's scalars at the next log interval (or the end).
-  void add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const at::Tensor& loss,
-                const at::Tensor& grad_norm, const at::Tensor& applied, const at::Tensor& terms);
+  void add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const StepOutcome& step);
   // The statistics since the last call (one host synchronisation) into the interval's totals and
   // `progress`'s skipped and nan counts.
   void settle(TrainingProgress& progress);
@@ -56,6 +64,7 @@ class TrainingMetrics {
   void write_tensorboard_steps();
   const Config& c_;
   const dist::ParallelState& ps_;
+  at::Device device_;
   double flops_per_token_;
   double peak_tflops_;
   std::vector<std::string> loss_terms_;
@@ -67,11 +76,16 @@ class TrainingMetrics {
   double interval_loss_ = 0;
   int64_t interval_iterations_ = 0;
   double last_grad_norm_ = 0;
+  StepOutcome last_step_;       // the latest step's values (params norm, zeros: read at the log line)
+  bool timed_an_interval_ = false;  // iteration-time skips the run's first iteration, as Megatron
   std::chrono::steady_clock::time_point interval_start_;
   struct TensorBoardStep {
     int64_t iteration, consumed_samples;
     double next_lr;
-    at::Tensor loss, grad_norm, terms;  // on the device until written
+    StepOutcome values;  // on the device until written
+    // --log-memory-to-tensorboard on an accelerator: reserved, allocated, peak allocated bytes
+    // and live allocations after the step (host counters, no device wait).
+    std::vector<double> memory;
   };
   std::vector<TensorBoardStep> tensorboard_steps_;
 };

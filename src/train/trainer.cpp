@@ -100,7 +100,14 @@ at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
 class Trainer {
  public:
   Trainer(const Config& c, const dist::LaunchEnv& env, RunMode mode)
-      : c_(c), t_(c.train), env_(env), mode_(mode), schedule_(c.train), device_(pick_device(c.train, env)), ltor_(ltor_options(c)) {}
+      : c_(c),
+        t_(c.train),
+        env_(env),
+        mode_(mode),
+        schedule_(c.train),
+        decoupled_schedule_(decoupled_lr_schedule(c.train)),
+        device_(pick_device(c.train, env)),
+        ltor_(ltor_options(c)) {}
   ~Trainer() {
   }
   Trainer(const Trainer&) = delete;
@@ -115,13 +122,7 @@ class Trainer {
 
  private:
   using BatchFn = std::function<Batch(int64_t)>;
-  // What one training step leaves on the device, none of it read back yet.
-  struct StepResult {
-    at::Tensor loss;       // [] fp64: the global batch's mean loss
-    at::Tensor terms;      // [loss terms] fp64: the family's named loss terms, averaged as the loss
-    at::Tensor grad_norm;  // [] fp32
-    at::Tensor applied;    // [] bool: false when the update was skipped (loss or norm not finite)
-  };
+  using StepResult = StepOutcome;
   // One iteration: forward and backward over the global batch, gradient sync, clip and AdamW at
   // the learning rate set on the optimizer. Enqueues device work without waiting for it, so the
   // whole of it can be captured as a CUDA graph.
@@ -160,6 +161,7 @@ class Trainer {
   dist::World world_;
   dist::ParallelState ps_;
   LearningRateSchedule schedule_;
+  std::optional<LearningRateSchedule> decoupled_schedule_;  // --decoupled-lr: the embedding and output layer
   at::Device device_;
   LtorOptions ltor_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // this pipeline rank's model chunks (one unless interleaved)
@@ -343,11 +345,12 @@ int Trainer::run() {
   while (progress_.iteration < t_.train_iters) {
     profiler_->before_iteration(progress_.iteration);
     for (ParamAndGradBuffer* b : buffers()) b->zero_grad();
-    optimizer_->set_learning_rate(schedule_.at(progress_.iteration));
+    optimizer_->set_learning_rate(schedule_.at(progress_.iteration),
+                                  decoupled_schedule_ ? decoupled_schedule_->at(progress_.iteration) : 0.0);
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
     const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
     metrics_->add_step(progress_.iteration + 1, schedule_.at(progress_.iteration), schedule_.at(progress_.iteration + 1),
-                       progress_.consumed_train_samples + t_.global_batch_size, step.loss, step.grad_norm, step.applied, step.terms);
+                       progress_.consumed_train_samples + t_.global_batch_size, step);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
     progress_.consumed_train_samples += t_.global_batch_size;
@@ -422,9 +425,19 @@ Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& ba
   // As Megatron's finalize_model_grads: the expert biases move once per step, from its counts.
   for (auto& chunk : chunks_) chunk->update_expert_biases();
   StepResult r;
+  const at::Tensor global = global_loss(sums);  // [1 + terms + 1]: the last, the loss tokens (per DP rank)
+  const at::Tensor tokens = global[global.size(0) - 1];
+  if (t_.calculate_per_token_loss) {
+    // Megatron's finalize_model_grads: the gradients summed over every loss token of the global
+    // batch, divided by their count. The buffers averaged over DP, and `tokens` is that average.
+    const at::Tensor scale = 1.0 / tokens.clamp_min(1.0);
+    for (ParamAndGradBuffer* b : buffers()) b->grad_data.mul_(scale);
+    r.loss = global[0] / tokens.clamp_min(1.0);
+  } else {
+    r.loss = global[0];
+  }
   r.grad_norm = optimizer_->grad_norm();
-  const at::Tensor global = global_loss(sums);  // [1 + terms]
-  r.loss = global[0];
+  if (t_.log_num_zeros_in_grad) r.grad_zeros = optimizer_->grad_zeros();
   r.terms = global.narrow(0, 1, int64_t(loss_terms_.size()) + model_terms_.size());
   // Here, not after the step: collectives run in order on one NCCL stream, and the optimizer
   // step queues the parameter all-gathers (distributed optimizer). Queued behind them, the poll's
@@ -432,6 +445,7 @@ Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& ba
   // per step at DP=2 on the reference shape) instead of layer by layer.
   stop_->launch_poll();
   r.applied = optimizer_->step(r.grad_norm, r.loss);
+  if (t_.log_params_norm) r.params_norm = optimizer_->params_norm();  // after the update, as Megatron
   return r;
 }
 
@@ -479,8 +493,11 @@ at::Tensor Trainer::global_loss(const at::Tensor& sums) {
 at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only) {
   const ModelConfig& m = c_.model;
   const int64_t family_terms = int64_t(loss_terms_.size()), model_terms = forward_only ? 0 : model_terms_.size();
-  at::Tensor sums = at::zeros({1 + family_terms + model_terms}, at::TensorOptions().device(device_));  // [1 + terms]
-  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(1.0 / double(micro_batches));
+  // [1 + terms + 1]: the loss, the terms, and the loss tokens counted.
+  at::Tensor sums = at::zeros({1 + family_terms + model_terms + 1}, at::TensorOptions().device(device_));
+  const bool per_token = t_.calculate_per_token_loss && !forward_only;
+  // Per token, as Megatron: the router losses unscaled here, divided with the gradients.
+  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(per_token ? 1.0 : 1.0 / double(micro_batches));
   std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it
   pipeline::StageFunctions f;
   f.forward = [&](int chunk, int64_t k, const at::Tensor& input) -> at::Tensor {
@@ -491,8 +508,10 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
     const MicroBatchLoss result = loss_function_(model.token_losses(it->second, input), it->second);
     TORCH_CHECK(result.terms.size() == loss_terms_.size(), "the loss function returned ", result.terms.size(),
                 " terms, its family declares ", loss_terms_.size());
-    at::Tensor loss = result.loss / double(micro_batches);
+    TORCH_CHECK(!per_token || result.tokens.defined(), "--calculate-per-token-loss: the loss function returned no token count");
+    at::Tensor loss = per_token ? result.loss * result.tokens : result.loss / double(micro_batches);
     sums.select(0, 0).add_(loss.detach());
+    if (result.tokens.defined()) sums.select(0, sums.size(0) - 1).add_(result.tokens.detach().to(sums.scalar_type()));
     for (size_t i = 0; i < loss_terms_.size(); ++i) {
       auto term = result.terms.find(loss_terms_[i]);
       TORCH_CHECK(term != result.terms.end(), "the loss function returned no term '", loss_terms_[i], "', which its family declares");

@@ -3,7 +3,9 @@ values a test gives, for tests/train/test_log_line.cpp to compare with megatron.
 
   python megatron_log_line.py JSON
 JSON: {"time_us", "iteration", "train_iters", "consumed", "elapsed_s", "log_throughput", "tflops",
-"lr", "batch", "losses": [[name, value], ...], "loss_scale", "grad_norm", "skipped", "nan"}.
+"lr", "batch", "losses": [[name, value], ...], "loss_scale", "grad_norm", "skipped", "nan"}, and
+optionally "num_zeros" (--log-num-zeros-in-grad: Megatron's count, a Python float) and "params_norm"
+(--log-params-norm).
 Each field is Megatron's own format specification, in Megatron's order.
 """
 import json
@@ -23,6 +25,10 @@ for name, value in v["losses"]:
     line += " {}: {:.6E} |".format(name, value)
 line += f" loss scale: {v['loss_scale']:.1f} |"
 line += f" grad norm: {v['grad_norm']:.3f} |"
+if "num_zeros" in v:
+    line += f" num zeros: {float(v['num_zeros'])} |"
+if "params_norm" in v:
+    line += f" params norm: {v['params_norm']:.3f} |"
 line += " number of skipped iterations: {:3d} |".format(v["skipped"])
 line += " number of nan iterations: {:3d} |".format(v["nan"])
 print(line)

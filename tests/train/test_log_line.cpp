@@ -25,6 +25,8 @@ std::string megatron_rendering(const nlohmann::json& values) {
 
 TEST(LogLine, IsMegatronsFieldByFieldThenOurs) {
   for (bool log_throughput : {false, true}) {
+    // The optional fields ride along with the second rendering.
+    const bool optional_fields = log_throughput;
     const int64_t time_us = 1796173323045678;  // 2026-12-02, a fraction of a second that needs all six digits
     IterationLog l;
     l.timestamp = megatron_timestamp(std::chrono::system_clock::time_point(std::chrono::microseconds(time_us)));
@@ -41,21 +43,30 @@ TEST(LogLine, IsMegatronsFieldByFieldThenOurs) {
     l.lm_loss = 7.123456789;
     l.loss_terms = {{"mtp_1 loss", 7.5}, {"load_balancing_loss", 1.0073}};
     l.grad_norm = 1.98765;
+    if (optional_fields) {
+      l.num_zeros = 1234.0;
+      l.params_norm = 271.82818;
+    }
     l.skipped_iterations = 1;
     l.nan_iterations = 1;
-    const nlohmann::json values = {{"time_us", time_us}, {"iteration", 120}, {"train_iters", 305175}, {"consumed", 960},
+    nlohmann::json values = {{"time_us", time_us}, {"iteration", 120}, {"train_iters", 305175}, {"consumed", 960},
                                    {"elapsed_s", 0.812345}, {"log_throughput", log_throughput}, {"tflops", 431.26},
                                    {"lr", 3.0e-4}, {"batch", 8},
                                    {"losses", nlohmann::json::array({nlohmann::json::array({"lm loss", 7.123456789}),
                                                                      nlohmann::json::array({"mtp_1 loss", 7.5}),
                                                                      nlohmann::json::array({"load_balancing_loss", 1.0073})})},
                                    {"loss_scale", 1.0}, {"grad_norm", 1.98765}, {"skipped", 1}, {"nan", 1}};
+    if (optional_fields) {
+      values["num_zeros"] = 1234.0;
+      values["params_norm"] = 271.82818;
+    }
     const std::string theirs = megatron_rendering(values);
     const std::string ours = format_iteration_log(l);
     ASSERT_GT(theirs.size(), 100u) << theirs;
     EXPECT_EQ(ours.substr(0, theirs.size()), theirs) << "ours:   " << ours << "\ntheirs: " << theirs;
     EXPECT_EQ(ours.substr(theirs.size()), " throughput (tokens/s/GPU): 72069.3 | MFU: 43.6% |") << ours;
     EXPECT_EQ(ours.find(" [2026-12-0"), 0u) << ours;
+    if (optional_fields) EXPECT_NE(ours.find(" num zeros: 1234.0 | params norm: 271.828 |"), std::string::npos) << ours;
   }
 }
 
