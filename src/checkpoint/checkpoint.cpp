@@ -402,8 +402,8 @@ std::string latest_checkpoint_directory(const std::string& load_dir) {
   char* end = nullptr;
   const long long iteration = std::strtoll(text.c_str(), &end, 10);
   if (text.rfind("release", 0) == 0) {
-    throw UserError(tracker + " names a Megatron 'release' checkpoint, which megatron.cpp cannot read yet: export it to Hugging Face "
-                    "with Megatron's converter and start from that with --load-hf");
+    throw UserError(tracker + " names a Megatron 'release' checkpoint, which `megatron train` does not load directly: convert it with "
+                    "`megatron convert --from megatron --to native --load " + load_dir + " --save DIR` and train on with --load DIR --finetune");
   }
   if (end == text.c_str() || iteration < 0) {
     throw UserError(tracker + ": expected an iteration number, found '" + text + "'");
@@ -422,8 +422,9 @@ nlohmann::json read_checkpoint_state(const std::string& dir) {
       megatron = "a legacy Megatron checkpoint (mp_rank_XX/model_optim_rng.pt)";
     }
     if (megatron != nullptr) {
-      throw UserError(dir + " is " + megatron + ", which megatron.cpp cannot read yet: export it to Hugging Face with Megatron's "
-                      "converter and start from that with --load-hf");
+      throw UserError(dir + " is " + megatron + ", which `megatron train` does not load directly: convert it with `megatron convert "
+                      "--from megatron --to native --load " + fs::path(dir).parent_path().string() + " --save DIR` and train on with "
+                      "--load DIR --finetune");
     }
     throw UserError(dir + "/state.json is missing: " + dir + " is not a megatron.cpp checkpoint");
   }

@@ -1,7 +1,8 @@
-// `megatron convert`: Hugging Face safetensors <-> native checkpoints, streaming (one tensor
-// at a time beyond the output file being written).
+// `megatron convert`: Hugging Face safetensors and Megatron-LM checkpoints <-> native checkpoints,
+// streaming (one tensor at a time beyond the output file being written).
 //   --from hf --to native --load HF_DIR --save DIR [--target-tensor-parallel-size T]
 //                         [--target-pipeline-parallel-size P]
+//   --from megatron --to native --load MEGATRON_SAVE_DIR --save DIR [--target-*-parallel-size]
 //   --from native --to hf --load DIR --save HF_DIR [--max-shard-size 5GB]
 #include <ATen/ATen.h>
 
@@ -10,11 +11,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_mapping.h"
+#include "checkpoint/megatron_checkpoint.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
 #include "cli/commands.h"
@@ -30,11 +33,14 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kHelp =
-    "usage: megatron convert --from hf|native --to native|hf --load SRC --save DST [flags]\n\n"
+    "usage: megatron convert --from hf|megatron|native --to native|hf --load SRC --save DST [flags]\n\n"
     "Converts between Hugging Face model directories (config.json + safetensors, sharded or not)\n"
     "and native checkpoints. Tensors stream one at a time; the source is memory-mapped.\n\n"
     "  --from hf --to native      HF_DIR -> a weights-only checkpoint (DST/iter_0000000); train\n"
     "                             from it with `megatron train --load DST --finetune`\n"
+    "  --from megatron --to native  a Megatron-LM checkpoint (torch_dist, or legacy of one rank):\n"
+    "                             SRC is its --save directory or an iter_* directory in it; the\n"
+    "                             model's shape comes from the arguments saved with it\n"
     "  --from native --to hf      the latest checkpoint under SRC -> config.json, safetensors\n"
     "                             shards + index, tokenizer files\n"
     "  --target-tensor-parallel-size T     split for T tensor-parallel ranks (hf -> native; default 1)\n"
@@ -60,6 +66,47 @@ int positive(const std::string& flag, const std::string& text) {
   const long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || v < 1) throw UserError(flag + ": expected a positive integer, got '" + text + "'");
   return static_cast<int>(v);
+}
+
+// Writes the weights-only checkpoint of `config`'s model and layout (TP, PP, EP), each parameter
+// cut from the whole tensor `full_tensor(name)` gives. Returns whether every tensor was bf16.
+bool write_native_checkpoint(const std::string& save, const Config& config,
+                             const std::function<at::Tensor(const std::string&)>& full_tensor,
+                             const std::map<std::string, std::string>& extra_files) {
+  const ModelConfig& m = config.model;
+  const int tp = config.parallel.tensor_model_parallel_size, pp = config.parallel.pipeline_model_parallel_size;
+  const int ep = config.parallel.expert_model_parallel_size;
+  // What each pipeline stage holds, described by the model built on the meta device (nothing
+  // allocated): its chunks' parameters, how each splits over TP.
+  std::vector<tp::ParamTable> stages(static_cast<size_t>(pp));
+  tp::ParamTable all;
+  for (int stage = 0; stage < pp; ++stage) {
+    for (int v = 0; v < config.parallel.num_virtual_stages_per_pipeline_rank; ++v) {
+      stages[size_t(stage)].merge(describe_model(m, pipeline::chunk_layers(config.parallel, m.num_layers, stage, v)));
+    }
+    all.merge(stages[size_t(stage)]);
+  }
+  bool bf16 = true;
+  const int experts_per_rank = m.num_experts > 0 ? m.num_experts / ep : 1;
+  save_weights_checkpoint(save, config, all, [&](int rank, int stage, int ep_rank, const std::string& path) {
+    std::vector<SafetensorsEntry> entries;
+    const tp::ParamTable& held = stages[size_t(stage)];
+    for (const auto& name : held.names()) {
+      // Under expert parallelism the first file holds the dense tensors, each EP rank's its experts.
+      const int expert = held.at(name).expert;
+      if (ep > 1 && (ep_rank < 0 ? expert >= 0 : expert < 0 || expert / experts_per_rank != ep_rank)) continue;
+      const at::Tensor full = full_tensor(name);
+      bf16 = bf16 && full.scalar_type() == at::kBFloat16;
+      entries.push_back({name, tp::shard_of(full, held.at(name).split, rank, tp).contiguous()});
+    }
+    save_safetensors(path, entries, {{"format", "megatron.cpp"},
+                                     {"tensor_parallel_rank", std::to_string(rank)},
+                                     {"tensor_parallel_size", std::to_string(tp)},
+                                     {"pipeline_parallel_rank", std::to_string(stage)}});
+    std::printf("convert: wrote %s (%zu tensors)\n", path.c_str(), entries.size());
+    std::fflush(stdout);
+  }, extra_files);
+  return bf16;
 }
 
 void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, int pp, int ep, int divisible,
@@ -94,40 +141,66 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
     config.data.tokenizer_model = hf_dir;
   }
   HfCheckpointReader hf(hf_dir);
-  // What each pipeline stage holds, described by the model built on the meta device (nothing
-  // allocated): its chunks' parameters, how each splits over TP.
-  std::vector<tp::ParamTable> stages(static_cast<size_t>(pp));
-  tp::ParamTable all;
-  for (int stage = 0; stage < pp; ++stage) {
-    for (int v = 0; v < config.parallel.num_virtual_stages_per_pipeline_rank; ++v) {
-      stages[size_t(stage)].merge(describe_model(m, pipeline::chunk_layers(config.parallel, m.num_layers, stage, v)));
-    }
-    all.merge(stages[size_t(stage)]);
-  }
-  bool bf16 = true;
-  const int experts_per_rank = m.num_experts > 0 ? m.num_experts / ep : 1;
-  save_weights_checkpoint(save, config, all, [&](int rank, int stage, int ep_rank, const std::string& path) {
-    std::vector<SafetensorsEntry> entries;
-    const tp::ParamTable& held = stages[size_t(stage)];
-    for (const auto& name : held.names()) {
-      // Under expert parallelism the first file holds the dense tensors, each EP rank's its experts.
-      const int expert = held.at(name).expert;
-      if (ep > 1 && (ep_rank < 0 ? expert >= 0 : expert < 0 || expert / experts_per_rank != ep_rank)) continue;
-      const at::Tensor full = megatron_tensor_from_hf(name, m, hf);
-      bf16 = bf16 && full.scalar_type() == at::kBFloat16;
-      entries.push_back({name, tp::shard_of(full, held.at(name).split, rank, tp).contiguous()});
-    }
-    save_safetensors(path, entries, {{"format", "megatron.cpp"},
-                                     {"tensor_parallel_rank", std::to_string(rank)},
-                                     {"tensor_parallel_size", std::to_string(tp)},
-                                     {"pipeline_parallel_rank", std::to_string(stage)}});
-    std::printf("convert: wrote %s (%zu tensors)\n", path.c_str(), entries.size());
-    std::fflush(stdout);
-  }, {{"hf_config.json", hf_dir + "/config.json"}});
+  const bool bf16 = write_native_checkpoint(save, config, [&](const std::string& name) { return megatron_tensor_from_hf(name, m, hf); },
+                                            {{"hf_config.json", hf_dir + "/config.json"}});
   ignore_unbuilt_hf_layers(hf, m);
   hf.check_all_used();
   std::printf("convert: %s -> %s (tensor parallel %d, pipeline parallel %d, expert parallel %d, padded vocabulary %d, %s)\n",
               hf_dir.c_str(), save.c_str(), tp, pp, ep, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
+}
+
+// A Megatron-LM checkpoint (torch_dist or legacy) -> a weights-only native checkpoint, the
+// model's shape from the saving run's arguments.
+void megatron_to_native(const std::string& load, const std::string& save, int tp, int pp) {
+  const MegatronCheckpoint checkpoint(load);
+  Config config;
+  ModelConfig& m = config.model;
+  m = model_config_from_megatron_args(checkpoint.args(), checkpoint.directory());
+  config.parallel.tensor_model_parallel_size = tp;
+  config.parallel.pipeline_model_parallel_size = pp;
+  pipeline::check_pipeline_layout(config.parallel, m.num_layers);
+  if (m.padded_vocab_size % tp != 0 || m.num_query_groups % tp != 0 || m.ffn_hidden_size % tp != 0) {
+    throw UserError("--target-tensor-parallel-size " + std::to_string(tp) + ": the checkpoint's vocabulary (" +
+                    std::to_string(m.padded_vocab_size) + " rows), query groups (" + std::to_string(m.num_query_groups) +
+                    ") or MLP (" + std::to_string(m.ffn_hidden_size) + ") do not split into that many parts");
+  }
+  const pickle::Value& args = checkpoint.args();
+  if (const pickle::Value* type = args.get("tokenizer_type"); type && type->kind == pickle::Value::Kind::String) {
+    config.data.tokenizer_type = type->text;
+    if (const pickle::Value* model = args.get("tokenizer_model"); model && model->kind == pickle::Value::Kind::String) {
+      config.data.tokenizer_model = model->text;
+    }
+  }
+  // The whole model's shapes, described on the meta device.
+  GPTModel shapes(m, {}, std::nullopt, std::nullopt, at::kMeta);
+  std::map<std::string, std::vector<int64_t>> expected;
+  for (const auto& p : shapes.named_parameters()) expected[p.key()] = p.value().sizes().vec();
+  std::set<std::string> used;
+  size_t done = 0;
+  const bool bf16 = write_native_checkpoint(save, config, [&](const std::string& name) {
+    const std::string source = megatron_source_name(checkpoint, name);
+    if (source.empty()) throw UserError(checkpoint.directory() + ": the checkpoint has no tensor for '" + name + "'");
+    used.insert(source);
+    at::Tensor full = checkpoint.tensor(source);
+    if (full.sizes().vec() != expected.at(name)) {
+      throw UserError(checkpoint.directory() + ": '" + source + "' has shape " + c10::str(full.sizes()) + ", the model its args describe expects " +
+                      c10::str(expected.at(name)));
+    }
+    if (++done % 16 == 0) {
+      std::printf("convert: %zu tensors\n", done);
+      std::fflush(stdout);
+    }
+    return full;
+  }, {});
+  for (const std::string& name : checkpoint.names()) {
+    if (!used.count(name)) {
+      throw UserError(checkpoint.directory() + ": the checkpoint's '" + name + "' has no place in the model its args describe "
+                      "(an architecture option convert --from megatron does not map)");
+    }
+  }
+  std::printf("convert: %s (Megatron %s, iteration %lld) -> %s (tensor parallel %d, pipeline parallel %d, vocabulary %d, %s)\n",
+              checkpoint.directory().c_str(), checkpoint.format() == MegatronCheckpoint::Format::TorchDist ? "torch_dist" : "legacy",
+              static_cast<long long>(checkpoint.iteration()), save.c_str(), tp, pp, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
 }
 
 void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes, const ModelFamily* family) {
@@ -190,6 +263,13 @@ static int convert_with(const Args& args, const ModelFamily* family) {
     const int pp = values.count("--target-pipeline-parallel-size") ? positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) : 1;
     const int ep = values.count("--target-expert-parallel-size") ? positive("--target-expert-parallel-size", values["--target-expert-parallel-size"]) : 1;
     hf_to_native(values["--load"], values["--save"], tp, pp, ep, divisible, family);
+  } else if (from == "megatron" && to == "native") {
+    for (const char* flag : {"--target-expert-parallel-size", "--make-vocab-size-divisible-by", "--max-shard-size"}) {
+      if (values.count(flag)) throw UserError(std::string(flag) + " does not apply to --from megatron");
+    }
+    const int tp = values.count("--target-tensor-parallel-size") ? positive("--target-tensor-parallel-size", values["--target-tensor-parallel-size"]) : 1;
+    const int pp = values.count("--target-pipeline-parallel-size") ? positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) : 1;
+    megatron_to_native(values["--load"], values["--save"], tp, pp);
   } else if (from == "native" && to == "hf") {
     for (const char* flag : {"--target-tensor-parallel-size", "--target-pipeline-parallel-size", "--target-expert-parallel-size"}) {
       if (values.count(flag)) throw UserError(std::string(flag) + " applies to --to native only");
@@ -197,7 +277,8 @@ static int convert_with(const Args& args, const ModelFamily* family) {
     native_to_hf(values["--load"], values["--save"], values.count("--max-shard-size") ? parse_size(values["--max-shard-size"]) : 5000000000LL,
                  family);
   } else {
-    throw UserError("convert --from " + from + " --to " + to + ": supported are --from hf --to native and --from native --to hf");
+    throw UserError("convert --from " + from + " --to " + to +
+                    ": supported are --from hf --to native, --from megatron --to native and --from native --to hf");
   }
   return 0;
 }

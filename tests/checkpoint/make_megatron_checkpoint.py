@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Fixture: write real Megatron-LM checkpoints of a tiny Llama-style GPT, plus a reference loss.
+
+Uses megatron-core itself (CPU only, gloo) so the C++ checkpoint reader is tested against
+bytes produced by the reference implementation rather than by our own understanding of it.
+
+Output layout (each sub-directory is what `--save <dir>` would contain in megatron.training):
+  <out>/torch_dist/latest_checkpointed_iteration.txt      "1"
+  <out>/torch_dist/iter_0000001/{.metadata,__<rank>_<n>.distcp,common.pt,metadata.json}
+  <out>/torch/latest_checkpointed_iteration.txt           "1"
+  <out>/torch/iter_0000001/mp_rank_XX/model_optim_rng.pt  (one per TP rank)
+  <out>/reference.json   model shape, token batch, labels, per-token and mean loss
+
+Usage:
+  python make_megatron_checkpoint.py --out /tmp/ckpt [--format both] [--tp 1|2]
+With --tp 2 the TP=1 torch_dist checkpoint is written first, then loaded (resharded by
+megatron) into a TP=2 model, so both variants hold the same global weights and loss.
+"""
+import argparse
+import contextlib
+import faulthandler
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import warnings
+from argparse import Namespace
+
+warnings.filterwarnings("ignore")  # megatron warns loudly about missing TE/apex
+import torch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output root directory (recreated)")
+    p.add_argument("--format", choices=["torch_dist", "torch", "both"], default="both")
+    p.add_argument("--tp", type=int, choices=[1, 2], default=1,
+                   help="2 additionally writes TP=2 checkpoints under <out>/tp2/")
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--ffn-hidden-size", type=int, default=128)
+    p.add_argument("--num-attention-heads", type=int, default=4)
+    p.add_argument("--num-query-groups", type=int, default=2)
+    p.add_argument("--vocab-size", type=int, default=128)
+    p.add_argument("--seq-length", type=int, default=16)
+    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--rotary-base", type=int, default=10000)
+    p.add_argument("--norm-epsilon", type=float, default=1e-5)
+    p.add_argument("--seed", type=int, default=1234)
+    return p.parse_args(argv)
+
+
+def patch_megatron_for_cpu():
+    """Minimal patches so megatron-core's forward runs without CUDA."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    # The CUDA RNG tracker's fork() saves/restores torch.cuda RNG state around dropout
+    # (attention_dropout in DotProductAttention). Dropout is 0 here, so no random numbers are
+    # drawn and forking is a no-op semantically; make it a plain context manager.
+    mrandom.CudaRNGStatesTracker.fork = contextlib.contextmanager(lambda self, name=None: (yield))
+    # RotaryEmbedding.get_emb moves inv_freq to torch.cuda.current_device() on first use (and a
+    # few other call sites build tensors there). Answer "cpu" so everything stays on the host.
+    torch.cuda.current_device = lambda: "cpu"
+    # The torch_dist writer "preloads" tensors to host with non_blocking copies and then calls
+    # torch.cuda.synchronize(); the tensors already live on the CPU, so there is nothing to wait for.
+    torch.cuda.synchronize = lambda *_, **__: None
+    # Each forked torch_dist writer process calls _process_memory() (debug logging only), which
+    # raises without psutil *before* signalling completion, so the parent waits forever.
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+        filesystem_async._process_memory = lambda: 0
+
+
+def megatron_args(a, tp):
+    """An argparse.Namespace like megatron.training's, with the fields a loader/converter reads.
+
+    Non-primitive values are kept on purpose: real checkpoints pickle torch dtypes and the
+    AttnBackend enum inside 'args', so a C++ unpickler must cope with those GLOBALs too."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    kv = a.hidden_size // a.num_attention_heads
+    return Namespace(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
+        num_attention_heads=a.num_attention_heads, num_query_groups=a.num_query_groups,
+        group_query_attention=a.num_query_groups != a.num_attention_heads, kv_channels=kv,
+        vocab_size=a.vocab_size, padded_vocab_size=a.vocab_size, make_vocab_size_divisible_by=128,
+        seq_length=a.seq_length, max_position_embeddings=a.seq_length,
+        micro_batch_size=a.micro_batch_size, global_batch_size=a.micro_batch_size,
+        normalization="RMSNorm", norm_epsilon=a.norm_epsilon, swiglu=True,
+        add_bias_linear=False, add_qkv_bias=False, untie_embeddings_and_output_weights=True,
+        position_embedding_type="rope", rotary_base=a.rotary_base, rotary_percent=1.0,
+        rotary_interleaved=False, use_rotary_position_embeddings=True,
+        apply_residual_connection_post_layernorm=False, qk_layernorm=False,
+        attention_dropout=0.0, hidden_dropout=0.0, init_method_std=0.02, seed=a.seed,
+        params_dtype=torch.float32, fp16=False, bf16=False, main_grads_dtype=torch.float32,
+        main_params_dtype=torch.float32, attention_backend=AttnBackend.local,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None, expert_model_parallel_size=1,
+        context_parallel_size=1, sequence_parallel=False, num_experts=None,
+        transformer_impl="local", use_dist_ckpt=None, ckpt_format=None,
+        iteration=1, consumed_train_samples=a.micro_batch_size, consumed_valid_samples=0,
+        use_distributed_optimizer=False, no_save_optim=True, no_save_rng=True,
+    )
+
+
+def build_model(a, tp):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    cfg = TransformerConfig(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
+        num_attention_heads=a.num_attention_heads, num_query_groups=a.num_query_groups,
+        normalization="RMSNorm", layernorm_epsilon=a.norm_epsilon, gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False,
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        bias_dropout_fusion=False, apply_rope_fusion=False, hidden_dropout=0.0,
+        attention_dropout=0.0, init_method_std=0.02, use_cpu_initialization=True,
+        params_dtype=torch.float32, tensor_model_parallel_size=tp,
+    )
+    # CPU init draws every master weight from torch's default generator on every rank, so
+    # seeding it here makes the model deterministic (and identical across TP ranks).
+    torch.manual_seed(a.seed)
+    model = GPTModel(
+        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=a.vocab_size, max_sequence_length=a.seq_length, pre_process=True,
+        post_process=True, share_embeddings_and_output_weights=False,
+        position_embedding_type="rope", rotary_base=a.rotary_base,
+    )
+    # Norm weights init to exactly 1, which would hide a reader that skips/misplaces them.
+    gen = torch.Generator().manual_seed(a.seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layernorm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+def make_batch(a):
+    gen = torch.Generator().manual_seed(a.seed + 2)
+    data = torch.randint(0, a.vocab_size, (a.micro_batch_size, a.seq_length + 1), generator=gen)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()  # pretrain_gpt's tokens/labels
+
+
+def compute_loss(model, tokens, labels):
+    """Loss as pretrain_gpt.loss_func computes it: sum(losses * mask) / sum(mask)."""
+    s = tokens.shape[1]
+    # Same as get_ltor_masks_and_position_ids (no resets): True marks a masked position.
+    attention_mask = (torch.tril(torch.ones(1, 1, s, s)) < 0.5)
+    position_ids = torch.arange(s).unsqueeze(0).expand_as(tokens)
+    loss_mask = torch.ones(tokens.shape, dtype=torch.float)
+    with torch.no_grad():
+        per_token = model(tokens, position_ids, attention_mask, labels=labels).float()
+    return per_token, (per_token.view(-1) * loss_mask.view(-1)).sum() / loss_mask.sum()
+
+
+def write_tracker(save_dir):
+    with open(os.path.join(save_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("1")  # megatron writes str(iteration), no newline
+
+
+def save_torch_dist(model, args, save_dir):
+    from megatron.core import dist_checkpointing, parallel_state as ps
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+    args = Namespace(**{**vars(args), "ckpt_format": "torch_dist", "use_dist_ckpt": True})
+    ckpt_dir = os.path.join(save_dir, "iter_0000001")
+    # Same metadata dict _build_sharded_state_dict_metadata builds for a non-distopt run;
+    # minus the process group, it is also stored as common.pt['content_metadata'].
+    meta = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+            "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
+    state = {"args": args, "checkpoint_version": 3.0, "iteration": 1,
+             "model": model.sharded_state_dict(metadata=meta),
+             "num_floating_point_operations_so_far": 0}
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+    torch.distributed.barrier()
+    content_meta = {k: v for k, v in meta.items() if k != "dp_cp_group"}
+    dist_checkpointing.save(state, ckpt_dir, get_default_save_sharded_strategy("torch_dist"),
+                            content_metadata=content_meta)
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        write_tracker(save_dir)
+
+
+def save_legacy(model, args, save_dir):
+    from megatron.core import parallel_state as ps
+
+    args = Namespace(**{**vars(args), "ckpt_format": "torch", "use_dist_ckpt": False})
+    # get_checkpoint_name without pipeline/expert parallelism: mp_rank_{tp:02d}.
+    path = os.path.join(save_dir, "iter_0000001", f"mp_rank_{ps.get_tensor_model_parallel_rank():02d}")
+    os.makedirs(path, exist_ok=True)
+    state = {"args": args, "checkpoint_version": 3.0, "iteration": 1,
+             "model": model.state_dict_for_save_checkpoint(),
+             "num_floating_point_operations_so_far": 0}
+    torch.save(state, os.path.join(path, "model_optim_rng.pt"))
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        write_tracker(save_dir)
+
+
+def load_torch_dist(model, ckpt_dir):
+    from megatron.core import dist_checkpointing
+
+    sd = {"model": model.sharded_state_dict(metadata={"singleton_local_shards": False})}
+    model.load_state_dict(dist_checkpointing.load(sd, ckpt_dir)["model"])
+
+
+def worker(rank, world, port, a, tp, out, load_from):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    patch_megatron_for_cpu()
+    from megatron.core import parallel_state as ps
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+    model = build_model(a, tp)
+    if load_from:
+        load_torch_dist(model, load_from)
+    tokens, labels = make_batch(a)
+    per_token, loss = compute_loss(model, tokens, labels)
+    margs = megatron_args(a, tp)
+    if a.format in ("torch_dist", "both"):
+        save_torch_dist(model, margs, os.path.join(out, "torch_dist"))
+    if a.format in ("torch", "both"):
+        save_legacy(model, margs, os.path.join(out, "torch"))
+    if rank == 0:
+        ref = {"tensor_model_parallel_size": tp, "loss": loss.item(),
+               "per_token_loss": per_token.tolist(), "tokens": tokens.tolist(),
+               "labels": labels.tolist(), "loss_mask": "all ones",
+               "model": {k: v for k, v in vars(margs).items() if isinstance(v, (int, float, str, bool))}}
+        with open(os.path.join(out, "reference.json"), "w") as f:
+            json.dump(ref, f, indent=1)
+        print(f"[tp={tp}] loss = {loss.item():.8f}")
+    ps.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    a = parse_args()
+    # torch_dist's forked writer processes turn most failures into a silent hang of the parent;
+    # fail loudly (with stacks) instead of stalling a test run.
+    faulthandler.dump_traceback_later(300, exit=True)
+    t0 = time.time()
+    shutil.rmtree(a.out, ignore_errors=True)
+    os.makedirs(a.out)
+    tp1_fmt = "both" if a.tp == 2 else a.format  # TP=2 reshards from the TP=1 torch_dist ckpt
+    worker(0, 1, free_port(), Namespace(**{**vars(a), "format": tp1_fmt}), 1, a.out, None)
+    if a.tp == 2:
+        out2 = os.path.join(a.out, "tp2")
+        os.makedirs(out2)
+        src = os.path.join(a.out, "torch_dist", "iter_0000001")
+        torch.multiprocessing.spawn(worker, args=(2, free_port(), a, 2, out2, src), nprocs=2)
+        l1 = json.load(open(os.path.join(a.out, "reference.json")))["loss"]
+        l2 = json.load(open(os.path.join(out2, "reference.json")))["loss"]
+        assert abs(l1 - l2) < 1e-5, f"TP=2 loss {l2} != TP=1 loss {l1}"
+    print(f"wrote {a.out} in {time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
