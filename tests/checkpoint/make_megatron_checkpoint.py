@@ -10,6 +10,9 @@ Output layout (each sub-directory is what `--save <dir>` would contain in megatr
   <out>/torch/latest_checkpointed_iteration.txt           "1"
   <out>/torch/iter_0000001/mp_rank_XX/model_optim_rng.pt  (one per TP rank)
   <out>/reference.json   model shape, token batch, labels, per-token and mean loss
+  <out>/data_text_document.{bin,idx}   with --data: an indexed dataset; reference.json then also
+                         holds "first_batch_loss", the loss on the first training batch that
+                         megatron-core's GPTDataset draws from it (split 100,0,0, --seed)
 
 Usage:
   python make_megatron_checkpoint.py --out /tmp/ckpt [--format both] [--tp 1|2]
@@ -49,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--rotary-base", type=int, default=10000)
     p.add_argument("--norm-epsilon", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--data", action="store_true",
+                   help="also write an indexed dataset and the loss on GPTDataset's first training batch")
     return p.parse_args(argv)
 
 
@@ -146,16 +151,56 @@ def make_batch(a):
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()  # pretrain_gpt's tokens/labels
 
 
-def compute_loss(model, tokens, labels):
+def compute_loss(model, tokens, labels, loss_mask=None):
     """Loss as pretrain_gpt.loss_func computes it: sum(losses * mask) / sum(mask)."""
     s = tokens.shape[1]
     # Same as get_ltor_masks_and_position_ids (no resets): True marks a masked position.
     attention_mask = (torch.tril(torch.ones(1, 1, s, s)) < 0.5)
     position_ids = torch.arange(s).unsqueeze(0).expand_as(tokens)
-    loss_mask = torch.ones(tokens.shape, dtype=torch.float)
+    if loss_mask is None:
+        loss_mask = torch.ones(tokens.shape, dtype=torch.float)
     with torch.no_grad():
         per_token = model(tokens, position_ids, attention_mask, labels=labels).float()
     return per_token, (per_token.view(-1) * loss_mask.view(-1)).sum() / loss_mask.sum()
+
+
+def write_dataset(a, prefix):
+    """Random documents (ids below vocab_size - 1, each closed by the EOD id vocab_size - 1) as
+    megatron-core's own IndexedDatasetBuilder writes them."""
+    import numpy
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    gen = numpy.random.default_rng(a.seed + 3)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+    for _ in range(40):
+        doc = gen.integers(0, a.vocab_size - 1, size=int(gen.integers(4, 3 * a.seq_length)))
+        builder.add_document(numpy.append(doc, a.vocab_size - 1), [len(doc) + 1])
+    builder.finalize(prefix + ".idx")
+
+
+def first_batch_loss(model, a, prefix):
+    """The loss pretrain_gpt computes on the first global batch (micro_batch_size samples, one
+    iteration) of the training split GPTDataset builds for one iteration, split 100,0,0."""
+    from collections import OrderedDict
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    class Tokenizer:  # the attributes GPTDataset reads
+        eod = a.vocab_size - 1
+        vocab_size = a.vocab_size
+        unique_identifiers = OrderedDict(cls="FixtureTokenizer")
+
+    config = GPTDatasetConfig(random_seed=a.seed, sequence_length=a.seq_length, blend=get_blend_from_list([prefix]),
+                              split="100,0,0", path_to_cache=None, tokenizer=Tokenizer(), reset_position_ids=False,
+                              reset_attention_mask=False, eod_mask_loss=False)
+    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [a.micro_batch_size, 0, 0], lambda: True, config).build()
+    items = [train[k] for k in range(a.micro_batch_size)]
+    tokens = torch.stack([item["tokens"] for item in items]).long()
+    labels = torch.stack([item["labels"] for item in items]).long()
+    loss_mask = torch.stack([item["loss_mask"] for item in items]).float()
+    _, loss = compute_loss(model, tokens, labels, loss_mask)
+    return loss.item()
 
 
 def write_tracker(save_dir):
@@ -229,7 +274,13 @@ def worker(rank, world, port, a, tp, out, load_from):
     if a.format in ("torch", "both"):
         save_legacy(model, margs, os.path.join(out, "torch"))
     if rank == 0:
-        ref = {"tensor_model_parallel_size": tp, "loss": loss.item(),
+        if a.data and tp == 1:
+            prefix = os.path.join(out, "data_text_document")
+            write_dataset(a, prefix)
+            extra = {"first_batch_loss": first_batch_loss(model, a, prefix)}
+        else:
+            extra = {}
+        ref = {"tensor_model_parallel_size": tp, "loss": loss.item(), **extra,
                "per_token_loss": per_token.tolist(), "tokens": tokens.tolist(),
                "labels": labels.tolist(), "loss_mask": "all ones",
                "model": {k: v for k, v in vars(margs).items() if isinstance(v, (int, float, str, bool))}}

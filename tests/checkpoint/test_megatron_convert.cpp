@@ -1,8 +1,9 @@
 // `megatron convert --from megatron` on checkpoints megatron-core itself writes in the test
 // (tests/checkpoint/make_megatron_checkpoint.py: a tiny Llama-style GPT on CPU, its norms
 // randomised so that a norm read wrongly shows): torch_dist saved at TP=1 and at TP=2 (chunks
-// along several axes), and legacy model_optim_rng.pt. Each converts, gives megatron-core's own
-// loss on its batch, and trains on with `megatron train --load --finetune`.
+// along several axes), and legacy model_optim_rng.pt. Each converts and gives megatron-core's own
+// loss on its batch; `megatron train --load --finetune` on the indexed dataset the fixture writes
+// starts from megatron-core's loss on the first batch its GPTDataset draws, and trains on.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -50,7 +51,7 @@ class MegatronConvert : public ::testing::Test {
     dir_ = new test::TempDir();
     auto made = test::run_command(test::shell_quote(test::venv_python()) + " " +
                                   test::shell_quote(test::source_dir() + "/tests/checkpoint/make_megatron_checkpoint.py") +
-                                  " --out " + test::shell_quote(*dir_ / "mcore") + " --format both --tp 2");
+                                  " --out " + test::shell_quote(*dir_ / "mcore") + " --format both --tp 2 --data");
     ASSERT_EQ(made.status, 0) << made.output;
     reference_ = new nlohmann::json(nlohmann::json::parse(std::ifstream(*dir_ / "mcore/reference.json")));
   }
@@ -74,21 +75,26 @@ TEST_F(MegatronConvert, TorchDistGivesMegatronCoresLossAndTrainsOn) {
   const double expected = reference_->at("loss").get<double>();
   EXPECT_NEAR(converted_loss(*dir_ / "native", *reference_), expected, 1e-5 * expected);
 
-  const nlohmann::json& m = reference_->at("model");
+  // The same flags as the megatron-core run, its indexed dataset, split and seed: the sample
+  // order is Megatron's, so the first iteration's loss is the one megatron-core computed on the
+  // first batch its GPTDataset drew (NullTokenizer: EOD = vocab size = 127; 128 rows padded).
   auto trained = test::run_megatron(
       {"train", "--load", *dir_ / "native", "--finetune", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
        "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--seq-length", "16",
        "--max-position-embeddings", "16", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
-       "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--tokenizer-type", "NullTokenizer",
-       "--vocab-size", std::to_string(m.at("vocab_size").get<int>()), "--micro-batch-size", "2", "--global-batch-size", "2",
-       "--train-iters", "2", "--lr", "1e-4", "--mock-data", "--eval-interval", "0", "--log-interval", "1", "--device", "cpu",
-       "--cpu-threads", "1"});
+       "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--hidden-dropout", "0",
+       "--attention-dropout", "0", "--tokenizer-type", "NullTokenizer", "--vocab-size", "127", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3", "--lr", "1e-3",
+       "--data-path", *dir_ / "mcore/data_text_document", "--split", "100,0,0", "--seed", "1234", "--data-cache-path",
+       *dir_ / "cache", "--eval-interval", "0", "--log-interval", "1", "--metrics-jsonl", *dir_ / "trained.jsonl", "--device",
+       "cpu", "--cpu-threads", "1"});
   ASSERT_EQ(trained.status, 0) << trained.output;
-  const std::vector<double> losses = test::logged_losses(trained.output);
-  ASSERT_EQ(losses.size(), 2u) << trained.output;
-  // The fixture's weights are an initialisation (megatron-core trained nothing), so the loss on
-  // mock data says only that the run goes on from them.
-  EXPECT_NE(trained.output.find("loaded checkpoint"), std::string::npos) << trained.output;
+  EXPECT_NE(trained.output.find("loaded weights from"), std::string::npos) << trained.output;
+  std::ifstream jsonl(*dir_ / "trained.jsonl");
+  std::vector<double> losses;
+  for (std::string line; std::getline(jsonl, line);) losses.push_back(nlohmann::json::parse(line).at("lm_loss").get<double>());
+  ASSERT_EQ(losses.size(), 3u) << trained.output;
+  const double first = reference_->at("first_batch_loss").get<double>();
+  EXPECT_NEAR(losses[0], first, 1e-5 * first) << "the first loss is not megatron-core's on its first batch";
   for (double loss : losses) EXPECT_TRUE(std::isfinite(loss)) << trained.output;
 }
 
