@@ -87,6 +87,8 @@ LaunchEnv from_torchrun() {
     e.master_addr = *addr;
   }
   if (auto port = env("MASTER_PORT")) e.master_port = parse_port(*port, "MASTER_PORT");
+  if (auto agent = env("TORCHELASTIC_USE_AGENT_STORE")) e.agent_store = *agent == "True";
+  e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT").value_or(0);
   return e;
 }
 

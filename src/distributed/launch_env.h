@@ -16,6 +16,11 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single";  // which variables it came from: "torchrun", "slurm" or "single"
+  // torchrun's agent already serves the rendezvous store at MASTER_ADDR:MASTER_PORT
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it as a client, its keys under
+  // the restart attempt's prefix (TORCHELASTIC_RESTART_COUNT), as torch.distributed does.
+  bool agent_store = false;
+  int restart_count = 0;
 };
 
 // Reads, in this order, torchrun's / `megatron launch`'s variables (RANK, WORLD_SIZE,

@@ -95,6 +95,26 @@ int pick_free_port() {
   return ntohs(addr.sin_port);
 }
 
+// Rank 0's store will listen on `port` of this node: in use (another job, a previous run still
+// alive), the ranks would wait out the rendezvous timeout. Said now instead. SO_REUSEADDR as
+// the store's own socket, so a port left in TIME_WAIT passes.
+void check_port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;  // nothing to learn; the store reports its own failure
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  if (in_use) {
+    throw UserError("--master-port " + std::to_string(port) + " is already in use on this node (another job, or a run still "
+                    "exiting): pass another port, or --master-port 0 (or --standalone) to pick a free one");
+  }
+}
+
 struct Stream {
   int fd = -1;          // read end of the child's stdout or stderr pipe; -1 after EOF
   int out_fd = 1;       // where the launcher relays it
@@ -374,6 +394,7 @@ void Supervisor::report_failure() const {
 
 int Supervisor::run() {
   const int master_port = options_.master_port == 0 ? pick_free_port() : options_.master_port;
+  if (options_.master_port != 0 && options_.node_rank == 0) check_port_free(master_port);
   if (!options_.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options_.log_dir, ec);

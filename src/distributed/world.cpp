@@ -61,12 +61,16 @@ World World::connect(const LaunchEnv& env, const std::string& backend, std::chro
 
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(env.master_port);
-  o.isServer = env.rank == 0;
+  o.isServer = env.rank == 0 && !env.agent_store;  // under torchrun's agent, its store is the server
   o.numWorkers = static_cast<size_t>(env.world_size);
   o.waitWorkers = false;  // we count arrivals ourselves, to say how many came
   o.timeout = timeout;
   try {
     w.shared_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    if (env.agent_store) {
+      // The agent's store outlives a restart: each attempt's keys apart, as torch.distributed's.
+      w.shared_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), w.shared_->store);
+    }
     w.shared_->store->add("megatron/joined", 1);
     if (env.rank == 0) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;

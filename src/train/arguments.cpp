@@ -195,9 +195,9 @@ std::vector<Flag> train_flags(Config& c) {
       {"log-memory-to-tensorboard", Kind::Bool, &t.log_memory_to_tensorboard, "TensorBoard: the CUDA allocator's mem-reserved-bytes, mem-allocated-bytes, mem-max-allocated-bytes, mem-allocated-count"},
       {"log-world-size-to-tensorboard", Kind::Bool, &t.log_world_size_to_tensorboard, "TensorBoard: world-size"},
       {"log-validation-ppl-to-tensorboard", Kind::Bool, &t.log_validation_ppl_to_tensorboard, "TensorBoard: lm loss validation ppl"},
+      {"tensorboard-dir", Kind::String, &t.tensorboard_dir, "write TensorBoard event files here"},
       {"eval-interval", Kind::Int64, &t.eval_interval, "iterations between validations"},
       {"eval-iters", Kind::Int64, &t.eval_iters, "iterations of one validation"},
-      {"tensorboard-dir", Kind::String, &t.tensorboard_dir, "write TensorBoard event files here"},
       {"profile", Kind::Bool, &t.profile, "profile iterations --profile-step-start..end with the PyTorch profiler"},
       {"profile-step-start", Kind::Int64, &t.profile_step_start, "first profiled iteration (default 10)"},
       {"profile-step-end", Kind::Int64, &t.profile_step_end, "profiling stops before this iteration (default 12)"},
@@ -225,7 +225,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"cuda-graph-scope", Kind::String, &t.cuda_graph_scope, "what one graph holds: full_iteration (the whole step)"},
       {"cuda-graph-warmup-steps", Kind::Int64, &t.cuda_graph_warmup_steps, "eager iterations before capture (default 3)"},
       {"device", Kind::String, &t.device, "auto, cpu or cuda"},
-      {"cpu-threads", Kind::Int, &t.cpu_threads, "intra-op threads on CPU (default: one per core)"},
+      {"cpu-threads", Kind::Int, &t.cpu_threads, "intra-op threads on CPU (default: OMP_NUM_THREADS, else one per core)"},
       {"peak-tflops", Kind::Double, &t.peak_tflops, "peak TFLOP/s per device for MFU (default 989 on CUDA)"},
   };
 }
@@ -453,22 +453,78 @@ Config parse_train_arguments(const std::vector<std::string>& args) {
   return config;
 }
 
+namespace {
+
+// The default a flag's field holds, as help shows it ("" for none worth showing: switches, zero,
+// empty, and the negative "not given" markers).
+std::string default_text(const Flag& f) {
+  std::ostringstream v;
+  switch (f.kind) {
+    case Kind::Int: if (*static_cast<int*>(f.target) > 0) v << *static_cast<int*>(f.target); break;
+    case Kind::Int64: if (*static_cast<int64_t*>(f.target) > 0) v << *static_cast<int64_t*>(f.target); break;
+    case Kind::Double: if (*static_cast<double*>(f.target) > 0) v << *static_cast<double*>(f.target); break;
+    case Kind::String: v << *static_cast<std::string*>(f.target); break;
+    case Kind::StringList:
+      for (const auto& s : *static_cast<std::vector<std::string>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << s;
+      break;
+    case Kind::DoubleList:
+      for (double d : *static_cast<std::vector<double>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << d;
+      break;
+    case Kind::Bool:
+    case Kind::NegatedBool: break;
+  }
+  return v.str();
+}
+
+// Where each group of the table starts, named after Megatron-LM's argument groups.
+const std::map<std::string, const char*>& help_groups() {
+  static const std::map<std::string, const char*> groups = {
+      {"num-layers", "network size"},
+      {"position-embedding-type", "position embedding"},
+      {"multi-latent-attention", "multi-latent attention"},
+      {"mtp-num-layers", "multi-token prediction"},
+      {"untie-embeddings-and-output-weights", "output layer, initialization, regularization"},
+      {"no-rope-fusion", "fusions and activation recomputation"},
+      {"num-experts", "mixture of experts"},
+      {"tensor-model-parallel-size", "distributed"},
+      {"data-path", "data and dataloader"},
+      {"tokenizer-type", "tokenizer"},
+      {"micro-batch-size", "training"},
+      {"lr", "learning rate"},
+      {"weight-decay", "optimizer"},
+      {"bf16", "mixed precision and seed"},
+      {"log-interval", "logging"},
+      {"eval-interval", "validation"},
+      {"profile", "profiling and metrics"},
+      {"save", "checkpointing"},
+      {"cuda-graph-impl", "CUDA graphs"},
+      {"device", "device"}};
+  return groups;
+}
+
+}  // namespace
+
 std::string train_help() {
   Config defaults;
   auto flags = train_flags(defaults);
   std::ostringstream out;
-  out << "usage: megatron train [--config recipe.yaml] [--model-family NAME] [flags]\n\n"
+  out << "usage: megatron train [--config recipe.yaml] [--model-family NAME] [flags]\n"
+         "       megatron pretrain_gpt.py ARGS   (a Megatron-LM or Pai-Megatron-Patch launch script's arguments)\n\n"
          "Trains a GPT-style model. Flags take Megatron-LM's names; a recipe takes the same keys\n"
-         "without the dashes, and flags given here override it.\n\n"
+         "without the dashes, and flags given here override it. Example:\n"
+         "  megatron train --config examples/tiny_cpu.yaml --mock-data --train-iters 20\n"
+         "  torchrun --nproc-per-node 8 --no-python megatron pretrain_gpt.py --num-layers 32 ... (unchanged)\n\n"
          "  --config FILE                     YAML recipe\n"
          "  --model-family NAME               preset:";
   for (const auto& name : known_model_families()) out << " " << name;
   out << "\n";
   for (const auto& f : flags) {
+    if (auto group = help_groups().find(f.name); group != help_groups().end()) out << "\n" << group->second << ":\n";
     std::string left = "  --" + f.name;
     if (f.kind != Kind::Bool && f.kind != Kind::NegatedBool) left += f.kind == Kind::StringList || f.kind == Kind::DoubleList ? " V..." : " V";
     if (left.size() < 36) left.resize(36, ' ');
-    out << left << " " << f.help << "\n";
+    const std::string fallback = default_text(f);
+    out << left << " " << f.help << (fallback.empty() ? "" : " [default: " + fallback + "]") << "\n";
   }
   // The rest of Megatron-LM's and Pai-Megatron-Patch's flags, so that a launch script's whole
   // argument list is understood: those accepted without effect and those refused for now.

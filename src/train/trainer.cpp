@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <optional>
 #include <memory>
@@ -95,8 +96,20 @@ at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
 }
 
 
-// Model FLOPs per token as the baseline counts them: 6 per parameter (forward + backward) plus
-// causal attention's 6 * layers * hidden * seq.
+// --cpu-threads, else OMP_NUM_THREADS (what `megatron launch` and torchrun give each rank, so
+// ranks sharing a node do not each take every core), else one per core.
+int cpu_threads(const TrainConfig& t) {
+  if (t.cpu_threads > 0) return t.cpu_threads;
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr && *omp != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(omp, &end, 10);
+    if (*end != '\0' || n < 1) throw UserError(std::string("OMP_NUM_THREADS='") + omp + "' is not a positive integer");
+    return static_cast<int>(n);
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// One rank's run: set-up (process groups, model, optimizer, data, checkpoint) and the loop.
 class Trainer {
  public:
   Trainer(const Config& c, const dist::LaunchEnv& env, RunMode mode)
@@ -204,7 +217,7 @@ std::vector<GPTModel*> Trainer::chunks() const {
 
 int Trainer::run() {
   const ModelConfig& m = c_.model;
-  at::set_num_threads(t_.cpu_threads > 0 ? t_.cpu_threads : std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(cpu_threads(t_));
   at::manual_seed(static_cast<uint64_t>(t_.seed));  // dropout draws from the default generators
 
   const ParallelConfig& p = c_.parallel;

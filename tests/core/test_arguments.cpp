@@ -237,6 +237,12 @@ TEST(Arguments, CommandLineReportsErrorsWithStatus2) {
   auto help = test::run_megatron({"train", "--help"});
   EXPECT_EQ(help.status, 0);
   EXPECT_NE(help.output.find("--tensor-model-parallel-size"), std::string::npos);
+  // Grouped as Megatron's argument groups, with defaults, examples and the refused flags.
+  for (const char* part : {"\nnetwork size:\n  --num-layers", "\ndistributed:\n  --tensor-model-parallel-size",
+                           "\nlearning rate:\n  --lr ", "[default: LayerNorm]", "[default: 969, 30, 1]",
+                           "megatron pretrain_gpt.py ARGS", "Megatron flags not implemented yet:"}) {
+    EXPECT_NE(help.output.find(part), std::string::npos) << part << " not in\n" << help.output;
+  }
   auto later = test::run_megatron({"plan"});
   EXPECT_EQ(later.status, 2);
   EXPECT_NE(later.output.find("not yet available"), std::string::npos);

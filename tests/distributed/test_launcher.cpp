@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/free_port.h"
 #include "support/test_support.h"
 
 namespace megatron::test {
@@ -285,6 +286,46 @@ TEST(Launcher, HelpDescribesFlagsAndPrintEnvStaysHidden) {
   const auto top = run_megatron({"--help"});
   EXPECT_NE(top.output.find("launch"), std::string::npos) << top.output;
   EXPECT_EQ(top.output.find("_print-env"), std::string::npos) << top.output;
+}
+
+TEST(Launcher, BusyMasterPortFailsAtOnceNamingIt) {
+  // Something already listens on the port rank 0's store would take.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  const auto start = Clock::now();
+  const auto r = run_megatron(launch_args({"--nproc-per-node", "2", "--master-port", std::to_string(port)}, {}));
+  ::close(fd);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--master-port " + std::to_string(port) + " is already in use on this node"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--master-port 0 (or --standalone) to pick a free one"), std::string::npos) << r.output;
+  EXPECT_LT(seconds_since(start), 30.0) << "not after the rendezvous timeout";
+}
+
+// torchrun itself (the venv's) starting `megatron train` as its program: the ranks join the
+// store torchrun's agent already serves (TORCHELASTIC_USE_AGENT_STORE) instead of failing to
+// bind one, and take the OMP_NUM_THREADS it gives each rank.
+TEST(Torchrun, RanksJoinTheAgentsStoreAndTakeItsThreadCount) {
+  const std::string python = venv_python();
+  ASSERT_FALSE(python.empty());
+  const std::string torchrun = python.substr(0, python.rfind('/')) + "/torchrun";
+  const std::string command = shell_quote(torchrun) + " --nproc-per-node 2 --master-port " + std::to_string(free_port()) +
+                              " --no-python " + shell_quote(megatron_binary()) + " train --config " +
+                              shell_quote(source_dir() + "/examples/tiny_cpu.yaml") +
+                              " --mock-data --device cpu --train-iters 2 --lr-warmup-iters 0 --eval-interval 0 --log-interval 1";
+  const auto r = run_command(command);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(" iteration        2/       2 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 CPU threads"), std::string::npos) << "torchrun sets OMP_NUM_THREADS=1 per rank\n" << r.output;
+  for (const char* failure : {"EADDRINUSE", "address already in use", "bind"}) {
+    EXPECT_EQ(r.output.find(failure), std::string::npos) << failure << " in\n" << r.output;
+  }
 }
 
 }  // namespace
