@@ -72,7 +72,7 @@ MegatronCheckpoint::MegatronCheckpoint(const std::string& path) {
   if (fs::exists(dir_ + "/.metadata")) {
     format_ = Format::TorchDist;
     open_torch_dist();
-  } else if (fs::exists(dir_ + "/mp_rank_00/model_optim_rng.pt")) {
+  } else if (fs::exists(dir_ + "/mp_rank_00/model_optim_rng.pt") || fs::exists(dir_ + "/mp_rank_00_000")) {
     format_ = Format::Legacy;
     open_legacy();
   } else {
@@ -146,15 +146,30 @@ void MegatronCheckpoint::open_torch_dist() {
 }
 
 void MegatronCheckpoint::open_legacy() {
+  // mp_rank_XX per tensor-parallel rank; mp_rank_XX_YYY when pipeline stages are saved apart.
+  int ranks = 0;
   for (const auto& entry : fs::directory_iterator(dir_)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("mp_rank_", 0) == 0 && name != "mp_rank_00") {
-      throw UserError(dir_ + ": a legacy checkpoint of several tensor- or pipeline-parallel ranks (" + name +
-                      "); only one rank's (mp_rank_00) is read: save it with --ckpt-format torch_dist, or with TP = PP = 1");
+    if (name.rfind("mp_rank_", 0) != 0) continue;
+    if (name.size() != 10) {
+      throw UserError(dir_ + ": a legacy checkpoint saved over pipeline stages (" + name + "), which is not read yet: save it with "
+                      "--ckpt-format torch_dist (the default), or with --pipeline-model-parallel-size 1");
     }
+    ++ranks;
+  }
+  for (int r = 0; r < ranks; ++r) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "/mp_rank_%02d/model_optim_rng.pt", r);
+    if (!fs::exists(dir_ + name)) throw UserError(dir_ + ": " + std::string(name + 1) + " is missing (" + std::to_string(ranks) + " ranks saved)");
+    legacy_.push_back(std::make_unique<TorchSaveFile>(dir_ + name));
   }
   const std::string path = dir_ + "/mp_rank_00/model_optim_rng.pt";
   common_ = std::make_unique<TorchSaveFile>(path);
+  if (const Value* tp = common_->root().get("args") ? common_->root().at("args").get("tensor_model_parallel_size") : nullptr;
+      tp != nullptr && tp->kind == Value::Kind::Int && tp->integer != ranks) {
+    throw UserError(dir_ + ": " + std::to_string(ranks) + " mp_rank_* directories, but the run saved " + std::to_string(tp->integer) +
+                    " tensor-parallel ranks");
+  }
   const Value* model = common_->root().get("model");
   if (model == nullptr) {
     throw UserError(path + ": no 'model' state dict" + (common_->root().get("model0") ? " (it holds virtual pipeline chunks model0, model1, ...: not read yet)" : ""));
@@ -189,11 +204,16 @@ at::Tensor MegatronCheckpoint::read_dist(const DistTensor& t) const {
   return full;
 }
 
-at::Tensor MegatronCheckpoint::tensor(const std::string& name) const {
+at::Tensor MegatronCheckpoint::tensor(const std::string& name, int part) const {
   auto it = sources_.find(name);
   if (it == sources_.end()) throw UserError(dir_ + ": the checkpoint has no tensor '" + name + "'");
   const Source& s = it->second;
-  if (format_ == Format::Legacy) return common_->tensor(*common_->root().at("model").get(s.key));
+  if (format_ == Format::Legacy) {
+    const TorchSaveFile& file = *legacy_.at(size_t(part));
+    const Value* value = file.root().at("model").get(s.key);
+    if (value == nullptr) throw UserError(dir_ + ": tensor-parallel rank " + std::to_string(part) + "'s file has no '" + s.key + "'");
+    return file.tensor(*value);
+  }
   const at::Tensor whole = read_dist(stored_.at(s.key));
   return s.layer >= 0 ? whole[s.layer].clone() : whole;
 }

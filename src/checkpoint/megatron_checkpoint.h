@@ -5,8 +5,8 @@
 //    (the run's arguments). Tensors are global, whatever layout saved them; a layer's tensors
 //    are stacked over layers ("decoder.layers.self_attention.linear_qkv.weight" [L, ...]) or
 //    saved per layer ("decoder.layers.3.self_attention...").
-//  - legacy: iter_XXXXXXX/mp_rank_00/model_optim_rng.pt, a torch.save'd dict with "args" and the
-//    "model" state dict (one tensor- and pipeline-parallel rank).
+//  - legacy: iter_XXXXXXX/mp_rank_XX/model_optim_rng.pt, a torch.save'd dict with "args" and the
+//    "model" state dict, one file per tensor-parallel rank (pipeline stages are not read yet).
 // Names come out as Megatron-Core's, one tensor per layer ("decoder.layers.3.<...>").
 #pragma once
 
@@ -37,10 +37,13 @@ class MegatronCheckpoint {
   // The saving run's arguments (its argparse.Namespace); UserError when the checkpoint has none.
   const pickle::Value& args() const;
 
-  // The model's tensors, by Megatron-Core name (layers unstacked), and one of them whole.
+  // The model's tensors, by Megatron-Core name (layers unstacked), and one of them whole
+  // (torch_dist), or as rank `part`'s shard (legacy, one part per tensor-parallel rank; the
+  // caller joins them by the model's split: tp::unshard).
   const std::vector<std::string>& names() const { return names_; }
   bool has(const std::string& name) const;
-  at::Tensor tensor(const std::string& name) const;
+  int parts() const { return format_ == Format::Legacy ? static_cast<int>(legacy_.size()) : 1; }
+  at::Tensor tensor(const std::string& name, int part = 0) const;
 
  private:
   struct Chunk {
@@ -63,7 +66,8 @@ class MegatronCheckpoint {
   std::string dir_;
   Format format_ = Format::TorchDist;
   int64_t iteration_ = 0;
-  std::unique_ptr<TorchSaveFile> common_;  // common.pt (torch_dist) or model_optim_rng.pt (legacy)
+  std::unique_ptr<TorchSaveFile> common_;  // common.pt (torch_dist), or rank 0's model_optim_rng.pt (legacy)
+  std::vector<std::unique_ptr<TorchSaveFile>> legacy_;  // legacy: every tensor-parallel rank's file
   std::map<std::string, DistTensor> stored_;  // torch_dist, by stored name
   std::map<std::string, Source> sources_;   // by Megatron-Core name
   std::vector<std::string> names_;

@@ -38,7 +38,7 @@ const char* kHelp =
     "and native checkpoints. Tensors stream one at a time; the source is memory-mapped.\n\n"
     "  --from hf --to native      HF_DIR -> a weights-only checkpoint (DST/iter_0000000); train\n"
     "                             from it with `megatron train --load DST --finetune`\n"
-    "  --from megatron --to native  a Megatron-LM checkpoint (torch_dist, or legacy of one rank):\n"
+    "  --from megatron --to native  a Megatron-LM checkpoint (torch_dist, or legacy without PP):\n"
     "                             SRC is its --save directory or an iter_* directory in it; the\n"
     "                             model's shape comes from the arguments saved with it\n"
     "  --from native --to hf      the latest checkpoint under SRC -> config.json, safetensors\n"
@@ -175,6 +175,7 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
   GPTModel shapes(m, {}, std::nullopt, std::nullopt, at::kMeta);
   std::map<std::string, std::vector<int64_t>> expected;
   for (const auto& p : shapes.named_parameters()) expected[p.key()] = p.value().sizes().vec();
+  const tp::ParamTable split_of = describe_model(m);
   std::set<std::string> used;
   size_t done = 0;
   const bool bf16 = write_native_checkpoint(save, config, [&](const std::string& name) {
@@ -182,6 +183,11 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
     if (source.empty()) throw UserError(checkpoint.directory() + ": the checkpoint has no tensor for '" + name + "'");
     used.insert(source);
     at::Tensor full = checkpoint.tensor(source);
+    if (checkpoint.parts() > 1) {  // a legacy checkpoint's tensor-parallel shards, joined as the model splits them
+      std::vector<at::Tensor> parts = {full};
+      for (int r = 1; r < checkpoint.parts(); ++r) parts.push_back(checkpoint.tensor(source, r));
+      full = tp::unshard(parts, split_of.at(name).split);
+    }
     if (full.sizes().vec() != expected.at(name)) {
       throw UserError(checkpoint.directory() + ": '" + source + "' has shape " + c10::str(full.sizes()) + ", the model its args describe expects " +
                       c10::str(expected.at(name)));

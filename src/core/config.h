@@ -169,6 +169,17 @@ struct ModelConfig {
   std::string recompute_method;       // uniform | block (full only)
   int recompute_num_layers = 0;
   bool recompute_activations = false;  // read as recompute_granularity = selective
+  // With selective: what is recomputed (Megatron's --recompute-modules): core_attn, mlp (the
+  // dense MLPs).
+  std::vector<std::string> recompute_modules = {"core_attn"};
+  // Whether selective recomputation covers `module` (a --recompute-modules name).
+  bool selectively_recomputes(const std::string& module) const {
+    if (recompute_granularity != "selective") return false;
+    for (const auto& m : recompute_modules) {
+      if (m == module) return true;
+    }
+    return false;
+  }
 
   int head_dim() const { return kv_channels; }
   int query_groups() const { return num_query_groups; }
@@ -222,6 +233,9 @@ struct DataConfig {
 struct TrainConfig {
   int micro_batch_size = 1;
   int global_batch_size = 0;     // 0: micro_batch_size * data_parallel_size
+  // --step-batch-size-schedule "THRESHOLD:BS ...": the global batch grows with the tokens
+  // consumed (train/batch_schedule.h); "" = --global-batch-size throughout.
+  std::string step_batch_size_schedule;
   int64_t train_iters = 0;
   // Megatron's sample-based schedule: --train-samples sets train_iters = samples / global batch,
   // and the learning rate then counts samples (--lr-decay-samples, --lr-warmup-samples,

@@ -18,7 +18,7 @@ SelfAttention::SelfAttention(const PartContext& ctx, std::shared_ptr<CoreAttenti
       norm_epsilon_(ctx.config.norm_epsilon),
       zero_centered_gamma_(ctx.config.layernorm_zero_centered_gamma),
       rope_fusion_(ctx.config.apply_rope_fusion),
-      recompute_core_attention_(ctx.config.recompute_granularity == "selective") {
+      recompute_core_attention_(ctx.config.selectively_recomputes("core_attn")) {
   const ModelConfig& c = ctx.config;
   TORCH_CHECK(c.num_query_groups % ctx.tp.size() == 0, "query groups do not split across tensor-parallel ranks");
   // Per query group: its query heads, one key head, one value head; TP ranks take whole groups.

@@ -48,7 +48,7 @@ MultiLatentAttention::MultiLatentAttention(const PartContext& ctx, std::shared_p
       kv_lora_rank_(ctx.config.kv_lora_rank),
       attention_dropout_(ctx.config.attention_dropout),
       rope_fusion_(ctx.config.apply_rope_fusion),
-      recompute_core_attention_(ctx.config.recompute_granularity == "selective") {
+      recompute_core_attention_(ctx.config.selectively_recomputes("core_attn")) {
   const ModelConfig& c = ctx.config;
   const int64_t h = c.hidden_size, H = c.num_attention_heads;
   const at::TensorOptions on = at::TensorOptions().device(ctx.device);

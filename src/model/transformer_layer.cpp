@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include "kernels/ops.h"
+#include "model/mlp.h"
+#include "tensor_parallel/recompute.h"
 
 namespace megatron {
 
@@ -22,6 +24,8 @@ TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParalle
   // part keeps its norm apart: MoE).
   if (!feed_forward->fused_norm()) pre_mlp_layernorm_ = register_module("pre_mlp_layernorm", std::make_shared<NormModule>(c, tp, device));
   mlp = register_module("mlp", feed_forward);
+  // Megatron's "mlp" module is the dense MLP; an MoE layer is its "moe".
+  recompute_mlp_ = c.selectively_recomputes("mlp") && std::dynamic_pointer_cast<MLP>(feed_forward) != nullptr;
   TORCH_CHECK(spec.norms_in_linears || !self_attention->fused_norm(), "layer spec: norms_in_linears is false but the "
               "attention block holds the norm in front of it");
   TORCH_CHECK(spec.norms_in_linears || !mlp->fused_norm(), "layer spec: norms_in_linears is false but the feed-forward holds its norm");
@@ -55,14 +59,22 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
                                       : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
     const kernels::AddRmsNorm x =
         kernels::add_rms_norm(h.sum, self_attention->forward(h.normed, rope, attention_mask), second_gamma, second.eps);
-    return {x.sum, mlp->forward(x.normed)};
+    return {x.sum, feed_forward(x.normed)};
   }
   // Under sequence parallelism each TP rank holds different tokens: independent masks.
   const bool sharded = tp_.sequence_parallel && train && hidden_dropout_ > 0.0;
   auto dropout = [&](const at::Tensor& y) { return tp_.random(sharded, [&] { return at::dropout(y, hidden_dropout_, train); }); };
   const at::Tensor hidden = in.materialize();
   at::Tensor x = hidden + dropout(self_attention->forward(first.apply(hidden), rope, attention_mask));
-  return {x + dropout(mlp->forward(second.apply(x))), {}};
+  return {x + dropout(feed_forward(second.apply(x))), {}};
+}
+
+at::Tensor TransformerLayer::feed_forward(const at::Tensor& normed) {
+  if (!recompute_mlp_ || !is_training()) return mlp->forward(normed);
+  // Only the input is kept; the MLP (no dropout inside) runs again in the backward.
+  const std::shared_ptr<FeedForward> block = mlp;
+  return tp::recompute_in_backward([block](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{block->forward(in[0])}; },
+                                   {normed}, tp_, /*draws_random=*/false)[0];
 }
 
 }  // namespace megatron

@@ -19,9 +19,9 @@ LearningRateSchedule::LearningRateSchedule(const TrainConfig& config) : c_(confi
   if (c_.lr_warmup_fraction >= 0) warmup_ = c_.lr_warmup_fraction * decay_;
 }
 
-double LearningRateSchedule::at(int64_t iterations) const {
+double LearningRateSchedule::at_samples(int64_t samples) const {
   const double max_lr = c_.lr, min_lr = c_.min_lr;
-  const double step = double(iterations) * c_.global_batch_size;  // samples, as Megatron's scheduler steps
+  const double step = double(samples);  // as Megatron's scheduler steps
   const double warmup = warmup_, decay = decay_;
   if (warmup > 0 && step <= warmup) return c_.lr_warmup_init + (max_lr - c_.lr_warmup_init) * step / warmup;
   if (c_.lr_decay_style == "constant") return max_lr;

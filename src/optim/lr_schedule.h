@@ -15,8 +15,11 @@ class LearningRateSchedule {
  public:
   explicit LearningRateSchedule(const TrainConfig& config);
 
-  // The learning rate after `iterations` completed optimizer steps.
-  double at(int64_t iterations) const;
+  // The learning rate after `iterations` completed optimizer steps of --global-batch-size.
+  double at(int64_t iterations) const { return at_samples(iterations * int64_t(c_.global_batch_size)); }
+  // The learning rate once `samples` are consumed (Megatron's scheduler steps by each
+  // iteration's global batch, which --step-batch-size-schedule varies).
+  double at_samples(int64_t samples) const;
 
  private:
   TrainConfig c_;

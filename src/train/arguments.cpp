@@ -95,6 +95,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"recompute-method", Kind::String, &m.recompute_method, "with full: uniform (every group of --recompute-num-layers layers) or block (the first N layers of each chunk)"},
       {"recompute-num-layers", Kind::Int, &m.recompute_num_layers, "with full: layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
       {"recompute-activations", Kind::Bool, &m.recompute_activations, "the same as --recompute-granularity selective"},
+      {"recompute-modules", Kind::StringList, &m.recompute_modules, "with selective: core_attn and/or mlp (the dense MLPs)"},
       // mixture of experts
       {"num-experts", Kind::Int, &m.num_experts, "experts per MoE layer (0: dense feed-forward)"},
       {"moe-ffn-hidden-size", Kind::Int, &m.moe_ffn_hidden_size, "hidden size of each expert (default --ffn-hidden-size)"},
@@ -162,6 +163,8 @@ std::vector<Flag> train_flags(Config& c) {
       // training
       {"micro-batch-size", Kind::Int, &t.micro_batch_size, "samples per micro-batch"},
       {"global-batch-size", Kind::Int, &t.global_batch_size, "samples per iteration (gradient accumulation fills it)"},
+      {"step-batch-size-schedule", Kind::String, &t.step_batch_size_schedule,
+       "\"THRESHOLD:BS ...\": the global batch from each threshold of consumed tokens on (K, M, B, T; with --train-samples)"},
       {"train-iters", Kind::Int64, &t.train_iters, "iterations to train"},
       {"train-samples", Kind::Int64, &t.train_samples, "samples to train (instead of --train-iters): iterations = samples / global batch"},
       {"lr", Kind::Double, &t.lr, "peak learning rate"},

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "train/batch_schedule.h"
 #include "model/rope.h"
 #include "moe/moe_config.h"
 #include "pipeline/layout.h"
@@ -42,6 +43,21 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
     }
   } else if (!m.recompute_method.empty() || m.recompute_num_layers != 0) {
     throw UserError("--recompute-method and --recompute-num-layers apply to --recompute-granularity full only");
+  }
+  // Megatron's --recompute-modules, read with selective granularity only (as Megatron).
+  static const std::set<std::string> implemented = {"core_attn", "mlp"};
+  static const std::set<std::string> megatrons = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
+  std::string not_yet;
+  for (const std::string& module : m.recompute_modules) {
+    if (megatrons.count(module) == 0) {
+      throw UserError("--recompute-modules: unknown module '" + module + "' (Megatron's: core_attn, moe_act, layernorm, mla_up_proj, "
+                      "mlp, moe, shared_experts)");
+    }
+    if (implemented.count(module) == 0) not_yet += (not_yet.empty() ? "" : " ") + module;
+  }
+  if (!not_yet.empty()) {
+    throw UserError("--recompute-modules " + not_yet + " is not implemented yet: selective recomputation here covers core_attn "
+                    "and mlp (or use --recompute-granularity full)");
   }
   if (!g.empty() && (t.cuda_graph_impl != "none" || t.enable_cuda_graph) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
     throw UserError("--recompute-granularity with dropout replays the generators' states, which a captured CUDA graph "
@@ -120,10 +136,10 @@ void apply_patch_tokenizer(Config& c) {
 // get_optimizer_param_scheduler: by iterations (--train-iters, --lr-*-iters) or by samples
 // (--train-samples, --lr-*-samples; iterations = samples / global batch), never both; the
 // warm-up given as iterations, samples or --lr-warmup-fraction of the decay.
-void finalize_schedule(TrainConfig& t) {
+void finalize_schedule(TrainConfig& t, int64_t seq_length) {
   const bool by_samples = t.train_samples > 0;
   if (by_samples) {
-    t.train_iters = t.train_samples / t.global_batch_size;
+    t.train_iters = GlobalBatchSchedule(t, seq_length).iterations_for(t.train_samples);
     if (t.train_iters == 0) {
       throw UserError("--train-samples " + std::to_string(t.train_samples) + " is less than one global batch (" +
                       std::to_string(t.global_batch_size) + ")");
@@ -344,9 +360,32 @@ void finalize_config(Config& c, int world_size) {
                     "--pipeline-model-parallel-size " + std::to_string(p.pipeline_model_parallel_size));
   }
 
-  finalize_schedule(t);
-  if (t.clip_grad < 0.0) throw UserError("--clip-grad must be >= 0");
   auto given = [&](const char* flag) { return c.explicit_flags.count(flag) > 0; };
+  if (!t.step_batch_size_schedule.empty()) {
+    if (given("global-batch-size")) {
+      throw UserError("--step-batch-size-schedule and --global-batch-size contradict each other (Megatron refuses both too): "
+                      "the schedule gives every batch size");
+    }
+    if (t.train_samples <= 0) {
+      throw UserError("--step-batch-size-schedule needs sample-based training (--train-samples and --lr-*-samples): counted "
+                      "in iterations, the learning rate would assume --micro-batch-size x data-parallel samples per step");
+    }
+    if (t.cuda_graph_impl != "none" || t.enable_cuda_graph) {
+      throw UserError("--step-batch-size-schedule changes the number of micro-batches, which a captured CUDA graph cannot: "
+                      "drop --cuda-graph-impl");
+    }
+    const GlobalBatchSchedule schedule(t, m.seq_length);
+    for (const auto& [threshold, batch] : schedule.steps()) {
+      const bool interleaved_ok = p.num_virtual_stages_per_pipeline_rank == 1 || (batch / per_step) % p.pipeline_model_parallel_size == 0;
+      if (batch % per_step != 0 || !interleaved_ok) {
+        throw UserError("--step-batch-size-schedule: the batch size " + std::to_string(batch) + " (from " + std::to_string(threshold) +
+                        " samples on) is not a multiple of --micro-batch-size x data-parallel size " + std::to_string(per_step) +
+                        (interleaved_ok ? "" : " x --pipeline-model-parallel-size (the interleaved schedule)"));
+      }
+    }
+  }
+  finalize_schedule(t, m.seq_length);
+  if (t.clip_grad < 0.0) throw UserError("--clip-grad must be >= 0");
   if (given("decoupled-lr") && !(t.decoupled_lr >= 0.0 && std::isfinite(t.decoupled_lr))) {
     throw UserError("--decoupled-lr must be a finite number >= 0");
   }

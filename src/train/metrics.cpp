@@ -38,9 +38,12 @@ TrainingMetrics::~TrainingMetrics() {
   if (jsonl_ != nullptr) std::fclose(jsonl_);
 }
 
-void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const StepOutcome& step) {
+void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, int64_t global_batch,
+                               const StepOutcome& step) {
   const at::Tensor &loss = step.loss, &grad_norm = step.grad_norm, &applied = step.applied, &terms = step.terms;
   last_step_ = step;
+  interval_samples_ += global_batch;
+  last_global_batch_ = global_batch;
   if (tensorboard_) {
     std::vector<double> memory;
     if (c_.train.log_memory_to_tensorboard) {
@@ -48,7 +51,7 @@ void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int
         memory = {double(m->reserved_bytes), double(m->allocated_bytes), double(m->max_allocated_bytes), double(m->allocation_count)};
       }
     }
-    tensorboard_steps_.push_back({iteration, consumed_samples, next_lr, step, std::move(memory)});
+    tensorboard_steps_.push_back({iteration, consumed_samples, global_batch, next_lr, step, std::move(memory)});
   }
   // Nothing so far waited for the GPU: a loss or norm that is not finite skipped the update on
   // the device (parameters stay as they were) and is counted when the statistics are read back.
@@ -87,7 +90,8 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - interval_start_).count();
   const double per_iteration = elapsed / double(interval_iterations_);
-  const double tokens_per_second = double(t.global_batch_size) * c_.model.seq_length / per_iteration / double(ps_.world_size);
+  // The interval's samples (its global batches vary under --step-batch-size-schedule).
+  const double tokens_per_second = double(interval_samples_) * c_.model.seq_length / elapsed / double(ps_.world_size);
   IterationLog l;
   l.timestamp = megatron_timestamp(std::chrono::system_clock::now());
   l.log_throughput = t.log_throughput;
@@ -100,7 +104,7 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   l.mfu_percent = peak_tflops_ > 0 ? 100.0 * l.tflops_per_device / peak_tflops_ : -1;
   // As Megatron, the learning rate shown is the one the next step will use.
   l.learning_rate = next_lr;
-  l.global_batch_size = t.global_batch_size;
+  l.global_batch_size = last_global_batch_;
   const int64_t counted = interval_iterations_;
   l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
   l.grad_norm = last_grad_norm_;
@@ -132,6 +136,7 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   timed_an_interval_ = true;
   interval_loss_ = 0;
   interval_iterations_ = 0;
+  interval_samples_ = 0;
   start_interval();
 }
 
@@ -149,7 +154,6 @@ void TrainingMetrics::write_tensorboard_steps() {
   const double* loss_at = loss_values.data_ptr<double>();
   const double* norm_at = norm_values.data_ptr<double>();
   const double* terms_at = loss_terms_.empty() ? nullptr : term_values.data_ptr<double>();
-  const double batch = c_.train.global_batch_size;
   for (size_t i = 0; i < tensorboard_steps_.size(); ++i) {
     const TensorBoardStep& s = tensorboard_steps_[i];
     // Megatron's training_log: each scalar against the iteration and against consumed samples.
@@ -158,7 +162,7 @@ void TrainingMetrics::write_tensorboard_steps() {
       tensorboard_->add_scalar(tag + " vs samples", float(value), s.consumed_samples);
     };
     both("learning-rate", s.next_lr);
-    both("batch-size", batch);
+    both("batch-size", double(s.global_batch));
     both("lm loss", loss_at[i]);
     for (size_t k = 0; k < loss_terms_.size(); ++k) both(loss_terms_[k], terms_at[i * loss_terms_.size() + k]);
     both("loss-scale", 1.0);  // bf16 and fp32 runs have no loss scaler

@@ -39,10 +39,11 @@ class TrainingMetrics {
   TrainingMetrics(const TrainingMetrics&) = delete;
   TrainingMetrics& operator=(const TrainingMetrics&) = delete;
 
-  // After iteration `iteration`, run at learning rate `lr` (the next one runs at `next_lr`), with
-  // `consumed_samples` consumed by its end. Nothing is read back but for --metrics-jsonl;
-  // TensorBoard gets the iteration's scalars at the next log interval (or the end).
-  void add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, const StepOutcome& step);
+  // After iteration `iteration` of `global_batch` samples, run at learning rate `lr` (the next
+  // one runs at `next_lr`), with `consumed_samples` consumed by its end. Nothing is read back but
+  // for --metrics-jsonl; TensorBoard gets the iteration's scalars at the next log interval (or
+  // the end).
+  void add_step(int64_t iteration, double lr, double next_lr, int64_t consumed_samples, int64_t global_batch, const StepOutcome& step);
   // The statistics since the last call (one host synchronisation) into the interval's totals and
   // `progress`'s skipped and nan counts.
   void settle(TrainingProgress& progress);
@@ -74,13 +75,15 @@ class TrainingMetrics {
   StepStatistics statistics_;   // on the device, not read yet
   at::Tensor interval_terms_;   // [loss terms] fp64 on the device: the applied iterations' sums
   double interval_loss_ = 0;
+  int64_t interval_samples_ = 0;  // the interval's global batches together
+  int64_t last_global_batch_ = 0;
   int64_t interval_iterations_ = 0;
   double last_grad_norm_ = 0;
   StepOutcome last_step_;       // the latest step's values (params norm, zeros: read at the log line)
   bool timed_an_interval_ = false;  // iteration-time skips the run's first iteration, as Megatron
   std::chrono::steady_clock::time_point interval_start_;
   struct TensorBoardStep {
-    int64_t iteration, consumed_samples;
+    int64_t iteration, consumed_samples, global_batch;
     double next_lr;
     StepOutcome values;  // on the device until written
     // --log-memory-to-tensorboard on an accelerator: reserved, allocated, peak allocated bytes

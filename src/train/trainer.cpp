@@ -46,68 +46,14 @@
 #include "train/model_terms.h"
 #include "train/profiler.h"
 #include "train/step_graph.h"
+#include "train/batch_schedule.h"
 #include "train/batch_transfer.h"
+#include "train/rank_resources.h"
 #include "train/checkpointer.h"
 #include "train/stop_signal.h"
 
 namespace megatron {
 namespace {
-
-// The training loop on a high-priority stream of its own, for its lifetime: with the optimizer
-// step overlapped, the block scheduler then dispatches the forward's kernels before the updates
-// (queued on a normal-priority stream), which fill the SMs those leave idle. It starts after the
-// work queued on the stream it replaces, and that stream resumes after it.
-class HighPriorityStream {
- public:
-  explicit HighPriorityStream(const at::Device& device)
-      : previous_(current_stream(device)), stream_(pooled_stream(device, /*high_priority=*/true)) {
-    order_after(previous_, stream_);
-    current_.emplace(stream_);
-  }
-  ~HighPriorityStream() {
-    current_.reset();
-    order_after(stream_, previous_);
-  }
-  HighPriorityStream(const HighPriorityStream&) = delete;
-  HighPriorityStream& operator=(const HighPriorityStream&) = delete;
-
- private:
-  c10::Stream previous_, stream_;
-  std::optional<c10::StreamGuard> current_;
-};
-
-// One GPU per local rank (made the current device, which NCCL uses); CPU otherwise.
-at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env) {
-  if (t.device == "cuda" && !at::hasCUDA()) {
-    throw UserError("--device cuda: this build or machine has no CUDA device; use --device cpu");
-  }
-  if (t.device == "cuda" || (t.device == "auto" && at::hasCUDA())) {
-    const auto* cuda = c10::impl::getDeviceGuardImpl(at::kCUDA);
-    const int count = static_cast<int>(cuda->deviceCount());
-    if (env.local_rank >= count) {
-      throw UserError("local rank " + std::to_string(env.local_rank) + " has no GPU: this node has " +
-                      std::to_string(count) + "; start at most that many processes per node");
-    }
-    const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-    cuda->setDevice(device);
-    return device;
-  }
-  return at::Device(at::kCPU);
-}
-
-
-// --cpu-threads, else OMP_NUM_THREADS (what `megatron launch` and torchrun give each rank, so
-// ranks sharing a node do not each take every core), else one per core.
-int cpu_threads(const TrainConfig& t) {
-  if (t.cpu_threads > 0) return t.cpu_threads;
-  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr && *omp != '\0') {
-    char* end = nullptr;
-    const long n = std::strtol(omp, &end, 10);
-    if (*end != '\0' || n < 1) throw UserError(std::string("OMP_NUM_THREADS='") + omp + "' is not a positive integer");
-    return static_cast<int>(n);
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 // One rank's run: set-up (process groups, model, optimizer, data, checkpoint) and the loop.
 class Trainer {
@@ -151,8 +97,8 @@ class Trainer {
   int evaluate_splits();
   // One step's forward and backward passes (or forwards only) over `micro_batches` through
   // this rank's chunks under the pipeline schedule; `batch(k)` gives micro-batch k. Returns
-  // [1 + loss terms]: the sum of the micro-batch losses (each divided by micro_batches), then of
-  // each named term likewise, on the last stage; zeros elsewhere.
+  // [1 + loss terms + 1]: the micro-batch losses summed over their tokens, each named term (divided
+  // by micro_batches), and the loss tokens counted, on the last stage; zeros elsewhere.
   at::Tensor forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only);
   // Losses summed on this rank ([] or [n]: the loss and terms on the last stage, MoE router
   // losses on every stage) -> summed over the stages and averaged over DP replicas, on every
@@ -341,7 +287,7 @@ int Trainer::run() {
 
   if (mode_ == RunMode::Evaluate) return evaluate_splits();
 
-  const int64_t micro_batches = t_.global_batch_size / dp_block;
+  const GlobalBatchSchedule batches(t_, m.seq_length);
   if (t_.cuda_graph_impl == "local") {
     if (ps_.world_size > 1) {
       throw UserError("--cuda-graph-impl local captures the step of a single process; this run has " +
@@ -358,18 +304,19 @@ int Trainer::run() {
   while (progress_.iteration < t_.train_iters) {
     profiler_->before_iteration(progress_.iteration);
     for (ParamAndGradBuffer* b : buffers()) b->zero_grad();
-    optimizer_->set_learning_rate(schedule_.at(progress_.iteration),
-                                  decoupled_schedule_ ? decoupled_schedule_->at(progress_.iteration) : 0.0);
+    const int64_t consumed = progress_.consumed_train_samples, global_batch = batches.at(consumed);
+    const int64_t micro_batches = global_batch / dp_block;
+    optimizer_->set_learning_rate(schedule_.at_samples(consumed), decoupled_schedule_ ? decoupled_schedule_->at_samples(consumed) : 0.0);
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
     const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
-    metrics_->add_step(progress_.iteration + 1, schedule_.at(progress_.iteration), schedule_.at(progress_.iteration + 1),
-                       progress_.consumed_train_samples + t_.global_batch_size, step);
+    metrics_->add_step(progress_.iteration + 1, schedule_.at_samples(consumed), schedule_.at_samples(consumed + global_batch),
+                       consumed + global_batch, global_batch, step);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
-    progress_.consumed_train_samples += t_.global_batch_size;
+    progress_.consumed_train_samples += global_batch;
 
     if (progress_.iteration % t_.log_interval == 0) {
-      metrics_->log_iteration(progress_, schedule_.at(progress_.iteration));
+      metrics_->log_iteration(progress_, schedule_.at_samples(progress_.consumed_train_samples));
       if (!memory_reported_) report_memory();
     }
     if (t_.check_weight_hash_across_dp_replicas_interval > 0 &&
@@ -439,16 +386,16 @@ Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& ba
   for (auto& chunk : chunks_) chunk->update_expert_biases();
   StepResult r;
   const at::Tensor global = global_loss(sums);  // [1 + terms + 1]: the last, the loss tokens (per DP rank)
-  const at::Tensor tokens = global[global.size(0) - 1];
+  const at::Tensor tokens = global[global.size(0) - 1].clamp_min(1.0);
   if (t_.calculate_per_token_loss) {
     // Megatron's finalize_model_grads: the gradients summed over every loss token of the global
     // batch, divided by their count. The buffers averaged over DP, and `tokens` is that average.
-    const at::Tensor scale = 1.0 / tokens.clamp_min(1.0);
+    const at::Tensor scale = 1.0 / tokens;
     for (ParamAndGradBuffer* b : buffers()) b->grad_data.mul_(scale);
-    r.loss = global[0] / tokens.clamp_min(1.0);
-  } else {
-    r.loss = global[0];
   }
+  // Reported as Megatron's train_step does in either mode: every loss token of the global batch
+  // alike (sum / count), whatever the micro-batches' shares.
+  r.loss = global[0] / tokens;
   r.grad_norm = optimizer_->grad_norm();
   if (t_.log_num_zeros_in_grad) r.grad_zeros = optimizer_->grad_zeros();
   r.terms = global.narrow(0, 1, int64_t(loss_terms_.size()) + model_terms_.size());
@@ -523,8 +470,15 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
                 " terms, its family declares ", loss_terms_.size());
     TORCH_CHECK(!per_token || result.tokens.defined(), "--calculate-per-token-loss: the loss function returned no token count");
     at::Tensor loss = per_token ? result.loss * result.tokens : result.loss / double(micro_batches);
-    sums.select(0, 0).add_(loss.detach());
-    if (result.tokens.defined()) sums.select(0, sums.size(0) - 1).add_(result.tokens.detach().to(sums.scalar_type()));
+    // [0] the loss summed over the tokens, [last] the tokens: the reported loss is their ratio.
+    // A loss function that counts no tokens weighs its micro-batches alike.
+    if (result.tokens.defined()) {
+      sums.select(0, 0).add_((result.loss * result.tokens).detach());
+      sums.select(0, sums.size(0) - 1).add_(result.tokens.detach().to(sums.scalar_type()));
+    } else {
+      sums.select(0, 0).add_(result.loss.detach());
+      sums.select(0, sums.size(0) - 1).add_(1.0);
+    }
     for (size_t i = 0; i < loss_terms_.size(); ++i) {
       auto term = result.terms.find(loss_terms_[i]);
       TORCH_CHECK(term != result.terms.end(), "the loss function returned no term '", loss_terms_[i], "', which its family declares");
@@ -580,16 +534,21 @@ double Trainer::evaluate(SampleSource& source, int64_t& consumed) {
   at::NoGradGuard no_grad;
   const int64_t dp_block = int64_t(t_.micro_batch_size) * ps_.dp.size();
   const int64_t micro_batches = t_.global_batch_size / dp_block;
-  at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
+  // [the loss summed over the tokens, the tokens] over every iteration: Megatron's evaluate
+  // weighs every loss token of the validation batches alike.
+  at::Tensor total = at::zeros({2}, at::TensorOptions().device(device_).dtype(at::kDouble));
   for (int64_t i = 0; i < t_.eval_iters; ++i) {
     const int64_t base = consumed + int64_t(t_.micro_batch_size) * ps_.dp.rank();
-    total += forward_backward(micro_batches, [&](int64_t k) {
+    const at::Tensor sums = forward_backward(micro_batches, [&](int64_t k) {
       return make_batch(source, base + k * dp_block, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_);
-    }, /*forward_only=*/true)[0].to(at::kDouble);
+    }, /*forward_only=*/true).to(at::kDouble);
+    total[0] += sums[0];
+    total[1] += sums[sums.size(0) - 1];
     consumed += micro_batches * dp_block;
   }
   for (auto& chunk : chunks_) chunk->train();
-  return global_loss(total).item<double>() / double(t_.eval_iters);
+  const at::Tensor global = global_loss(total);
+  return global[0].item<double>() / std::max(1.0, global[1].item<double>());
 }
 
 int Trainer::evaluate_splits() {

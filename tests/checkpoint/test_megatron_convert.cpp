@@ -1,7 +1,8 @@
 // `megatron convert --from megatron` on checkpoints megatron-core itself writes in the test
 // (tests/checkpoint/make_megatron_checkpoint.py: a tiny Llama-style GPT on CPU, its norms
 // randomised so that a norm read wrongly shows): torch_dist saved at TP=1 and at TP=2 (chunks
-// along several axes), and legacy model_optim_rng.pt. Each converts and gives megatron-core's own
+// along several axes), and legacy model_optim_rng.pt of one and of two tensor-parallel ranks. Each
+// converts and gives megatron-core's own
 // loss on its batch; `megatron train --load --finetune` on the indexed dataset the fixture writes
 // starts from megatron-core's loss on the first batch its GPTDataset draws, and trains on.
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
@@ -69,6 +71,22 @@ test::TempDir* MegatronConvert::dir_ = nullptr;
 nlohmann::json* MegatronConvert::reference_ = nullptr;
 
 TEST_F(MegatronConvert, TorchDistGivesMegatronCoresLossAndTrainsOn) {
+  {  // What the reader finds.
+    const MegatronCheckpoint checkpoint(*dir_ / "mcore/torch_dist");
+    EXPECT_EQ(checkpoint.iteration(), 1);
+    EXPECT_EQ(checkpoint.args().at("num_layers").as_int(), 2);
+    // Stacked layers come out one per layer.
+    EXPECT_TRUE(checkpoint.has("decoder.layers.1.self_attention.linear_qkv.weight"));
+    EXPECT_FALSE(checkpoint.has("decoder.layers.self_attention.linear_qkv.weight"));
+    EXPECT_EQ(checkpoint.tensor("decoder.layers.1.mlp.linear_fc1.weight").sizes().vec(), (std::vector<int64_t>{256, 64}));
+    for (const std::string& name : checkpoint.names()) EXPECT_EQ(name.find("_extra_state"), std::string::npos) << name;
+    const ModelConfig m = model_config_from_megatron_args(checkpoint.args(), "test");
+    EXPECT_EQ(m.num_query_groups, 2);
+    EXPECT_EQ(m.normalization, "RMSNorm");
+    EXPECT_TRUE(m.swiglu);
+    EXPECT_FALSE(m.add_bias_linear);
+    EXPECT_EQ(m.padded_vocab_size, 128);
+  }
   auto r = convert("mcore/torch_dist", "native");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("(Megatron torch_dist, iteration 1)"), std::string::npos) << r.output;
@@ -107,37 +125,27 @@ TEST_F(MegatronConvert, TorchDistSavedUnderTensorParallelismIsTheSameModel) {
   EXPECT_NEAR(converted_loss(*dir_ / "native_tp2", *reference_), expected, 1e-5 * expected);
 }
 
-TEST_F(MegatronConvert, LegacyCheckpointGivesTheSameLossAndSeveralRanksAreRefused) {
+TEST_F(MegatronConvert, LegacyCheckpointsOfOneAndTwoTensorParallelRanksGiveTheSameLoss) {
+  const double expected = reference_->at("loss").get<double>();
   auto r = convert("mcore/torch", "native_legacy");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("(Megatron legacy, iteration 1)"), std::string::npos) << r.output;
-  const double expected = reference_->at("loss").get<double>();
   EXPECT_NEAR(converted_loss(*dir_ / "native_legacy", *reference_), expected, 1e-5 * expected);
+  // mp_rank_00 and mp_rank_01, each its shard (SwiGLU's fc1: that rank's [gate; up] halves).
+  auto tp2 = convert("mcore/tp2/torch", "native_legacy_tp2");
+  ASSERT_EQ(tp2.status, 0) << tp2.output;
+  EXPECT_NEAR(converted_loss(*dir_ / "native_legacy_tp2", *reference_), expected, 1e-5 * expected);
 
-  auto several = convert("mcore/tp2/torch", "refused");
-  EXPECT_EQ(several.status, 2);
-  EXPECT_NE(several.output.find("a legacy checkpoint of several tensor- or pipeline-parallel ranks (mp_rank_01)"), std::string::npos)
-      << several.output;
+  // Pipeline stages saved apart (mp_rank_TT_PPP) are not read yet, and say so.
+  const std::string staged = *dir_ / "staged/iter_0000001";
+  std::filesystem::create_directories(staged);
+  std::filesystem::copy(*dir_ / "mcore/torch/iter_0000001/mp_rank_00", staged + "/mp_rank_00_000", std::filesystem::copy_options::recursive);
+  auto refused = convert("staged/iter_0000001", "refused");
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_NE(refused.output.find("a legacy checkpoint saved over pipeline stages (mp_rank_00_000)"), std::string::npos) << refused.output;
   auto missing = convert("mcore/nothing", "refused");
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.output.find("no such directory"), std::string::npos) << missing.output;
-}
-
-TEST_F(MegatronConvert, TheReaderNamesWhatItFinds) {
-  const MegatronCheckpoint checkpoint(*dir_ / "mcore/torch_dist");
-  EXPECT_EQ(checkpoint.iteration(), 1);
-  EXPECT_EQ(checkpoint.args().at("num_layers").as_int(), 2);
-  // Stacked layers come out one per layer.
-  EXPECT_TRUE(checkpoint.has("decoder.layers.1.self_attention.linear_qkv.weight"));
-  EXPECT_FALSE(checkpoint.has("decoder.layers.self_attention.linear_qkv.weight"));
-  EXPECT_EQ(checkpoint.tensor("decoder.layers.1.mlp.linear_fc1.weight").sizes().vec(), (std::vector<int64_t>{256, 64}));
-  for (const std::string& name : checkpoint.names()) EXPECT_EQ(name.find("_extra_state"), std::string::npos) << name;
-  const ModelConfig m = model_config_from_megatron_args(checkpoint.args(), "test");
-  EXPECT_EQ(m.num_query_groups, 2);
-  EXPECT_EQ(m.normalization, "RMSNorm");
-  EXPECT_TRUE(m.swiglu);
-  EXPECT_FALSE(m.add_bias_linear);
-  EXPECT_EQ(m.padded_vocab_size, 128);
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 //    --lr-warmup-fraction train exactly as the equivalent iteration schedule (the formulas
 //    themselves are checked against megatron-core in tests/optim/test_lr_schedule.cpp);
 //  - --exit-duration-in-mins saves and stops after the iteration where the time ran out;
+//  - --step-batch-size-schedule grows the global batch with the tokens consumed (the deprecated
+//    --rampup-batch-size is ignored, as Megatron does), --recompute-modules mlp trains bit for bit
+//    as keeping the activations;
 //  - --load must exist unless it is the --save directory (the first run of `--save D --load D`),
 //    and an HF model or a Megatron torch_dist / legacy / release checkpoint there is named;
 //  - real launch scripts' argument lists (tests/fixtures/launch_scripts) train unchanged but for
@@ -215,6 +218,79 @@ TEST(MegatronTrainingFlags, MegatronMixtralScriptTrainsUnchangedButForShapesLayo
   EXPECT_NE(r.output.find("mixture of experts: 2 of 2 layers, 8 experts (top-2)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> note: --use-mcore-models has no effect here"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir / "ckpt/iter_0000003/model.safetensors")) << r.output;
+}
+
+// The flags of a small run on mock data, without the tiny recipe (whose --global-batch-size a
+// batch-size schedule contradicts).
+std::vector<std::string> small(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"train", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                   "--seq-length", "16", "--max-position-embeddings", "16", "--tokenizer-type", "NullTokenizer",
+                                   "--vocab-size", "256", "--micro-batch-size", "2", "--lr", "1e-3", "--lr-decay-style", "constant",
+                                   "--mock-data", "--device", "cpu", "--cpu-threads", "1", "--eval-interval", "0", "--log-interval", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(MegatronTrainingFlags, StepBatchSizeScheduleGrowsTheBatchWithTheTokensConsumed) {
+  // Thresholds count tokens: 128 tokens = 8 samples of 16. Batches 4, 4, then 8 until 28 samples
+  // are consumed (Megatron's update_train_iters: 0 -> 4 -> 8 -> 16 -> 24 -> 32, 5 iterations).
+  const auto r = test::run_megatron(small({"--step-batch-size-schedule", "0:4 128:8", "--train-samples", "28"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* line : {"iteration        1/       5 | consumed samples:            4 |",
+                           "iteration        2/       5 | consumed samples:            8 |",
+                           "iteration        3/       5 | consumed samples:           16 |",
+                           "iteration        5/       5 | consumed samples:           32 |"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << " not in\n" << r.output;
+  }
+  EXPECT_NE(r.output.find("global batch size:     4 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("global batch size:     8 |"), std::string::npos) << r.output;
+  // The first two iterations are those of a constant batch of 4: the same samples and rate.
+  const auto constant = test::run_megatron(small({"--global-batch-size", "4", "--train-iters", "2"}));
+  ASSERT_EQ(constant.status, 0) << constant.output;
+  const std::vector<double> scheduled = test::logged_losses(r.output), plain = test::logged_losses(constant.output);
+  ASSERT_EQ(scheduled.size(), 5u);
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_EQ(scheduled[0], plain[0]);
+  EXPECT_EQ(scheduled[1], plain[1]);
+
+  auto error = [](std::vector<std::string> extra) { return test::run_megatron(small(extra)).output; };
+  EXPECT_NE(error({"--step-batch-size-schedule", "0:4", "--global-batch-size", "4", "--train-samples", "8"})
+                .find("--step-batch-size-schedule and --global-batch-size contradict each other"),
+            std::string::npos);
+  EXPECT_NE(error({"--step-batch-size-schedule", "0:4", "--train-iters", "2"}).find("needs sample-based training"), std::string::npos);
+  EXPECT_NE(error({"--step-batch-size-schedule", "0:4 1K:5", "--train-samples", "8"}).find("the batch size 5 (from 62 samples on)"),
+            std::string::npos);
+  EXPECT_NE(error({"--step-batch-size-schedule", "16:4", "--train-samples", "8"}).find("the first threshold must be 0"), std::string::npos);
+  EXPECT_NE(error({"--step-batch-size-schedule", "0:x", "--train-samples", "8"}).find("'0:x' is not THRESHOLD:BATCH_SIZE"), std::string::npos);
+  // Megatron ignores the deprecated --rampup-batch-size; so does this, saying so.
+  const auto rampup = test::run_megatron(small({"--global-batch-size", "4", "--train-iters", "1", "--rampup-batch-size", "2", "2", "100"}));
+  ASSERT_EQ(rampup.status, 0) << rampup.output;
+  EXPECT_NE(rampup.output.find("--rampup-batch-size has no effect here: Megatron-LM ignores it too"), std::string::npos) << rampup.output;
+}
+
+TEST(MegatronTrainingFlags, RecomputeModulesMlpTrainsAsKeepingActivations) {
+  test::TempDir dir;
+  auto losses = [&](const std::string& name, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--global-batch-size", "4", "--train-iters", "3", "--swiglu", "--hidden-dropout", "0",
+                               "--attention-dropout", "0", "--metrics-jsonl", dir / (name + ".jsonl")});
+    auto r = test::run_megatron(small(extra));
+    EXPECT_EQ(r.status, 0) << r.output;
+    std::vector<std::string> lines;
+    std::ifstream in(dir / (name + ".jsonl"));
+    for (std::string line; std::getline(in, line);) lines.push_back(line.substr(0, line.find(", \"lr\"")));
+    return lines;
+  };
+  const auto kept = losses("kept", {});
+  ASSERT_EQ(kept.size(), 3u);
+  // Exact losses and gradient norms, bit for bit.
+  EXPECT_EQ(losses("mlp", {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}), kept);
+  EXPECT_EQ(losses("mlp_only", {"--recompute-activations", "--recompute-modules", "mlp"}), kept);
+  auto error = [](std::vector<std::string> extra) { return test::run_megatron(small(extra)).output; };
+  EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "mla_up_proj", "mlp", "moe"})
+                .find("--recompute-modules mla_up_proj moe is not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "attention"}).find("unknown module 'attention'"),
+            std::string::npos);
 }
 
 }  // namespace
