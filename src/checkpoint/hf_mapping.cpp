@@ -199,19 +199,8 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 
 namespace {
 
-at::Tensor megatron_tensor_from_hf_as_stored_by_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf);
-
-}  // namespace
-
-// HF stores a norm's scale; --apply-layernorm-1p models store the scale minus one.
-at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
-  const at::Tensor t = megatron_tensor_from_hf_as_stored_by_hf(name, c, hf);
-  return c.layernorm_zero_centered_gamma && is_norm_weight(name) ? t.to(at::kFloat) - 1.0 : t;
-}
-
-namespace {
-
-at::Tensor megatron_tensor_from_hf_as_stored_by_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
+// The Megatron tensor as HF's values give it (norms: the scale itself).
+at::Tensor megatron_tensor_from_hf_values(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
   const ResolvedRow row = resolve_row(family_of(c), name, c);
   const std::vector<std::string>& names = row.hf;
   switch (row.rule->transform) {
@@ -234,6 +223,12 @@ at::Tensor megatron_tensor_from_hf_as_stored_by_hf(const std::string& name, cons
 }
 
 }  // namespace
+
+// HF stores a norm's scale; --apply-layernorm-1p models store the scale minus one.
+at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
+  const at::Tensor t = megatron_tensor_from_hf_values(name, c, hf);
+  return c.layernorm_zero_centered_gamma && is_norm_weight(name) ? t.to(at::kFloat) - 1.0 : t;
+}
 
 std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const std::string& name, const at::Tensor& full,
                                                                          const ModelConfig& c, int64_t hf_vocab) {

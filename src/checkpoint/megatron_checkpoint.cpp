@@ -189,19 +189,29 @@ const pickle::Value& MegatronCheckpoint::args() const {
 
 bool MegatronCheckpoint::has(const std::string& name) const { return sources_.count(name) > 0; }
 
-at::Tensor MegatronCheckpoint::read_dist(const DistTensor& t) const {
-  at::Tensor full;
+at::Tensor MegatronCheckpoint::read_dist(const DistTensor& t, int64_t layer) const {
+  std::vector<int64_t> shape = t.size;
+  if (layer >= 0) shape[0] = 1;
+  at::Tensor out;
   for (const Chunk& c : t.chunks) {
+    if (layer >= 0 && (layer < c.offsets[0] || layer >= c.offsets[0] + c.sizes[0])) continue;
     const std::string file = dir_ + "/" + c.file;
     TorchSaveFile item(read_range(file, c.byte_offset, c.byte_length), file + " at byte " + std::to_string(c.byte_offset));
-    const at::Tensor part = item.tensor(item.root());
+    at::Tensor part = item.tensor(item.root());
     if (part.sizes().vec() != c.sizes) throw UserError(file + ": a chunk of shape " + c10::str(part.sizes()) + " where .metadata says " + c10::str(c.sizes));
-    if (!full.defined()) full = at::empty(t.size, part.options());
-    at::Tensor into = full;
-    for (size_t d = 0; d < c.offsets.size(); ++d) into = into.narrow(int64_t(d), c.offsets[d], c.sizes[d]);
+    if (!out.defined()) out = at::empty(shape, part.options());
+    at::Tensor into = out;
+    for (size_t d = 0; d < c.offsets.size(); ++d) {
+      if (d == 0 && layer >= 0) {
+        part = part.narrow(0, layer - c.offsets[0], 1);  // the layer's slice of the chunk; `into` keeps its one row
+        continue;
+      }
+      into = into.narrow(int64_t(d), c.offsets[d], c.sizes[d]);
+    }
     into.copy_(part);
   }
-  return full;
+  if (!out.defined()) throw UserError(dir_ + "/.metadata: no chunk holds layer " + std::to_string(layer) + " of a stacked tensor");
+  return layer >= 0 ? out[0] : out;
 }
 
 at::Tensor MegatronCheckpoint::tensor(const std::string& name, int part) const {
@@ -214,8 +224,7 @@ at::Tensor MegatronCheckpoint::tensor(const std::string& name, int part) const {
     if (value == nullptr) throw UserError(dir_ + ": tensor-parallel rank " + std::to_string(part) + "'s file has no '" + s.key + "'");
     return file.tensor(*value);
   }
-  const at::Tensor whole = read_dist(stored_.at(s.key));
-  return s.layer >= 0 ? whole[s.layer].clone() : whole;
+  return read_dist(stored_.at(s.key), s.layer);
 }
 
 std::string megatron_source_name(const MegatronCheckpoint& checkpoint, const std::string& name) {

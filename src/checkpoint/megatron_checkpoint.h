@@ -61,7 +61,9 @@ class MegatronCheckpoint {
   };
   void open_torch_dist();
   void open_legacy();
-  at::Tensor read_dist(const DistTensor& t) const;  // the whole stored tensor
+  // The stored tensor, whole, or (layer >= 0) its slice `layer` of a stack over layers: only the
+  // chunks that hold it are read, so a stacked tensor is not read once per layer.
+  at::Tensor read_dist(const DistTensor& t, int64_t layer) const;
 
   std::string dir_;
   Format format_ = Format::TorchDist;

@@ -5,6 +5,7 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "core/errors.h"
@@ -79,8 +80,6 @@ at::Tensor TorchSaveFile::storage(const pickle::Value& persistent_id) const {
     throw UserError(what_ + ": a persistent id that is not a storage (" + id.describe() + ")");
   }
   const std::string key = id.items[2]->text;
-  auto it = storages_.find(key);
-  if (it != storages_.end()) return it->second;
   const at::ScalarType dtype = storage_dtype(id.items[1]->name, what_);
   const int64_t numel = id.items[4]->as_int();
   const std::string record = "data/" + key;
@@ -92,7 +91,6 @@ at::Tensor TorchSaveFile::storage(const pickle::Value& persistent_id) const {
   }
   at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
   std::memcpy(t.data_ptr(), data.get(), size);
-  storages_.emplace(key, t);
   return t;
 }
 
@@ -105,7 +103,10 @@ at::Tensor TorchSaveFile::tensor(const pickle::Value& v) const {
   int64_t last = offset;
   for (size_t d = 0; d < size.size(); ++d) last += size[d] > 0 ? (size[d] - 1) * stride[d] : 0;
   if (last >= flat.numel() && flat.numel() > 0) throw UserError(what_ + ": a tensor reaches past its storage");
-  return flat.as_strided(size, stride, offset).clone();
+  const at::Tensor view = flat.as_strided(size, stride, offset);
+  // The whole storage in order (a state dict's usual tensor) is returned as read; a view of part
+  // of it is copied out, so the rest is not kept alive.
+  return view.numel() == flat.numel() && view.is_contiguous() ? view : view.clone();
 }
 
 }  // namespace megatron

@@ -6,7 +6,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <map>
 #include <memory>
 #include <string>
 
@@ -38,13 +37,14 @@ class TorchSaveFile {
 
  private:
   void open(std::shared_ptr<caffe2::serialize::PyTorchStreamReader> reader);
-  at::Tensor storage(const pickle::Value& persistent_id) const;  // [numel] of its dtype
+  // [numel] of its dtype, read from the archive at each call: nothing is kept, so reading a
+  // checkpoint tensor by tensor holds one tensor at a time.
+  at::Tensor storage(const pickle::Value& persistent_id) const;
 
   std::string what_;
   std::string bytes_;  // the in-memory file, when there is one
   std::shared_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
   pickle::ValuePtr root_;
-  mutable std::map<std::string, at::Tensor> storages_;  // by key, read once
 };
 
 }  // namespace megatron

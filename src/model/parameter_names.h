@@ -11,14 +11,21 @@ inline constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight
 // The untied output layer.
 inline constexpr const char* kOutputLayer = "output_layer.weight";
 
+inline bool name_ends_with(const std::string& name, const std::string& tail) {
+  return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // Whether `name` is the weight (gamma) of a norm: a norm module's ("input_layernorm.weight",
 // "q_layernorm.weight", MTP's "enorm.weight", ...) or one held by the linear after it
 // ("linear_qkv.layer_norm_weight").
 inline bool is_norm_weight(const std::string& name) {
-  auto ends_with = [&](const std::string& tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  return ends_with("layer_norm_weight") || ends_with("norm.weight");
+  return name_ends_with(name, "layer_norm_weight") || name_ends_with(name, "norm.weight");
+}
+
+// Megatron's is_embedding_or_output_parameter (what --decoupled-lr drives): the word embeddings
+// wherever a chunk holds them, and the untied output layer.
+inline bool is_embedding_or_output(const std::string& name) {
+  return name_ends_with(name, kWordEmbeddings) || name_ends_with(name, kOutputLayer);
 }
 
 }  // namespace megatron

@@ -15,14 +15,6 @@
 #include "model/parameter_names.h"
 
 namespace megatron {
-namespace {
-
-bool ends_with(const std::string& s, const char* tail) {
-  const size_t n = std::char_traits<char>::length(tail);
-  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
-}
-
-}  // namespace
 
 AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : AdamW(std::vector<ParamAndGradBuffer*>{&buffer}, config) {}
 
@@ -54,7 +46,7 @@ AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig&
         op.exp_avg = at::zeros_like(op.master);
         op.exp_avg_sq = at::zeros_like(op.master);
         op.decay = p->param.dim() > 1;  // norms and biases are 1-D
-        op.decoupled_lr = config.decoupled_lr >= 0.0 && (ends_with(p->name, kWordEmbeddings) || ends_with(p->name, kOutputLayer));
+        op.decoupled_lr = config.decoupled_lr >= 0.0 && is_embedding_or_output(p->name);
         op.tp_duplicate = p->tp_duplicate;
         op.stage_copy = p->stage_copy;
         op.buffer = b;

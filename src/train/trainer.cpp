@@ -12,13 +12,11 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <optional>
 #include <memory>
 #include <filesystem>
 #include <map>
-#include <thread>
 #include <utility>
 
 #include "checkpoint/checkpoint.h"
@@ -81,14 +79,13 @@ class Trainer {
 
  private:
   using BatchFn = std::function<Batch(int64_t)>;
-  using StepResult = StepOutcome;
   // One iteration: forward and backward over the global batch, gradient sync, clip and AdamW at
   // the learning rate set on the optimizer. Enqueues device work without waiting for it, so the
   // whole of it can be captured as a CUDA graph.
-  StepResult train_step(int64_t micro_batches, const BatchFn& batch);
+  StepOutcome train_step(int64_t micro_batches, const BatchFn& batch);
   // --cuda-graph-impl local: train_step eagerly for the warm-up iterations, then captured once and
   // replayed, with each iteration's batch copied into the graph's inputs.
-  StepResult graphed_step(int64_t micro_batches, const BatchFn& batch);
+  StepOutcome graphed_step(int64_t micro_batches, const BatchFn& batch);
   // The mean loss over --eval-iters global batches of `source`, starting at sample `consumed`,
   // which it advances past them.
   double evaluate(SampleSource& source, int64_t& consumed);
@@ -135,7 +132,7 @@ class Trainer {
   std::vector<Batch> graph_inputs_;        // one per micro-batch, at fixed addresses
   // In the graph's pool, rewritten by every replay; statistics_ keeps the latest grad norm tensor,
   // which therefore reads as the latest iteration's when the statistics are taken.
-  StepResult graph_result_;
+  StepOutcome graph_result_;
   TrainingProgress progress_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<StopSignal> stop_;
@@ -308,7 +305,7 @@ int Trainer::run() {
     const int64_t micro_batches = global_batch / dp_block;
     optimizer_->set_learning_rate(schedule_.at_samples(consumed), decoupled_schedule_ ? decoupled_schedule_->at_samples(consumed) : 0.0);
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
-    const StepResult step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
+    const StepOutcome step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
     metrics_->add_step(progress_.iteration + 1, schedule_.at_samples(consumed), schedule_.at_samples(consumed + global_batch),
                        consumed + global_batch, global_batch, step);
     ++progress_.iteration;
@@ -378,13 +375,13 @@ void Trainer::check_weight_hash() {
   }
 }
 
-Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
+StepOutcome Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
   // Gradients land in the buffer's main_grad through its hooks.
   const at::Tensor sums = forward_backward(micro_batches, batch, /*forward_only=*/false);
   for (ParamAndGradBuffer* b : buffers()) b->finish_grad_sync();
   // As Megatron's finalize_model_grads: the expert biases move once per step, from its counts.
   for (auto& chunk : chunks_) chunk->update_expert_biases();
-  StepResult r;
+  StepOutcome r;
   const at::Tensor global = global_loss(sums);  // [1 + terms + 1]: the last, the loss tokens (per DP rank)
   const at::Tensor tokens = global[global.size(0) - 1].clamp_min(1.0);
   if (t_.calculate_per_token_loss) {
@@ -409,7 +406,7 @@ Trainer::StepResult Trainer::train_step(int64_t micro_batches, const BatchFn& ba
   return r;
 }
 
-Trainer::StepResult Trainer::graphed_step(int64_t micro_batches, const BatchFn& batch) {
+StepOutcome Trainer::graphed_step(int64_t micro_batches, const BatchFn& batch) {
   if (graph_warmup_left_ > 0) {
     --graph_warmup_left_;
     return train_step(micro_batches, batch);
