@@ -140,7 +140,7 @@ void remove_old_checkpoints(const std::string& save_dir, int64_t keep, int64_t c
 
 // The keys of state.json every checkpoint has; the caller adds the tensor table.
 nlohmann::json state_skeleton(const Config& config, const TrainingProgress& progress, const nlohmann::json& layout) {
-  return {{"format_version", kFormatVersion},
+  nlohmann::json state = {{"format_version", kFormatVersion},
           {"iteration", progress.iteration},
           {"consumed_train_samples", progress.consumed_train_samples},
           {"consumed_valid_samples", progress.consumed_valid_samples},
@@ -151,6 +151,12 @@ nlohmann::json state_skeleton(const Config& config, const TrainingProgress& prog
           {"tokenizer", tokenizer_config_to_json(config.data)},
           {"parallel", layout},
           {"bf16", config.train.bf16}};
+  if (config.train.fp16) state["fp16"] = true;
+  if (progress.skipped_train_samples > 0) state["skipped_train_samples"] = progress.skipped_train_samples;
+  if (const auto& g = progress.grad_scaler) {
+    state["grad_scaler"] = {{"scale", g->scale}, {"growth_tracker", g->growth_tracker}, {"hysteresis_tracker", g->hysteresis_tracker}};
+  }
+  return state;
 }
 
 // Every rank's string on rank 0 (collective over `world`; others get an empty list).
@@ -455,6 +461,17 @@ TrainingProgress progress_of(const nlohmann::json& state) {
   progress.consumed_valid_samples = state.at("consumed_valid_samples").get<int64_t>();
   progress.skipped_iterations = state.value("skipped_iterations", int64_t(0));
   progress.nan_iterations = state.value("nan_iterations", int64_t(0));
+  progress.skipped_train_samples = state.value("skipped_train_samples", int64_t(0));
+  if (state.contains("grad_scaler")) {
+    const nlohmann::json& g = state["grad_scaler"];
+    auto number = [&](const char* key) {
+      if (!g.is_object() || !g.contains(key) || !g[key].is_number()) {
+        throw UserError("state.json: \"grad_scaler\" needs a number \"" + std::string(key) + "\"; the checkpoint is damaged");
+      }
+      return g[key].get<double>();
+    };
+    progress.grad_scaler = GradScalerState{number("scale"), number("growth_tracker"), number("hysteresis_tracker")};
+  }
   return progress;
 }
 

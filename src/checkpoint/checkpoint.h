@@ -30,6 +30,7 @@
 #include "core/config.h"
 #include "checkpoint/safetensors.h"
 #include "distributed/parallel_state.h"
+#include "optim/grad_scaler.h"
 #include "tensor_parallel/parameters.h"
 
 namespace megatron {
@@ -43,6 +44,12 @@ struct TrainingProgress {
   int64_t consumed_valid_samples = 0;
   int64_t skipped_iterations = 0;
   int64_t nan_iterations = 0;
+  // --fp16: the samples of skipped iterations. The learning-rate schedule counts only the samples
+  // of applied updates, as Megatron steps its scheduler on successful updates only.
+  int64_t skipped_train_samples = 0;
+  // --fp16 with dynamic loss scaling: the scaler's state (saved with the optimizer's: not loaded
+  // under --no-load-optim or --finetune).
+  std::optional<GradScalerState> grad_scaler;
 };
 
 std::string iteration_directory(const std::string& save_dir, int64_t iteration);

@@ -25,10 +25,10 @@ int run_trainer(Config config, RunMode mode, const ModelFamily* family = nullptr
   if (family != nullptr) config.model.family = family;
   if (!config.train.load_hf.empty()) adopt_hf_architecture(config);
   const dist::LaunchEnv env = dist::launch_env_from_environment();
+  finalize_config(config, env.world_size);  // may add notices of its own
   if (env.rank == 0) {
     for (const auto& notice : config.flag_notices) std::printf("> note: %s\n", notice.c_str());
   }
-  finalize_config(config, env.world_size);
   return run_training(config, env, mode);
 }
 

@@ -281,6 +281,23 @@ struct TrainConfig {
   bool overlap_optimizer_step = false;
 
   bool bf16 = false;
+  // --fp16: fp16 parameters and activations, fp32 master weights and gradients, the loss scaled
+  // before backward (Megatron's DynamicGradScaler, or a constant --loss-scale): a step whose
+  // gradients overflow is skipped and the scale backs off.
+  bool fp16 = false;
+  double loss_scale = 0.0;  // > 0: this constant scale; 0: dynamic
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  double loss_scale_window = 1000;  // overflow-free steps before the scale doubles
+  int64_t hysteresis = 2;           // overflowing steps in a row before the scale halves
+  // --use-precision-aware-optimizer: the optimizer's state in lower precision (Megatron's
+  // --main-params-dtype fp32|fp16, --exp-avg-dtype / --exp-avg-sq-dtype fp32|bf16|fp16; the
+  // kernel computes in fp32 whatever it stores). --main-grads-dtype bf16 is --grad-reduce-in-bf16.
+  bool use_precision_aware_optimizer = false;
+  std::string main_grads_dtype = "fp32";
+  std::string main_params_dtype = "fp32";
+  std::string exp_avg_dtype = "fp32";
+  std::string exp_avg_sq_dtype = "fp32";
   int64_t seed = 1234;
 
   int64_t log_interval = 100;

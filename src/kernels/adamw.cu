@@ -1,9 +1,34 @@
 // Fused AdamW over fp32 masters that also writes the bf16 model weights: per element it reads
-// gradient, master and both moments once and writes master, moments and model weight once.
+// gradient, master and both moments once and writes master, moments and model weight once. The
+// moments are stored in fp32 or, under the precision-aware optimizer, bf16 (rounded to nearest
+// once per step); the arithmetic is fp32 either way.
 #include "kernels/cuda_common.cuh"
 
 namespace megatron::kernels::cuda {
 namespace {
+
+// A moment's N values as fp32, from fp32 or bf16 storage (a choice every thread makes alike).
+template <int N>
+__device__ __forceinline__ Pack<float, N> load_moment(const void* p, bool bf16, int64_t i) {
+  if (!bf16) return reinterpret_cast<const Pack<float, N>*>(p)[i];
+  const Pack<__nv_bfloat16, N> h = reinterpret_cast<const Pack<__nv_bfloat16, N>*>(p)[i];
+  Pack<float, N> out;
+#pragma unroll
+  for (int k = 0; k < N; ++k) out.v[k] = __bfloat162float(h.v[k]);
+  return out;
+}
+
+template <int N>
+__device__ __forceinline__ void store_moment(void* p, bool bf16, int64_t i, const Pack<float, N>& value) {
+  if (!bf16) {
+    reinterpret_cast<Pack<float, N>*>(p)[i] = value;
+    return;
+  }
+  Pack<__nv_bfloat16, N> h;
+#pragma unroll
+  for (int k = 0; k < N; ++k) h.v[k] = __float2bfloat16(value.v[k]);
+  reinterpret_cast<Pack<__nv_bfloat16, N>*>(p)[i] = h;
+}
 
 // 4 fp32 elements per thread (16-byte loads) where the pointers allow; Model is the storage type
 // of the model copy (void: none), Grad the gradients' (fp32, or bf16 reduced in bf16).
@@ -16,10 +41,11 @@ __global__ void adamw_kernel(AdamWArgs a) {
   const float beta1 = a.beta1, beta2 = a.beta2;
   const float step_size = lr / bias_correction1;
   const int64_t items = a.n / N;
+  const bool m_bf16 = a.exp_avg_dtype == DType::BFloat16, v_bf16 = a.exp_avg_sq_dtype == DType::BFloat16;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
     Pack<float, N> p = reinterpret_cast<const Pack<float, N>*>(a.master)[i];
-    Pack<float, N> m = reinterpret_cast<const Pack<float, N>*>(a.exp_avg)[i];
-    Pack<float, N> v = reinterpret_cast<const Pack<float, N>*>(a.exp_avg_sq)[i];
+    Pack<float, N> m = load_moment<N>(a.exp_avg, m_bf16, i);
+    Pack<float, N> v = load_moment<N>(a.exp_avg_sq, v_bf16, i);
     const Pack<Grad, N> g = reinterpret_cast<const Pack<Grad, N>*>(a.grad)[i];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -32,8 +58,8 @@ __global__ void adamw_kernel(AdamWArgs a) {
       p.v[k] -= step_size * m.v[k] / denom;
     }
     reinterpret_cast<Pack<float, N>*>(a.master)[i] = p;
-    reinterpret_cast<Pack<float, N>*>(a.exp_avg)[i] = m;
-    reinterpret_cast<Pack<float, N>*>(a.exp_avg_sq)[i] = v;
+    store_moment<N>(a.exp_avg, m_bf16, i, m);
+    store_moment<N>(a.exp_avg_sq, v_bf16, i, v);
     if constexpr (!std::is_void_v<Model>) {
       Pack<Model, N> out;
 #pragma unroll
@@ -48,8 +74,10 @@ void launch(const AdamWArgs& a, Stream stream) {
   // Packs of 4 need 16-byte aligned fp32 arrays and 8-byte aligned 16-bit model weights and
   // gradients (slices of the flat buffers at odd offsets take the one-element kernel).
   auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  bool packed = a.n % 4 == 0 && aligned16(a.master) && aligned16(a.exp_avg) && aligned16(a.exp_avg_sq) &&
-                aligned(a.grad, 4 * sizeof(Grad)) && (a.model == nullptr || aligned(a.model, 8));
+  auto moment_aligned = [&](const void* p, DType t) { return aligned(p, t == DType::BFloat16 ? 8 : 16); };
+  bool packed = a.n % 4 == 0 && aligned16(a.master) && moment_aligned(a.exp_avg, a.exp_avg_dtype) &&
+                moment_aligned(a.exp_avg_sq, a.exp_avg_sq_dtype) && aligned(a.grad, 4 * sizeof(Grad)) &&
+                (a.model == nullptr || aligned(a.model, 8));
   constexpr int threads = 256;
   if (packed) {
     adamw_kernel<Model, Grad, 4><<<grid_for(a.n / 4, threads), threads, 0, stream>>>(a);

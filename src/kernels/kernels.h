@@ -72,7 +72,7 @@ void rms_norm_backward(const void* grad_y, const void* x, const void* weight, co
                        Stream stream);
 
 // One AdamW step (PyTorch's AdamW arithmetic, decoupled weight decay) over n elements of fp32
-// master weights and moments, writing the updated weights also into `model` in its storage type
+// master weights and fp32 or bf16 moments (fp32 arithmetic), writing the updated weights also into `model` in its storage type
 // (the bf16 parameter the model computes with) when model is not null: one pass instead of
 // ATen's fused AdamW followed by a copy. The per-step scalars live on the device so a training
 // step never waits for the host: the bias corrections (formed once per step from the device step
@@ -80,8 +80,10 @@ void rms_norm_backward(const void* grad_y, const void* x, const void* weight, co
 // != 0 skipping the step (nothing is written), as in ATen's fused AdamW.
 struct AdamWArgs {
   float* master;
-  float* exp_avg;
-  float* exp_avg_sq;
+  void* exp_avg;        // fp32, or bf16 (--use-precision-aware-optimizer --exp-avg-dtype bf16)
+  void* exp_avg_sq;     // fp32, or bf16 (... --exp-avg-sq-dtype bf16)
+  DType exp_avg_dtype;
+  DType exp_avg_sq_dtype;
   const void* grad;     // fp32, or bf16 with --grad-reduce-in-bf16
   DType grad_dtype;
   void* model;          // null: the master is the model's own fp32 tensor

@@ -419,9 +419,11 @@ void accumulate_grad(const at::Tensor& dst, const at::Tensor& src, bool overwrit
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                 const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
                 const AdamWStepScalars& s, Impl impl) {
-  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == master.numel(),
-                "adamw_step: master and moments must be contiguous fp32 of one size");
+  TORCH_CHECK(master.scalar_type() == at::kFloat && master.is_contiguous(), "adamw_step: the master must be contiguous fp32");
+  for (const at::Tensor* t : {&exp_avg, &exp_avg_sq}) {
+    TORCH_CHECK((t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16) && t->is_contiguous() &&
+                    t->numel() == master.numel(),
+                "adamw_step: the moments must be contiguous fp32 or bf16, one element per master weight");
   }
   TORCH_CHECK((grad.scalar_type() == at::kFloat || grad.scalar_type() == at::kBFloat16) && grad.is_contiguous() &&
                   grad.numel() == master.numel(),
@@ -437,17 +439,23 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   if (!uses_kernel(master, impl)) {
     // The reference path (CPU, and the CUDA tests' comparison): reading the learning rate back is
     // free on the CPU; a CUDA build steps with the kernel below, which reads it on the device.
-    at::_fused_adamw_({master}, {grad.to(at::kFloat)}, {exp_avg}, {exp_avg_sq}, {}, {s.step}, s.lr.item<double>(),
+    // bf16 moments step in fp32 copies, rounded back once, as the kernel does.
+    const at::Tensor m = exp_avg.to(at::kFloat), v = exp_avg_sq.to(at::kFloat);
+    at::_fused_adamw_({master}, {grad.to(at::kFloat)}, {m}, {v}, {}, {s.step}, s.lr.item<double>(),
                       h.beta1, h.beta2, h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, s.grad_scale,
                       s.found_inf);
+    if (!m.is_same(exp_avg)) exp_avg.copy_(m);
+    if (!v.is_same(exp_avg_sq)) exp_avg_sq.copy_(v);
     if (own_model) model.copy_(master);
     return;
   }
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   cuda::AdamWArgs a{};
   a.master = master.data_ptr<float>();
-  a.exp_avg = exp_avg.data_ptr<float>();
-  a.exp_avg_sq = exp_avg_sq.data_ptr<float>();
+  a.exp_avg = exp_avg.data_ptr();
+  a.exp_avg_sq = exp_avg_sq.data_ptr();
+  a.exp_avg_dtype = storage_type(exp_avg);
+  a.exp_avg_sq_dtype = storage_type(exp_avg_sq);
   a.grad = grad.data_ptr();
   a.grad_dtype = storage_type(grad);
   a.model = own_model ? model.data_ptr() : nullptr;

@@ -71,7 +71,8 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& ta
 void accumulate_grad(const at::Tensor& dst, const at::Tensor& src, bool overwrite, Impl impl = Impl::Auto);
 
 // One AdamW step (PyTorch's arithmetic, decoupled weight decay) on one parameter's fp32 master
-// and moments [n], from its gradient [n] (fp32, or bf16 with --grad-reduce-in-bf16) divided by
+// and moments [n] (fp32, or bf16 under the precision-aware optimizer: computed in fp32, rounded
+// once when stored), from its gradient [n] (fp32, or bf16 with --grad-reduce-in-bf16) divided by
 // the step's grad_scale; the result is also written to `model` ([n], bf16 / fp16) unless model is
 // the master itself. The step's scalars are tensors on the parameters' device, formed once per
 // step for all parameters, so no host synchronisation is needed; found_inf skips the step

@@ -257,7 +257,7 @@ at::Tensor GPTModel::token_losses(const Batch& batch, const at::Tensor& input) {
     parts.token_losses = [&](const at::Tensor& l, const at::Tensor& labels) { return cross_entropy(l, labels); };
     parts.rope = tables_for(batch.tokens, batch.position_ids, gathered);
     parts.attention_mask = batch.attention_mask;
-    logits = moe::attach_loss(logits, mtp->loss(hidden, batch, parts), auxiliary_loss_scale_);
+    logits = moe::attach_loss(logits, mtp->loss(hidden, batch, parts), auxiliary_loss_scale_, fp16_loss_scale_);
   }
   return cross_entropy(logits, batch.labels);  // [b, s]
 }
@@ -279,9 +279,10 @@ std::vector<moe::MoELayer*> GPTModel::moe_layers() const {
   return out;
 }
 
-void GPTModel::set_moe_loss_scale(double scale) {
+void GPTModel::set_moe_loss_scale(double scale, const at::Tensor& fp16_loss_scale) {
   auxiliary_loss_scale_ = scale;
-  for (moe::MoELayer* moe : moe_layers()) moe->router->set_loss_scale(scale);
+  fp16_loss_scale_ = fp16_loss_scale;
+  for (moe::MoELayer* moe : moe_layers()) moe->router->set_loss_scale(scale, fp16_loss_scale);
   if (mtp) mtp->set_tracked_scale(scale);
 }
 

@@ -74,9 +74,10 @@ class GPTModel : public tp::DescribedModule {
   // registration order.
   const tp::ParamTable& parameter_table() const { return table_; }
   // The MoE layers' router losses (moe/aux_loss.h): the gradient they enter backward with (the
-  // main loss's 1 / micro-batches), and what they tracked since the last call, summed over this
-  // chunk's MoE layers ([n] fp32 in moe::tracked_loss_names order; undefined without any).
-  void set_moe_loss_scale(double scale);
+  // main loss's 1 / micro-batches, times `fp16_loss_scale` under --fp16: [] fp32 on the device),
+  // and what they tracked since the last call, summed over this chunk's MoE layers ([n] fp32 in
+  // moe::tracked_loss_names order; undefined without any).
+  void set_moe_loss_scale(double scale, const at::Tensor& fp16_loss_scale = {});
   at::Tensor take_moe_losses();
   // The multi-token prediction depths' mean losses since the last call, each times that scale
   // ([D] fp32; undefined without MTP on this chunk).
@@ -132,6 +133,7 @@ class GPTModel : public tp::DescribedModule {
   std::optional<RopeTables> rope_;
   tp::ParamTable table_;
   double auxiliary_loss_scale_ = 1.0;  // what the MTP loss enters backward with (1 / micro-batches)
+  at::Tensor fp16_loss_scale_;         // ... times this, under --fp16
 };
 
 // The parameter table of `chunk` (default: the whole model) of `config` with its family's layer

@@ -10,15 +10,20 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct AttachLoss : torch::autograd::Function<AttachLoss> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& activation, const at::Tensor& loss, double scale) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& activation, const at::Tensor& loss, double scale,
+                            const at::Tensor& loss_scale) {
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["loss_scale"] = loss_scale;
     ctx->saved_data["like"] = at::empty({0}, loss.options());  // the loss's dtype and device, no storage
     // A copy, not the input itself: an autograd function's output may not alias its input here.
     return activation.clone();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const double scale = ctx->saved_data["scale"].toDouble();
-    return {grad[0], at::full({}, scale, ctx->saved_data["like"].toTensor().options()), at::Tensor()};
+    at::Tensor loss_grad = at::full({}, scale, ctx->saved_data["like"].toTensor().options());
+    const at::Tensor loss_scale = ctx->saved_data["loss_scale"].toTensor();
+    if (loss_scale.defined()) loss_grad = loss_grad * loss_scale.to(loss_grad.scalar_type());
+    return {grad[0], loss_grad, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -33,8 +38,8 @@ const std::vector<BalancingLoss>& balancing_losses() {
   return losses;
 }
 
-at::Tensor attach_loss(const at::Tensor& activation, const at::Tensor& loss, double scale) {
-  return AttachLoss::apply(activation, loss, scale);
+at::Tensor attach_loss(const at::Tensor& activation, const at::Tensor& loss, double scale, const at::Tensor& loss_scale) {
+  return AttachLoss::apply(activation, loss, scale, loss_scale);
 }
 
 at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor& counts, int64_t total_tokens, int topk,

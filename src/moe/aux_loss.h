@@ -1,7 +1,8 @@
 // The router's auxiliary losses with Megatron-Core's formulas (moe_utils.py) and the way their
 // gradients reach backward. A layer adds them where it computes them (Megatron's
 // MoEAuxLossAutoScaler): the loss rides on an activation through an autograd function whose
-// backward hands the loss a gradient of `scale` (the main loss's 1 / micro-batches). That works
+// backward hands the loss a gradient of `scale` (the main loss's 1 / micro-batches; times the
+// loss scale under --fp16, as the main loss enters backward scaled). That works
 // on every pipeline stage, where a loss function on the last stage could not see them; the
 // values are tracked apart for the log line.
 #pragma once
@@ -15,8 +16,9 @@
 
 namespace megatron::moe {
 
-// `activation` unchanged, with `loss` ([] scalar) entering backward with gradient `scale`.
-at::Tensor attach_loss(const at::Tensor& activation, const at::Tensor& loss, double scale);
+// `activation` unchanged, with `loss` ([] scalar) entering backward with gradient `scale`
+// (times `loss_scale`, [] fp32 on the loss's device, when defined).
+at::Tensor attach_loss(const at::Tensor& activation, const at::Tensor& loss, double scale, const at::Tensor& loss_scale = {});
 
 // Switch Transformer's load-balancing loss: scores [T, E'] of this rank's tokens, counts [E']
 // tokens routed to each (summed over every rank sharing the batch), T_total tokens in that batch:

@@ -117,7 +117,7 @@ at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tenso
       }
       loss = switch_load_balancing_loss(scores, counts, total, int(k), int(E), coeff);
     }
-    probs = attach_loss(probs, loss, loss_scale_);
+    probs = attach_loss(probs, loss, loss_scale_, fp16_loss_scale_);
     track(slot++, loss / coeff * shown);
   }
   return probs;
@@ -133,7 +133,7 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
   if (losses && c.moe_z_loss_coeff > 0) {
     // Each TP rank's mean over its own tokens: the coefficient is shared out over TP.
     const at::Tensor z = z_loss(logits, c.moe_z_loss_coeff / tp);
-    logits = attach_loss(logits, z, loss_scale_);
+    logits = attach_loss(logits, z, loss_scale_, fp16_loss_scale_);
     // mean logsumexp^2 / tp (summed over TP: the mean); z_loss is tracked last
     track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff);
   }

@@ -43,8 +43,12 @@ class TopKRouter : public tp::DescribedModule {
   // parallelism) of `batch` sequences.
   Routing forward(const at::Tensor& tokens, int64_t batch);
 
-  // The gradient the attached losses enter backward with (the main loss's 1 / micro-batches).
-  void set_loss_scale(double scale) { loss_scale_ = scale; }
+  // The gradient the attached losses enter backward with (the main loss's 1 / micro-batches),
+  // times `fp16_loss_scale` ([] fp32 on the device, --fp16) when defined.
+  void set_loss_scale(double scale, const at::Tensor& fp16_loss_scale = {}) {
+    loss_scale_ = scale;
+    fp16_loss_scale_ = fp16_loss_scale;
+  }
   // The tracked losses of the forwards since the last call, each times the loss scale, in the
   // order of tracked_loss_names, as this rank's share: summed over TP they are Megatron's
   // values (load balancing: aux / coeff; z: mean logsumexp^2). [n] fp32, or undefined.
@@ -70,6 +74,7 @@ class TopKRouter : public tp::DescribedModule {
   const ModelConfig& config_;
   tp::TensorParallel tp_;
   double loss_scale_ = 1.0;
+  at::Tensor fp16_loss_scale_;
   at::Tensor tracked_;  // [n] fp32
   int64_t tracked_count_ = 0;  // tracked_loss_names(config).size()
   at::Tensor global_counts_;    // global_aux_loss: [E] tokens per expert over this step's micro-batches

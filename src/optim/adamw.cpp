@@ -15,6 +15,13 @@
 #include "model/parameter_names.h"
 
 namespace megatron {
+namespace {
+
+// --exp-avg-dtype / --exp-avg-sq-dtype (finalize_config admits fp32 and bf16; fp32 unless the
+// precision-aware optimizer is on).
+at::ScalarType moment_dtype(const std::string& name) { return name == "bf16" ? at::kBFloat16 : at::kFloat; }
+
+}  // namespace
 
 AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : AdamW(std::vector<ParamAndGradBuffer*>{&buffer}, config) {}
 
@@ -43,8 +50,8 @@ AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig&
         op.model_slice = buffer.param_data.narrow(0, from, op.numel);
         op.master = op.model_slice.scalar_type() == at::kFloat ? op.model_slice : op.model_slice.to(at::kFloat).clone();
         op.main_grad = buffer.grad_data.narrow(0, from, op.numel);
-        op.exp_avg = at::zeros_like(op.master);
-        op.exp_avg_sq = at::zeros_like(op.master);
+        op.exp_avg = at::zeros_like(op.master, moment_dtype(config.exp_avg_dtype));
+        op.exp_avg_sq = at::zeros_like(op.master, moment_dtype(config.exp_avg_sq_dtype));
         op.decay = p->param.dim() > 1;  // norms and biases are 1-D
         op.decoupled_lr = config.decoupled_lr >= 0.0 && is_embedding_or_output(p->name);
         op.tp_duplicate = p->tp_duplicate;
@@ -135,14 +142,16 @@ void AdamW::set_learning_rate(double lr, double decoupled_lr) {
   if (c_.decoupled_lr >= 0.0) decoupled_lr_.fill_(decoupled_lr);
 }
 
-at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss) {
+at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss, const at::Tensor& loss_scale) {
   at::NoGradGuard no_grad;
   at::Tensor applied = grad_norm.isfinite();
   if (loss.defined()) applied = applied.logical_and(loss.isfinite().to(applied.device()));
   // Megatron's clip multiplies by clip / (norm + 1e-6) when that is below 1; the kernel divides
   // by its inverse. A skipped step never reads it (found_inf is checked first).
-  const at::Tensor grad_scale = c_.clip_grad > 0.0 ? ((grad_norm + 1e-6) / c_.clip_grad).clamp_min(1.0)
-                                                   : at::ones({}, grad_norm.options());
+  at::Tensor grad_scale = c_.clip_grad > 0.0 ? ((grad_norm + 1e-6) / c_.clip_grad).clamp_min(1.0)
+                                             : at::ones({}, grad_norm.options());
+  // Unscaling folded into the same division: one pass over the gradients, not two.
+  if (loss_scale.defined()) grad_scale = grad_scale * loss_scale.to(grad_scale.scalar_type());
   steps_.add_(applied.to(at::kFloat));
   // Overlapped, the updates may still run when the next step's set_learning_rate writes lr_:
   // they read a copy of it.

@@ -1,7 +1,9 @@
 // AdamW with fp32 master weights over the contiguous buffers of ParamAndGradBuffer. The model
-// may hold bf16 parameters; gradients arrive in fp32 `main_grad` (as Megatron names it), are
-// clipped by the global L2 norm, and the fused AdamW kernel steps the fp32 masters, which are
+// may hold bf16 or fp16 parameters; gradients arrive in fp32 `main_grad` (as Megatron names it),
+// are clipped by the global L2 norm, and the fused AdamW kernel steps the fp32 masters, which are
 // then copied back into the model's parameters. No weight decay on norms and biases (1-D).
+// Megatron's precision-aware optimizer keeps the moments in bf16 (--exp-avg-dtype,
+// --exp-avg-sq-dtype): 4 bytes a parameter instead of 8, the arithmetic still fp32.
 //
 // With the distributed optimizer (ZeRO-1) each data-parallel rank owns a shard of every bucket:
 // it keeps masters and moments for that shard only, steps it, and the buffer all-gathers the
@@ -32,8 +34,8 @@ struct OptimizerParam {
   at::Tensor model_slice;   // [numel] view of the parameter's elements
   at::Tensor master;        // [numel] fp32; model_slice itself when the model is fp32
   at::Tensor main_grad;     // [numel] view into the gradient buffer (fp32; bf16 with --grad-reduce-in-bf16)
-  at::Tensor exp_avg;       // [numel] fp32
-  at::Tensor exp_avg_sq;    // [numel] fp32
+  at::Tensor exp_avg;       // [numel] fp32 (bf16: --use-precision-aware-optimizer --exp-avg-dtype bf16)
+  at::Tensor exp_avg_sq;    // [numel] fp32 (bf16: ... --exp-avg-sq-dtype bf16)
   bool decay = true;        // weight decay applies
   bool decoupled_lr = false;  // the embedding or output layer under --decoupled-lr
   bool tp_duplicate = false;
@@ -65,12 +67,14 @@ class AdamW {
   // One AdamW step at the learning rate set last with the gradients clipped to --clip-grad by
   // `grad_norm` (Megatron's clip_grad_norm_, applied by the kernel as it reads each gradient),
   // then master -> model parameters (all-gathered over DP with the distributed optimizer).
+  // `loss_scale` ([] fp32, --fp16): the gradients are its multiple (grad_norm is not), and the
+  // kernel divides it out with the clip.
   // When grad_norm, or `loss` if given, is not finite the step is skipped on the device: no
   // element changes and the step count stays. Returns whether it was applied ([] bool, device).
   // Enqueues device work only, so it can be captured in a CUDA graph. With the buffer's
   // overlap_optimizer_step the updates run on a stream of their own, bucket by bucket, and
   // return before they finish: the buffer's wait_for_params / finish_param_gather wait for them.
-  at::Tensor step(const at::Tensor& grad_norm, const at::Tensor& loss = {});
+  at::Tensor step(const at::Tensor& grad_norm, const at::Tensor& loss = {}, const at::Tensor& loss_scale = {});
 
   // Checkpoint state of this rank: "<param name>.master|exp_avg|exp_avg_sq" (the parameter's
   // shape when this rank steps all of it, else its flat slice) and "step".

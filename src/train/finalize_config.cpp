@@ -20,6 +20,65 @@ namespace {
 
 // --recompute-*: Megatron's combinations (full needs a method and a layer count; selective
 // takes neither), named in each error.
+// Megatron's precision-aware optimizer flags. The moments may be bf16; fp16 and fp8 moments (and
+// fp16 masters) need the per-tensor scaling TransformerEngine adds, not built here: refused rather
+// than run with moments that underflow. Without --use-precision-aware-optimizer Megatron ignores
+// the dtypes; so does this, with a notice.
+void finalize_optimizer_precision(Config& c) {
+  TrainConfig& t = c.train;
+  struct Choice {
+    const char* flag;
+    std::string* value;
+    std::vector<std::string> built;
+    std::vector<std::string> megatron;  // Megatron's choices
+  };
+  Choice choices[] = {{"main-grads-dtype", &t.main_grads_dtype, {"fp32", "bf16"}, {"fp32", "bf16"}},
+                      {"main-params-dtype", &t.main_params_dtype, {"fp32"}, {"fp32", "fp16"}},
+                      {"exp-avg-dtype", &t.exp_avg_dtype, {"fp32", "bf16"}, {"fp32", "fp16", "bf16", "fp8"}},
+                      {"exp-avg-sq-dtype", &t.exp_avg_sq_dtype, {"fp32", "bf16"}, {"fp32", "fp16", "bf16", "fp8"}}};
+  auto among = [](const std::string& v, const std::vector<std::string>& list) { return std::find(list.begin(), list.end(), v) != list.end(); };
+  for (Choice& ch : choices) {
+    if (!among(*ch.value, ch.megatron)) {
+      std::string list;
+      for (const auto& m : ch.megatron) list += (list.empty() ? "" : ", ") + m;
+      throw UserError(std::string("--") + ch.flag + " must be one of " + list + " (got '" + *ch.value + "')");
+    }
+    if (*ch.value == "fp32") continue;
+    if (!t.use_precision_aware_optimizer) {
+      c.flag_notices.push_back(std::string("--") + ch.flag + " " + *ch.value +
+                               " has no effect without --use-precision-aware-optimizer (as in Megatron): fp32");
+      *ch.value = "fp32";
+      continue;
+    }
+    if (!among(*ch.value, ch.built)) {
+      throw UserError(std::string("--") + ch.flag + " " + *ch.value + " is not implemented yet: " +
+                      (ch.built.size() > 1 ? "bf16 keeps fp32's range (fp16 and fp8 state needs per-tensor scaling); use bf16"
+                                           : "the master weights stay fp32"));
+    }
+  }
+  if (t.main_grads_dtype == "bf16") {
+    if (!t.bf16) throw UserError("--main-grads-dtype bf16 needs --bf16: the gradients are kept in the bf16 parameters' dtype");
+    c.parallel.grad_reduce_in_bf16 = true;  // the same thing under its other name
+  }
+}
+
+// --fp16 and Megatron's loss-scaling flags (which, as Megatron, mean nothing without it).
+void validate_loss_scaling(const TrainConfig& t) {
+  if (t.fp16 && t.bf16) throw UserError("--fp16 and --bf16 exclude each other: give one");
+  auto positive = [](const char* flag, double v) {
+    if (!(v > 0.0) || !std::isfinite(v)) throw UserError(std::string("--") + flag + " must be a positive number (got " + std::to_string(v) + ")");
+  };
+  if (t.loss_scale != 0.0) positive("loss-scale", t.loss_scale);
+  positive("initial-loss-scale", t.initial_loss_scale);
+  positive("min-loss-scale", t.min_loss_scale);
+  positive("loss-scale-window", t.loss_scale_window);
+  if (t.hysteresis <= 0) throw UserError("--hysteresis must be a positive count (got " + std::to_string(t.hysteresis) + ")");
+  if (t.loss_scale == 0.0 && t.min_loss_scale > t.initial_loss_scale) {
+    throw UserError("--min-loss-scale " + std::to_string(t.min_loss_scale) + " exceeds --initial-loss-scale " +
+                    std::to_string(t.initial_loss_scale));
+  }
+}
+
 void validate_recompute(ModelConfig& m, const TrainConfig& t) {
   if (m.recompute_activations) {
     if (!m.recompute_granularity.empty() && m.recompute_granularity != "selective") {
@@ -345,6 +404,8 @@ void finalize_config(Config& c, int world_size) {
   if (p.grad_reduce_in_bf16 && !t.bf16) {
     throw UserError("--grad-reduce-in-bf16 needs --bf16: the gradients are kept in the bf16 parameters' dtype");
   }
+  validate_loss_scaling(t);
+  finalize_optimizer_precision(c);
 
   // Batches.
   const int64_t per_step = int64_t(t.micro_batch_size) * p.data_parallel_size;

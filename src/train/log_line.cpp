@@ -28,7 +28,7 @@ std::string format_iteration_log(const IterationLog& l) {
   append(s, " lm loss: %.6E |", l.lm_loss);
   for (const auto& [name, value] : l.loss_terms) append(s, " %s: %.6E |", name.c_str(), value);
   append(s, " loss scale: %.1f |", l.loss_scale);
-  append(s, " grad norm: %.3f |", l.grad_norm);
+  if (l.grad_norm) append(s, " grad norm: %.3f |", *l.grad_norm);
   // Python prints the float count as "123.0".
   if (l.num_zeros) append(s, " num zeros: %.1f |", *l.num_zeros);
   if (l.params_norm) append(s, " params norm: %.3f |", *l.params_norm);

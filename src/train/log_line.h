@@ -24,8 +24,8 @@ struct IterationLog {
   int64_t global_batch_size = 0;
   double lm_loss = 0;
   std::vector<std::pair<std::string, double>> loss_terms;  // the family's named terms, after "lm loss"
-  double loss_scale = 1.0;
-  double grad_norm = 0;
+  double loss_scale = 1.0;  // fp16's current loss scale; 1 without one
+  std::optional<double> grad_norm;  // none when the iteration's update was skipped, as Megatron
   std::optional<double> num_zeros;    // --log-num-zeros-in-grad
   std::optional<double> params_norm;  // --log-params-norm
   int64_t skipped_iterations = 0;

@@ -79,14 +79,23 @@ void TrainingMetrics::settle(TrainingProgress& progress) {
   const StepStatistics::Totals t = statistics_.take();
   interval_loss_ += t.applied_loss_sum;
   interval_iterations_ += t.iterations;
+  interval_applied_ += t.iterations - t.skipped;
+  interval_skipped_ += t.skipped;
+  interval_nan_ += t.nan;
   progress.skipped_iterations += t.skipped;
-  progress.nan_iterations += t.skipped;  // bf16 has no loss scaler: every skip is a non-finite value
-  if (t.iterations > 0) last_grad_norm_ = t.last_grad_norm;
+  progress.nan_iterations += t.nan;
+  if (t.iterations > 0) {
+    last_grad_norm_ = t.last_grad_norm;
+    last_applied_ = t.last_applied;
+  }
 }
 
-void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) {
+void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr, bool first_iteration) {
   settle(progress);
   const TrainConfig& t = c_.train;
+  // Megatron logs its first iteration without resetting the interval's accumulators, so the
+  // interval's line still covers it; a first iteration that ends an interval resets as any.
+  const bool reset = !first_iteration || progress.iteration % t.log_interval == 0;
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - interval_start_).count();
   const double per_iteration = elapsed / double(interval_iterations_);
@@ -105,37 +114,39 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr) 
   // As Megatron, the learning rate shown is the one the next step will use.
   l.learning_rate = next_lr;
   l.global_batch_size = last_global_batch_;
-  const int64_t counted = interval_iterations_;
+  // Averaged over the applied iterations, as Megatron's "advanced iterations".
+  const int64_t counted = interval_applied_;
   l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
-  l.grad_norm = last_grad_norm_;
-  if (last_step_.grad_zeros.defined()) l.num_zeros = last_step_.grad_zeros.item<double>();
+  if (last_step_.loss_scale.defined()) l.loss_scale = last_step_.loss_scale.item<double>();
+  // A skipped step has no gradient norm or zero count in Megatron's line.
+  if (last_applied_) l.grad_norm = last_grad_norm_;
+  if (last_applied_ && last_step_.grad_zeros.defined()) l.num_zeros = last_step_.grad_zeros.item<double>();
   if (last_step_.params_norm.defined()) l.params_norm = last_step_.params_norm.item<double>();
   if (!loss_terms_.empty()) {
     const at::Tensor sums = interval_terms_.cpu();
     for (size_t i = 0; i < loss_terms_.size(); ++i) {
       l.loss_terms.emplace_back(loss_terms_[i], counted > 0 ? sums[int64_t(i)].item<double>() / double(counted) : 0.0);
     }
-    interval_terms_.zero_();
+    if (reset) interval_terms_.zero_();
   }
-  l.skipped_iterations = progress.skipped_iterations;
-  l.nan_iterations = progress.nan_iterations;
+  l.skipped_iterations = interval_skipped_;
+  l.nan_iterations = interval_nan_;
   if (prints()) std::printf("%s\n", format_iteration_log(l).c_str());
   std::fflush(stdout);
   write_tensorboard_steps();
   if (tensorboard_) {
     tensorboard_->add_scalar("throughput (tokens/s/GPU)", float(tokens_per_second), l.iteration);  // ours
     // Megatron's timer series at the log interval (its default --timing-log-level 0 adds no
-    // per-region timers), leaving out an interval of the run's first iteration alone, whose time
-    // is the set-up's.
-    const bool first_iteration_alone = !timed_an_interval_ && interval_iterations_ == 1;
-    if (t.log_timers_to_tensorboard && !first_iteration_alone) {
+    // per-region timers), not at the run's first iteration, whose time is the set-up's.
+    if (t.log_timers_to_tensorboard && !first_iteration) {
       tensorboard_->add_scalar("iteration-time", float(per_iteration), l.iteration);
       if (t.log_throughput) tensorboard_->add_scalar("throughput", float(l.tflops_per_device), l.iteration);
     }
   }
-  timed_an_interval_ = true;
+  if (!reset) return;
   interval_loss_ = 0;
   interval_iterations_ = 0;
+  interval_applied_ = interval_skipped_ = interval_nan_ = 0;
   interval_samples_ = 0;
   start_interval();
 }
@@ -151,6 +162,7 @@ void TrainingMetrics::write_tensorboard_steps() {
   const at::Tensor loss_values = host(&StepOutcome::loss), norm_values = host(&StepOutcome::grad_norm);
   const at::Tensor term_values = loss_terms_.empty() ? at::Tensor() : host(&StepOutcome::terms);
   const at::Tensor zeros_values = host(&StepOutcome::grad_zeros), params_norm_values = host(&StepOutcome::params_norm);
+  const at::Tensor applied_values = host(&StepOutcome::applied), scale_values = host(&StepOutcome::loss_scale);
   const double* loss_at = loss_values.data_ptr<double>();
   const double* norm_at = norm_values.data_ptr<double>();
   const double* terms_at = loss_terms_.empty() ? nullptr : term_values.data_ptr<double>();
@@ -165,10 +177,12 @@ void TrainingMetrics::write_tensorboard_steps() {
     both("batch-size", double(s.global_batch));
     both("lm loss", loss_at[i]);
     for (size_t k = 0; k < loss_terms_.size(); ++k) both(loss_terms_[k], terms_at[i * loss_terms_.size() + k]);
-    both("loss-scale", 1.0);  // bf16 and fp32 runs have no loss scaler
+    both("loss-scale", scale_values.defined() ? scale_values.data_ptr<double>()[i] : 1.0);  // bf16 and fp32: none
     if (c_.train.log_world_size_to_tensorboard) both("world-size", ps_.world_size);
-    both("grad-norm", norm_at[i]);
-    if (zeros_values.defined()) both("num-zeros", zeros_values.data_ptr<double>()[i]);
+    // As Megatron, a skipped step has no gradient norm or zero count.
+    const bool applied = applied_values.data_ptr<double>()[i] != 0.0;
+    if (applied) both("grad-norm", norm_at[i]);
+    if (applied && zeros_values.defined()) both("num-zeros", zeros_values.data_ptr<double>()[i]);
     if (params_norm_values.defined()) both("params-norm", params_norm_values.data_ptr<double>()[i]);
     if (!s.memory.empty()) {
       const char* tags[] = {"mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes", "mem-allocated-count"};

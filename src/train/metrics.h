@@ -28,6 +28,7 @@ struct StepOutcome {
   at::Tensor applied;      // [] bool: false when the update was skipped (loss or norm not finite)
   at::Tensor params_norm;  // [] fp32 after the update, with --log-params-norm (else undefined)
   at::Tensor grad_zeros;   // [] fp32, with --log-num-zeros-in-grad (else undefined)
+  at::Tensor loss_scale;   // [] fp32: --fp16's loss scale after the step's update (else undefined: 1)
 };
 
 class TrainingMetrics {
@@ -48,8 +49,10 @@ class TrainingMetrics {
   // `progress`'s skipped and nan counts.
   void settle(TrainingProgress& progress);
   // Megatron's line for the interval ending now (`next_lr`: the rate the next step will use),
-  // and its TensorBoard scalars; a new interval starts.
-  void log_iteration(TrainingProgress& progress, double next_lr);
+  // and its TensorBoard scalars; a new interval starts. `first_iteration`: the run's first
+  // iteration, which Megatron logs whatever the interval, without starting a new one (unless
+  // the interval ends there anyway) and without timer scalars.
+  void log_iteration(TrainingProgress& progress, double next_lr, bool first_iteration = false);
   // Megatron's validation block; `split` names the data in `megatron eval` ("val", "test"), empty
   // during training.
   // `consumed_samples`: the training samples consumed by then (the "vs samples" tag's step).
@@ -78,9 +81,12 @@ class TrainingMetrics {
   int64_t interval_samples_ = 0;  // the interval's global batches together
   int64_t last_global_batch_ = 0;
   int64_t interval_iterations_ = 0;
+  int64_t interval_applied_ = 0;  // Megatron's "advanced iterations": the loss averages over them
+  int64_t interval_skipped_ = 0;  // Megatron's per-interval "number of skipped iterations"
+  int64_t interval_nan_ = 0;      // ... and "number of nan iterations"
   double last_grad_norm_ = 0;
+  bool last_applied_ = true;      // the latest iteration's update was applied (else no grad norm shown)
   StepOutcome last_step_;       // the latest step's values (params norm, zeros: read at the log line)
-  bool timed_an_interval_ = false;  // iteration-time skips the run's first iteration, as Megatron
   std::chrono::steady_clock::time_point interval_start_;
   struct TensorBoardStep {
     int64_t iteration, consumed_samples, global_batch;

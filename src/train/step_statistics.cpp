@@ -6,28 +6,28 @@ namespace megatron {
 
 void StepStatistics::add(const at::Tensor& loss, const at::Tensor& grad_norm, const at::Tensor& applied) {
   const at::Tensor counted = at::where(applied, loss.to(at::kDouble), 0.0);
-  const at::Tensor skipped = applied.logical_not().to(at::kLong);
-  if (iterations_ == 0) {
-    applied_loss_sum_ = counted;
-    skipped_ = skipped;
-  } else {
-    applied_loss_sum_ = applied_loss_sum_ + counted;
-    skipped_ = skipped_ + skipped;
-  }
+  const at::Tensor skipped = applied.logical_not();
+  // [loss sum of the applied, skipped, skipped with a loss that is not finite]
+  const at::Tensor row = at::stack({counted, skipped.to(at::kDouble), skipped.logical_and(loss.isfinite().logical_not()).to(at::kDouble)});
+  sums_ = iterations_ == 0 ? row : sums_ + row;
   last_grad_norm_ = grad_norm;
+  last_applied_ = applied;
   ++iterations_;
 }
 
 StepStatistics::Totals StepStatistics::take() {
   Totals t;
   if (iterations_ == 0) return t;
-  // One device-to-host copy for all three.
-  const at::Tensor host = at::stack({applied_loss_sum_, skipped_.to(at::kDouble), last_grad_norm_.to(at::kDouble)}).cpu();
+  // One device-to-host copy for all of them.
+  const at::Tensor host =
+      at::cat({sums_, last_grad_norm_.to(at::kDouble).reshape({1}), last_applied_.to(at::kDouble).reshape({1})}).cpu();
   const double* v = host.data_ptr<double>();
   t.iterations = iterations_;
   t.applied_loss_sum = v[0];
   t.skipped = static_cast<int64_t>(v[1]);
-  t.last_grad_norm = v[2];
+  t.nan = static_cast<int64_t>(v[2]);
+  t.last_grad_norm = v[3];
+  t.last_applied = v[4] != 0.0;
   iterations_ = 0;
   return t;
 }

@@ -16,8 +16,10 @@ class StepStatistics {
   struct Totals {
     int64_t iterations = 0;       // added since the last take()
     int64_t skipped = 0;          // of which the update was skipped (loss or grad norm not finite)
+    int64_t nan = 0;              // of those, the ones whose loss was not finite (Megatron's nan iterations)
     double applied_loss_sum = 0;  // the losses of the applied ones
     double last_grad_norm = 0;    // of the latest iteration
+    bool last_applied = true;     // whether the latest iteration's update was applied
   };
 
   // loss: [] (any float dtype), grad_norm: [] fp32, applied: [] bool, all on one device.
@@ -26,9 +28,9 @@ class StepStatistics {
   Totals take();
 
  private:
-  at::Tensor applied_loss_sum_;  // [] fp64
-  at::Tensor skipped_;           // [] int64
-  at::Tensor last_grad_norm_;    // [] fp32
+  at::Tensor sums_;            // [3] fp64: the applied iterations' loss sum, skipped, skipped with a non-finite loss
+  at::Tensor last_grad_norm_;  // [] fp32
+  at::Tensor last_applied_;    // [] bool
   int64_t iterations_ = 0;
 };
 

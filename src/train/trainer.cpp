@@ -35,6 +35,7 @@
 #include "moe/moe_config.h"
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_schedule.h"
 #include "pipeline/layout.h"
 #include "pipeline/schedules.h"
@@ -107,6 +108,12 @@ class Trainer {
   void save(const char* why);
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
+  // The parameters' and activations' dtype: --bf16, --fp16, or fp32.
+  at::ScalarType params_dtype() const { return t_.bf16 ? at::kBFloat16 : t_.fp16 ? at::kHalf : at::kFloat; }
+  // The samples the learning-rate schedule has counted: all consumed but, under --fp16, those of
+  // skipped iterations (Megatron steps its scheduler on applied updates only).
+  int64_t scheduled_samples() const { return progress_.consumed_train_samples - progress_.skipped_train_samples; }
+  std::string precision() const;
 
   const Config& c_;
   const TrainConfig& t_;
@@ -124,6 +131,7 @@ class Trainer {
   GradBuffers buffers_;                // declared after the model whose parameters they hold
   ParamAndGradBuffer* buffer_ = nullptr;  // buffers_.dense
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<GradScaler> scaler_;  // --fp16: the loss scale
   std::unique_ptr<SampleSource> train_data_, valid_data_;
   std::unique_ptr<BatchPrefetcher> train_batches_;  // declared after the sources it reads
   std::unique_ptr<StepProfiler> profiler_;
@@ -188,7 +196,7 @@ int Trainer::run() {
   }
   int64_t parameters = 0;
   for (auto& chunk : chunks_) {
-    chunk->to(device_, t_.bf16 ? at::kBFloat16 : at::kFloat);
+    chunk->to(device_, params_dtype());
     chunk->train();
     // The other expert-parallel ranks hold as many experts again each.
     parameters += chunk->num_parameters() + chunk->num_expert_parameters() * (ps_.ep.size() - 1);
@@ -208,6 +216,7 @@ int Trainer::run() {
   buffer_ = buffers_.dense.get();
   // `megatron eval` never steps: no fp32 masters or moments (12 bytes per parameter in bf16).
   if (mode_ == RunMode::Train) optimizer_ = std::make_unique<AdamW>(buffers(), t_);
+  if (mode_ == RunMode::Train && t_.fp16) scaler_ = std::make_unique<GradScaler>(t_, device_);
   if (buffer_->params_arrive_during_forward()) {
     for (auto& chunk : chunks_) {
       chunk->before_use = [this](const std::vector<at::Tensor>& params) {
@@ -251,7 +260,7 @@ int Trainer::run() {
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
               m.padded_vocab_size, m.seq_length);
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
-                static_cast<long long>(parameters), !t_.bf16 ? "fp32" : p.grad_reduce_in_bf16 ? "bf16 (fp32 master weights, bf16 gradients)" : "bf16 (fp32 master weights)", device_.str().c_str(),
+                static_cast<long long>(parameters), precision().c_str(), device_.str().c_str(),
                 at::get_num_threads(), buffer_->num_buckets() + (buffers_.experts ? buffers_.experts->num_buckets() : 0));
     std::printf("> initialised the weights in %.1f s\n", init_seconds);
     if (buffer_->overlap_optimizer_step()) {
@@ -274,6 +283,8 @@ int Trainer::run() {
     if (auto loaded = load_checkpoint(t_.load, chunks(), optimizer_.get(), c_, ps_)) {
       progress_ = *loaded;
       checkpointer_->loaded(progress_.iteration);
+      // Saved with the optimizer's state, as Megatron's: a fresh optimizer starts a fresh scale.
+      if (scaler_ && progress_.grad_scaler && !t_.no_load_optim) scaler_->load_state(*progress_.grad_scaler);
     }
   }
   std::vector<std::string> logged_terms = loss_terms_;
@@ -298,22 +309,29 @@ int Trainer::run() {
   profiler_ = std::make_unique<StepProfiler>(t_, ps_.rank, device_);
   metrics_->start_interval();
   std::fflush(stdout);
+  const int64_t first_iteration = progress_.iteration + 1;
   while (progress_.iteration < t_.train_iters) {
     profiler_->before_iteration(progress_.iteration);
     for (ParamAndGradBuffer* b : buffers()) b->zero_grad();
     const int64_t consumed = progress_.consumed_train_samples, global_batch = batches.at(consumed);
     const int64_t micro_batches = global_batch / dp_block;
-    optimizer_->set_learning_rate(schedule_.at_samples(consumed), decoupled_schedule_ ? decoupled_schedule_->at_samples(consumed) : 0.0);
+    const int64_t scheduled = scheduled_samples();
+    optimizer_->set_learning_rate(schedule_.at_samples(scheduled), decoupled_schedule_ ? decoupled_schedule_->at_samples(scheduled) : 0.0);
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
     const StepOutcome step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
-    metrics_->add_step(progress_.iteration + 1, schedule_.at_samples(consumed), schedule_.at_samples(consumed + global_batch),
-                       consumed + global_batch, global_batch, step);
+    // fp16 skips steps routinely (overflows while the scale settles), and the next learning rate
+    // depends on it: read back here, as Megatron does every step.
+    if (scaler_ && !step.applied.item<bool>()) progress_.skipped_train_samples += global_batch;
+    progress_.consumed_train_samples += global_batch;
+    metrics_->add_step(progress_.iteration + 1, schedule_.at_samples(scheduled), schedule_.at_samples(scheduled_samples()),
+                       progress_.consumed_train_samples, global_batch, step);
     ++progress_.iteration;
     profiler_->after_iteration(progress_.iteration);
-    progress_.consumed_train_samples += global_batch;
 
-    if (progress_.iteration % t_.log_interval == 0) {
-      metrics_->log_iteration(progress_, schedule_.at_samples(progress_.consumed_train_samples));
+    // Megatron also logs the run's first iteration, whatever the interval.
+    const bool first = progress_.iteration == first_iteration;
+    if (progress_.iteration % t_.log_interval == 0 || first) {
+      metrics_->log_iteration(progress_, schedule_.at_samples(scheduled_samples()), first);
       if (!memory_reported_) report_memory();
     }
     if (t_.check_weight_hash_across_dp_replicas_interval > 0 &&
@@ -393,7 +411,8 @@ StepOutcome Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
   // Reported as Megatron's train_step does in either mode: every loss token of the global batch
   // alike (sum / count), whatever the micro-batches' shares.
   r.loss = global[0] / tokens;
-  r.grad_norm = optimizer_->grad_norm();
+  // Under --fp16 the gradients are the loss scale's multiple until the optimizer divides them.
+  r.grad_norm = scaler_ ? optimizer_->grad_norm() / scaler_->scale() : optimizer_->grad_norm();
   if (t_.log_num_zeros_in_grad) r.grad_zeros = optimizer_->grad_zeros();
   r.terms = global.narrow(0, 1, int64_t(loss_terms_.size()) + model_terms_.size());
   // Here, not after the step: collectives run in order on one NCCL stream, and the optimizer
@@ -401,7 +420,11 @@ StepOutcome Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
   // copy to the host would hold the next forward until every bucket had arrived (5 ms exposed
   // per step at DP=2 on the reference shape) instead of layer by layer.
   stop_->launch_poll();
-  r.applied = optimizer_->step(r.grad_norm, r.loss);
+  r.applied = optimizer_->step(r.grad_norm, r.loss, scaler_ ? scaler_->scale() : at::Tensor());
+  if (scaler_) {
+    scaler_->update(r.grad_norm.isfinite().logical_not());  // Megatron's found_inf: the gradients only
+    r.loss_scale = scaler_->scale().clone();
+  }
   if (t_.log_params_norm) r.params_norm = optimizer_->params_norm();  // after the update, as Megatron
   return r;
 }
@@ -454,7 +477,9 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   at::Tensor sums = at::zeros({1 + family_terms + model_terms + 1}, at::TensorOptions().device(device_));
   const bool per_token = t_.calculate_per_token_loss && !forward_only;
   // Per token, as Megatron: the router losses unscaled here, divided with the gradients.
-  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(per_token ? 1.0 : 1.0 / double(micro_batches));
+  // --fp16: the losses enter backward multiplied by the loss scale.
+  const at::Tensor loss_scale = scaler_ && !forward_only ? scaler_->scale() : at::Tensor();
+  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(per_token ? 1.0 : 1.0 / double(micro_batches), loss_scale);
   std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it
   pipeline::StageFunctions f;
   f.forward = [&](int chunk, int64_t k, const at::Tensor& input) -> at::Tensor {
@@ -481,7 +506,7 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
       TORCH_CHECK(term != result.terms.end(), "the loss function returned no term '", loss_terms_[i], "', which its family declares");
       sums.select(0, int64_t(i) + 1).add_(term->second.detach() / double(micro_batches));
     }
-    return loss;
+    return loss_scale.defined() ? loss * loss_scale : loss;
   };
   if (!forward_only) {
     f.before_backward = [this](int chunk, bool last) {
@@ -502,11 +527,28 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   o.forward_only = forward_only;
   const bool sp = c_.parallel.sequence_parallel;
   o.activation_shape = {sp ? m.seq_length / ps_.tp.size() : m.seq_length, t_.micro_batch_size, m.hidden_size};
-  o.activation_options = at::TensorOptions().device(device_).dtype(t_.bf16 ? at::kBFloat16 : at::kFloat);
+  o.activation_options = at::TensorOptions().device(device_).dtype(params_dtype());
   const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
   if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
   if (model_terms > 0) model_terms_.collect(chunks(), sums.narrow(0, 1 + family_terms, model_terms), ps_.tp);
   return sums;
+}
+
+std::string Trainer::precision() const {
+  const ParallelConfig& p = c_.parallel;
+  if (!t_.bf16 && !t_.fp16) return "fp32";
+  std::string details = "fp32 master weights";
+  details += p.grad_reduce_in_bf16 ? ", bf16 gradients" : t_.fp16 ? " and gradients" : "";
+  if (t_.exp_avg_dtype == "bf16" || t_.exp_avg_sq_dtype == "bf16") {
+    details += ", Adam moments " + t_.exp_avg_dtype + "/" + t_.exp_avg_sq_dtype;
+  }
+  if (t_.fp16) {
+    char scale[96];
+    std::snprintf(scale, sizeof(scale), t_.loss_scale > 0 ? ", constant loss scale %g" : ", dynamic loss scale from %g",
+                  t_.loss_scale > 0 ? t_.loss_scale : t_.initial_loss_scale);
+    details += scale;
+  }
+  return std::string(t_.bf16 ? "bf16" : "fp16") + " (" + details + ")";
 }
 
 // Megatron's report after the first log interval, from every rank of DP replica 0: memory now
@@ -570,6 +612,7 @@ int Trainer::evaluate_splits() {
 void Trainer::save(const char* why) {
   if (checkpointer_->saved(progress_.iteration)) return;
   metrics_->settle(progress_);  // the skipped-iteration counts go into the checkpoint
+  if (scaler_ && scaler_->dynamic()) progress_.grad_scaler = scaler_->state();
   for (ParamAndGradBuffer* b : buffers()) b->finish_param_gather();
   metrics_->exclude(checkpointer_->save(progress_, chunks(), *optimizer_, why));  // keep saving out of the step time
 }

@@ -56,7 +56,7 @@ std::set<std::string> not_yet(const std::string& error) {
 TEST(MegatronFlags, RealLaunchScriptsAreUnderstoodWhole) {
   // What each script still needs; every other flag it gives is implemented or accepted.
   const std::map<std::string, std::set<std::string>> expected = {
-      {"megatron_gpt3_175b", {"--fp16", "--step-batch-size-schedule"}},
+      {"megatron_gpt3_175b", {"--step-batch-size-schedule"}},
       {"megatron_llama3_8b_fp8",
        {"--fp8-amax-compute-algo", "--fp8-amax-history-len", "--fp8-format", "--fp8-param-gather"}},
       {"megatron_mixtral_8x7b", {}},
@@ -96,19 +96,21 @@ TEST(MegatronFlags, UnimplementedFlagsPassOnlyWithMegatronsDefault) {
   EXPECT_NE(parse_error({"--fp8-margin", "1"}).find("--fp8-margin is not implemented yet"), std::string::npos);
   EXPECT_NE(parse_error({"--cp-comm-type", "a2a"}).find("--cp-comm-type is not implemented yet: context parallelism is issue #22"),
             std::string::npos);
-  EXPECT_NE(parse_error({"--fp16"}).find("--fp16 is not implemented yet: use --bf16"), std::string::npos);
+  EXPECT_NE(parse_error({"--checkpoint-activations"}).find("--checkpoint-activations is not implemented yet: use --recompute-granularity full"),
+            std::string::npos);
   EXPECT_NE(parse_error({"--moe-topk", "2"}).find("--moe-topk (a Pai-Megatron-Patch flag) is not implemented yet: use --moe-router-topk"),
             std::string::npos);
   EXPECT_NE(parse_error({"--dataset", "JSON-SFT"}).find("--dataset (a Pai-Megatron-Patch flag) is not implemented yet"), std::string::npos);
-  EXPECT_NE(parse_error({"--fp16", "yes"}).find("--fp16 is a switch and takes no value (got 'yes')"), std::string::npos);
+  EXPECT_NE(parse_error({"--checkpoint-activations", "yes"}).find("--checkpoint-activations is a switch and takes no value (got 'yes')"),
+            std::string::npos);
   EXPECT_NE(parse_error({"--fp8-margin"}).find("--fp8-margin expects one value"), std::string::npos);
 }
 
 TEST(MegatronFlags, EveryProblemIsReportedAtOnce) {
-  const std::string error = parse_error({"--fp16", "--num-layers", "two", "--frobnicate", "--apply-query-key-layer-scaling",
+  const std::string error = parse_error({"--checkpoint-activations", "--num-layers", "two", "--frobnicate", "--apply-query-key-layer-scaling",
                                          "--use-flash-attn"});
   EXPECT_NE(error.find("4 problems with the flags:"), std::string::npos) << error;
-  EXPECT_NE(error.find("\n  --fp16 is not implemented yet"), std::string::npos) << error;
+  EXPECT_NE(error.find("\n  --checkpoint-activations is not implemented yet"), std::string::npos) << error;
   EXPECT_NE(error.find("\n  --num-layers: expected an integer, got 'two'"), std::string::npos) << error;
   EXPECT_NE(error.find("\n  unknown flag --frobnicate"), std::string::npos) << error;
   EXPECT_NE(error.find("\n  --apply-query-key-layer-scaling is not implemented yet"), std::string::npos) << error;
@@ -125,10 +127,13 @@ TEST(MegatronFlags, DidYouMeanDrawsOnEveryKnownFlag) {
 
 TEST(MegatronFlags, RecipeKeysAreJudgedTheSameWay) {
   test::TempDir dir;
-  std::ofstream(dir / "recipe.yaml") << "num-layers: 2\nuse_flash_attn: true\nfp16: true\nfp8_margin: 0\n";
+  std::ofstream(dir / "recipe.yaml") << "num-layers: 2\nuse_flash_attn: true\ncheckpoint_activations: true\nfp8_margin: 0\n";
   const std::string error = parse_error({"--config", dir / "recipe.yaml"});
-  EXPECT_NE(error.find("recipe.yaml:3: key 'fp16': --fp16 is not implemented yet: use --bf16"), std::string::npos) << error;
-  std::ofstream(dir / "fine.yaml") << "num-layers: 2\nuse_flash_attn: true\nfp16: false\n";
+  EXPECT_NE(error.find("recipe.yaml:3: key 'checkpoint_activations': --checkpoint-activations is not implemented yet: use "
+                       "--recompute-granularity full"),
+            std::string::npos)
+      << error;
+  std::ofstream(dir / "fine.yaml") << "num-layers: 2\nuse_flash_attn: true\ncheckpoint_activations: false\n";
   Config c = parse_train_arguments({"--config", dir / "fine.yaml"});
   EXPECT_EQ(c.flag_notices.size(), 2u);
 }

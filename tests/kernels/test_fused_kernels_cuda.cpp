@@ -262,6 +262,41 @@ TEST(CudaFusedKernelsBf16Gradients, AdamWMatchesAtenOnUpcastGradients) {
   }
 }
 
+// --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16: the kernel reads
+// bf16 moments (packed and one element at a time; one moment bf16 and the other fp32 too),
+// steps in fp32 and rounds them once, as the fallback's fp32 step on upcast copies does.
+TEST(CudaFusedKernelsBf16Moments, AdamWMatchesAtenOnUpcastMoments) {
+  REQUIRE_CUDA_KERNELS();
+  auto f32 = at::TensorOptions(kGpu).dtype(at::kFloat);
+  for (const auto& [m_dtype, v_dtype] : {std::pair{at::kBFloat16, at::kBFloat16}, std::pair{at::kBFloat16, at::kFloat}}) {
+    for (int64_t n : {int64_t(1) << 20, (int64_t(1) << 20) + 3}) {
+      at::Tensor master = at::randn({n}, f32);
+      at::Tensor m = (0.01 * at::randn({n}, f32)).to(m_dtype), v = (1e-4 * at::rand({n}, f32)).to(v_dtype);
+      std::vector<at::Tensor> kernel = {master.clone(), m.clone(), v.clone()}, fallback = {master.clone(), m.clone(), v.clone()};
+      at::Tensor model_kernel = master.to(at::kBFloat16), model_fallback = master.to(at::kBFloat16);
+      at::Tensor step = at::zeros({}, f32);
+      for (int64_t k = 1; k <= 3; ++k) {
+        const at::Tensor grad = 0.01 * at::randn({n}, f32);
+        const at::Tensor found_inf = at::full({}, k == 2 ? 1.0 : 0.0, f32);  // step 2 is skipped
+        if (k != 2) step.add_(1);
+        const kernels::AdamWStepScalars scalars =
+            kernels::adamw_step_scalars(step, at::full({}, 1.5, f32), found_inf, at::full({}, 1e-3, f32.dtype(at::kDouble)), 0.9, 0.95);
+        const kernels::AdamWHyperparameters h{0.9, 0.95, 1e-8, 0.1};
+        const at::Tensor before = kernel[1].clone();
+        kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, scalars);
+        kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, scalars, kernels::Impl::Composite);
+        if (k == 2) EXPECT_TRUE(at::equal(kernel[1], before)) << "found_inf must leave the moments as they were";
+      }
+      EXPECT_EQ(kernel[1].scalar_type(), m_dtype);
+      EXPECT_EQ(kernel[2].scalar_type(), v_dtype);
+      // One rounding of the same fp32 value: equal but where the fp32 values differ in the last bits.
+      EXPECT_LE(relative(kernel[0], fallback[0]), 1e-5) << "n " << n;
+      for (int i = 1; i < 3; ++i) EXPECT_LE(relative(kernel[i].to(at::kFloat), fallback[i].to(at::kFloat)), 1e-3) << "state " << i << ", n " << n;
+      EXPECT_GT(relative(kernel[0], master), 1e-4);  // it moved
+    }
+  }
+}
+
 // A gradient upcast into its fp32 accumulator, overwriting and adding: exactly ATen's copy_ and
 // add_ (an exact upcast, one fp32 add), at a length with a tail past the last pack, and at offsets
 // that allow packs of 8, of 4 and of 1 (parameters sit at any offset of the flat buffers).

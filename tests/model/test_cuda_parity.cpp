@@ -126,3 +126,42 @@ TEST(CudaParity, OverlappedOptimizerStepTrainsAsTheSerialStep) {
 
 }  // namespace
 }  // namespace megatron
+
+namespace megatron {
+namespace {
+
+// --fp16 (the fused kernels on fp16 tensors, loss scaling) and the precision-aware optimizer's bf16
+// moments (the fused AdamW kernel reading and writing them) train on CUDA as fp32 does, within
+// their rounding: the tiny model, 30 steps, the fp16 run starting at a scale that does not overflow.
+TEST(CudaParity, Fp16AndBf16MomentsTrainAsFp32) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  const std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
+                                         "--device", "cuda", "--train-iters", "30", "--log-interval", "1", "--eval-interval", "0",
+                                         "--hidden-dropout", "0", "--attention-dropout", "0"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = args;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return test::run_megatron(all);
+  };
+  const auto fp32 = with({});
+  ASSERT_EQ(fp32.status, 0) << fp32.output;
+  const std::vector<double> expected = test::logged_losses(fp32.output);
+  ASSERT_EQ(expected.size(), 30u) << fp32.output;
+  EXPECT_LT(expected.back(), expected.front() - 0.1) << "the run must train, or the comparison says little";
+  for (const auto& extra : {std::vector<std::string>{"--fp16", "--initial-loss-scale", "4096"},
+                            std::vector<std::string>{"--bf16", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                                                     "--exp-avg-sq-dtype", "bf16", "--main-grads-dtype", "bf16"}}) {
+    const auto run = with(extra);
+    ASSERT_EQ(run.status, 0) << run.output;
+    const std::vector<double> got = test::logged_losses(run.output);
+    ASSERT_EQ(got.size(), expected.size()) << run.output;
+    double largest = 0;
+    for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - expected[i]) / expected[i]);
+    std::printf("largest relative loss difference, %s vs fp32 on CUDA: %.3e\n", extra.front().c_str(), largest);
+    EXPECT_LE(largest, 3e-2) << run.output;
+    EXPECT_EQ(run.output.find("number of skipped iterations:   1"), std::string::npos) << "nothing skipped\n" << run.output;
+  }
+}
+
+}  // namespace
+}  // namespace megatron

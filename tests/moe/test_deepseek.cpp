@@ -93,12 +93,12 @@ std::vector<std::string> deepseek_flags(int steps) {
           "--log-interval", "5", "--eval-interval", "0", "--cpu-threads", "1", "--device", "cpu", "--seed", "7"};
 }
 
-// The "mtp_1 loss" values of a run's log lines.
-std::vector<double> logged_mtp_losses(const std::string& output) {
+// The "mtp_1 loss" values of a run's log lines at multiples of `interval` (as test::logged_losses).
+std::vector<double> logged_mtp_losses(const std::string& output, int64_t interval) {
   std::vector<double> out;
-  const std::regex value("mtp_1 loss: ([0-9.eE+-]+)");
+  const std::regex value(R"( iteration +([0-9]+)/[^\n]*mtp_1 loss: ([0-9.eE+-]+))");
   for (auto it = std::sregex_iterator(output.begin(), output.end(), value); it != std::sregex_iterator(); ++it) {
-    out.push_back(std::stod((*it)[1]));
+    if (std::stoll((*it)[1]) % interval == 0) out.push_back(std::stod((*it)[2]));
   }
   return out;
 }
@@ -120,7 +120,7 @@ DeepSeekRun train(const test::TempDir& dir, const std::string& name, int nproc, 
   args.push_back(dir / name);
   const auto r = test::run_megatron(args);
   EXPECT_EQ(r.status, 0) << name << "\n" << r.output;
-  DeepSeekRun run{test::logged_losses(r.output), logged_mtp_losses(r.output), {}, r.output};
+  DeepSeekRun run{test::logged_losses(r.output, 5), logged_mtp_losses(r.output, 5), {}, r.output};
   if (r.status == 0) run.hf = test::hf_tensors(dir / name);
   return run;
 }

@@ -86,11 +86,11 @@ TempDir::~TempDir() {
          FTW_DEPTH | FTW_PHYS);
 }
 
-std::vector<double> logged_losses(const std::string& output) {
+std::vector<double> logged_losses(const std::string& output, int64_t interval) {
   std::vector<double> losses;
-  std::regex pattern(R"(\| lm loss: ([0-9.E+-]+) \|)");
+  std::regex pattern(R"( iteration +([0-9]+)/ *[0-9]+ \|[^\n]*\| lm loss: ([0-9.E+-]+) \|)");
   for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
-    losses.push_back(std::stod((*it)[1]));
+    if (std::stoll((*it)[1]) % interval == 0) losses.push_back(std::stod((*it)[2]));
   }
   return losses;
 }

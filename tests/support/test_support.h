@@ -2,6 +2,7 @@
 // are, temporary directories, and running commands with their output captured.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,10 @@ CommandResult run_command(const std::string& command);
 // `megatron <args>` with output captured.
 CommandResult run_megatron(const std::vector<std::string>& args);
 
-// The "lm loss" of every iteration's log line in a training run's output, in order.
-std::vector<double> logged_losses(const std::string& output);
+// The "lm loss" of the log lines of a training run's output, in order: those of the iterations
+// that are multiples of `interval` (Megatron also logs a run's first iteration, whatever the
+// interval; with 1, every line).
+std::vector<double> logged_losses(const std::string& output, int64_t interval = 1);
 
 // A fresh directory under the system temp dir, removed with its contents on destruction.
 class TempDir {

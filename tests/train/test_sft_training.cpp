@@ -38,11 +38,7 @@ TEST(SftTraining, PreprocessThenTrainOnPackedConversations) {
                                    "--device", "cpu", "--cpu-threads", "1"});
   ASSERT_EQ(train.status, 0) << train.output;
   EXPECT_NE(train.output.find("packed SFT, train"), std::string::npos) << train.output;
-  std::vector<double> losses;
-  std::regex pattern(R"(\| lm loss: ([0-9.E+-]+) \|)");
-  for (auto it = std::sregex_iterator(train.output.begin(), train.output.end(), pattern); it != std::sregex_iterator(); ++it) {
-    losses.push_back(std::stod((*it)[1]));
-  }
+  const std::vector<double> losses = test::logged_losses(train.output, 10);
   ASSERT_EQ(losses.size(), 3u) << train.output;
   EXPECT_LT(losses.back(), losses.front() - 1.0) << train.output;
   EXPECT_NE(train.output.find("validation loss at iteration 30"), std::string::npos) << train.output;
