@@ -79,7 +79,10 @@ void rms_norm_backward(const void* grad_y, const void* x, const void* weight, co
 // count), gradients divided by *grad_scale as they are read (gradient clipping), and *found_inf
 // != 0 skipping the step (nothing is written), as in ATen's fused AdamW.
 struct AdamWArgs {
-  float* master;
+  // fp32 master weights; or, with master_remainder, their low 16 bits as int16 remainders whose
+  // high half is the bf16 model weight (Megatron's store_param_remainders).
+  void* master;
+  bool master_remainder;
   void* exp_avg;        // fp32, or bf16 (--use-precision-aware-optimizer --exp-avg-dtype bf16)
   void* exp_avg_sq;     // fp32, or bf16 (... --exp-avg-sq-dtype bf16)
   DType exp_avg_dtype;

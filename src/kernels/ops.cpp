@@ -419,7 +419,11 @@ void accumulate_grad(const at::Tensor& dst, const at::Tensor& src, bool overwrit
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                 const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
                 const AdamWStepScalars& s, Impl impl) {
-  TORCH_CHECK(master.scalar_type() == at::kFloat && master.is_contiguous(), "adamw_step: the master must be contiguous fp32");
+  const bool remainder = master.scalar_type() == at::kShort;
+  TORCH_CHECK((master.scalar_type() == at::kFloat || remainder) && master.is_contiguous(),
+              "adamw_step: the master must be contiguous fp32, or int16 remainders");
+  TORCH_CHECK(!remainder || (model.scalar_type() == at::kBFloat16 && !model.is_same(master)),
+              "adamw_step: int16 master remainders need the bf16 model weights they complete");
   for (const at::Tensor* t : {&exp_avg, &exp_avg_sq}) {
     TORCH_CHECK((t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16) && t->is_contiguous() &&
                     t->numel() == master.numel(),
@@ -439,19 +443,25 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   if (!uses_kernel(master, impl)) {
     // The reference path (CPU, and the CUDA tests' comparison): reading the learning rate back is
     // free on the CPU; a CUDA build steps with the kernel below, which reads it on the device.
-    // bf16 moments step in fp32 copies, rounded back once, as the kernel does.
+    // bf16 moments (and remainder masters) step in fp32 copies, rounded back once, as the kernel does.
     const at::Tensor m = exp_avg.to(at::kFloat), v = exp_avg_sq.to(at::kFloat);
-    at::_fused_adamw_({master}, {grad.to(at::kFloat)}, {m}, {v}, {}, {s.step}, s.lr.item<double>(),
+    const at::Tensor p = remainder ? join_master(model, master) : master;
+    at::_fused_adamw_({p}, {grad.to(at::kFloat)}, {m}, {v}, {}, {s.step}, s.lr.item<double>(),
                       h.beta1, h.beta2, h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, s.grad_scale,
                       s.found_inf);
     if (!m.is_same(exp_avg)) exp_avg.copy_(m);
     if (!v.is_same(exp_avg_sq)) exp_avg_sq.copy_(v);
-    if (own_model) model.copy_(master);
+    if (remainder) {
+      split_master(p, model, master);
+    } else if (own_model) {
+      model.copy_(master);
+    }
     return;
   }
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   cuda::AdamWArgs a{};
-  a.master = master.data_ptr<float>();
+  a.master = master.data_ptr();
+  a.master_remainder = remainder;
   a.exp_avg = exp_avg.data_ptr();
   a.exp_avg_sq = exp_avg_sq.data_ptr();
   a.exp_avg_dtype = storage_type(exp_avg);
@@ -469,6 +479,30 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   a.found_inf = s.found_inf.data_ptr<float>();
   cuda::adamw_step(a, current_stream());
 #endif
+}
+
+at::Tensor join_master(const at::Tensor& model_bf16, const at::Tensor& remainder) {
+  TORCH_CHECK(model_bf16.scalar_type() == at::kBFloat16 && remainder.scalar_type() == at::kShort &&
+                  model_bf16.numel() == remainder.numel() && model_bf16.is_contiguous(),
+              "join_master: bf16 weights and int16 remainders of one size");
+  // In int64: (high << 16) + remainder, taken mod 2^32 as the fp32 bit pattern.
+  const at::Tensor high = model_bf16.reshape({-1}).view(at::kShort).to(at::kLong).bitwise_and(0xFFFF);
+  const at::Tensor bits = high.bitwise_left_shift(16).add(remainder.reshape({-1}).to(at::kLong)).bitwise_and(0xFFFFFFFFLL);
+  return at::where(bits >= (int64_t(1) << 31), bits - (int64_t(1) << 32), bits).to(at::kInt).view(at::kFloat);
+}
+
+void split_master(const at::Tensor& master, const at::Tensor& model_bf16, const at::Tensor& remainder) {
+  TORCH_CHECK(master.scalar_type() == at::kFloat && model_bf16.scalar_type() == at::kBFloat16 &&
+                  remainder.scalar_type() == at::kShort && master.numel() == model_bf16.numel() &&
+                  master.numel() == remainder.numel(),
+              "split_master: fp32 masters into bf16 weights and int16 remainders of one size");
+  at::NoGradGuard no_grad;
+  const at::Tensor bits = master.contiguous().view(at::kInt).to(at::kLong).bitwise_and(0xFFFFFFFFLL);  // as uint32
+  const at::Tensor top = (bits + 0x8000).bitwise_right_shift(16).bitwise_and(0xFFFF);  // rounded half away from zero
+  const at::Tensor low = bits - top.bitwise_left_shift(16);                             // in [-2^15, 2^15)
+  const at::Tensor high16 = at::where(top >= 0x8000, top - 0x10000, top).to(at::kShort);
+  model_bf16.view(at::kShort).copy_(high16.view(model_bf16.sizes()));
+  remainder.copy_(low.to(at::kShort).view(remainder.sizes()));
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, Impl impl) {

@@ -89,10 +89,20 @@ struct AdamWStepScalars {
   at::Tensor lr;                // [] fp64: the learning rate, on the device so that a step captured
                                 // as a CUDA graph reads each iteration's value
 };
+// `master` may also be int16 remainders (see join_master) with `model` the bf16 weights holding
+// the masters' high halves: then both are written.
 AdamWStepScalars adamw_step_scalars(const at::Tensor& step, const at::Tensor& grad_scale, const at::Tensor& found_inf,
                                     const at::Tensor& lr, double beta1, double beta2);
 void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                 const at::Tensor& grad, const at::Tensor& model, const AdamWHyperparameters& h,
                 const AdamWStepScalars& scalars, Impl impl = Impl::Auto);
+
+// The precision-aware optimizer's fp32 master weights as Megatron keeps them by default
+// (store_param_remainders): the bf16 model weight is the master's high half, rounded half away
+// from zero, and an int16 remainder [n] the rest, so the pair is the fp32 value exactly in 2
+// bytes more than the model weight instead of 4. join_master: the fp32 masters [n] (a new
+// tensor); split_master: `master` [n] fp32 into both.
+at::Tensor join_master(const at::Tensor& model_bf16, const at::Tensor& remainder);
+void split_master(const at::Tensor& master, const at::Tensor& model_bf16, const at::Tensor& remainder);
 
 }  // namespace megatron::kernels

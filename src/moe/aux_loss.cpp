@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
 namespace megatron::moe {
 namespace {
 
@@ -10,10 +12,11 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct AttachLoss : torch::autograd::Function<AttachLoss> {
+  // loss_scale: optional, as an undefined tensor cannot be a function's input.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& activation, const at::Tensor& loss, double scale,
-                            const at::Tensor& loss_scale) {
+                            const std::optional<at::Tensor>& loss_scale) {
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["loss_scale"] = loss_scale;
+    ctx->saved_data["loss_scale"] = loss_scale.value_or(at::Tensor());
     ctx->saved_data["like"] = at::empty({0}, loss.options());  // the loss's dtype and device, no storage
     // A copy, not the input itself: an autograd function's output may not alias its input here.
     return activation.clone();
@@ -39,7 +42,7 @@ const std::vector<BalancingLoss>& balancing_losses() {
 }
 
 at::Tensor attach_loss(const at::Tensor& activation, const at::Tensor& loss, double scale, const at::Tensor& loss_scale) {
-  return AttachLoss::apply(activation, loss, scale, loss_scale);
+  return AttachLoss::apply(activation, loss, scale, loss_scale.defined() ? std::optional<at::Tensor>(loss_scale) : std::nullopt);
 }
 
 at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor& counts, int64_t total_tokens, int topk,

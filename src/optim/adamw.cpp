@@ -23,6 +23,14 @@ at::ScalarType moment_dtype(const std::string& name) { return name == "bf16" ? a
 
 }  // namespace
 
+bool stores_param_remainders(const TrainConfig& config) {
+  return config.use_precision_aware_optimizer && config.main_params_dtype == "fp32";
+}
+
+at::Tensor OptimizerParam::master_fp32() const {
+  return master_is_remainder() ? kernels::join_master(model_slice, master) : master;
+}
+
 AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : AdamW(std::vector<ParamAndGradBuffer*>{&buffer}, config) {}
 
 AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config)
@@ -48,10 +56,16 @@ AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig&
         op.param_offset = from - p->offset;
         op.numel = to - from;
         op.model_slice = buffer.param_data.narrow(0, from, op.numel);
-        op.master = op.model_slice.scalar_type() == at::kFloat ? op.model_slice : op.model_slice.to(at::kFloat).clone();
+        if (op.model_slice.scalar_type() == at::kFloat) {
+          op.master = op.model_slice;
+        } else if (stores_param_remainders(config) && op.model_slice.scalar_type() == at::kBFloat16) {
+          op.master = at::zeros({op.numel}, op.model_slice.options().dtype(at::kShort));  // the bf16 weight is the master
+        } else {
+          op.master = op.model_slice.to(at::kFloat).clone();
+        }
         op.main_grad = buffer.grad_data.narrow(0, from, op.numel);
-        op.exp_avg = at::zeros_like(op.master, moment_dtype(config.exp_avg_dtype));
-        op.exp_avg_sq = at::zeros_like(op.master, moment_dtype(config.exp_avg_sq_dtype));
+        op.exp_avg = at::zeros({op.numel}, op.model_slice.options().dtype(moment_dtype(config.exp_avg_dtype)));
+        op.exp_avg_sq = at::zeros({op.numel}, op.model_slice.options().dtype(moment_dtype(config.exp_avg_sq_dtype)));
         op.decay = p->param.dim() > 1;  // norms and biases are 1-D
         op.decoupled_lr = config.decoupled_lr >= 0.0 && is_embedding_or_output(p->name);
         op.tp_duplicate = p->tp_duplicate;
@@ -75,7 +89,7 @@ std::vector<size_t> AdamW::no_buckets_started() const {
 }
 
 at::Tensor AdamW::sum_over_model(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& per_buffer,
-                                 const std::function<const at::Tensor&(const OptimizerParam&)>& field) const {
+                                 const std::function<at::Tensor(const OptimizerParam&)>& field) const {
   const dist::ParallelState& ps = first_buffer().parallel_state();
   const at::TensorOptions fp32 = first_buffer().grad_data.options().dtype(at::kFloat);
   std::vector<at::Tensor> sums;  // per buffer
@@ -116,14 +130,14 @@ at::Tensor AdamW::grad_norm() const {
       first_buffer().grad_data.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
   const at::Tensor squared = sum_over_model(
       [&](const std::vector<at::Tensor>& grads) { return at::stack(at::_foreach_norm(grads, 2, norm_dtype)).pow(2).sum(); },
-      [](const OptimizerParam& p) -> const at::Tensor& { return p.main_grad; });
+      [](const OptimizerParam& p) { return p.main_grad; });
   return squared.sqrt();
 }
 
 at::Tensor AdamW::params_norm() const {
   const at::Tensor squared = sum_over_model(
       [](const std::vector<at::Tensor>& masters) { return at::stack(at::_foreach_norm(masters, 2)).pow(2).sum(); },
-      [](const OptimizerParam& p) -> const at::Tensor& { return p.master; });
+      [](const OptimizerParam& p) { return p.master_fp32(); });
   return squared.sqrt();
 }
 
@@ -134,7 +148,7 @@ at::Tensor AdamW::grad_zeros() const {
         for (const at::Tensor& g : grads) zeros += g.eq(0).sum();
         return zeros;
       },
-      [](const OptimizerParam& p) -> const at::Tensor& { return p.main_grad; });
+      [](const OptimizerParam& p) { return p.main_grad; });
 }
 
 void AdamW::set_learning_rate(double lr, double decoupled_lr) {
@@ -201,7 +215,7 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss, cons
 void AdamW::copy_master_to_model() {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
-    if (!p.master.is_same(p.model_slice)) p.model_slice.copy_(p.master);
+    if (!p.master.is_same(p.model_slice) && !p.master_is_remainder()) p.model_slice.copy_(p.master);
   }
   gather_params(no_buckets_started());
 }
@@ -217,7 +231,7 @@ std::vector<NamedTensor> AdamW::state() const {
   std::vector<NamedTensor> out;
   for (const auto& p : params_) {
     auto shaped = [&](const at::Tensor& t) { return p.whole() ? t.view(p.model_param.sizes()) : t; };
-    out.push_back({p.name + ".master", shaped(p.master)});
+    out.push_back({p.name + ".master", shaped(p.master_fp32())});  // fp32 whatever is kept
     out.push_back({p.name + ".exp_avg", shaped(p.exp_avg)});
     out.push_back({p.name + ".exp_avg_sq", shaped(p.exp_avg_sq)});
   }
@@ -240,7 +254,13 @@ void AdamW::load_state(const std::vector<NamedTensor>& state, bool load_moments)
     into.copy_(it->second.reshape({-1}));
   };
   for (auto& p : params_) {
-    take(p.name + ".master", p, p.master);
+    if (p.master_is_remainder()) {
+      at::Tensor master = at::empty({p.numel}, p.model_slice.options().dtype(at::kFloat));
+      take(p.name + ".master", p, master);
+      kernels::split_master(master, p.model_slice, p.master);
+    } else {
+      take(p.name + ".master", p, p.master);
+    }
     if (load_moments) {
       take(p.name + ".exp_avg", p, p.exp_avg);
       take(p.name + ".exp_avg_sq", p, p.exp_avg_sq);
@@ -266,7 +286,8 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
                            const at::Tensor& step) {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
-    for (auto [field, into] : {std::pair<const char*, at::Tensor*>{"master", &p.master}, {"exp_avg", &p.exp_avg},
+    at::Tensor master = p.master_is_remainder() ? at::empty({p.numel}, p.model_slice.options().dtype(at::kFloat)) : p.master;
+    for (auto [field, into] : {std::pair<const char*, at::Tensor*>{"master", &master}, {"exp_avg", &p.exp_avg},
                                {"exp_avg_sq", &p.exp_avg_sq}}) {
       at::Tensor value = slice(p.name, field, p.param_offset, p.numel);
       if (value.numel() != p.numel) {
@@ -275,6 +296,7 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
       }
       into->copy_(value.reshape({-1}));
     }
+    if (p.master_is_remainder()) kernels::split_master(master, p.model_slice, p.master);
   }
   steps_.copy_(step.reshape({}));
   copy_master_to_model();
@@ -283,7 +305,11 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
 void AdamW::reset_from_model() {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
-    if (!p.master.is_same(p.model_slice)) p.master.copy_(p.model_slice);
+    if (p.master_is_remainder()) {
+      p.master.zero_();  // the bf16 weight is the whole master
+    } else if (!p.master.is_same(p.model_slice)) {
+      p.master.copy_(p.model_slice);
+    }
   }
 }
 

@@ -3,7 +3,8 @@
 // are clipped by the global L2 norm, and the fused AdamW kernel steps the fp32 masters, which are
 // then copied back into the model's parameters. No weight decay on norms and biases (1-D).
 // Megatron's precision-aware optimizer keeps the moments in bf16 (--exp-avg-dtype,
-// --exp-avg-sq-dtype): 4 bytes a parameter instead of 8, the arithmetic still fp32.
+// --exp-avg-sq-dtype): 4 bytes a parameter instead of 8, the arithmetic still fp32; and the
+// masters of bf16 parameters as 16-bit remainders of the bf16 weights (exact, 2 bytes not 4).
 //
 // With the distributed optimizer (ZeRO-1) each data-parallel rank owns a shard of every bucket:
 // it keeps masters and moments for that shard only, steps it, and the buffer all-gathers the
@@ -32,7 +33,9 @@ struct OptimizerParam {
   int64_t param_offset = 0;
   int64_t numel = 0;
   at::Tensor model_slice;   // [numel] view of the parameter's elements
-  at::Tensor master;        // [numel] fp32; model_slice itself when the model is fp32
+  // [numel] fp32; model_slice itself when the model is fp32; int16 remainders completing the bf16
+  // model_slice under the precision-aware optimizer (stores_param_remainders).
+  at::Tensor master;
   at::Tensor main_grad;     // [numel] view into the gradient buffer (fp32; bf16 with --grad-reduce-in-bf16)
   at::Tensor exp_avg;       // [numel] fp32 (bf16: --use-precision-aware-optimizer --exp-avg-dtype bf16)
   at::Tensor exp_avg_sq;    // [numel] fp32 (bf16: ... --exp-avg-sq-dtype bf16)
@@ -43,7 +46,13 @@ struct OptimizerParam {
   size_t buffer = 0;        // which of the optimizer's buffers holds the parameter (dense, expert)
   size_t bucket = 0;        // the gradient bucket of that buffer holding the parameter
   bool whole() const { return param_offset == 0 && numel == model_param.numel(); }
+  bool master_is_remainder() const { return master.scalar_type() == at::kShort; }
+  at::Tensor master_fp32() const;  // [numel] fp32: `master`, or joined from the remainders
 };
+
+// Megatron's precision-aware optimizer keeps bf16 parameters' fp32 masters as the bf16 weight plus
+// a 16-bit remainder (its store_param_remainders, on by default): 2 bytes a parameter, not 4.
+bool stores_param_remainders(const TrainConfig& config);
 
 class AdamW {
  public:
@@ -112,7 +121,7 @@ class AdamW {
   // Per buffer, the sum over its parameters of `per_param` (each parameter counted once over TP
   // replicas and tied copies), added over the world: [] fp32.
   at::Tensor sum_over_model(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& per_buffer,
-                            const std::function<const at::Tensor&(const OptimizerParam&)>& field) const;
+                            const std::function<at::Tensor(const OptimizerParam&)>& field) const;
 
   at::Tensor lr_;  // [] fp64 on the device: set_learning_rate's value
   at::Tensor decoupled_lr_;  // [] fp64 on the device: the embedding's and output layer's (--decoupled-lr)

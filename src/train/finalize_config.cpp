@@ -323,6 +323,12 @@ void finalize_config(Config& c, int world_size) {
   if (!d.mock_data && d.data_path.empty()) throw UserError("pass --data-path PREFIX or --mock-data");
   if (d.sft && d.mock_data) throw UserError("--sft trains on a packed dataset: pass --data-path, not --mock-data");
   apply_patch_tokenizer(c);
+  if (d.tokenizer_type.empty() && !d.vocab_file.empty() && !d.merge_file.empty()) {
+    // Megatron-LM's GPT-3 example gives GPT-2's files and no type (today's Megatron then stops):
+    // they can only be GPT-2's BPE.
+    d.tokenizer_type = "GPT2BPETokenizer";
+    c.flag_notices.push_back("no --tokenizer-type: --vocab-file and --merge-file are GPT-2's BPE files, so GPT2BPETokenizer");
+  }
   if (d.tokenizer_type.empty()) d.tokenizer_type = "NullTokenizer";
   if (d.tokenizer_type == "NullTokenizer" && m.vocab_size <= 0) {
     throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");

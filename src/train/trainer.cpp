@@ -537,7 +537,7 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
 std::string Trainer::precision() const {
   const ParallelConfig& p = c_.parallel;
   if (!t_.bf16 && !t_.fp16) return "fp32";
-  std::string details = "fp32 master weights";
+  std::string details = t_.bf16 && stores_param_remainders(t_) ? "fp32 master weights as bf16 + 16-bit remainders" : "fp32 master weights";
   details += p.grad_reduce_in_bf16 ? ", bf16 gradients" : t_.fp16 ? " and gradients" : "";
   if (t_.exp_avg_dtype == "bf16" || t_.exp_avg_sq_dtype == "bf16") {
     details += ", Adam moments " + t_.exp_avg_dtype + "/" + t_.exp_avg_sq_dtype;

@@ -263,11 +263,19 @@ TEST(CudaFusedKernelsBf16Gradients, AdamWMatchesAtenOnUpcastGradients) {
 }
 
 // --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16: the kernel reads
-// bf16 moments (packed and one element at a time; one moment bf16 and the other fp32 too),
-// steps in fp32 and rounds them once, as the fallback's fp32 step on upcast copies does.
-TEST(CudaFusedKernelsBf16Moments, AdamWMatchesAtenOnUpcastMoments) {
+// bf16 moments (packed and one element at a time; one moment bf16 and the other fp32 too), steps
+// them in fp32 and rounds them once to nearest. Each applied step's stored moments are compared
+// with the update computed in fp64 from the same stored inputs and rounded once (fp32 arithmetic
+// may land on the other side of a rounding midpoint for a few elements), for the kernel and for
+// the fallback alike; the master weights with the fallback's.
+TEST(CudaFusedKernelsBf16Moments, AdamWRoundsTheFp32UpdateOnce) {
   REQUIRE_CUDA_KERNELS();
   auto f32 = at::TensorOptions(kGpu).dtype(at::kFloat);
+  const double beta1 = 0.9, beta2 = 0.95, scale = 1.5;
+  // The share of elements whose stored moment differs from the rounded fp64 update.
+  auto off = [](const at::Tensor& stored, const at::Tensor& exact) {
+    return stored.ne(exact.to(at::kFloat).to(stored.scalar_type())).to(at::kDouble).mean().item<double>();
+  };
   for (const auto& [m_dtype, v_dtype] : {std::pair{at::kBFloat16, at::kBFloat16}, std::pair{at::kBFloat16, at::kFloat}}) {
     for (int64_t n : {int64_t(1) << 20, (int64_t(1) << 20) + 3}) {
       at::Tensor master = at::randn({n}, f32);
@@ -280,20 +288,71 @@ TEST(CudaFusedKernelsBf16Moments, AdamWMatchesAtenOnUpcastMoments) {
         const at::Tensor found_inf = at::full({}, k == 2 ? 1.0 : 0.0, f32);  // step 2 is skipped
         if (k != 2) step.add_(1);
         const kernels::AdamWStepScalars scalars =
-            kernels::adamw_step_scalars(step, at::full({}, 1.5, f32), found_inf, at::full({}, 1e-3, f32.dtype(at::kDouble)), 0.9, 0.95);
-        const kernels::AdamWHyperparameters h{0.9, 0.95, 1e-8, 0.1};
+            kernels::adamw_step_scalars(step, at::full({}, scale, f32), found_inf, at::full({}, 1e-3, f32.dtype(at::kDouble)), beta1, beta2);
+        const kernels::AdamWHyperparameters h{beta1, beta2, 1e-8, 0.1};
+        const at::Tensor g = grad.to(at::kDouble) / scale;
+        auto exact = [&](const std::vector<at::Tensor>& state) {
+          return std::pair{beta1 * state[1].to(at::kDouble) + (1 - beta1) * g, beta2 * state[2].to(at::kDouble) + (1 - beta2) * g * g};
+        };
+        const auto [m_kernel, v_kernel] = exact(kernel);
+        const auto [m_fallback, v_fallback] = exact(fallback);
         const at::Tensor before = kernel[1].clone();
         kernels::adamw_step(kernel[0], kernel[1], kernel[2], grad, model_kernel, h, scalars);
         kernels::adamw_step(fallback[0], fallback[1], fallback[2], grad, model_fallback, h, scalars, kernels::Impl::Composite);
-        if (k == 2) EXPECT_TRUE(at::equal(kernel[1], before)) << "found_inf must leave the moments as they were";
+        if (k == 2) {
+          EXPECT_TRUE(at::equal(kernel[1], before)) << "found_inf must leave the moments as they were";
+          continue;
+        }
+        const double kernel_off[] = {off(kernel[1], m_kernel), off(kernel[2], v_kernel)};
+        const double fallback_off[] = {off(fallback[1], m_fallback), off(fallback[2], v_fallback)};
+        std::printf("bf16 moments, step %lld, n %lld: off the rounded fp64 update: kernel %.2e / %.2e, fallback %.2e / %.2e\n",
+                    static_cast<long long>(k), static_cast<long long>(n), kernel_off[0], kernel_off[1], fallback_off[0], fallback_off[1]);
+        for (int i = 0; i < 2; ++i) {
+          EXPECT_LE(kernel_off[i], 1e-3) << "kernel, moment " << i + 1 << ", step " << k << ", n " << n;
+          EXPECT_LE(fallback_off[i], 1e-3) << "fallback, moment " << i + 1 << ", step " << k << ", n " << n;
+        }
       }
       EXPECT_EQ(kernel[1].scalar_type(), m_dtype);
       EXPECT_EQ(kernel[2].scalar_type(), v_dtype);
-      // One rounding of the same fp32 value: equal but where the fp32 values differ in the last bits.
       EXPECT_LE(relative(kernel[0], fallback[0]), 1e-5) << "n " << n;
-      for (int i = 1; i < 3; ++i) EXPECT_LE(relative(kernel[i].to(at::kFloat), fallback[i].to(at::kFloat)), 1e-3) << "state " << i << ", n " << n;
       EXPECT_GT(relative(kernel[0], master), 1e-4);  // it moved
     }
+  }
+}
+
+// The precision-aware optimizer's masters of bf16 weights as int16 remainders (Megatron's
+// store_param_remainders): the kernel joins weight and remainder into the fp32 master, steps it
+// and splits it again, as the fallback does through join_master / split_master; and the pair is
+// the fp32 master exactly (a master stepped alongside in fp32 agrees to the bit but where the
+// two paths' fp32 arithmetic differs).
+TEST(CudaFusedKernelsRemainders, AdamWStepsTheJoinedMaster) {
+  REQUIRE_CUDA_KERNELS();
+  auto f32 = at::TensorOptions(kGpu).dtype(at::kFloat);
+  for (int64_t n : {int64_t(1) << 20, (int64_t(1) << 20) + 3}) {
+    const at::Tensor master = at::randn({n}, f32);
+    at::Tensor model_kernel = at::empty({n}, f32.dtype(at::kBFloat16)), model_fallback = at::empty_like(model_kernel);
+    at::Tensor rest_kernel = at::empty({n}, f32.dtype(at::kShort)), rest_fallback = at::empty_like(rest_kernel);
+    kernels::split_master(master, model_kernel, rest_kernel);
+    kernels::split_master(master, model_fallback, rest_fallback);
+    ASSERT_TRUE(at::equal(kernels::join_master(model_kernel, rest_kernel), master)) << "the pair is the fp32 value";
+    EXPECT_LE(relative(model_kernel.to(at::kFloat), master), 4e-3);
+    std::vector<at::Tensor> kernel = {at::zeros({n}, f32.dtype(at::kBFloat16)), at::zeros({n}, f32.dtype(at::kBFloat16))};
+    std::vector<at::Tensor> fallback = {kernel[0].clone(), kernel[1].clone()};
+    at::Tensor step = at::zeros({}, f32);
+    for (int64_t k = 1; k <= 3; ++k) {
+      const at::Tensor grad = 0.01 * at::randn({n}, f32);
+      step.add_(1);
+      const kernels::AdamWStepScalars scalars =
+          kernels::adamw_step_scalars(step, at::ones({}, f32), at::zeros({}, f32), at::full({}, 1e-3, f32.dtype(at::kDouble)), 0.9, 0.95);
+      const kernels::AdamWHyperparameters h{0.9, 0.95, 1e-8, 0.1};
+      kernels::adamw_step(rest_kernel, kernel[0], kernel[1], grad, model_kernel, h, scalars);
+      kernels::adamw_step(rest_fallback, fallback[0], fallback[1], grad, model_fallback, h, scalars, kernels::Impl::Composite);
+    }
+    const at::Tensor joined_kernel = kernels::join_master(model_kernel, rest_kernel);
+    const at::Tensor joined_fallback = kernels::join_master(model_fallback, rest_fallback);
+    EXPECT_LE(relative(joined_kernel, joined_fallback), 1e-6) << "n " << n;
+    EXPECT_GT(relative(joined_kernel, master), 1e-4) << "it moved";
+    EXPECT_LE(model_kernel.ne(model_fallback).to(at::kDouble).mean().item<double>(), 1e-3) << "n " << n;
   }
 }
 

@@ -243,7 +243,7 @@ TEST(PrecisionAwareOptimizer, Bf16MomentsCheckpointResumeAndReshard) {
   // Within bf16 noise of fp32 moments, and not the same run.
   const std::string plain = run({"--bf16", "--train-iters", "12", "--metrics-jsonl", dir / "plain.jsonl"});
   const std::string low = run(with({"--bf16", "--train-iters", "12", "--metrics-jsonl", dir / "low.jsonl"}, bf16_moments));
-  EXPECT_NE(low.find("bf16 (fp32 master weights, Adam moments bf16/bf16)"), std::string::npos) << low;
+  EXPECT_NE(low.find("bf16 (fp32 master weights as bf16 + 16-bit remainders, Adam moments bf16/bf16)"), std::string::npos) << low;
   const std::vector<double> fp32_moments = jsonl_losses(dir / "plain.jsonl"), bf16_losses = jsonl_losses(dir / "low.jsonl");
   ASSERT_EQ(bf16_losses.size(), 12u);
   const double difference = largest_relative_difference(bf16_losses, fp32_moments);
