@@ -440,7 +440,8 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   TORCH_CHECK(s.lr.scalar_type() == at::kDouble && s.lr.numel() == 1 && s.lr.device() == master.device(),
               "adamw_step: the learning rate must be a [] fp64 tensor on the parameters' device");
   const bool own_model = !model.is_same(master);
-  if (!uses_kernel(master, impl)) {
+  // Remainder masters are int16: whether the kernel applies is the bf16 weights' question.
+  if (!uses_kernel(remainder ? model : master, impl)) {
     // The reference path (CPU, and the CUDA tests' comparison): reading the learning rate back is
     // free on the CPU; a CUDA build steps with the kernel below, which reads it on the device.
     // bf16 moments (and remainder masters) step in fp32 copies, rounded back once, as the kernel does.

@@ -272,8 +272,10 @@ TEST(CudaFusedKernelsBf16Moments, AdamWRoundsTheFp32UpdateOnce) {
   REQUIRE_CUDA_KERNELS();
   auto f32 = at::TensorOptions(kGpu).dtype(at::kFloat);
   const double beta1 = 0.9, beta2 = 0.95, scale = 1.5;
-  // The share of elements whose stored moment differs from the rounded fp64 update.
+  // bf16: the share of elements whose stored moment differs from the rounded fp64 update; fp32
+  // (kept beside a bf16 one): the relative difference, fp32 arithmetic against fp64.
   auto off = [](const at::Tensor& stored, const at::Tensor& exact) {
+    if (stored.scalar_type() == at::kFloat) return relative(stored, exact.to(at::kFloat));
     return stored.ne(exact.to(at::kFloat).to(stored.scalar_type())).to(at::kDouble).mean().item<double>();
   };
   for (const auto& [m_dtype, v_dtype] : {std::pair{at::kBFloat16, at::kBFloat16}, std::pair{at::kBFloat16, at::kFloat}}) {
@@ -314,7 +316,7 @@ TEST(CudaFusedKernelsBf16Moments, AdamWRoundsTheFp32UpdateOnce) {
       }
       EXPECT_EQ(kernel[1].scalar_type(), m_dtype);
       EXPECT_EQ(kernel[2].scalar_type(), v_dtype);
-      EXPECT_LE(relative(kernel[0], fallback[0]), 1e-5) << "n " << n;
+      EXPECT_LE(relative(kernel[0], fallback[0]), 2e-5) << "n " << n;  // the master moved by ~1e-3 of itself
       EXPECT_GT(relative(kernel[0], master), 1e-4);  // it moved
     }
   }
