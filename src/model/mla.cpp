@@ -10,6 +10,7 @@
 #include "model/norm_module.h"
 #include "tensor_parallel/grad_accumulation.h"
 #include "tensor_parallel/mappings.h"
+#include "tensor_parallel/recompute.h"
 
 namespace megatron {
 
@@ -48,7 +49,8 @@ MultiLatentAttention::MultiLatentAttention(const PartContext& ctx, std::shared_p
       kv_lora_rank_(ctx.config.kv_lora_rank),
       attention_dropout_(ctx.config.attention_dropout),
       rope_fusion_(ctx.config.apply_rope_fusion),
-      recompute_core_attention_(ctx.config.selectively_recomputes("core_attn")) {
+      recompute_core_attention_(ctx.config.selectively_recomputes("core_attn")),
+      recompute_up_projections_(ctx.config.selectively_recomputes("mla_up_proj")) {
   const ModelConfig& c = ctx.config;
   const int64_t h = c.hidden_size, H = c.num_attention_heads;
   const at::TensorOptions on = at::TensorOptions().device(ctx.device);
@@ -79,27 +81,34 @@ at::Tensor MultiLatentAttention::rotate(const at::Tensor& x, const RopeTables& r
 
 at::Tensor MultiLatentAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask) {
   TORCH_CHECK(rope != nullptr, "multi-latent attention needs rotary position embeddings");
-  at::Tensor q;  // [s, b, H/tp * (dn + dr)], the whole sequence
-  if (linear_q_proj) {
-    q = linear_q_proj->forward(normed);
-  } else {
-    q = linear_q_up_proj->forward(norm_latent(tp::linear(normed, q_down_weight), *linear_q_up_proj));  // latent [s(/tp), b, q_lora]
-  }
+  // The query's input to its up projection: the latent [s(/tp), b, q_lora] (without q LoRA, the
+  // normed input itself, projected by linear_q_proj).
+  const at::Tensor q_in = linear_q_proj ? normed : tp::linear(normed, q_down_weight);
   const at::Tensor kv_down = tp::linear(normed, kv_down_weight);  // [s(/tp), b, kv_lora + dr]
-  const at::Tensor kv =
-      linear_kv_up_proj->forward(norm_latent(kv_down.narrow(-1, 0, kv_lora_rank_), *linear_kv_up_proj));  // [s, b, H/tp (dn + dv)]
   // The rotary key, one for all heads: the whole sequence on every rank, and in backward the
   // heads' partial gradients summed over TP (gather / copy).
   at::Tensor k_rope = kv_down.narrow(-1, kv_lora_rank_, rope_dim_);  // [s(/tp), b, dr]
   k_rope = tp_.sequence_parallel ? tp::gather_from_sp(k_rope, tp_.group) : tp::copy_to_tp(k_rope, tp_.group);
-  const int64_t s = q.size(0), b = q.size(1);
-  const at::Tensor q_heads = q.view({s, b, heads_, nope_dim_ + rope_dim_});
-  const at::Tensor kv_heads = kv.view({s, b, heads_, nope_dim_ + v_dim_});
-  const at::Tensor q_rope = rotate(q_heads.narrow(-1, nope_dim_, rope_dim_), *rope);  // [s, b, H/tp, dr]
-  const at::Tensor k_rot = rotate(k_rope.unsqueeze(2), *rope);                      // [s, b, 1, dr]
-  const at::Tensor query = at::cat({q_heads.narrow(-1, 0, nope_dim_), q_rope}, -1);  // [s, b, H/tp, dn + dr]
-  const at::Tensor key = at::cat({kv_heads.narrow(-1, 0, nope_dim_), k_rot.expand({s, b, heads_, rope_dim_})}, -1);
-  const at::Tensor value = kv_heads.narrow(-1, nope_dim_, v_dim_);                   // [s, b, H/tp, dv]
+  // The up projections and the rotary embedding (Megatron's "mla_up_proj" region): their outputs,
+  // H/tp heads over the whole sequence, are the largest activations MLA keeps.
+  const RopeTables tables = *rope;
+  auto up = [this, tables](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    const at::Tensor q = linear_q_proj ? linear_q_proj->forward(in[0])
+                                       : linear_q_up_proj->forward(norm_latent(in[0], *linear_q_up_proj));  // [s, b, H/tp (dn + dr)]
+    const at::Tensor kv = linear_kv_up_proj->forward(norm_latent(in[1], *linear_kv_up_proj));         // [s, b, H/tp (dn + dv)]
+    const int64_t s = q.size(0), b = q.size(1);
+    const at::Tensor q_heads = q.view({s, b, heads_, nope_dim_ + rope_dim_});
+    const at::Tensor kv_heads = kv.view({s, b, heads_, nope_dim_ + v_dim_});
+    const at::Tensor q_rope = rotate(q_heads.narrow(-1, nope_dim_, rope_dim_), tables);  // [s, b, H/tp, dr]
+    const at::Tensor k_rot = rotate(in[2].unsqueeze(2), tables);                        // [s, b, 1, dr]
+    return {at::cat({q_heads.narrow(-1, 0, nope_dim_), q_rope}, -1),                     // query [s, b, H/tp, dn + dr]
+            at::cat({kv_heads.narrow(-1, 0, nope_dim_), k_rot.expand({s, b, heads_, rope_dim_})}, -1),  // key
+            kv_heads.narrow(-1, nope_dim_, v_dim_).contiguous()};                        // value [s, b, H/tp, dv]
+  };
+  const std::vector<at::Tensor> in = {q_in, kv_down.narrow(-1, 0, kv_lora_rank_), k_rope};
+  const std::vector<at::Tensor> qkv =
+      recompute_up_projections_ && is_training() ? tp::recompute_in_backward(up, in, tp_, /*draws_random=*/false) : up(in);
+  const at::Tensor &query = qkv[0], &key = qkv[1], &value = qkv[2];
   const double dropout = is_training() ? attention_dropout_ : 0.0;
   const at::Tensor context =
       attend(*core_attention_, query, key, value.contiguous(), attention_mask, dropout, recompute_core_attention_, tp_);  // [s, b, H/tp dv]

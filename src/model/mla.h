@@ -58,6 +58,7 @@ class MultiLatentAttention : public AttentionBlock {
   double attention_dropout_;
   bool rope_fusion_;
   bool recompute_core_attention_;  // --recompute-granularity selective
+  bool recompute_up_projections_;  // --recompute-modules mla_up_proj
 };
 
 }  // namespace megatron

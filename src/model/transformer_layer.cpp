@@ -4,6 +4,7 @@
 
 #include "kernels/ops.h"
 #include "model/mlp.h"
+#include "moe/moe_layer.h"
 #include "tensor_parallel/recompute.h"
 
 namespace megatron {
@@ -24,8 +25,12 @@ TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParalle
   // part keeps its norm apart: MoE).
   if (!feed_forward->fused_norm()) pre_mlp_layernorm_ = register_module("pre_mlp_layernorm", std::make_shared<NormModule>(c, tp, device));
   mlp = register_module("mlp", feed_forward);
-  // Megatron's "mlp" module is the dense MLP; an MoE layer is its "moe".
-  recompute_mlp_ = c.selectively_recomputes("mlp") && std::dynamic_pointer_cast<MLP>(feed_forward) != nullptr;
+  // Megatron's "mlp" module is the dense MLP; an MoE layer is its "moe" (router, dispatch, experts
+  // and shared experts: its auxiliary losses and expert counts are taken in the backward's run,
+  // the one with autograd on, as under full recomputation).
+  const bool moe = std::dynamic_pointer_cast<moe::MoELayer>(feed_forward) != nullptr;
+  recompute_mlp_ = moe ? c.selectively_recomputes("moe") : c.selectively_recomputes("mlp") && std::dynamic_pointer_cast<MLP>(feed_forward) != nullptr;
+  recompute_draws_random_ = moe && c.moe_router_force_load_balancing;
   TORCH_CHECK(spec.norms_in_linears || !self_attention->fused_norm(), "layer spec: norms_in_linears is false but the "
               "attention block holds the norm in front of it");
   TORCH_CHECK(spec.norms_in_linears || !mlp->fused_norm(), "layer spec: norms_in_linears is false but the feed-forward holds its norm");
@@ -74,7 +79,7 @@ at::Tensor TransformerLayer::feed_forward(const at::Tensor& normed) {
   // Only the input is kept; the MLP (no dropout inside) runs again in the backward.
   const std::shared_ptr<FeedForward> block = mlp;
   return tp::recompute_in_backward([block](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{block->forward(in[0])}; },
-                                   {normed}, tp_, /*draws_random=*/false)[0];
+                                   {normed}, tp_, recompute_draws_random_)[0];
 }
 
 }  // namespace megatron

@@ -41,7 +41,10 @@ class TransformerLayer : public tp::DescribedModule {
   std::shared_ptr<NormModule> pre_mlp_layernorm_;  // null when the norm lives in the feed-forward
   double hidden_dropout_;
   bool fuse_add_norm_;  // the residual adds fused with the RMSNorms after them
-  bool recompute_mlp_ = false;  // --recompute-modules mlp: a dense MLP runs again in the backward
+  // --recompute-modules mlp (a dense MLP) or moe (an MoE layer): the feed-forward runs again in
+  // the backward; drawing random numbers (--moe-router-force-load-balancing) the same both times.
+  bool recompute_mlp_ = false;
+  bool recompute_draws_random_ = false;
   tp::TensorParallel tp_;
   // The feed-forward on the normed input [s(/tp), b, h], recomputed in the backward when asked.
   at::Tensor feed_forward(const at::Tensor& normed);

@@ -134,9 +134,8 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
   if (m.moe_router_score_function != "softmax" && m.moe_router_score_function != "sigmoid") {
     bad("moe-router-score-function", "must be softmax or sigmoid (got '" + m.moe_router_score_function + "')");
   }
-  if (m.moe_router_pre_softmax && m.moe_router_score_function != "softmax") {
-    bad("moe-router-pre-softmax", "applies to --moe-router-score-function softmax only");
-  }
+  // --moe-router-pre-softmax with sigmoid scores: Megatron's routing ignores it (finalize_config
+  // says so and clears it).
   if (!m.moe_router_dtype.empty() && m.moe_router_dtype != "fp32" && m.moe_router_dtype != "fp64") {
     bad("moe-router-dtype", "must be fp32 or fp64 (got '" + m.moe_router_dtype + "')");
   }

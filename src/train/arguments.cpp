@@ -22,13 +22,15 @@
 namespace megatron {
 namespace {
 
-enum class Kind { Int, Int64, Double, Bool, NegatedBool, String, StringList, DoubleList };
+// Preset: a switch that sets a string setting to `preset` (a deprecated spelling of one value).
+enum class Kind { Int, Int64, Double, Bool, NegatedBool, String, StringList, DoubleList, Preset };
 
 struct Flag {
   std::string name;  // without leading dashes
   Kind kind;
   void* target;
   std::string help;
+  std::string preset = "";  // Kind::Preset: the value the switch sets
 };
 
 // The flags of `megatron train`, bound to one Config. `--config` and `--model-family` are
@@ -61,6 +63,7 @@ std::vector<Flag> train_flags(Config& c) {
       {"add-qkv-bias", Kind::Bool, &m.add_qkv_bias, "bias on the QKV projection even with --disable-bias-linear (Qwen2)"},
       {"qk-layernorm", Kind::Bool, &m.qk_layernorm, "per-head norm on queries and keys (Qwen3)"},
       {"position-embedding-type", Kind::String, &m.position_embedding_type, "learned_absolute, rope or none"},
+      {"use-rotary-position-embeddings", Kind::Preset, &m.position_embedding_type, "Megatron's deprecated --position-embedding-type rope", "rope"},
       {"rotary-base", Kind::Double, &m.rotary_base, "RoPE base (theta)"},
       {"rotary-percent", Kind::Double, &m.rotary_percent, "fraction of the head dimension RoPE rotates"},
       {"rotary-seq-len-interpolation-factor", Kind::Double, &m.rotary_seq_len_interpolation_factor, "RoPE positions divided by this (linear interpolation)"},
@@ -321,6 +324,9 @@ void assign(const Flag& f, const std::string& where, const std::vector<std::stri
     case Kind::String: *static_cast<std::string*>(f.target) = single(); break;
     case Kind::Bool: *static_cast<bool*>(f.target) = parse_bool(where, single()); break;
     case Kind::NegatedBool: *static_cast<bool*>(f.target) = !parse_bool(where, single()); break;
+    case Kind::Preset:
+      if (parse_bool(where, single())) *static_cast<std::string*>(f.target) = f.preset;
+      break;
     case Kind::StringList:
       if (values.empty()) throw UserError(where + ": expects at least one value");
       *static_cast<std::vector<std::string>*>(f.target) = values;
@@ -418,7 +424,7 @@ Config parse_train_arguments(const std::vector<std::string>& args) {
   auto take = [&](const std::string& name, const std::string& where, std::vector<std::string> values, bool from_recipe) {
     const Flag* f = find_flag(flags, name);
     if (f != nullptr && (from_recipe || name.find('_') == std::string::npos)) {
-      if ((f->kind == Kind::Bool || f->kind == Kind::NegatedBool) && values.empty()) values = {"true"};
+      if ((f->kind == Kind::Bool || f->kind == Kind::NegatedBool || f->kind == Kind::Preset) && values.empty()) values = {"true"};
       assign(*f, where, values);
       config.explicit_flags.insert(f->name);
       return;
@@ -485,7 +491,8 @@ std::string default_text(const Flag& f) {
       for (double d : *static_cast<std::vector<double>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << d;
       break;
     case Kind::Bool:
-    case Kind::NegatedBool: break;
+    case Kind::NegatedBool:
+    case Kind::Preset: break;
   }
   return v.str();
 }
@@ -535,7 +542,7 @@ std::string train_help() {
   for (const auto& f : flags) {
     if (auto group = help_groups().find(f.name); group != help_groups().end()) out << "\n" << group->second << ":\n";
     std::string left = "  --" + f.name;
-    if (f.kind != Kind::Bool && f.kind != Kind::NegatedBool) left += f.kind == Kind::StringList || f.kind == Kind::DoubleList ? " V..." : " V";
+    if (f.kind != Kind::Bool && f.kind != Kind::NegatedBool && f.kind != Kind::Preset) left += f.kind == Kind::StringList || f.kind == Kind::DoubleList ? " V..." : " V";
     if (left.size() < 36) left.resize(36, ' ');
     const std::string fallback = default_text(f);
     out << left << " " << f.help << (fallback.empty() ? "" : " [default: " + fallback + "]") << "\n";

@@ -104,7 +104,7 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
     throw UserError("--recompute-method and --recompute-num-layers apply to --recompute-granularity full only");
   }
   // Megatron's --recompute-modules, read with selective granularity only (as Megatron).
-  static const std::set<std::string> implemented = {"core_attn", "mlp"};
+  static const std::set<std::string> implemented = {"core_attn", "mlp", "moe", "mla_up_proj"};
   static const std::set<std::string> megatrons = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
   std::string not_yet;
   for (const std::string& module : m.recompute_modules) {
@@ -115,8 +115,8 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
     if (implemented.count(module) == 0) not_yet += (not_yet.empty() ? "" : " ") + module;
   }
   if (!not_yet.empty()) {
-    throw UserError("--recompute-modules " + not_yet + " is not implemented yet: selective recomputation here covers core_attn "
-                    "and mlp (or use --recompute-granularity full)");
+    throw UserError("--recompute-modules " + not_yet + " is not implemented yet: selective recomputation here covers core_attn, "
+                    "mlp, moe and mla_up_proj (or use --recompute-granularity full)");
   }
   if (!g.empty() && (t.cuda_graph_impl != "none" || t.enable_cuda_graph) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
     throw UserError("--recompute-granularity with dropout replays the generators' states, which a captured CUDA graph "
@@ -136,7 +136,6 @@ void validate_mla_and_yarn(const ModelConfig& m, const ParallelConfig& p) {
     if (!std::isfinite(m.mscale) || !std::isfinite(m.mscale_all_dim)) bad("mscale", "and --mscale-all-dim must be finite");
     if (m.yarn_original_max_position_embeddings <= 0) bad("yarn-original-max-position-embeddings", "must be positive");
     if (!(m.yarn_beta_fast > 0.0 && m.yarn_beta_slow > 0.0)) bad("yarn-beta-fast", "and --yarn-beta-slow must be positive");
-    if (m.use_rope_scaling) bad("use-rope-scaling", "(Llama 3.1 scaling) and YaRN are two rope scalings: keep one");
   }
   if (m.mtp_num_layers < 0) bad("mtp-num-layers", "must be >= 0");
   if (m.mtp_num_layers > 0) {
@@ -382,6 +381,11 @@ void finalize_config(Config& c, int world_size) {
     throw UserError("--context-parallel-size " + std::to_string(p.context_parallel_size) +
                     ": context parallelism is not implemented yet; use tensor (with --sequence-parallel) and data parallelism");
   }
+  if (m.num_experts > 0 && m.moe_router_pre_softmax && m.moe_router_score_function == "sigmoid") {
+    // Pai's DeepSeek-V3 script gives both; Megatron's topk routing reads pre-softmax for softmax only.
+    c.flag_notices.push_back("--moe-router-pre-softmax has no effect with --moe-router-score-function sigmoid (as in Megatron)");
+    m.moe_router_pre_softmax = false;
+  }
   moe::finalize_moe_config(m, p, world_size);
   if (m.num_experts > 0 && (t.cuda_graph_impl == "local" || t.enable_cuda_graph)) {
     throw UserError("--cuda-graph-impl local with --num-experts: the MoE dispatcher reads each expert's token count on the "
@@ -406,6 +410,12 @@ void finalize_config(Config& c, int world_size) {
   if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
   if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
   validate_recompute(m, t);
+  if (uses_yarn(m) && m.use_rope_scaling) {
+    // Pai's DeepSeek-V3 script gives both; Megatron builds YaRN's rotary embedding then, which
+    // has no Llama 3.1 scaling.
+    c.flag_notices.push_back("--use-rope-scaling (Llama 3.1's) has no effect with YaRN (as in Megatron)");
+    m.use_rope_scaling = false;
+  }
   validate_mla_and_yarn(m, p);
   if (p.grad_reduce_in_bf16 && !t.bf16) {
     throw UserError("--grad-reduce-in-bf16 needs --bf16: the gradients are kept in the bf16 parameters' dtype");

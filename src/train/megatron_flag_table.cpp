@@ -781,7 +781,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"use-persistent-ckpt-worker", Arity::None, "false", "true", Fate::Ignored, kCheckpointFormat, Origin::MegatronLm},
     {"use-pytorch-profiler", Arity::None, "false", "true", Fate::Ignored, kProfiler, Origin::MegatronLm},
     {"use-ring-exchange-p2p", Arity::None, "false", "true", Fate::Ignored, kCommunication, Origin::MegatronLm},
-    {"use-rotary-position-embeddings", Arity::None, "false", "true", Fate::Ignored, kLegacy, Origin::MegatronLm},
     {"use-same-sampling-seed-across-dp-ranks", Arity::None, "true", "false", Fate::Ignored, kInference, Origin::MegatronLm},
     {"use-sharp", Arity::None, "false", "true", Fate::Ignored, kCommunication, Origin::MegatronLm},
     {"use-te", Arity::None, "false", "true", Fate::Ignored, kKernel, Origin::Pai},

