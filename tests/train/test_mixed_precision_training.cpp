@@ -3,7 +3,8 @@
 //    line shows the scale and no grad norm, the learning-rate schedule does not advance), the
 //    scale backs off as Megatron's DynamicGradScaler does, and the loss then falls; a short
 //    growth window brings the scale up to an overflow again mid-run, skipped and recovered from;
-//  - fp16 losses follow fp32's at least as closely as bf16's do;
+//  - fp16 losses follow fp32's at least as closely as bf16's do, the MoE router's losses too
+//    (their gradients scaled with the loss);
 //  - an fp16 run stopped and resumed (the scaler and the skipped samples in the checkpoint) is bit
 //    for bit the run that was not stopped, and TP=2 x DP=2 over Gloo reproduces one process;
 //  - bf16 Adam moments (--use-precision-aware-optimizer): held in bf16 in the checkpoint, resumed
@@ -148,6 +149,32 @@ TEST(Fp16Training, FollowsFp32AtLeastAsCloselyAsBf16) {
   EXPECT_GT(fp16_error, 0.0) << "fp16 computes in fp16";
   EXPECT_LT(fp16_error, 1e-2);
   EXPECT_LE(fp16_error, bf16_error) << "fp16 keeps 3 more mantissa bits than bf16";
+}
+
+// The MoE router's losses ride on activations into backward: under --fp16 their gradient must be
+// the loss scale's multiple too, or the optimizer's unscaling shrinks it 4096-fold (z_loss then
+// drifts to 1.97 by step 12 instead of 1.74). fp16 follows fp32 in the balancing and z losses.
+TEST(Fp16Training, RouterLossesAreScaledWithTheLoss) {
+  auto terms = [](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--train-iters", "12", "--lr-warmup-iters", "1", "--num-experts", "4", "--moe-router-topk", "2",
+                               "--moe-ffn-hidden-size", "32", "--moe-aux-loss-coeff", "0.1", "--moe-z-loss-coeff", "0.01",
+                               "--hidden-dropout", "0", "--attention-dropout", "0"});
+    const auto r = test::run_megatron(tiny(extra));
+    EXPECT_EQ(r.status, 0) << r.output;
+    std::vector<std::pair<double, double>> out;  // (load_balancing_loss, z_loss) per iteration
+    const std::regex line(R"(load_balancing_loss: ([0-9.E+-]+) \| z_loss: ([0-9.E+-]+) \|)");
+    for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line); it != std::sregex_iterator(); ++it) {
+      out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
+    }
+    return out;
+  };
+  const auto fp32 = terms({}), fp16 = terms({"--fp16", "--initial-loss-scale", "4096"});
+  ASSERT_EQ(fp32.size(), 12u);
+  ASSERT_EQ(fp16.size(), 12u);
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    EXPECT_NEAR(fp16[i].first, fp32[i].first, 1e-3 * fp32[i].first) << "load balancing, iteration " << i + 1;
+    EXPECT_NEAR(fp16[i].second, fp32[i].second, 2e-3 * fp32[i].second) << "z loss, iteration " << i + 1;
+  }
 }
 
 TEST(Fp16Training, ResumesBitForBitWithTheScalerAndTheSkippedSamples) {
