@@ -43,6 +43,7 @@
 #include "train/grad_buffers.h"
 #include "train/metrics.h"
 #include "train/model_terms.h"
+#include "train/precision.h"
 #include "train/profiler.h"
 #include "train/step_graph.h"
 #include "train/batch_schedule.h"
@@ -108,12 +109,9 @@ class Trainer {
   void save(const char* why);
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
-  // The parameters' and activations' dtype: --bf16, --fp16, or fp32.
-  at::ScalarType params_dtype() const { return t_.bf16 ? at::kBFloat16 : t_.fp16 ? at::kHalf : at::kFloat; }
   // The samples the learning-rate schedule has counted: all consumed but, under --fp16, those of
   // skipped iterations (Megatron steps its scheduler on applied updates only).
   int64_t scheduled_samples() const { return progress_.consumed_train_samples - progress_.skipped_train_samples; }
-  std::string precision() const;
 
   const Config& c_;
   const TrainConfig& t_;
@@ -196,7 +194,7 @@ int Trainer::run() {
   }
   int64_t parameters = 0;
   for (auto& chunk : chunks_) {
-    chunk->to(device_, params_dtype());
+    chunk->to(device_, params_dtype(t_));
     chunk->train();
     // The other expert-parallel ranks hold as many experts again each.
     parameters += chunk->num_parameters() + chunk->num_expert_parameters() * (ps_.ep.size() - 1);
@@ -260,7 +258,7 @@ int Trainer::run() {
               m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.ffn_hidden_size, m.vocab_size,
               m.padded_vocab_size, m.seq_length);
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
-                static_cast<long long>(parameters), precision().c_str(), device_.str().c_str(),
+                static_cast<long long>(parameters), describe_precision(t_, p).c_str(), device_.str().c_str(),
                 at::get_num_threads(), buffer_->num_buckets() + (buffers_.experts ? buffers_.experts->num_buckets() : 0));
     std::printf("> initialised the weights in %.1f s\n", init_seconds);
     if (buffer_->overlap_optimizer_step()) {
@@ -527,28 +525,11 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   o.forward_only = forward_only;
   const bool sp = c_.parallel.sequence_parallel;
   o.activation_shape = {sp ? m.seq_length / ps_.tp.size() : m.seq_length, t_.micro_batch_size, m.hidden_size};
-  o.activation_options = at::TensorOptions().device(device_).dtype(params_dtype());
+  o.activation_options = at::TensorOptions().device(device_).dtype(params_dtype(t_));
   const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
   if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
   if (model_terms > 0) model_terms_.collect(chunks(), sums.narrow(0, 1 + family_terms, model_terms), ps_.tp);
   return sums;
-}
-
-std::string Trainer::precision() const {
-  const ParallelConfig& p = c_.parallel;
-  if (!t_.bf16 && !t_.fp16) return "fp32";
-  std::string details = t_.bf16 && stores_param_remainders(t_) ? "fp32 master weights as bf16 + 16-bit remainders" : "fp32 master weights";
-  details += p.grad_reduce_in_bf16 ? ", bf16 gradients" : t_.fp16 ? " and gradients" : "";
-  if (t_.exp_avg_dtype == "bf16" || t_.exp_avg_sq_dtype == "bf16") {
-    details += ", Adam moments " + t_.exp_avg_dtype + "/" + t_.exp_avg_sq_dtype;
-  }
-  if (t_.fp16) {
-    char scale[96];
-    std::snprintf(scale, sizeof(scale), t_.loss_scale > 0 ? ", constant loss scale %g" : ", dynamic loss scale from %g",
-                  t_.loss_scale > 0 ? t_.loss_scale : t_.initial_loss_scale);
-    details += scale;
-  }
-  return std::string(t_.bf16 ? "bf16" : "fp16") + " (" + details + ")";
 }
 
 // Megatron's report after the first log interval, from every rank of DP replica 0: memory now

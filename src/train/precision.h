@@ -1,0 +1,20 @@
+// The run's numeric formats, decided by the precision flags: the dtype the model computes in, and
+// the start-up line that says how weights, gradients and optimizer state are kept.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+#include "core/config.h"
+
+namespace megatron {
+
+// The parameters' and activations' dtype: --bf16, --fp16, or fp32.
+inline at::ScalarType params_dtype(const TrainConfig& t) { return t.bf16 ? at::kBFloat16 : t.fp16 ? at::kHalf : at::kFloat; }
+
+// E.g. "bf16 (fp32 master weights as bf16 + 16-bit remainders, bf16 gradients, Adam moments
+// bf16/bf16)", "fp16 (fp32 master weights and gradients, dynamic loss scale from 4.29497e+09)".
+std::string describe_precision(const TrainConfig& t, const ParallelConfig& p);
+
+}  // namespace megatron
