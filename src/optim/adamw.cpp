@@ -31,6 +31,19 @@ at::Tensor OptimizerParam::master_fp32() const {
   return master_is_remainder() ? kernels::join_master(model_slice, master) : master;
 }
 
+namespace {
+
+// Where a loaded fp32 master goes: `master` itself, or a staging tensor that store_master then
+// splits into the bf16 weight and its remainder.
+at::Tensor master_destination(const OptimizerParam& p) {
+  return p.master_is_remainder() ? at::empty({p.numel}, p.model_slice.options().dtype(at::kFloat)) : p.master;
+}
+void store_master(OptimizerParam& p, const at::Tensor& loaded) {
+  if (p.master_is_remainder()) kernels::split_master(loaded, p.model_slice, p.master);
+}
+
+}  // namespace
+
 AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : AdamW(std::vector<ParamAndGradBuffer*>{&buffer}, config) {}
 
 AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config)
@@ -254,13 +267,9 @@ void AdamW::load_state(const std::vector<NamedTensor>& state, bool load_moments)
     into.copy_(it->second.reshape({-1}));
   };
   for (auto& p : params_) {
-    if (p.master_is_remainder()) {
-      at::Tensor master = at::empty({p.numel}, p.model_slice.options().dtype(at::kFloat));
-      take(p.name + ".master", p, master);
-      kernels::split_master(master, p.model_slice, p.master);
-    } else {
-      take(p.name + ".master", p, p.master);
-    }
+    at::Tensor master = master_destination(p);
+    take(p.name + ".master", p, master);
+    store_master(p, master);
     if (load_moments) {
       take(p.name + ".exp_avg", p, p.exp_avg);
       take(p.name + ".exp_avg_sq", p, p.exp_avg_sq);
@@ -286,7 +295,7 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
                            const at::Tensor& step) {
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
-    at::Tensor master = p.master_is_remainder() ? at::empty({p.numel}, p.model_slice.options().dtype(at::kFloat)) : p.master;
+    at::Tensor master = master_destination(p);
     for (auto [field, into] : {std::pair<const char*, at::Tensor*>{"master", &master}, {"exp_avg", &p.exp_avg},
                                {"exp_avg_sq", &p.exp_avg_sq}}) {
       at::Tensor value = slice(p.name, field, p.param_offset, p.numel);
@@ -296,7 +305,7 @@ void AdamW::load_resharded(const std::function<at::Tensor(const std::string&, co
       }
       into->copy_(value.reshape({-1}));
     }
-    if (p.master_is_remainder()) kernels::split_master(master, p.model_slice, p.master);
+    store_master(p, master);
   }
   steps_.copy_(step.reshape({}));
   copy_master_to_model();

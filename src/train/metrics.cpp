@@ -79,7 +79,6 @@ void TrainingMetrics::settle(TrainingProgress& progress) {
   const StepStatistics::Totals t = statistics_.take();
   interval_loss_ += t.applied_loss_sum;
   interval_iterations_ += t.iterations;
-  interval_applied_ += t.iterations - t.skipped;
   interval_skipped_ += t.skipped;
   interval_nan_ += t.nan;
   progress.skipped_iterations += t.skipped;
@@ -115,7 +114,7 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr, 
   l.learning_rate = next_lr;
   l.global_batch_size = last_global_batch_;
   // Averaged over the applied iterations, as Megatron's "advanced iterations".
-  const int64_t counted = interval_applied_;
+  const int64_t counted = interval_iterations_ - interval_skipped_;
   l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
   if (last_step_.loss_scale.defined()) l.loss_scale = last_step_.loss_scale.item<double>();
   // A skipped step has no gradient norm or zero count in Megatron's line.
@@ -146,7 +145,7 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr, 
   if (!reset) return;
   interval_loss_ = 0;
   interval_iterations_ = 0;
-  interval_applied_ = interval_skipped_ = interval_nan_ = 0;
+  interval_skipped_ = interval_nan_ = 0;
   interval_samples_ = 0;
   start_interval();
 }

@@ -81,8 +81,9 @@ class TrainingMetrics {
   int64_t interval_samples_ = 0;  // the interval's global batches together
   int64_t last_global_batch_ = 0;
   int64_t interval_iterations_ = 0;
-  int64_t interval_applied_ = 0;  // Megatron's "advanced iterations": the loss averages over them
-  int64_t interval_skipped_ = 0;  // Megatron's per-interval "number of skipped iterations"
+  // Megatron's per-interval "number of skipped iterations"; the others are its "advanced
+  // iterations", which the loss averages over.
+  int64_t interval_skipped_ = 0;
   int64_t interval_nan_ = 0;      // ... and "number of nan iterations"
   double last_grad_norm_ = 0;
   bool last_applied_ = true;      // the latest iteration's update was applied (else no grad norm shown)

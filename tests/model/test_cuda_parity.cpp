@@ -85,8 +85,7 @@ TEST(CudaParity, CudaGraphStepTrainsAsTheEagerStep) {
   const std::vector<double> expected = test::logged_losses(eager.output), got = test::logged_losses(graphed.output);
   ASSERT_EQ(expected.size(), 30u) << eager.output;
   ASSERT_EQ(got.size(), expected.size()) << graphed.output;
-  double largest = 0;
-  for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - expected[i]) / expected[i]);
+  const double largest = test::largest_relative_difference(got, expected);
   std::printf("largest relative loss difference, graph replay vs eager: %.3e\n", largest);
   EXPECT_LE(largest, 2e-3) << graphed.output;
   EXPECT_LT(expected.back(), expected.front() - 0.1) << "the run must train, or the comparison says little";
@@ -117,18 +116,11 @@ TEST(CudaParity, OverlappedOptimizerStepTrainsAsTheSerialStep) {
     EXPECT_NE(run.output.find("> optimizer step: on a stream of its own"), std::string::npos) << run.output;
     const std::vector<double> got = test::logged_losses(run.output);
     ASSERT_EQ(got.size(), expected.size()) << run.output;
-    double largest = 0;
-    for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - expected[i]) / expected[i]);
+    const double largest = test::largest_relative_difference(got, expected);
     std::printf("largest relative loss difference, %s vs the serial step: %.3e\n", extra.back().c_str(), largest);
     EXPECT_LE(largest, 2e-3) << run.output;
   }
 }
-
-}  // namespace
-}  // namespace megatron
-
-namespace megatron {
-namespace {
 
 // --fp16 (the fused kernels on fp16 tensors, loss scaling) and the precision-aware optimizer's bf16
 // moments (the fused AdamW kernel reading and writing them) train on CUDA as fp32 does, within
@@ -155,8 +147,7 @@ TEST(CudaParity, Fp16AndBf16MomentsTrainAsFp32) {
     ASSERT_EQ(run.status, 0) << run.output;
     const std::vector<double> got = test::logged_losses(run.output);
     ASSERT_EQ(got.size(), expected.size()) << run.output;
-    double largest = 0;
-    for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - expected[i]) / expected[i]);
+    const double largest = test::largest_relative_difference(got, expected);
     std::printf("largest relative loss difference, %s vs fp32 on CUDA: %.3e\n", extra.front().c_str(), largest);
     EXPECT_LE(largest, 3e-2) << run.output;
     EXPECT_EQ(run.output.find("number of skipped iterations:   1"), std::string::npos) << "nothing skipped\n" << run.output;

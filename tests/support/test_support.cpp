@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -84,6 +85,12 @@ TempDir::~TempDir() {
   // Depth first, links not followed: files before their directories.
   ::nftw(path_.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
          FTW_DEPTH | FTW_PHYS);
+}
+
+double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want) {
+  double largest = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) largest = std::max(largest, std::abs(got[i] - want[i]) / std::abs(want[i]));
+  return largest;
 }
 
 std::vector<double> logged_losses(const std::string& output, int64_t interval) {

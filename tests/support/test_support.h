@@ -30,6 +30,10 @@ CommandResult run_megatron(const std::vector<std::string>& args);
 // interval; with 1, every line).
 std::vector<double> logged_losses(const std::string& output, int64_t interval = 1);
 
+// max over i of |got[i] - want[i]| / |want[i]|, over the steps both have: how far one run's losses
+// are from another's.
+double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want);
+
 // A fresh directory under the system temp dir, removed with its contents on destruction.
 class TempDir {
  public:

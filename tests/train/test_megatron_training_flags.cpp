@@ -297,18 +297,22 @@ TEST(MegatronTrainingFlags, StepBatchSizeScheduleGrowsTheBatchWithTheTokensConsu
   EXPECT_NE(rampup.output.find("--rampup-batch-size has no effect here: Megatron-LM ignores it too"), std::string::npos) << rampup.output;
 }
 
+// The --metrics-jsonl lines (losses, named terms, grad norm; the learning rate cut off) of a
+// three-step run of `small` with `extra`, dropout off: what a recomputed run must repeat bit for bit.
+std::vector<std::string> three_exact_steps(const test::TempDir& dir, const std::string& name, std::vector<std::string> extra) {
+  extra.insert(extra.end(), {"--global-batch-size", "4", "--train-iters", "3", "--swiglu", "--hidden-dropout", "0",
+                             "--attention-dropout", "0", "--metrics-jsonl", dir / (name + ".jsonl")});
+  auto r = test::run_megatron(small(extra));
+  EXPECT_EQ(r.status, 0) << r.output;
+  std::vector<std::string> lines;
+  std::ifstream in(dir / (name + ".jsonl"));
+  for (std::string line; std::getline(in, line);) lines.push_back(line.substr(0, line.find(", \"lr\"")));
+  return lines;
+}
+
 TEST(MegatronTrainingFlags, RecomputeModulesMlpTrainsAsKeepingActivations) {
   test::TempDir dir;
-  auto losses = [&](const std::string& name, std::vector<std::string> extra) {
-    extra.insert(extra.end(), {"--global-batch-size", "4", "--train-iters", "3", "--swiglu", "--hidden-dropout", "0",
-                               "--attention-dropout", "0", "--metrics-jsonl", dir / (name + ".jsonl")});
-    auto r = test::run_megatron(small(extra));
-    EXPECT_EQ(r.status, 0) << r.output;
-    std::vector<std::string> lines;
-    std::ifstream in(dir / (name + ".jsonl"));
-    for (std::string line; std::getline(in, line);) lines.push_back(line.substr(0, line.find(", \"lr\"")));
-    return lines;
-  };
+  auto losses = [&](const std::string& name, std::vector<std::string> extra) { return three_exact_steps(dir, name, std::move(extra)); };
   const auto kept = losses("kept", {});
   ASSERT_EQ(kept.size(), 3u);
   // Exact losses and gradient norms, bit for bit.
@@ -329,20 +333,14 @@ TEST(MegatronTrainingFlags, RecomputeModulesMlpTrainsAsKeepingActivations) {
 TEST(MegatronTrainingFlags, RecomputeModulesMoeAndMlaUpProjTrainAsKeepingActivations) {
   test::TempDir dir;
   auto losses = [&](const std::string& name, std::vector<std::string> extra) {
-    extra.insert(extra.end(), {"--global-batch-size", "4", "--train-iters", "3", "--swiglu", "--hidden-dropout", "0",
-                               "--attention-dropout", "0", "--normalization", "RMSNorm", "--multi-latent-attention",
+    extra.insert(extra.end(), {"--normalization", "RMSNorm", "--multi-latent-attention",
                                "--q-lora-rank", "32", "--kv-lora-rank", "16", "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8",
                                "--v-head-dim", "16", "--qk-layernorm", "--position-embedding-type", "rope", "--num-experts", "4",
                                "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "32",
                                "--moe-aux-loss-coeff", "0.01", "--moe-router-load-balancing-type", "seq_aux_loss",
                                "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--moe-layer-freq",
-                               "([0]*1+[1]*1)", "--mtp-num-layers", "1", "--metrics-jsonl", dir / (name + ".jsonl")});
-    auto r = test::run_megatron(small(extra));
-    EXPECT_EQ(r.status, 0) << r.output;
-    std::vector<std::string> lines;
-    std::ifstream in(dir / (name + ".jsonl"));
-    for (std::string line; std::getline(in, line);) lines.push_back(line.substr(0, line.find(", \"lr\"")));
-    return lines;
+                               "([0]*1+[1]*1)", "--mtp-num-layers", "1"});
+    return three_exact_steps(dir, name, std::move(extra));
   };
   const auto kept = losses("kept", {});
   ASSERT_EQ(kept.size(), 3u);

@@ -78,12 +78,6 @@ std::vector<double> jsonl_losses(const std::string& path) {
   return out;
 }
 
-double largest_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  double largest = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) largest = std::max(largest, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return largest;
-}
-
 TEST(Fp16Training, OverflowsAreSkippedTheScaleBacksOffAndTrainingGoesOn) {
   const auto r = test::run_megatron(tiny({"--fp16", "--train-iters", "40", "--lr-warmup-iters", "2"}));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -144,7 +138,7 @@ TEST(Fp16Training, FollowsFp32AtLeastAsCloselyAsBf16) {
   const std::vector<double> fp16 = run("fp16", {"--fp16", "--initial-loss-scale", "4096"});
   ASSERT_EQ(fp32.size(), 20u);
   ASSERT_EQ(fp16.size(), 20u);
-  const double fp16_error = largest_relative_difference(fp16, fp32), bf16_error = largest_relative_difference(bf16, fp32);
+  const double fp16_error = test::largest_relative_difference(fp16, fp32), bf16_error = test::largest_relative_difference(bf16, fp32);
   std::printf("largest relative loss difference from fp32 over 20 steps: fp16 %.3e, bf16 %.3e\n", fp16_error, bf16_error);
   EXPECT_GT(fp16_error, 0.0) << "fp16 computes in fp16";
   EXPECT_LT(fp16_error, 1e-2);
@@ -234,7 +228,7 @@ TEST(Fp16Training, TensorAndDataParallelReproduceOneProcess) {
   const std::vector<double> want = jsonl_losses(dir / "single.jsonl"), got = jsonl_losses(dir / "parallel.jsonl");
   ASSERT_EQ(want.size(), 12u) << single;
   ASSERT_EQ(got.size(), 12u) << parallel;
-  const double difference = largest_relative_difference(got, want);
+  const double difference = test::largest_relative_difference(got, want);
   std::printf("fp16, TP=2 + SP x DP=2 against one process: largest relative loss difference %.3e\n", difference);
   EXPECT_LT(difference, 2e-3);
   const std::vector<Line> a = log_lines(single), b = log_lines(parallel);
@@ -273,7 +267,7 @@ TEST(PrecisionAwareOptimizer, Bf16MomentsCheckpointResumeAndReshard) {
   EXPECT_NE(low.find("bf16 (fp32 master weights as bf16 + 16-bit remainders, Adam moments bf16/bf16)"), std::string::npos) << low;
   const std::vector<double> fp32_moments = jsonl_losses(dir / "plain.jsonl"), bf16_losses = jsonl_losses(dir / "low.jsonl");
   ASSERT_EQ(bf16_losses.size(), 12u);
-  const double difference = largest_relative_difference(bf16_losses, fp32_moments);
+  const double difference = test::largest_relative_difference(bf16_losses, fp32_moments);
   std::printf("bf16 against fp32 Adam moments, 12 steps: largest relative loss difference %.3e\n", difference);
   EXPECT_GT(difference, 0.0);
   EXPECT_LT(difference, 2e-2);
@@ -300,7 +294,7 @@ TEST(PrecisionAwareOptimizer, Bf16MomentsCheckpointResumeAndReshard) {
   const std::vector<double> two = jsonl_losses(dir / "dp2.jsonl"), one = jsonl_losses(dir / "one.jsonl");
   ASSERT_EQ(two.size(), 8u);
   ASSERT_EQ(one.size(), 4u);
-  const double resharded = largest_relative_difference(one, std::vector<double>(two.begin() + 4, two.end()));
+  const double resharded = test::largest_relative_difference(one, std::vector<double>(two.begin() + 4, two.end()));
   std::printf("bf16 moments resharded DP=2 -> 1: largest relative loss difference %.3e\n", resharded);
   EXPECT_LT(resharded, 1e-4);
 }

@@ -176,8 +176,7 @@ TEST(TrainingRuns, GradReduceInBf16StaysWithinBf16NoiseOfFp32Gradients) {
   const std::vector<double> want = logged_losses(fp32.output), got = logged_losses(bf16.output);
   ASSERT_EQ(want.size(), 20u) << fp32.output;
   ASSERT_EQ(got.size(), want.size()) << bf16.output;
-  double largest = 0;
-  for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - want[i]) / want[i]);
+  const double largest = test::largest_relative_difference(got, want);
   std::printf("largest relative loss difference, bf16 vs fp32 gradients: %.3e\n", largest);
   EXPECT_GT(largest, 0.0) << "bf16 gradients left every loss bit-identical: the flag did nothing";
   EXPECT_LE(largest, 2e-3) << bf16.output;  // 3e-5 seen on 2 cores
