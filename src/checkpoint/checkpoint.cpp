@@ -11,6 +11,7 @@
 #include <tuple>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/fp8_state.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_table.h"
@@ -277,6 +278,11 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     }
     snap.files.push_back(std::move(f));
   }
+  // The FP8 delayed recipe's amax histories and scales: the same on every TP and DP rank.
+  if (ps.tp.rank() == 0 && ps.dp.rank() == 0) {
+    std::vector<SafetensorsEntry> fp8 = fp8_state_tensors(chunks);
+    if (!fp8.empty()) snap.files.push_back({fp8_state_file(ps.pp.rank()), std::move(fp8), {{"format", "megatron.cpp"}}});
+  }
   const std::vector<NamedTensor> optimizer_state = config.train.no_save_optim ? std::vector<NamedTensor>() : optimizer.state();
   // The distributed optimizer's files are per DP rank already and hold this rank's shards of both.
   const bool expert_optimizer_files = expert_files && !distributed_optimizer && !config.train.no_save_optim;
@@ -482,6 +488,13 @@ AdamW& optimizer_to_load(AdamW* optimizer) {
 }
 
 // Another layout: each rank reads only the saved slices that overlap its own shards.
+void report_fp8_state(int missing, const std::string& dir, const dist::ParallelState& ps) {
+  if (missing > 0 && ps.rank == 0) {
+    std::printf("> note: %s holds no FP8 delayed-scaling state for %d layer(s) (saved without --fp8-recipe delayed?): "
+                "their amax histories start empty, their scales at 1\n", dir.c_str(), missing);
+  }
+}
+
 TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& state, const nlohmann::json& saved_layout,
                                 const std::vector<GPTModel*>& chunks, AdamW* optimizer, const Config& config,
                                 const dist::ParallelState& ps) {
@@ -514,6 +527,7 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
                 layout_summary(config, ps).dump().c_str(),
                 config.train.no_load_rng ? "" : " (generator states start from --seed: they are per rank)");
   }
+  if (!config.train.finetune) report_fp8_state(load_fp8_state(dir, chunks), dir, ps);
   return config.train.finetune ? TrainingProgress() : progress_of(state);
 }
 
@@ -601,6 +615,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
                           rng.contains("model_parallel_cuda") ? rng.load("model_parallel_cuda") : at::Tensor());
     }
   }
+  report_fp8_state(load_fp8_state(dir, chunks), dir, ps);
   const TrainingProgress progress = progress_of(state);
   if (ps.rank == 0) {
     std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));

@@ -181,6 +181,24 @@ struct ModelConfig {
     return false;
   }
 
+  // FP8 linear layers (Megatron's --fp8-* flags; runtime choices, not saved with the model):
+  // the GEMMs of the decoder layers' linear layers take FP8 inputs (src/fp8).
+  std::string fp8;                            // "" (off) | e4m3 | hybrid (e5m2 gradients)
+  std::string fp8_recipe = "delayed";         // tensorwise | delayed | blockwise
+  int fp8_margin = 0;                         // delayed: scales divided by 2^margin
+  int fp8_amax_history_len = 1;               // delayed: the amaxes a scale is chosen from
+  std::string fp8_amax_compute_algo = "most_recent";  // delayed: most_recent | max
+  bool fp8_wgrad = true;                      // false: weight gradients from the high-precision inputs
+  bool tp_only_amax_red = false;              // delayed: amaxes reduced over TP only (default TP x DP)
+  bool first_last_layers_bf16 = false;        // the first and last layers' GEMMs stay in bf16
+  int num_layers_at_start_in_bf16 = 1;
+  int num_layers_at_end_in_bf16 = 1;
+  // Whether decoder layer `layer` (global index) runs its linear layers in FP8.
+  bool fp8_layer(int layer) const {
+    if (fp8.empty()) return false;
+    return !first_last_layers_bf16 || (layer >= num_layers_at_start_in_bf16 && layer < num_layers - num_layers_at_end_in_bf16);
+  }
+
   int head_dim() const { return kv_channels; }
   int query_groups() const { return num_query_groups; }
 };

@@ -118,4 +118,13 @@ void moe_expand_rows(const void* src, const int64_t* pairs, const float* weights
 void moe_pair_dots(const void* a, const void* b, const int64_t* slots, float* out, int64_t pairs, int64_t topk, int64_t h,
                    DType dtype, Stream stream);
 
+// Scaled, saturating casts to FP8 (src/kernels/fp8_cast.cu; Transformer Engine's cast and
+// cast-transpose): v = x * scale[0] in fp32, saturated to the format's largest finite value and
+// rounded to nearest even, for x [rows, cols] (row-contiguous). Written to out [rows, cols] and/or,
+// in the same pass, to out_t [cols, rows] (the transposed copy a weight-gradient GEMM reads);
+// either may be null.
+enum class Fp8Format { E4M3, E5M2 };
+void fp8_cast(const void* x, int64_t rows, int64_t cols, DType dtype, const float* scale, Fp8Format format, void* out,
+              void* out_t, Stream stream);
+
 }  // namespace megatron::kernels::cuda

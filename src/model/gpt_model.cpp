@@ -45,8 +45,10 @@ GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::opti
   }
   auto decoder = register_module("decoder", std::make_shared<tp::DescribedModule>());
   auto layer_holder = decoder->register_module("layers", std::make_shared<tp::DescribedModule>());
+  if (!c.fp8.empty()) fp8_ = std::make_shared<fp8::Fp8Context>(fp8::options_for(c));
   for (int i = chunk_.first_layer; i < chunk_.first_layer + chunk_.num_layers; ++i) {
-    layers.push_back(layer_holder->register_module(std::to_string(i), std::make_shared<TransformerLayer>(c, tp, layer_spec, device, i)));
+    layers.push_back(layer_holder->register_module(
+        std::to_string(i), std::make_shared<TransformerLayer>(c, tp, layer_spec, device, i, c.fp8_layer(i) ? fp8_ : nullptr)));
   }
   if (chunk_.post_process) {
     final_layernorm = decoder->register_module("final_layernorm", std::make_shared<NormModule>(c, tp, device));
@@ -309,6 +311,27 @@ void GPTModel::update_expert_biases() {
   if (tp_.size() > 1) tp_.group.all_reduce(all);
   if (tp_.data.size() > 1) tp_.data.all_reduce(all);
   for (size_t i = 0; i < routers.size(); ++i) routers[i]->update_expert_bias(all[int64_t(i)]);
+}
+
+void GPTModel::finish_fp8_step() {
+  if (!fp8_) return;
+  // Megatron's amax reduction group: TP x DP (x CP), or TP alone with --tp-only-amax-red.
+  fp8_->delayed().update([&](at::Tensor& amaxes) {
+    if (tp_.size() > 1) tp_.group.all_reduce(amaxes, dist::ReduceOp::Max);
+    if (!config_.tp_only_amax_red && tp_.data.size() > 1) tp_.data.all_reduce(amaxes, dist::ReduceOp::Max);
+  });
+  fp8_->next_step();
+}
+
+std::map<std::string, tp::Fp8Linear*> GPTModel::fp8_linears() const {
+  std::map<std::string, tp::Fp8Linear*> found;
+  for (const auto& m : named_modules("", /*include_self=*/false)) {
+    tp::Fp8Linear* fp8 = nullptr;
+    if (auto* column = dynamic_cast<tp::ColumnParallelLinear*>(m.value().get())) fp8 = column->fp8.get();
+    if (auto* row = dynamic_cast<tp::RowParallelLinear*>(m.value().get())) fp8 = row->fp8.get();
+    if (fp8 != nullptr) found[m.key()] = fp8;
+  }
+  return found;
 }
 
 void GPTModel::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {

@@ -14,6 +14,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -87,6 +88,15 @@ class GPTModel : public tp::DescribedModule {
   // step's last backward, before the optimizer. Collective over this stage's TP and DP ranks.
   void update_expert_biases();
 
+  // FP8 (--fp8-format): after the step's last backward, the delayed recipe's scales move (its
+  // amaxes all-reduced over TP x DP: collective over them) and the layers will cast their weights
+  // again. Nothing without FP8.
+  void finish_fp8_step();
+  // The context of this chunk's FP8 layers (null without FP8), and those layers by module name
+  // (`decoder.layers.3.self_attention.linear_qkv`).
+  const std::shared_ptr<fp8::Fp8Context>& fp8_context() const { return fp8_; }
+  std::map<std::string, tp::Fp8Linear*> fp8_linears() const;
+
   // As torch::nn::Module's, but parameters described keep_fp32 stay fp32.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   using torch::nn::Module::to;
@@ -132,6 +142,7 @@ class GPTModel : public tp::DescribedModule {
   pipeline::ChunkLayers chunk_;
   std::optional<RopeTables> rope_;
   tp::ParamTable table_;
+  std::shared_ptr<fp8::Fp8Context> fp8_;  // --fp8-format
   double auxiliary_loss_scale_ = 1.0;  // what the MTP loss enters backward with (1 / micro-batches)
   at::Tensor fp16_loss_scale_;         // ... times this, under --fp16
 };

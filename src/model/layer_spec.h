@@ -31,8 +31,10 @@ struct PartContext {
   at::Device device = at::kCPU;  // kMeta: parameters described, not allocated
   bool norm_in_linear = true;    // the norm before this part lives in the part's first linear
   int layer = 0;                 // the decoder layer's global index (0-based): MoE layers are chosen by it
+  // The layer's linear layers run their GEMMs in FP8 under this context; null: in bf16 / fp32.
+  std::shared_ptr<fp8::Fp8Context> fp8 = nullptr;
   // The options of a linear layer of this part.
-  tp::LinearOptions linear(tp::Init weight_init, bool gated = false) const { return {device, weight_init, gated}; }
+  tp::LinearOptions linear(tp::Init weight_init, bool gated = false) const { return {device, weight_init, gated, fp8}; }
 };
 
 // q and k: [s, b, H/tp, d] and [s, b, G/tp, d], v: [s, b, G/tp, dv] -> context [s, b, H/tp * dv]

@@ -63,6 +63,8 @@ struct LinearAccumulatingWeightGrad : torch::autograd::Function<LinearAccumulati
 
 }  // namespace
 
+const MainGradTarget* main_grad_target(const at::Tensor& weight) { return find_target(weight); }
+
 void register_main_grad(const at::Tensor& weight, MainGradTarget target) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   registry[weight.unsafeGetTensorImpl()] = std::move(target);

@@ -38,6 +38,10 @@ at::Tensor stacked_in_place(at::TensorList tensors);
 // by side: the caller then hands autograd the gradients one by one.
 bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw);
 
+// The registration of `weight`, or null: a layer computing its own weight gradient (the FP8
+// linear) writes it into main_grad (overwriting when first_add() says so) and calls on_added().
+const MainGradTarget* main_grad_target(const at::Tensor& weight);
+
 // y = x W^T (+ bias). With a registered weight, backward adds dW into its main_grad and leaves
 // weight.grad undefined; the bias gradient and dx take the ordinary path.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});

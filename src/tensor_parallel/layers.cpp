@@ -13,6 +13,12 @@ int64_t split(int64_t n, const TensorParallel& tp, const char* what) {
   return n / tp.size();
 }
 
+std::shared_ptr<Fp8Linear> fp8_for(const LinearOptions& options, const char* kind, int64_t in, int64_t out) {
+  if (!options.fp8) return nullptr;
+  return std::make_shared<Fp8Linear>(options.fp8, std::string(kind) + " linear layer " + std::to_string(in) + " -> " +
+                                                       std::to_string(out));
+}
+
 }  // namespace
 
 ParamInfo sequence_sharded_replica(const TensorParallel& tp, Init init) {
@@ -31,6 +37,7 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, c
   info.split = {0, options.gated};
   info.init = options.weight_init;
   weight = add_parameter("weight", at::empty({local_out, in}, on), info);
+  fp8 = fp8_for(options, "column-parallel", in, out);
   if (bias) {
     info.init = Init::Zeros;
     this->bias = add_parameter("bias", at::zeros({local_out}, on), info);
@@ -41,7 +48,11 @@ at::Tensor ColumnParallelLinear::enter(const at::Tensor& x) const {
   return tp_.sequence_parallel ? gather_from_sp(x, tp_.group) : copy_to_tp(x, tp_.group);
 }
 
-at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return tp::linear(enter(x), weight, bias); }
+at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const {
+  if (!fp8) return tp::linear(enter(x), weight, bias);
+  const at::Tensor y = fp8->forward(enter(x), weight);  // [s, b, out/tp]
+  return bias.defined() ? y + bias : y;
+}
 
 LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, const NormSpec& norm,
                                                              const TensorParallel& tp, const LinearOptions& options)
@@ -66,12 +77,13 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, const T
   info.split = {1, false};
   info.init = options.weight_init;
   weight = add_parameter("weight", at::empty({out, split(in, tp, "input features")}, on), info);
+  fp8 = fp8_for(options, "row-parallel", in, out);
   // Added after the reduction: on sequence shards under SP.
   if (bias) this->bias = add_parameter("bias", at::zeros({out}, on), sequence_sharded_replica(tp, Init::Zeros));
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor partial = tp::linear(x, weight);  // [s, b, out], this rank's share of the sum
+  at::Tensor partial = fp8 ? fp8->forward(x, weight) : tp::linear(x, weight);  // [s, b, out], this rank's share of the sum
   at::Tensor y = tp_.sequence_parallel ? reduce_scatter_to_sp(partial, tp_.group) : reduce_from_tp(partial, tp_.group);
   return bias.defined() ? y + bias : y;
 }

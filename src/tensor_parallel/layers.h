@@ -13,6 +13,7 @@
 
 #include "distributed/process_group.h"
 #include "model/norm.h"
+#include "tensor_parallel/fp8_linear.h"
 #include "tensor_parallel/parameters.h"
 #include "tensor_parallel/random.h"
 
@@ -43,11 +44,13 @@ struct TensorParallel {
 
 // How a linear layer's parameters are made: on which device (kMeta describes them without
 // allocating memory), the weight's initialisation, and for a column-parallel layer whether its
-// output is two gated halves split separately (SwiGLU's [gate; up]).
+// output is two gated halves split separately (SwiGLU's [gate; up]); and whether its GEMMs run
+// in FP8 (the context of its model chunk's FP8 layers, null: in the weight's dtype).
 struct LinearOptions {
   at::Device device = at::kCPU;
   Init weight_init = Init::Normal;
   bool gated = false;
+  std::shared_ptr<fp8::Fp8Context> fp8;
 };
 
 // Y = X A^T with A split by output rows: [..., in] -> [..., out/tp].
@@ -60,6 +63,7 @@ class ColumnParallelLinear : public DescribedModule {
 
   at::Tensor weight;  // [out/tp, in]
   at::Tensor bias;    // [out/tp] or undefined
+  std::shared_ptr<Fp8Linear> fp8;  // the GEMMs in FP8 (LinearOptions::fp8), else null
 
  protected:
   at::Tensor enter(const at::Tensor& x) const;  // into the column-parallel region
@@ -93,6 +97,7 @@ class RowParallelLinear : public DescribedModule {
 
   at::Tensor weight;  // [out, in/tp]
   at::Tensor bias;    // [out], replicated; added after the reduction
+  std::shared_ptr<Fp8Linear> fp8;  // the GEMMs in FP8 (LinearOptions::fp8), else null
 
  private:
   TensorParallel tp_;

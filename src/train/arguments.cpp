@@ -99,6 +99,18 @@ std::vector<Flag> train_flags(Config& c) {
       {"recompute-num-layers", Kind::Int, &m.recompute_num_layers, "with full: layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
       {"recompute-activations", Kind::Bool, &m.recompute_activations, "the same as --recompute-granularity selective"},
       {"recompute-modules", Kind::StringList, &m.recompute_modules, "with selective: core_attn and/or mlp (the dense MLPs)"},
+      // FP8 (src/fp8)
+      {"fp8-format", Kind::String, &m.fp8, "FP8 GEMMs in the decoder layers' linear layers: e4m3, or hybrid (e5m2 output gradients)"},
+      {"fp8-recipe", Kind::String, &m.fp8_recipe, "tensorwise (scales from each tensor's amax), delayed (from an amax history) or blockwise (1x128 / 128x128 tiles)"},
+      {"fp8-margin", Kind::Int, &m.fp8_margin, "delayed: scales divided by 2^margin"},
+      {"fp8-amax-history-len", Kind::Int, &m.fp8_amax_history_len, "delayed: steps of amax history per tensor"},
+      {"fp8-amax-compute-algo", Kind::String, &m.fp8_amax_compute_algo, "delayed: the amax a scale is computed from: max (of the history) or most_recent"},
+      {"no-fp8-wgrad", Kind::NegatedBool, &m.fp8_wgrad, "weight gradients from the high-precision inputs (not FP8)"},
+      {"disable-fp8-wgrad", Kind::NegatedBool, &m.fp8_wgrad, "the same as --no-fp8-wgrad"},
+      {"tp-only-amax-red", Kind::Bool, &m.tp_only_amax_red, "delayed: amaxes reduced over tensor-parallel ranks only (default TP x DP)"},
+      {"first-last-layers-bf16", Kind::Bool, &m.first_last_layers_bf16, "keep the first and last layers out of FP8 (tensorwise and blockwise)"},
+      {"num-layers-at-start-in-bf16", Kind::Int, &m.num_layers_at_start_in_bf16, "with --first-last-layers-bf16: layers at the start kept in bf16"},
+      {"num-layers-at-end-in-bf16", Kind::Int, &m.num_layers_at_end_in_bf16, "with --first-last-layers-bf16: layers at the end kept in bf16"},
       // mixture of experts
       {"num-experts", Kind::Int, &m.num_experts, "experts per MoE layer (0: dense feed-forward)"},
       {"moe-ffn-hidden-size", Kind::Int, &m.moe_ffn_hidden_size, "hidden size of each expert (default --ffn-hidden-size)"},

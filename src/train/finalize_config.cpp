@@ -244,6 +244,43 @@ void finalize_schedule(TrainConfig& t, int64_t seq_length) {
   }
 }
 
+// --fp8-*: Megatron's choices, named in each error. mxfp8 (Blackwell) and custom quantizer
+// factories (Python) are not built; the experts of MoE layers keep bf16 GEMMs.
+void finalize_fp8(Config& c) {
+  ModelConfig& m = c.model;
+  if (m.fp8.empty()) return;
+  if (m.fp8 != "e4m3" && m.fp8 != "hybrid") throw UserError("--fp8-format must be e4m3 or hybrid (got '" + m.fp8 + "')");
+  if (m.fp8_recipe == "mxfp8" || m.fp8_recipe == "custom") {
+    throw UserError("--fp8-recipe " + m.fp8_recipe + " is not implemented yet" +
+                    (m.fp8_recipe == "mxfp8" ? " (Blackwell's MXFP8); use blockwise, the Hopper recipe closest to it"
+                                             : " (a Python quantizer factory); use tensorwise, delayed or blockwise"));
+  }
+  if (m.fp8_recipe != "tensorwise" && m.fp8_recipe != "delayed" && m.fp8_recipe != "blockwise") {
+    throw UserError("--fp8-recipe must be tensorwise, delayed or blockwise (got '" + m.fp8_recipe + "')");
+  }
+  if (m.fp8_amax_compute_algo != "max" && m.fp8_amax_compute_algo != "most_recent") {
+    throw UserError("--fp8-amax-compute-algo must be max or most_recent (got '" + m.fp8_amax_compute_algo + "')");
+  }
+  if (m.fp8_amax_history_len < 1) throw UserError("--fp8-amax-history-len must be at least 1 (got " + std::to_string(m.fp8_amax_history_len) + ")");
+  if (m.fp8_margin < 0 || m.fp8_margin > 64) throw UserError("--fp8-margin must be between 0 and 64 (got " + std::to_string(m.fp8_margin) + ")");
+  if (m.first_last_layers_bf16) {
+    // As Megatron: the delayed recipe's amax reduction spans every FP8 layer of a step.
+    if (m.fp8_recipe == "delayed") throw UserError("--first-last-layers-bf16 does not work with --fp8-recipe delayed (as in Megatron); use tensorwise or blockwise");
+    const int per_stage = m.num_layers / std::max(1, c.parallel.pipeline_model_parallel_size);
+    for (auto [flag, n] : {std::pair{"num-layers-at-start-in-bf16", m.num_layers_at_start_in_bf16},
+                           std::pair{"num-layers-at-end-in-bf16", m.num_layers_at_end_in_bf16}}) {
+      if (n < 0 || n > per_stage) {
+        throw UserError(std::string("--") + flag + " must be between 0 and the layers per pipeline stage, " + std::to_string(per_stage) +
+                        " (got " + std::to_string(n) + ")");
+      }
+    }
+  }
+  if (m.num_experts > 0) {
+    c.flag_notices.push_back("--fp8-format: the MoE layers' experts keep bf16 GEMMs (FP8 grouped GEMMs are not built yet); "
+                             "attention, dense MLPs and shared experts run in FP8");
+  }
+}
+
 }  // namespace
 
 TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
@@ -422,6 +459,7 @@ void finalize_config(Config& c, int world_size) {
   }
   validate_loss_scaling(t);
   finalize_optimizer_precision(c);
+  finalize_fp8(c);
 
   // Batches.
   const int64_t per_step = int64_t(t.micro_batch_size) * p.data_parallel_size;

@@ -1,6 +1,10 @@
 #include "train/precision.h"
 
+#include <ATen/ATen.h>
+
 #include <cstdio>
+
+#include "core/errors.h"
 
 #include "optim/adamw.h"
 
@@ -18,6 +22,41 @@ std::string describe_precision(const TrainConfig& t, const ParallelConfig& p) {
     details += scale;
   }
   return std::string(t.bf16 ? "bf16" : "fp16") + " (" + details + ")";
+}
+
+std::string describe_fp8(const ModelConfig& m) {
+  if (m.fp8.empty()) return "";
+  std::string line = "> FP8 GEMMs: " + m.fp8 + (m.fp8 == "hybrid" ? " (e4m3 forward, e5m2 gradients)" : " (e4m3)") + ", ";
+  if (m.fp8_recipe == "delayed") {
+    line += "delayed scaling (amax history " + std::to_string(m.fp8_amax_history_len) + ", " + m.fp8_amax_compute_algo +
+            ", margin " + std::to_string(m.fp8_margin) + (m.tp_only_amax_red ? ", reduced over TP" : ", reduced over TP x DP") + ")";
+  } else {
+    line += m.fp8_recipe == "tensorwise" ? "tensor-wise current scaling" : "blockwise scaling (1x128 activations, 128x128 weights)";
+  }
+  if (!m.fp8_wgrad) line += ", weight gradients in high precision";
+  int first = -1, last = -1;
+  for (int i = 0; i < m.num_layers; ++i) {
+    if (m.fp8_layer(i)) last = i, first = first < 0 ? i : first;
+  }
+  line += first < 0 ? ", no layer in FP8" : ", layers " + std::to_string(first) + "-" + std::to_string(last);
+  return line + "\n";
+}
+
+std::string check_fp8_device(const ModelConfig& m, const at::Device& device) {
+  if (m.fp8.empty()) return "";
+  if (!device.is_cuda()) {
+    return "FP8 on the CPU: the FP8 values multiply in fp32 GEMMs (exact products, as an FP8 GEMM's; no speed-up; for tests)";
+  }
+  try {
+    const at::Tensor a = at::zeros({16, 16}, at::TensorOptions().device(device).dtype(at::kFloat8_e4m3fn));
+    const at::Tensor one = at::ones({}, at::TensorOptions().device(device).dtype(at::kFloat));
+    at::_scaled_mm(a, a.t(), one, one, std::nullopt, std::nullopt, at::kBFloat16);
+  } catch (const c10::Error& e) {
+    const std::string why = e.what_without_backtrace();
+    throw UserError("--fp8-format: this GPU cannot run FP8 GEMMs (" + why.substr(0, why.find('\n')) +
+                    "); FP8 needs compute capability 8.9 or 9.0 (Ada, Hopper). Train with --bf16 instead");
+  }
+  return "";
 }
 
 }  // namespace megatron

@@ -168,6 +168,8 @@ int Trainer::run() {
   const ModelConfig& m = c_.model;
   at::set_num_threads(cpu_threads(t_));
   at::manual_seed(static_cast<uint64_t>(t_.seed));  // dropout draws from the default generators
+  const std::string fp8_notice = check_fp8_device(m, device_);  // before any communicator: a refusal loses nothing
+  if (!fp8_notice.empty() && env_.rank == 0) std::printf("> note: %s\n", fp8_notice.c_str());
 
   const ParallelConfig& p = c_.parallel;
   const std::string backend = !p.distributed_backend.empty() ? p.distributed_backend : device_.is_cuda() ? "nccl" : "gloo";
@@ -260,6 +262,7 @@ int Trainer::run() {
     std::printf("> number of parameters: %lld, %s on %s, %d CPU threads, %zu gradient bucket(s)\n",
                 static_cast<long long>(parameters), describe_precision(t_, p).c_str(), device_.str().c_str(),
                 at::get_num_threads(), buffer_->num_buckets() + (buffers_.experts ? buffers_.experts->num_buckets() : 0));
+    std::fputs(describe_fp8(m).c_str(), stdout);
     std::printf("> initialised the weights in %.1f s\n", init_seconds);
     if (buffer_->overlap_optimizer_step()) {
       std::printf("> optimizer step: on a stream of its own, bucket by bucket, under the next forward\n");
@@ -397,6 +400,8 @@ StepOutcome Trainer::train_step(int64_t micro_batches, const BatchFn& batch) {
   for (ParamAndGradBuffer* b : buffers()) b->finish_grad_sync();
   // As Megatron's finalize_model_grads: the expert biases move once per step, from its counts.
   for (auto& chunk : chunks_) chunk->update_expert_biases();
+  // --fp8-format: the delayed recipe's scales move, and the next forward casts the updated weights.
+  for (auto& chunk : chunks_) chunk->finish_fp8_step();
   StepOutcome r;
   const at::Tensor global = global_loss(sums);  // [1 + terms + 1]: the last, the loss tokens (per DP rank)
   const at::Tensor tokens = global[global.size(0) - 1].clamp_min(1.0);
@@ -452,6 +457,11 @@ StepOutcome Trainer::graphed_step(int64_t micro_batches, const BatchFn& batch) {
     }
   }
   step_graph_->replay();
+  // The replay cast the weights of its step again on the device; the host's step count, which
+  // eager forwards (validation) key their FP8 weight casts on, moves with it.
+  for (auto& chunk : chunks_) {
+    if (chunk->fp8_context()) chunk->fp8_context()->next_step();
+  }
   return graph_result_;
 }
 

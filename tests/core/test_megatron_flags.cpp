@@ -57,8 +57,7 @@ TEST(MegatronFlags, RealLaunchScriptsAreUnderstoodWhole) {
   // What each script still needs; every other flag it gives is implemented or accepted.
   const std::map<std::string, std::set<std::string>> expected = {
       {"megatron_gpt3_175b", {"--step-batch-size-schedule"}},
-      {"megatron_llama3_8b_fp8",
-       {"--fp8-amax-compute-algo", "--fp8-amax-history-len", "--fp8-format", "--fp8-param-gather"}},
+      {"megatron_llama3_8b_fp8", {}},
       {"megatron_mixtral_8x7b", {}},
       {"pai_qwen3_8b", {}},
       {"pai_qwen3_30b_a3b", {}},
@@ -85,15 +84,16 @@ TEST(MegatronFlags, IgnoredFlagsAreAcceptedWithANotice) {
 }
 
 TEST(MegatronFlags, UnimplementedFlagsPassOnlyWithMegatronsDefault) {
-  // Megatron's defaults (--cp-comm-type p2p, --fp8-margin 0, --fp8-amax-history-len 1) and the
-  // values that are what megatron.cpp does (Pai's --dataset MMAP, --train-mode pretrain).
-  Config c = parse_train_arguments({"--cp-comm-type", "p2p", "--fp8-margin", "0.0", "--fp8-amax-history-len", "1",
+  // Megatron's defaults (--cp-comm-type p2p, --activation-offload-fraction 1, --fp4-recipe nvfp4)
+  // and the values that are what megatron.cpp does (Pai's --dataset MMAP, --train-mode pretrain).
+  Config c = parse_train_arguments({"--cp-comm-type", "p2p", "--activation-offload-fraction", "1.0", "--fp4-recipe", "nvfp4",
                                     "--dataset", "MMAP", "--train-mode", "pretrain"});
   ASSERT_EQ(c.flag_notices.size(), 5u);
   EXPECT_NE(c.flag_notices[0].find("--cp-comm-type changes nothing"), std::string::npos) << c.flag_notices[0];
   EXPECT_NE(c.flag_notices[3].find("--dataset (a Pai-Megatron-Patch flag) changes nothing"), std::string::npos) << c.flag_notices[3];
 
-  EXPECT_NE(parse_error({"--fp8-margin", "1"}).find("--fp8-margin is not implemented yet"), std::string::npos);
+  EXPECT_NE(parse_error({"--activation-offload-fraction", "0.5"}).find("--activation-offload-fraction is not implemented yet"),
+            std::string::npos);
   EXPECT_NE(parse_error({"--cp-comm-type", "a2a"}).find("--cp-comm-type is not implemented yet: context parallelism is issue #22"),
             std::string::npos);
   EXPECT_NE(parse_error({"--checkpoint-activations"}).find("--checkpoint-activations is not implemented yet: use --recompute-granularity full"),
@@ -103,7 +103,7 @@ TEST(MegatronFlags, UnimplementedFlagsPassOnlyWithMegatronsDefault) {
   EXPECT_NE(parse_error({"--dataset", "JSON-SFT"}).find("--dataset (a Pai-Megatron-Patch flag) is not implemented yet"), std::string::npos);
   EXPECT_NE(parse_error({"--checkpoint-activations", "yes"}).find("--checkpoint-activations is a switch and takes no value (got 'yes')"),
             std::string::npos);
-  EXPECT_NE(parse_error({"--fp8-margin"}).find("--fp8-margin expects one value"), std::string::npos);
+  EXPECT_NE(parse_error({"--activation-offload-fraction"}).find("--activation-offload-fraction expects one value"), std::string::npos);
 }
 
 TEST(MegatronFlags, EveryProblemIsReportedAtOnce) {

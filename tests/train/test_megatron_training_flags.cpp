@@ -249,6 +249,27 @@ TEST(MegatronTrainingFlags, MegatronGpt3ScriptTrainsInFp16ButForShapesLayoutData
   EXPECT_TRUE(fs::exists(dir / "ckpt/iter_0000003/model.safetensors")) << r.output;
 }
 
+// Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh as recorded: FP8 hybrid with the
+// delayed recipe (an amax history of 1024, max), --fp8-param-gather (accepted: bf16 all-gather),
+// sample-based schedule, decoupled learning rate, per-token loss, distributed optimizer; shapes
+// shrunk (every GEMM dimension a multiple of 16).
+TEST(MegatronTrainingFlags, MegatronLlama3Fp8ScriptTrainsUnchangedButForShapesAndData) {
+  test::TempDir dir;
+  const std::map<std::string, std::string> overrides = {
+      {"num-layers", "2"}, {"hidden-size", "128"}, {"ffn-hidden-size", "256"}, {"num-attention-heads", "4"},
+      {"num-query-groups", "2"}, {"kv-channels", "32"}, {"seq-length", "64"}, {"max-position-embeddings", "64"},
+      {"global-batch-size", "2"}, {"train-samples", "6"}, {"lr-decay-samples", "6"}, {"lr-warmup-samples", "2"},
+      {"vocab-size", "1000"}, {"data-cache-path", dir / "cache"}, {"save", dir / "ckpt"}, {"load", dir / "ckpt"},
+      {"tensorboard-dir", dir / "tb"}};
+  const auto r = test::run_megatron(as_recorded("megatron_llama3_8b_fp8", overrides, {"--device", "cpu", "--cpu-threads", "1"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(test::logged_losses(r.output).size(), 3u) << r.output;
+  EXPECT_NE(r.output.find("> FP8 GEMMs: hybrid (e4m3 forward, e5m2 gradients), delayed scaling (amax history 1024, max"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("> note: --fp8-param-gather has no effect here"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "ckpt/iter_0000003/fp8_pp000.safetensors")) << r.output;
+}
+
 // The flags of a small run on mock data, without the tiny recipe (whose --global-batch-size a
 // batch-size schedule contradicts).
 std::vector<std::string> small(std::vector<std::string> extra) {

@@ -1,0 +1,98 @@
+// FP8 casts for the FP8 linear layers (src/fp8): one pass over the high-precision input writes
+// the row-wise FP8 copy the forward / data-gradient GEMM reads and, when asked, its transpose, the
+// column-wise copy the weight-gradient GEMM reads (cuBLAS's FP8 GEMMs take only the "TN" layout,
+// so the weight gradient needs both operands transposed). ATen would spend a multiply, a clamp, a
+// cast and a transpose copy on it, each a pass over memory.
+#include <cuda_fp8.h>
+
+#include "kernels/cuda_common.cuh"
+
+namespace megatron::kernels::cuda {
+namespace {
+
+constexpr int kTile = 32;  // the transposing kernel's tile: 32 x 32 elements, 32 x 8 threads
+
+template <__nv_fp8_interpretation_t Format>
+__device__ __forceinline__ __nv_fp8_storage_t to_fp8(float v) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, Format);
+}
+
+// Row-wise only: each work item casts N consecutive elements.
+template <typename T, int N, __nv_fp8_interpretation_t Format>
+__global__ void fp8_cast_kernel(const T* x, const float* scale, __nv_fp8_storage_t* out, int64_t n) {
+  const float s = *scale;
+  const int64_t items = n / N;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
+    const Pack<T, N> v = *reinterpret_cast<const Pack<T, N>*>(x + i * N);
+    Pack<__nv_fp8_storage_t, N> o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = to_fp8<Format>(to_float(v.v[k]) * s);
+    *reinterpret_cast<Pack<__nv_fp8_storage_t, N>*>(out + i * N) = o;
+  }
+}
+
+// A 32 x 32 tile per block: read row by row (coalesced), written row-wise and, through shared
+// memory, transposed (coalesced along the output's rows).
+template <typename T, __nv_fp8_interpretation_t Format>
+__global__ void fp8_cast_transpose_kernel(const T* x, const float* scale, __nv_fp8_storage_t* out,
+                                          __nv_fp8_storage_t* out_t, int64_t rows, int64_t cols) {
+  __shared__ __nv_fp8_storage_t tile[kTile][kTile + 4];
+  const float s = *scale;
+  const int64_t row0 = int64_t(blockIdx.y) * kTile, col0 = int64_t(blockIdx.x) * kTile;
+  for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+    const int64_t row = row0 + r, col = col0 + threadIdx.x;
+    if (row < rows && col < cols) {
+      const __nv_fp8_storage_t v = to_fp8<Format>(to_float(x[row * cols + col]) * s);
+      if (out != nullptr) out[row * cols + col] = v;
+      tile[r][threadIdx.x] = v;
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.y; c < kTile; c += blockDim.y) {
+    const int64_t col = col0 + c, row = row0 + threadIdx.x;
+    if (row < rows && col < cols) out_t[col * rows + row] = tile[threadIdx.x][c];
+  }
+}
+
+template <__nv_fp8_interpretation_t Format>
+void launch(const void* x, int64_t rows, int64_t cols, DType dtype, const float* scale, void* out, void* out_t,
+            Stream stream) {
+  auto* o = static_cast<__nv_fp8_storage_t*>(out);
+  auto* ot = static_cast<__nv_fp8_storage_t*>(out_t);
+  with_storage_type(dtype, [&](auto type) {
+    using T = decltype(type);
+    if (ot == nullptr) {
+      constexpr int threads = 256;
+      // Packs of 8 elements (16 bytes of bf16 in, 8 bytes out) when every pointer allows it.
+      const bool packed = (rows * cols) % 8 == 0 && reinterpret_cast<uintptr_t>(x) % (8 * sizeof(T)) == 0 &&
+                          reinterpret_cast<uintptr_t>(o) % 8 == 0;
+      if (packed) {
+        fp8_cast_kernel<T, 8, Format><<<grid_for(rows * cols / 8, threads), threads, 0, stream>>>(
+            static_cast<const T*>(x), scale, o, rows * cols);
+      } else {
+        fp8_cast_kernel<T, 1, Format><<<grid_for(rows * cols, threads), threads, 0, stream>>>(
+            static_cast<const T*>(x), scale, o, rows * cols);
+      }
+    } else {
+      if ((rows + kTile - 1) / kTile > 65535) throw std::runtime_error("fp8_cast: more than 2,097,120 rows to transpose");
+      const dim3 block(kTile, 8);
+      const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
+      fp8_cast_transpose_kernel<T, Format><<<grid, block, 0, stream>>>(static_cast<const T*>(x), scale, o, ot, rows, cols);
+    }
+  });
+}
+
+}  // namespace
+
+void fp8_cast(const void* x, int64_t rows, int64_t cols, DType dtype, const float* scale, Fp8Format format, void* out,
+              void* out_t, Stream stream) {
+  if (rows == 0 || cols == 0 || (out == nullptr && out_t == nullptr)) return;
+  if (format == Fp8Format::E4M3) {
+    launch<__NV_E4M3>(x, rows, cols, dtype, scale, out, out_t, stream);
+  } else {
+    launch<__NV_E5M2>(x, rows, cols, dtype, scale, out, out_t, stream);
+  }
+  check_launch("fp8_cast");
+}
+
+}  // namespace megatron::kernels::cuda
