@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue #24's FP8 figures on one GPU: the Llama-3-8B layer shape (hidden 4096, ffn 14336, 32 heads
+# / 8 query groups, vocab 128256, seq 8192, micro-batch 1; FP8_LAYERS layers, default 8) trained
+# in bf16 and with each FP8 recipe in the same call, from the same initialisation and data.
+#   bash bench/gpu_fp8.sh MEGATRON_BINARY OUT_DIR speed|curve
+# speed: tokens/s, TFLOP/s and peak allocated memory over the last 10 of 30 steps, each recipe's
+#        ratio to bf16. curve: 200 steps of each, the losses into OUT_DIR/curve-NAME.jsonl and the
+#        largest relative difference from bf16 over the steps (and over the last 50).
+set -uo pipefail
+bin=$1; out=$2; what=${3:-speed}
+mkdir -p "$out"
+layers=${FP8_LAYERS:-8}
+shape=(--config examples/llama3-8b.yaml --num-layers "$layers" --tokenizer-type NullTokenizer --vocab-size 128255
+       --micro-batch-size 1 --global-batch-size 1 --mock-data --device cuda --eval-interval 0 --log-throughput
+       --cross-entropy-loss-fusion --hidden-dropout 0 --attention-dropout 0)
+recipes=(bf16 tensorwise delayed blockwise)
+flags_of() {
+  case $1 in
+    bf16) ;;
+    tensorwise) echo --fp8-format hybrid --fp8-recipe tensorwise ;;
+    delayed) echo --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max ;;
+    blockwise) echo --fp8-format e4m3 --fp8-recipe blockwise ;;
+  esac
+}
+if [ "$what" = speed ]; then
+  printf '| run | tokens/s | vs bf16 | TFLOP/s | peak allocated (GiB) |\n|---|---|---|---|---|\n'
+  base=0
+  for r in "${recipes[@]}"; do
+    # shellcheck disable=SC2046
+    "$bin" train "${shape[@]}" $(flags_of "$r") --train-iters 30 --log-interval 10 --lr 3e-4 --lr-warmup-iters 5 \
+      > "$out/speed-$r.log" 2>&1 || { echo "FAILED: $r"; tail -20 "$out/speed-$r.log"; continue; }
+    line=$(grep " iteration" "$out/speed-$r.log" | tail -1)
+    tok=$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")
+    tf=$(sed -n 's/.*throughput per GPU (TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")
+    mem=$(grep -o 'max allocated: [0-9.]*' "$out/speed-$r.log" | head -1 | awk '{printf "%.1f", $3 / 1024}')
+    [ "$r" = bf16 ] && base=$tok
+    printf '| %s | %s | %s | %s | %s |\n' "$r" "$tok" "$(awk -v a="$tok" -v b="$base" 'BEGIN { if (b > 0) printf "%.3fx", a / b }')" "$tf" "$mem"
+  done
+  grep -h "notice: FP8\|FP8 GEMMs" "$out"/speed-*.log | sort -u
+else
+  for r in "${recipes[@]}"; do
+    # shellcheck disable=SC2046
+    "$bin" train "${shape[@]}" $(flags_of "$r") --train-iters 200 --log-interval 50 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 20 \
+      --metrics-jsonl "$out/curve-$r.jsonl" > "$out/curve-$r.log" 2>&1 || { echo "FAILED: $r"; tail -20 "$out/curve-$r.log"; }
+  done
+  for r in tensorwise delayed blockwise; do
+    paste <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-$r.jsonl" | awk '{print $2}') \
+          <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-bf16.jsonl" | awk '{print $2}') |
+      awk -v r="$r" '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; if (NR > 150 && d > t) t = d; n++; a += $1; b += $2 }
+                     END { printf "%s: %d steps, largest relative difference from bf16 %.2e (last 50 steps %.2e), mean loss %.4f vs %.4f\n", r, n, m, t, a / n, b / n }'
+  done
+fi
