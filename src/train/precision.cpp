@@ -48,7 +48,7 @@ std::string check_fp8_device(const ModelConfig& m, const at::Device& device) {
     return "FP8 on the CPU: the FP8 values multiply in fp32 GEMMs (exact products, as an FP8 GEMM's; no speed-up; for tests)";
   }
   try {
-    const at::Tensor a = at::zeros({16, 16}, at::TensorOptions().device(device).dtype(at::kFloat8_e4m3fn));
+    const at::Tensor a = at::zeros({16, 16}, at::TensorOptions().device(device)).to(at::kFloat8_e4m3fn);
     const at::Tensor one = at::ones({}, at::TensorOptions().device(device).dtype(at::kFloat));
     at::_scaled_mm(a, a.t(), one, one, std::nullopt, std::nullopt, at::kBFloat16);
   } catch (const c10::Error& e) {
