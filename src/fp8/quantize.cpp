@@ -138,6 +138,7 @@ at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_
     // sum as the FP8 GEMM scales its accumulator, is the same computation.
     return into_out((at::mm(a.data.to(at::kFloat), b.data.to(at::kFloat).t()) * (a.scale_inv * b.scale_inv)).to(out_dtype));
   }
+  fast_accum = false;  // cuBLAS's blockwise-scaled GEMMs accumulate exactly only
   if (!a.data.is_cuda() || blockwise_path.load() == BlockwisePath::Dequantized) return into_out(dequantized_mm(a, b, out_dtype));
   if (blockwise_path.load() == BlockwisePath::ScaledMm) {
     const auto [sa, sb] = blockwise_scales(a, b, blockwise_layout.load());
@@ -153,7 +154,7 @@ at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_
       blockwise_path = BlockwisePath::ScaledMm;
       return result;
     } catch (const c10::Error& e) {
-      if (refusal.empty()) refusal = e.what_without_backtrace();
+      refusal = e.what_without_backtrace();
     }
   }
   std::fprintf(stderr, "notice: FP8 blockwise: at::_scaled_mm refused block scales here (%s); the blockwise GEMMs run "

@@ -74,7 +74,7 @@ TEST(Fp8Cuda, LayerOnTheGpuMatchesItsCpuRun) {
     const at::Tensor x = at::randn({128, 2, 256}), w = at::randn({384, 256}) * 0.05, dy = at::randn({128, 2, 384});
     auto run = [&](const at::Device& device) {
       tp::Fp8Linear layer(std::make_shared<fp8::Fp8Context>(fp8::options_for(c)), "test layer");
-      const at::Tensor xd = x.to(device).requires_grad_(true), wd = w.to(device).requires_grad_(true);
+      const at::Tensor xd = x.to(device).detach().requires_grad_(true), wd = w.to(device).detach().requires_grad_(true);
       const at::Tensor y = layer.forward(xd, wd);
       y.backward(dy.to(device));
       return std::vector<at::Tensor>{y.detach().cpu(), xd.grad().cpu(), wd.grad().cpu()};
