@@ -2,10 +2,11 @@
 # Issue #24's FP8 figures on one GPU: the Llama-3-8B layer shape (hidden 4096, ffn 14336, 32 heads
 # / 8 query groups, vocab 128256, seq 8192, micro-batch 1; FP8_LAYERS layers, default 8) trained
 # in bf16 and with each FP8 recipe in the same call, from the same initialisation and data.
-#   bash bench/gpu_fp8.sh MEGATRON_BINARY OUT_DIR speed|curve
-# speed: tokens/s, TFLOP/s and peak allocated memory over the last 10 of 30 steps, each recipe's
-#        ratio to bf16. curve: 200 steps of each, the losses into OUT_DIR/curve-NAME.jsonl and the
-#        largest relative difference from bf16 over the steps (and over the last 50).
+#   bash bench/gpu_fp8.sh MEGATRON_BINARY OUT_DIR speed|curve|both
+# speed: tokens/s, TFLOP/s and peak allocated memory over the last 10 of 20 steps, each recipe's
+#        ratio to bf16. curve: 200 steps of bf16 and of each recipe in FP8_CURVE_RECIPES (default
+#        tensorwise), the losses into OUT_DIR/curve-NAME.jsonl and the largest relative difference
+#        from bf16 over the steps (and over the last 50).
 set -uo pipefail
 bin=$1; out=$2; what=${3:-speed}
 mkdir -p "$out"
@@ -22,12 +23,12 @@ flags_of() {
     blockwise) echo --fp8-format e4m3 --fp8-recipe blockwise ;;
   esac
 }
-if [ "$what" = speed ]; then
+if [ "$what" = speed ] || [ "$what" = both ]; then
   printf '| run | tokens/s | vs bf16 | TFLOP/s | peak allocated (GiB) |\n|---|---|---|---|---|\n'
   base=0
   for r in "${recipes[@]}"; do
     # shellcheck disable=SC2046
-    "$bin" train "${shape[@]}" $(flags_of "$r") --train-iters 30 --log-interval 10 --lr 3e-4 --lr-warmup-iters 5 \
+    "$bin" train "${shape[@]}" $(flags_of "$r") --train-iters 20 --log-interval 10 --lr 3e-4 --lr-warmup-iters 5 \
       > "$out/speed-$r.log" 2>&1 || { echo "FAILED: $r"; tail -20 "$out/speed-$r.log"; continue; }
     line=$(grep " iteration" "$out/speed-$r.log" | tail -1)
     tok=$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")
@@ -37,13 +38,15 @@ if [ "$what" = speed ]; then
     printf '| %s | %s | %s | %s | %s |\n' "$r" "$tok" "$(awk -v a="$tok" -v b="$base" 'BEGIN { if (b > 0) printf "%.3fx", a / b }')" "$tf" "$mem"
   done
   grep -h "notice: FP8\|FP8 GEMMs" "$out"/speed-*.log | sort -u
-else
-  for r in "${recipes[@]}"; do
+fi
+if [ "$what" = curve ] || [ "$what" = both ]; then
+  curves=(${FP8_CURVE_RECIPES:-tensorwise})
+  for r in bf16 "${curves[@]}"; do
     # shellcheck disable=SC2046
     "$bin" train "${shape[@]}" $(flags_of "$r") --train-iters 200 --log-interval 50 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 20 \
       --metrics-jsonl "$out/curve-$r.jsonl" > "$out/curve-$r.log" 2>&1 || { echo "FAILED: $r"; tail -20 "$out/curve-$r.log"; }
   done
-  for r in tensorwise delayed blockwise; do
+  for r in "${curves[@]}"; do
     paste <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-$r.jsonl" | awk '{print $2}') \
           <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-bf16.jsonl" | awk '{print $2}') |
       awk -v r="$r" '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; if (NR > 150 && d > t) t = d; n++; a += $1; b += $2 }

@@ -34,8 +34,8 @@
 # `memory` (the megatron binary only): bench/gpu_memory.sh, issue #24's 2B Qwen3-sized shape with
 # fp32 and with bf16 optimizer state against HF eager and torch.compile (tokens/s, peak memory).
 # `precision-test`: the whole build, the CUDA tests (fp16, bf16 moments among them), then `memory`.
-# `fp8`: the whole build, the FP8 CUDA tests and the other CUDA tests, then bench/gpu_fp8.sh speed:
-# the Llama-3-8B layer shape in bf16 and with each FP8 recipe. `fp8-curve` (the megatron binary
+# `fp8`: the whole build, the FP8 CUDA tests and the other CUDA tests, then bench/gpu_fp8.sh speed
+# (FP8_BENCH=both: and the curves): the Llama-3-8B layer shape in bf16 and with each FP8 recipe. `fp8-curve` (the megatron binary
 # only): bench/gpu_fp8.sh curve, 200 steps of each from the same initialisation.
 # `before-after`: the tree in .gpu/before (scripts/gpu/prepare.sh BEFORE_COMMIT puts it there) built
 # too, the GPU tests of this tree, then bench/gpu_ab.sh: both binaries alternated on the reference
@@ -174,7 +174,7 @@ fi
 if [ "$what" = fp8 ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Fp8Cuda|Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
   grep -h "notice: FP8" "$out/ctest.log" | sort -u
-  bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8" speed 2>&1 | tee "$out/fp8.log"
+  bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8" "${FP8_BENCH:-speed}" 2>&1 | tee "$out/fp8.log"
 fi
 if [ "$what" = fp8-curve ]; then
   bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8" curve 2>&1 | tee "$out/fp8-curve.log"

@@ -25,8 +25,11 @@ at::Tensor expand_blocks(const at::Tensor& scale_inv, int64_t rows, int64_t cols
 // How at::_scaled_mm takes blockwise scales on this build, found at the first blockwise GEMM:
 // which layout of the scale tensors its cuBLAS path accepts, or that it accepts none.
 enum class BlockwisePath { Unknown, ScaledMm, Dequantized };
-std::atomic<BlockwisePath> blockwise_path{BlockwisePath::Unknown};
-std::atomic<int> blockwise_layout{0};
+// Per pair of tile kinds (a's and b's: 1 x 128 or 128 x 128), which want their scales laid out
+// differently ("outer-dim-major" 1 x 128 scales, ...).
+std::atomic<BlockwisePath> blockwise_path[4] = {BlockwisePath::Unknown, BlockwisePath::Unknown, BlockwisePath::Unknown,
+                                                BlockwisePath::Unknown};
+std::atomic<int> blockwise_layout[4] = {0, 0, 0, 0};
 std::mutex blockwise_mutex;
 
 // The scales in layout `variant`: the 1 x 128 scales of `a` row- or column-major, b's transposed
@@ -75,9 +78,9 @@ Cast cast_tensorwise(const at::Tensor& x, const at::Tensor& scale, at::ScalarTyp
   const at::Tensor scale_inv = scale.reciprocal();
   Cast out;
   const at::Tensor xc = x.contiguous();
-  const int64_t rows = xc.size(0), cols = xc.size(1);
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   if (kernels::uses_kernel(xc, impl)) {
+    const int64_t rows = xc.size(0), cols = xc.size(1);
     const at::TensorOptions options = xc.options().dtype(fp8);
     if (rowwise) out.rowwise = {at::empty({rows, cols}, options), scale_inv};
     if (transposed) out.transposed = {at::empty({cols, rows}, options), scale_inv};
@@ -139,9 +142,11 @@ at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_
     return into_out((at::mm(a.data.to(at::kFloat), b.data.to(at::kFloat).t()) * (a.scale_inv * b.scale_inv)).to(out_dtype));
   }
   fast_accum = false;  // cuBLAS's blockwise-scaled GEMMs accumulate exactly only
-  if (!a.data.is_cuda() || blockwise_path.load() == BlockwisePath::Dequantized) return into_out(dequantized_mm(a, b, out_dtype));
-  if (blockwise_path.load() == BlockwisePath::ScaledMm) {
-    const auto [sa, sb] = blockwise_scales(a, b, blockwise_layout.load());
+  const int kinds = (a.scale_inv.size(0) == a.data.size(0) ? 0 : 2) + (b.scale_inv.size(0) == b.data.size(0) ? 0 : 1);
+  std::atomic<BlockwisePath>& path = blockwise_path[kinds];
+  if (!a.data.is_cuda() || path.load() == BlockwisePath::Dequantized) return into_out(dequantized_mm(a, b, out_dtype));
+  if (path.load() == BlockwisePath::ScaledMm) {
+    const auto [sa, sb] = blockwise_scales(a, b, blockwise_layout[kinds].load());
     return gemm(sa, sb);
   }
   std::lock_guard<std::mutex> lock(blockwise_mutex);
@@ -150,8 +155,8 @@ at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_
     try {
       const auto [sa, sb] = blockwise_scales(a, b, variant);
       at::Tensor result = gemm(sa, sb);
-      blockwise_layout = variant;
-      blockwise_path = BlockwisePath::ScaledMm;
+      blockwise_layout[kinds] = variant;
+      path = BlockwisePath::ScaledMm;
       return result;
     } catch (const c10::Error& e) {
       refusal = e.what_without_backtrace();
@@ -160,7 +165,7 @@ at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_
   std::fprintf(stderr, "notice: FP8 blockwise: at::_scaled_mm refused block scales here (%s); the blockwise GEMMs run "
                "on the dequantized values in bf16 (the same products, no FP8 speed-up)\n",
                refusal.substr(0, refusal.find('\n')).c_str());
-  blockwise_path = BlockwisePath::Dequantized;
+  path = BlockwisePath::Dequantized;
   return into_out(dequantized_mm(a, b, out_dtype));
 }
 
