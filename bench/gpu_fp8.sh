@@ -11,10 +11,16 @@ set -uo pipefail
 bin=$1; out=$2; what=${3:-speed}
 mkdir -p "$out"
 layers=${FP8_LAYERS:-8}
-shape=(--config examples/llama3-8b.yaml --num-layers "$layers" --tokenizer-type NullTokenizer --vocab-size 128255
-       --micro-batch-size 1 --global-batch-size 1 --mock-data --device cuda --eval-interval 0 --log-throughput
-       --cross-entropy-loss-fusion --hidden-dropout 0 --attention-dropout 0)
-recipes=(bf16 tensorwise delayed blockwise)
+shape=(--config examples/llama3-8b.yaml --num-layers "$layers" --micro-batch-size 1 --global-batch-size 1 --device cuda
+       --eval-interval 0 --log-throughput --cross-entropy-loss-fusion --hidden-dropout 0 --attention-dropout 0)
+mock=(--tokenizer-type NullTokenizer --vocab-size 128255 --mock-data)
+# FP8_DATA=DIR: the curves on DIR/brown_text_document (the Brown corpus in Llama 3's tokenizer,
+# DIR/tokenizer.json; 1.3 M tokens: 200 steps of 8192 are 1.3 epochs) instead of mock data, whose
+# random tokens leave nothing to learn.
+data=("${mock[@]}")
+[ -n "${FP8_DATA:-}" ] && data=(--data-path "$FP8_DATA/brown_text_document" --tokenizer-type HuggingFaceTokenizer
+                                --tokenizer-model "$FP8_DATA" --split 100,0,0 --data-cache-path "$out/cache")
+recipes=(${FP8_RECIPES:-bf16 tensorwise delayed blockwise})
 flags_of() {
   case $1 in
     bf16) ;;
@@ -28,7 +34,7 @@ if [ "$what" = speed ] || [ "$what" = both ]; then
   base=0
   for r in "${recipes[@]}"; do
     # shellcheck disable=SC2046
-    "$bin" train "${shape[@]}" $(flags_of "$r") --train-iters 20 --log-interval 10 --lr 3e-4 --lr-warmup-iters 5 \
+    "$bin" train "${shape[@]}" "${mock[@]}" $(flags_of "$r") --train-iters 20 --log-interval 10 --lr 3e-4 --lr-warmup-iters 5 \
       > "$out/speed-$r.log" 2>&1 || { echo "FAILED: $r"; tail -20 "$out/speed-$r.log"; continue; }
     line=$(grep " iteration" "$out/speed-$r.log" | tail -1)
     tok=$(sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p' <<< "$line")
@@ -43,7 +49,7 @@ if [ "$what" = curve ] || [ "$what" = both ]; then
   curves=(${FP8_CURVE_RECIPES:-tensorwise})
   for r in bf16 "${curves[@]}"; do
     # shellcheck disable=SC2046
-    "$bin" train "${shape[@]}" $(flags_of "$r") --train-iters 200 --log-interval 50 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 20 \
+    "$bin" train "${shape[@]}" "${data[@]}" $(flags_of "$r") --train-iters 200 --log-interval 50 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 20 \
       --metrics-jsonl "$out/curve-$r.jsonl" > "$out/curve-$r.log" 2>&1 || { echo "FAILED: $r"; tail -20 "$out/curve-$r.log"; }
   done
   for r in "${curves[@]}"; do

@@ -2,11 +2,8 @@
 
 #include <ATen/ATen.h>
 
-#include <atomic>
 #include <cmath>
-#include <cstdio>
 #include <limits>
-#include <mutex>
 
 #include "kernels/cuda_dispatch.h"
 
@@ -20,25 +17,6 @@ at::Tensor expand_blocks(const at::Tensor& scale_inv, int64_t rows, int64_t cols
   at::Tensor s = scale_inv.repeat_interleave(kBlock, 1).narrow(1, 0, cols);  // [rows or rows/128, cols]
   if (s.size(0) != rows) s = s.repeat_interleave(kBlock, 0).narrow(0, 0, rows);
   return s;
-}
-
-// How at::_scaled_mm takes blockwise scales on this build, found at the first blockwise GEMM:
-// which layout of the scale tensors its cuBLAS path accepts, or that it accepts none.
-enum class BlockwisePath { Unknown, ScaledMm, Dequantized };
-// Per pair of tile kinds (a's and b's: 1 x 128 or 128 x 128), which want their scales laid out
-// differently ("outer-dim-major" 1 x 128 scales, ...).
-std::atomic<BlockwisePath> blockwise_path[4] = {BlockwisePath::Unknown, BlockwisePath::Unknown, BlockwisePath::Unknown,
-                                                BlockwisePath::Unknown};
-std::atomic<int> blockwise_layout[4] = {0, 0, 0, 0};
-std::mutex blockwise_mutex;
-
-// The scales in layout `variant`: the 1 x 128 scales of `a` row- or column-major, b's transposed
-// view or a contiguous copy of it.
-std::pair<at::Tensor, at::Tensor> blockwise_scales(const Quantized& a, const Quantized& b, int variant) {
-  at::Tensor sa = a.scale_inv, sb = b.scale_inv.t();
-  if (variant & 1) sa = sa.t().contiguous().t();
-  if (variant & 2) sb = sb.contiguous();
-  return {sa, sb};
 }
 
 at::Tensor dequantized_mm(const Quantized& a, const Quantized& b, at::ScalarType out_dtype) {
@@ -141,31 +119,10 @@ at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_
     // sum as the FP8 GEMM scales its accumulator, is the same computation.
     return into_out((at::mm(a.data.to(at::kFloat), b.data.to(at::kFloat).t()) * (a.scale_inv * b.scale_inv)).to(out_dtype));
   }
-  fast_accum = false;  // cuBLAS's blockwise-scaled GEMMs accumulate exactly only
-  const int kinds = (a.scale_inv.size(0) == a.data.size(0) ? 0 : 2) + (b.scale_inv.size(0) == b.data.size(0) ? 0 : 1);
-  std::atomic<BlockwisePath>& path = blockwise_path[kinds];
-  if (!a.data.is_cuda() || path.load() == BlockwisePath::Dequantized) return into_out(dequantized_mm(a, b, out_dtype));
-  if (path.load() == BlockwisePath::ScaledMm) {
-    const auto [sa, sb] = blockwise_scales(a, b, blockwise_layout[kinds].load());
-    return gemm(sa, sb);
-  }
-  std::lock_guard<std::mutex> lock(blockwise_mutex);
-  std::string refusal;
-  for (int variant = 0; variant < 4; ++variant) {
-    try {
-      const auto [sa, sb] = blockwise_scales(a, b, variant);
-      at::Tensor result = gemm(sa, sb);
-      blockwise_layout[kinds] = variant;
-      path = BlockwisePath::ScaledMm;
-      return result;
-    } catch (const c10::Error& e) {
-      refusal = e.what_without_backtrace();
-    }
-  }
-  std::fprintf(stderr, "notice: FP8 blockwise: at::_scaled_mm refused block scales here (%s); the blockwise GEMMs run "
-               "on the dequantized values in bf16 (the same products, no FP8 speed-up)\n",
-               refusal.substr(0, refusal.find('\n')).c_str());
-  path = BlockwisePath::Dequantized;
+  // Blockwise scales: the GEMM of the dequantized values. at::_scaled_mm's blockwise cuBLAS path
+  // (torch 2.11, H200) was tried and is not used: it refuses the weight gradient's pair of 1 x 128
+  // operands ("only row-major x column-major"), and with 128 x 128 weight scales two tiles wide (a
+  // stride of 8 bytes) it returned wrong products without an error (docs/training.md).
   return into_out(dequantized_mm(a, b, out_dtype));
 }
 

@@ -48,15 +48,14 @@ Quantized cast_blockwise(const at::Tensor& x, at::ScalarType fp8, int64_t tile_r
 // The values a quantized matrix stands for, in fp32 [rows, cols].
 at::Tensor dequantize(const Quantized& q);
 
-// a [m, k] times b^T, b given row-major as [n, k] (the weight's layout in a linear layer): the
-// FP8 GEMM at::_scaled_mm runs (fp32 accumulation; `fast_accum`: Hopper's faster, less exact
-// accumulation, which Transformer Engine takes for the forward GEMM only) -> [m, n] in out_dtype,
-// written into `out` ([m, n] contiguous, out_dtype) when given. On the CPU (whose at::_scaled_mm
-// is a slow reference loop) an fp32 GEMM of the FP8 values, exact products scaled after the sum. Tensor-wise scales on
-// any device; blockwise scales through at::_scaled_mm's blockwise cuBLAS path on CUDA and, where
-// that refuses (and on the CPU), a GEMM over the dequantized
-// values, which are exact in bf16 (FP8 values times powers of two), so only the summation order
-// differs.
+// a [m, k] times b^T, b given row-major as [n, k] (the weight's layout in a linear layer), with
+// fp32 accumulation -> [m, n] in out_dtype, written into `out` ([m, n] contiguous, out_dtype) when
+// given. Tensor-wise scales: the FP8 GEMM of at::_scaled_mm (cuBLAS) on CUDA (`fast_accum`:
+// Hopper's faster, less exact accumulation, which Transformer Engine takes for the forward GEMM
+// only), and on the CPU, whose at::_scaled_mm is a slow reference loop, an fp32 GEMM of the FP8
+// values, exact products scaled after the sum. Blockwise scales: a GEMM of the dequantized values,
+// which are exact in bf16 (FP8 values times powers of two), so only the summation order differs
+// from an FP8 GEMM's, but at bf16 speed (see scaled_mm's definition for why).
 at::Tensor scaled_mm(const Quantized& a, const Quantized& b, at::ScalarType out_dtype, bool fast_accum = false,
                      const at::Tensor& out = {});
 
