@@ -120,15 +120,7 @@ const Fp8Linear::WeightCast& Fp8Linear::weight_cast(const at::Tensor& weight) {
     // 128 x 128 tiles are their own transposes: the same values and scales, transposed.
     cast.transposed = {cast.rowwise.data.t().contiguous(), cast.rowwise.scale_inv.t().contiguous()};
   } else {
-    const at::Tensor amax = fp8::amax(w);
-    at::Tensor scale;
-    if (o.recipe == Recipe::Delayed) {
-      scale = context_->delayed().scale(columns_[kWeight], w.device());
-      context_->delayed().record(columns_[kWeight], amax);
-    } else {
-      scale = fp8::scale_from_amax(amax, fp8::max_finite(o.forward_type));
-    }
-    const fp8::Cast both = fp8::cast_tensorwise(w, scale, o.forward_type, true, true);
+    const fp8::Cast both = cast_with_tensor_scale(w, kWeight, /*rowwise=*/true, /*transposed=*/true);
     cast.rowwise = both.rowwise;
     cast.transposed = both.transposed;
   }
@@ -145,15 +137,22 @@ fp8::Cast Fp8Linear::cast_activation(const at::Tensor& x, int role, bool rowwise
     if (transposed) out.transposed = fp8::cast_blockwise(x.t(), type, 1);  // tiles along the tokens
     return out;
   }
-  const at::Tensor amax = fp8::amax(x);
+  return cast_with_tensor_scale(x, role, rowwise, transposed);
+}
+
+fp8::Cast Fp8Linear::cast_with_tensor_scale(const at::Tensor& t, int role, bool rowwise, bool transposed) {
+  const fp8::Options& o = context_->options();
+  const at::ScalarType type = role == kGradOutput ? o.backward_type : o.forward_type;
+  const at::Tensor amax = fp8::amax(t);
   at::Tensor scale;
   if (o.recipe == Recipe::Delayed) {
-    scale = context_->delayed().scale(columns_[role], x.device());
+    // The scale from earlier steps; this tensor's amax joins the history for the next.
+    scale = context_->delayed().scale(columns_[role], t.device());
     context_->delayed().record(columns_[role], amax);
   } else {
     scale = fp8::scale_from_amax(amax, fp8::max_finite(type));
   }
-  return fp8::cast_tensorwise(x, scale, type, rowwise, transposed);
+  return fp8::cast_tensorwise(t, scale, type, rowwise, transposed);
 }
 
 at::Tensor Fp8Linear::forward(const at::Tensor& x, const at::Tensor& weight) {

@@ -45,6 +45,8 @@ class Fp8Linear {
   const std::string& name() const { return name_; }
 
  private:
+  // The tensorwise and delayed recipes' cast of t in `role` (column 0, 1 or 2).
+  fp8::Cast cast_with_tensor_scale(const at::Tensor& t, int role, bool rowwise, bool transposed);
   void check_shapes(int64_t tokens, int64_t in, int64_t out, const at::Device& device) const;
   std::shared_ptr<fp8::Fp8Context> context_;
   std::string name_;

@@ -34,6 +34,9 @@ std::vector<double> logged_losses(const std::string& output, int64_t interval = 
 // are from another's.
 double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want);
 
+// The lines of a text file (none if it cannot be read).
+std::vector<std::string> file_lines(const std::string& path);
+
 // A fresh directory under the system temp dir, removed with its contents on destruction.
 class TempDir {
  public:

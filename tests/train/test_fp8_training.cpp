@@ -29,12 +29,7 @@ std::vector<std::string> tiny(std::vector<std::string> extra) {
   return args;
 }
 
-std::vector<std::string> file_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
+using test::file_lines;
 
 double mean_of_last(const std::vector<double>& v, size_t n) {
   return std::accumulate(v.end() - long(n), v.end(), 0.0) / double(n);
@@ -126,6 +121,43 @@ TEST(Fp8Training, PipelineStagesStateReshardsToOneProcess) {
   EXPECT_NE(resumed.output.find("resharded"), std::string::npos) << resumed.output;
   EXPECT_EQ(resumed.output.find("holds no FP8 delayed-scaling state"), std::string::npos) << "both stages' layers found: " << resumed.output;
   EXPECT_EQ(test::logged_losses(resumed.output).size(), 3u) << resumed.output;
+}
+
+// Megatron reduces the delayed recipe's amaxes over TP x DP: the shards of a weight then share the
+// whole weight's scale, and every replica the batch's. After one step, TP=2 + SP x DP=2 holds the
+// same amax history as one process for every weight (each shard's amax reduced to the whole
+// weight's) and for the first layer's input (the step's tokens pooled over the replicas).
+TEST(Fp8Training, DelayedAmaxesAreReducedOverTensorAndDataParallelRanks) {
+  test::TempDir dir;
+  auto save_one_step = [&](std::vector<std::string> launch, std::vector<std::string> layout, const std::string& name) {
+    std::vector<std::string> args = std::move(launch);
+    for (const auto& a : tiny({"--fp8-format", "hybrid", "--fp8-amax-history-len", "2", "--train-iters", "8", "--exit-interval", "1",
+                               "--save", dir / name, "--vocab-size", "255"})) {
+      args.push_back(a);
+    }
+    args.insert(args.end(), layout.begin(), layout.end());
+    const auto r = test::run_megatron(args);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return latest_checkpoint_directory(dir / name) + "/fp8_pp000.safetensors";
+  };
+  const std::string one = save_one_step({}, {}, "one");
+  const std::string four = save_one_step({"launch", "--nproc-per-node", "4", "--master-port", "0"},
+                                         {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, "four");
+  SafetensorsFile a(one), b(four);
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) {
+    if (name.find("fp8_amax_history") == std::string::npos) continue;
+    const at::Tensor ha = a.load(name), hb = b.load(name);  // [2, 3]: input, weight, output gradient
+    EXPECT_TRUE(at::equal(ha.select(1, 1), hb.select(1, 1))) << name << " weight amax: " << ha << hb;
+    EXPECT_TRUE(at::allclose(ha.select(1, 0), hb.select(1, 0), 3e-2, 0)) << name << " input: " << ha << hb;
+    // Each replica's loss is its one micro-batch's, where one process averages over two (the
+    // gradients are averaged over DP afterwards, as Megatron's): output gradients twice as large,
+    // up to the FP8 noise of the layers above (the first step casts them with scale 1, where e5m2
+    // is subnormal for gradients of 1e-4: twice the gradient is not twice the rounding).
+    EXPECT_TRUE(at::allclose(2 * ha.select(1, 2), hb.select(1, 2), 0.2, 0)) << name << " output gradient: " << ha << hb;
+  }
+  const std::string qkv = "decoder.layers.0.self_attention.linear_qkv.fp8_amax_history";
+  EXPECT_TRUE(at::equal(a.load(qkv).select(1, 0), b.load(qkv).select(1, 0))) << "the first layer's input, pooled over DP";
 }
 
 TEST(Fp8Training, BadCombinationsAreRefusedByFlag) {

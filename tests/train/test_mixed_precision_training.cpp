@@ -64,12 +64,7 @@ std::vector<Line> log_lines(const std::string& output) {
   return out;
 }
 
-std::vector<std::string> file_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
+using test::file_lines;
 
 // The exact losses of --metrics-jsonl.
 std::vector<double> jsonl_losses(const std::string& path) {

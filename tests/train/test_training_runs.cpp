@@ -29,12 +29,7 @@ std::vector<std::string> tiny(std::vector<std::string> extra) {
 
 using test::logged_losses;
 
-std::vector<std::string> file_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
+using test::file_lines;
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
