@@ -5,11 +5,15 @@
 
 #include "core/streams.h"
 #include "tensor_parallel/mappings.h"
+#include "tensor_parallel/recompute.h"
 
 namespace megatron::moe {
 
 MoELayer::MoELayer(const PartContext& ctx)
-    : dispatcher_(ctx.config, ctx.tp.experts), tp_(ctx.tp), overlap_shared_(ctx.config.moe_shared_expert_overlap) {
+    : dispatcher_(ctx.config, ctx.tp.experts),
+      tp_(ctx.tp),
+      overlap_shared_(ctx.config.moe_shared_expert_overlap),
+      recompute_shared_(ctx.config.selectively_recomputes("shared_experts")) {
   const ModelConfig& c = ctx.config;
   router = register_module("router", std::make_shared<TopKRouter>(ctx));
   experts = register_module("experts", std::make_shared<GroupedExperts>(ctx, dispatcher_.first_expert(), dispatcher_.local_experts()));
@@ -25,9 +29,16 @@ MoELayer::MoELayer(const PartContext& ctx)
 }
 
 at::Tensor MoELayer::shared_output(const at::Tensor& normed) const {
-  at::Tensor shared = shared_experts->forward(normed);  // [s, b, h]
-  if (shared_gate_weight.defined()) shared = shared * at::sigmoid(at::linear(normed, shared_gate_weight));
-  return shared;
+  auto run = [this](const at::Tensor& in) {
+    at::Tensor shared = shared_experts->forward(in);  // [s, b, h]
+    if (shared_gate_weight.defined()) shared = shared * at::sigmoid(at::linear(in, shared_gate_weight));
+    return shared;
+  };
+  if (!recompute_shared_ || !is_training() || !at::GradMode::is_enabled()) return run(normed);
+  // Megatron's --recompute-modules shared_experts: only the input is kept; the shared experts'
+  // activations are made again in backward (the region outlives this call: `run` by value).
+  return tp::recompute_in_backward([run](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{run(in[0])}; },
+                                   {normed}, tp_, /*draws_random=*/false)[0];
 }
 
 at::Tensor MoELayer::forward(const at::Tensor& normed) {

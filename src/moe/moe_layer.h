@@ -38,6 +38,7 @@ class MoELayer : public FeedForward {
   TokenDispatcher dispatcher_;
   tp::TensorParallel tp_;
   bool overlap_shared_;
+  bool recompute_shared_;  // --recompute-modules shared_experts: their activations recomputed in backward
 };
 
 }  // namespace megatron::moe

@@ -104,7 +104,7 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
     throw UserError("--recompute-method and --recompute-num-layers apply to --recompute-granularity full only");
   }
   // Megatron's --recompute-modules, read with selective granularity only (as Megatron).
-  static const std::set<std::string> implemented = {"core_attn", "mlp", "moe", "mla_up_proj"};
+  static const std::set<std::string> implemented = {"core_attn", "mlp", "moe", "mla_up_proj", "shared_experts"};
   static const std::set<std::string> megatrons = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
   std::string not_yet;
   for (const std::string& module : m.recompute_modules) {
@@ -116,7 +116,7 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
   }
   if (!not_yet.empty()) {
     throw UserError("--recompute-modules " + not_yet + " is not implemented yet: selective recomputation here covers core_attn, "
-                    "mlp, moe and mla_up_proj (or use --recompute-granularity full)");
+                    "mlp, moe, mla_up_proj and shared_experts (or use --recompute-granularity full)");
   }
   if (!g.empty() && (t.cuda_graph_impl != "none" || t.enable_cuda_graph) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
     throw UserError("--recompute-granularity with dropout replays the generators' states, which a captured CUDA graph "

@@ -347,9 +347,9 @@ TEST(MegatronTrainingFlags, RecomputeModulesMlpTrainsAsKeepingActivations) {
             std::string::npos);
 }
 
-// --recompute-modules moe (an MoE layer: router, dispatch, routed and shared experts) and
-// mla_up_proj (multi-latent attention's up projections and rotary embedding), as Pai's DeepSeek-V3
-// script asks: the losses, the router's balancing loss, the MTP loss and the gradient norms bit
+// --recompute-modules moe (an MoE layer: router, dispatch, routed and shared experts),
+// shared_experts (the shared experts alone) and mla_up_proj (multi-latent attention's up
+// projections and rotary embedding; Pai's DeepSeek-V3 script asks for moe and mla_up_proj): the losses, the router's balancing loss, the MTP loss and the gradient norms bit
 // for bit those of keeping the activations, the expert bias moving as it does there.
 TEST(MegatronTrainingFlags, RecomputeModulesMoeAndMlaUpProjTrainAsKeepingActivations) {
   test::TempDir dir;
@@ -368,6 +368,7 @@ TEST(MegatronTrainingFlags, RecomputeModulesMoeAndMlaUpProjTrainAsKeepingActivat
   EXPECT_NE(kept[0].find("load_balancing_loss"), std::string::npos) << kept[0];
   EXPECT_EQ(losses("moe", {"--recompute-activations", "--recompute-modules", "moe"}), kept);
   EXPECT_EQ(losses("mla", {"--recompute-activations", "--recompute-modules", "mla_up_proj"}), kept);
+  EXPECT_EQ(losses("shared", {"--recompute-activations", "--recompute-modules", "shared_experts"}), kept);
   EXPECT_EQ(losses("all", {"--recompute-activations", "--recompute-modules", "core_attn", "mla_up_proj", "mlp", "moe"}), kept);
 }
 
