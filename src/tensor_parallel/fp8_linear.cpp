@@ -66,8 +66,11 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     }
     at::NoGradGuard no_grad;
     at::Tensor main_grad = target->main_grad;
-    if (target->first_add() && main_grad.is_contiguous()) {
-      compute(main_grad, main_grad.scalar_type());  // the step's first gradient: written in place
+    const bool first = target->first_add();  // main_grad holds no gradient of this step yet (nor zeros)
+    if (first && main_grad.is_contiguous()) {
+      compute(main_grad, main_grad.scalar_type());  // written in place by the GEMM
+    } else if (first) {
+      main_grad.copy_(compute({}, at::kFloat));
     } else {
       main_grad.add_(compute({}, at::kFloat));
     }
