@@ -488,13 +488,6 @@ AdamW& optimizer_to_load(AdamW* optimizer) {
 }
 
 // Another layout: each rank reads only the saved slices that overlap its own shards.
-void report_fp8_state(int missing, const std::string& dir, const dist::ParallelState& ps) {
-  if (missing > 0 && ps.rank == 0) {
-    std::printf("> note: %s holds no FP8 delayed-scaling state for %d layer(s) (saved without --fp8-recipe delayed?): "
-                "their amax histories start empty, their scales at 1\n", dir.c_str(), missing);
-  }
-}
-
 TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& state, const nlohmann::json& saved_layout,
                                 const std::vector<GPTModel*>& chunks, AdamW* optimizer, const Config& config,
                                 const dist::ParallelState& ps) {
@@ -527,7 +520,7 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
                 layout_summary(config, ps).dump().c_str(),
                 config.train.no_load_rng ? "" : " (generator states start from --seed: they are per rank)");
   }
-  if (!config.train.finetune) report_fp8_state(load_fp8_state(dir, chunks), dir, ps);
+  if (!config.train.finetune) load_fp8_state(dir, chunks, /*report=*/ps.rank == 0);
   return config.train.finetune ? TrainingProgress() : progress_of(state);
 }
 
@@ -615,7 +608,7 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
                           rng.contains("model_parallel_cuda") ? rng.load("model_parallel_cuda") : at::Tensor());
     }
   }
-  report_fp8_state(load_fp8_state(dir, chunks), dir, ps);
+  load_fp8_state(dir, chunks, /*report=*/ps.rank == 0);
   const TrainingProgress progress = progress_of(state);
   if (ps.rank == 0) {
     std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));

@@ -50,7 +50,7 @@ std::vector<SafetensorsEntry> fp8_state_tensors(const std::vector<GPTModel*>& ch
   return out;
 }
 
-int load_fp8_state(const std::string& dir, const std::vector<GPTModel*>& chunks) {
+int load_fp8_state(const std::string& dir, const std::vector<GPTModel*>& chunks, bool report) {
   bool any = false;
   for (const GPTModel* chunk : chunks) any = any || uses_delayed(*chunk);
   if (!any) return 0;
@@ -82,6 +82,10 @@ int load_fp8_state(const std::string& dir, const std::vector<GPTModel*>& chunks)
       }
       for (int k = 0; k < 3; ++k) delayed.set_column(layer->columns()[size_t(k)], history.select(1, k), scale[k], device);
     }
+  }
+  if (missing > 0 && report) {
+    std::printf("> note: %s holds no FP8 delayed-scaling state for %d layer(s) (saved without --fp8-recipe delayed?): "
+                "their amax histories start empty, their scales at 1\n", dir.c_str(), missing);
   }
   return missing;
 }

@@ -20,7 +20,8 @@ std::vector<SafetensorsEntry> fp8_state_tensors(const std::vector<GPTModel*>& ch
 // The file name of pipeline stage `pp_rank`'s state.
 std::string fp8_state_file(int pp_rank);
 // Sets the layers' state from the fp8_pp*.safetensors files of iteration directory `dir`;
-// returns how many FP8 layers found none (they start afresh: empty history, scale 1).
-int load_fp8_state(const std::string& dir, const std::vector<GPTModel*>& chunks);
+// returns how many FP8 layers found none (they start afresh: empty history, scale 1), which
+// `report` prints as a note.
+int load_fp8_state(const std::string& dir, const std::vector<GPTModel*>& chunks, bool report);
 
 }  // namespace megatron
