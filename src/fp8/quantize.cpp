@@ -43,11 +43,25 @@ at::Tensor amax(const at::Tensor& x) {
   return at::linalg_vector_norm(x, std::numeric_limits<double>::infinity()).to(at::kFloat);
 }
 
-at::Tensor scale_from_amax(const at::Tensor& amax, double fp8_max, int margin, const at::Tensor& fallback) {
+namespace {
+
+// fp8_max / 2^margin / amax where that is a usable scale, else the fallback (1 when undefined).
+template <typename Max>
+at::Tensor scale_where_usable(const at::Tensor& amax, const Max& fp8_max, int margin, const at::Tensor& fallback) {
   const at::Tensor scale = (fp8_max / std::ldexp(1.0, margin)) / amax;
   const at::Tensor usable = (amax > 0).logical_and(at::isfinite(amax)).logical_and(at::isfinite(scale));
   const at::Tensor otherwise = fallback.defined() ? fallback : at::ones_like(scale);
   return at::where(usable, scale, otherwise);
+}
+
+}  // namespace
+
+at::Tensor scale_from_amax(const at::Tensor& amax, double fp8_max, int margin, const at::Tensor& fallback) {
+  return scale_where_usable(amax, fp8_max, margin, fallback);
+}
+
+at::Tensor scale_from_amax(const at::Tensor& amax, const at::Tensor& fp8_max, int margin, const at::Tensor& fallback) {
+  return scale_where_usable(amax, fp8_max, margin, fallback);
 }
 
 Cast cast_tensorwise(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8, bool rowwise,

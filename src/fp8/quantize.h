@@ -29,6 +29,8 @@ at::Tensor amax(const at::Tensor& x);
 // The scale that maps `amax` onto fp8_max / 2^margin ([] fp32); where amax is 0 or not finite,
 // `fallback` (Transformer Engine keeps the previous scale there) or 1 when undefined.
 at::Tensor scale_from_amax(const at::Tensor& amax, double fp8_max, int margin = 0, const at::Tensor& fallback = {});
+// The same for many tensors at once: amax and fp8_max [n] (each tensor's format), fallback [n].
+at::Tensor scale_from_amax(const at::Tensor& amax, const at::Tensor& fp8_max, int margin, const at::Tensor& fallback);
 
 // x [rows, cols] (any float dtype) cast to `fp8` with the tensor-wide `scale` ([] fp32): row-wise
 // into .data when `rowwise`, and the transposed copy [cols, rows] into `transposed` when asked,

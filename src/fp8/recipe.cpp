@@ -57,9 +57,7 @@ void DelayedScaling::update(const std::function<void(at::Tensor&)>& reduce_max) 
   at::Tensor current = history_.select(0, 0);  // [n]
   reduce_max(current);
   const at::Tensor amax = history_max_ ? std::get<0>(history_.max(0)) : current.clone();  // [n]
-  at::Tensor scale = (limits_ / std::ldexp(1.0, margin_)) / amax;
-  const at::Tensor usable = (amax > 0).logical_and(at::isfinite(amax)).logical_and(at::isfinite(scale));
-  scale_.copy_(at::where(usable, scale, scale_));
+  scale_.copy_(scale_from_amax(amax, limits_, margin_, /*fallback=*/scale_));
   // Transformer Engine's roll: the oldest row drops out, the current row starts again at zero.
   if (history_len_ > 1) history_.copy_(history_.roll(-1, 0));
   history_.select(0, 0).zero_();

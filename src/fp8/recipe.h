@@ -20,9 +20,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
-#include <map>
-#include <memory>
-#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -50,7 +48,6 @@ class DelayedScaling {
   DelayedScaling(int64_t history_len, bool history_max, int margin);
   // A new tensor cast to a format whose largest value is fp8_max; returns its column.
   int add(double fp8_max);
-  int size() const { return int(fp8_max_.size()); }
   // Column i's scale ([] fp32 view) on `device`, where the state moves at its first use.
   at::Tensor scale(int i, const at::Device& device);
   // Pools amax ([] fp32) into column i's current history row.

@@ -42,7 +42,6 @@ class Fp8Linear {
   // x [rows, cols] cast as this layer's recipe casts its input (column 0) or output gradient
   // (column 2): row-wise and/or the transposed copy.
   fp8::Cast cast_activation(const at::Tensor& x, int role, bool rowwise, bool transposed);
-  const std::string& name() const { return name_; }
 
  private:
   // The tensorwise and delayed recipes' cast of t in `role` (column 0, 1 or 2).
