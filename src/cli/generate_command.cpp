@@ -16,6 +16,7 @@
 #include "inference/generate.h"
 #include "model/gpt_model.h"
 #include "tokenizer/tokenizer.h"
+#include "train/arguments.h"
 
 namespace megatron::cli {
 namespace {
@@ -93,8 +94,11 @@ int generate(const Args& args) {
   DataConfig data;
   tokenizer_config_from_json(state["tokenizer"], data);
   if (values.count("--tokenizer-model")) data.tokenizer_model = values["--tokenizer-model"];
-  auto tokenizer = make_tokenizer(data.tokenizer_type, data.tokenizer_model, data.vocab_file, data.merge_file,
-                                  data.tokenizer_type == "NullTokenizer" ? model_config.vocab_size - 1 : 0);
+  // The model's vocab_size is the tokenizer's ids: NullTokenizer's N plus EOD, TikTokenizer's all.
+  const int64_t vocab_flag = data.tokenizer_type == "NullTokenizer"  ? model_config.vocab_size - 1
+                             : data.tokenizer_type == "TikTokenizer" ? model_config.vocab_size
+                                                                     : 0;
+  auto tokenizer = make_tokenizer(tokenizer_spec(data, vocab_flag));
 
   const std::string device_flag = values.count("--device") ? values["--device"] : "auto";
   if (device_flag == "cuda" && !at::hasCUDA()) throw UserError("--device cuda: no CUDA device here; use --device cpu");

@@ -32,10 +32,15 @@ input / output:
   --append-eod              append the end-of-document token (the tokenizer's EOS) to each document
 tokenizer:
   --tokenizer-type T        HuggingFaceTokenizer, GPT2BPETokenizer, SentencePieceTokenizer,
-                            GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer
-  --tokenizer-model PATH    tokenizer.json (or its directory) / SentencePiece .model
+                            GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, NullTokenizer
+  --tokenizer-model PATH    tokenizer.json (or its directory) / SentencePiece .model / TikTokenizer's
+                            .json list of {rank, token_bytes, token_str}
   --vocab-file F, --merge-file F   GPT-2 vocab.json and merges.txt
-  --vocab-size N            NullTokenizer vocabulary size
+  --vocab-size N            NullTokenizer vocabulary size; TikTokenizer's ids in all (default 131072)
+  --tiktoken-pattern v1|v2  TikTokenizer's split pattern (default v2)
+  --tiktoken-num-special-tokens N   TikTokenizer's special ids before the ranks (default 1000)
+  --tokenizer-special-tokens T [T ...]   TikTokenizer's named special tokens (default <unk> <s> </s>
+                            <mask> <pad> <cls> <sep>; EOD is </s>)
   --tokenizer-hf-include-special-tokens
                             let the tokenizer add its special tokens (e.g. Llama 3's BOS), as Megatron
                             does with this flag (and as Megatron releases before megatron.core.tokenizers
@@ -131,8 +136,7 @@ int report_sft(const SftPreprocessOptions& opt, const SftPreprocessStats& s) {
 int preprocess(const Args& args) {
   PreprocessOptions opt;
   std::vector<std::string> inputs;
-  std::string tokenizer_type, tokenizer_model, vocab_file, merge_file;
-  int64_t vocab_size = 0;
+  TokenizerSpec spec;
   bool merge = false, workers_given = false, sft = false, json_keys_given = false;
   SftPreprocessOptions sft_opt;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -148,15 +152,21 @@ int preprocess(const Args& args) {
     } else if (a == "--output-prefix") {
       opt.output_prefix = values_of(args, &i, a, false)[0];
     } else if (a == "--tokenizer-type") {
-      tokenizer_type = values_of(args, &i, a, false)[0];
+      spec.type = values_of(args, &i, a, false)[0];
     } else if (a == "--tokenizer-model") {
-      tokenizer_model = values_of(args, &i, a, false)[0];
+      spec.model = values_of(args, &i, a, false)[0];
     } else if (a == "--vocab-file") {
-      vocab_file = values_of(args, &i, a, false)[0];
+      spec.vocab_file = values_of(args, &i, a, false)[0];
     } else if (a == "--merge-file") {
-      merge_file = values_of(args, &i, a, false)[0];
+      spec.merge_file = values_of(args, &i, a, false)[0];
     } else if (a == "--vocab-size") {
-      vocab_size = integer_of(a, values_of(args, &i, a, false)[0]);
+      spec.vocab_size = integer_of(a, values_of(args, &i, a, false)[0]);
+    } else if (a == "--tiktoken-pattern") {
+      spec.tiktoken_pattern = values_of(args, &i, a, false)[0];
+    } else if (a == "--tiktoken-num-special-tokens") {
+      spec.tiktoken_num_special_tokens = integer_of(a, values_of(args, &i, a, false)[0]);
+    } else if (a == "--tokenizer-special-tokens") {
+      spec.special_tokens = values_of(args, &i, a, true);
     } else if (a == "--append-eod") {
       opt.append_eod = true;
     } else if (a == "--tokenizer-hf-include-special-tokens") {
@@ -207,11 +217,11 @@ int preprocess(const Args& args) {
     throw UserError("--input takes one file (got " + std::to_string(inputs.size()) +
                     "); preprocess each file separately, then combine them with --merge");
   }
-  if (tokenizer_type.empty()) throw UserError("--tokenizer-type is required");
+  if (spec.type.empty()) throw UserError("--tokenizer-type is required");
   opt.input = inputs[0];
   if (!workers_given) opt.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
-  auto tokenizer = make_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size);
+  auto tokenizer = make_tokenizer(spec);
   if (sft) {
     if (json_keys_given || opt.append_eod || opt.include_special_tokens) {
       throw UserError("--sft: --json-keys, --append-eod and --tokenizer-hf-include-special-tokens do not apply "

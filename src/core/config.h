@@ -240,8 +240,13 @@ struct DataConfig {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
-  std::string tokenizer_type;           // HuggingFaceTokenizer | GPT2BPETokenizer | SentencePieceTokenizer | NullTokenizer
+  std::string tokenizer_type;           // HuggingFaceTokenizer | GPT2BPETokenizer | SentencePieceTokenizer | TikTokenizer | NullTokenizer
   std::string tokenizer_model;
+  // TikTokenizer's (tokenizer/tiktoken_tokenizer.h): the split pattern ("" = v2), the special
+  // tokens in front of the ranks, and their names (empty: Megatron's seven, then fillers).
+  std::string tiktoken_pattern;
+  int64_t tiktoken_num_special_tokens = 1000;
+  std::vector<std::string> tokenizer_special_tokens;
   std::string patch_tokenizer_type;     // Pai-Megatron-Patch: an HF tokenizer read from --load (see finalize_config)
   std::string vocab_file;
   std::string merge_file;

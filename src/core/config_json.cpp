@@ -100,6 +100,14 @@ void visit_tokenizer(DataConfig& d, Visit&& v) {
   v("eod_id", d.eod_id);
 }
 
+// TikTokenizer's options, written since it exists; older checkpoints lack them (defaults hold).
+template <typename Visit>
+void visit_tiktoken(DataConfig& d, Visit&& v) {
+  v("tiktoken_pattern", d.tiktoken_pattern);
+  v("tiktoken_num_special_tokens", d.tiktoken_num_special_tokens);
+  v("tokenizer_special_tokens", d.tokenizer_special_tokens);
+}
+
 template <typename T>
 void read_key(const nlohmann::json& j, const char* key, T& into) {
   if (!j.contains(key)) throw UserError(std::string("checkpoint config lacks '") + key + "'");
@@ -134,11 +142,15 @@ nlohmann::json tokenizer_config_to_json(const DataConfig& data) {
   DataConfig d = data;
   nlohmann::json j;
   visit_tokenizer(d, [&](const char* key, auto& value) { j[key] = value; });
+  if (d.tokenizer_type == "TikTokenizer") visit_tiktoken(d, [&](const char* key, auto& value) { j[key] = value; });
   return j;
 }
 
 void tokenizer_config_from_json(const nlohmann::json& j, DataConfig& data) {
   visit_tokenizer(data, [&](const char* key, auto& value) { read_key(j, key, value); });
+  visit_tiktoken(data, [&](const char* key, auto& value) {
+    if (j.contains(key)) value = j.at(key).get<std::remove_reference_t<decltype(value)>>();
+  });
 }
 
 }  // namespace megatron

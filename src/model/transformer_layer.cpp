@@ -31,6 +31,7 @@ TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParalle
   const bool moe = std::dynamic_pointer_cast<moe::MoELayer>(feed_forward) != nullptr;
   recompute_mlp_ = moe ? c.selectively_recomputes("moe") : c.selectively_recomputes("mlp") && std::dynamic_pointer_cast<MLP>(feed_forward) != nullptr;
   recompute_draws_random_ = moe && c.moe_router_force_load_balancing;
+  recompute_norms_ = c.selectively_recomputes("layernorm");
   TORCH_CHECK(spec.norms_in_linears || !self_attention->fused_norm(), "layer spec: norms_in_linears is false but the "
               "attention block holds the norm in front of it");
   TORCH_CHECK(spec.norms_in_linears || !mlp->fused_norm(), "layer spec: norms_in_linears is false but the feed-forward holds its norm");
@@ -62,16 +63,32 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
     const kernels::AddRmsNorm h = in.delta.defined()
                                       ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
                                       : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
-    const kernels::AddRmsNorm x =
-        kernels::add_rms_norm(h.sum, self_attention->forward(h.normed, rope, attention_mask), second_gamma, second.eps);
-    return {x.sum, feed_forward(x.normed)};
+    const at::Tensor attention = self_attention->forward(h.normed, rope, attention_mask);
+    // The fused kernel normalises the rounded sum, as rms_norm of the sum does.
+    if (recompute_norms_) discard_norm_output(h.normed, attention, [sum = h.sum, first] { return kernels::rms_norm(sum, first.gamma(), first.eps); });
+    const kernels::AddRmsNorm x = kernels::add_rms_norm(h.sum, attention, second_gamma, second.eps);
+    const at::Tensor mlp_out = feed_forward(x.normed);
+    if (recompute_norms_) discard_norm_output(x.normed, mlp_out, [sum = x.sum, second] { return kernels::rms_norm(sum, second.gamma(), second.eps); });
+    return {x.sum, mlp_out};
   }
   // Under sequence parallelism each TP rank holds different tokens: independent masks.
   const bool sharded = tp_.sequence_parallel && train && hidden_dropout_ > 0.0;
   auto dropout = [&](const at::Tensor& y) { return tp_.random(sharded, [&] { return at::dropout(y, hidden_dropout_, train); }); };
   const at::Tensor hidden = in.materialize();
-  at::Tensor x = hidden + dropout(self_attention->forward(first.apply(hidden), rope, attention_mask));
-  return {x + dropout(feed_forward(second.apply(x))), {}};
+  const at::Tensor first_normed = first.apply(hidden);
+  const at::Tensor attention = self_attention->forward(first_normed, rope, attention_mask);
+  if (recompute_norms_) discard_norm_output(first_normed, attention, [hidden, first] { return first.apply(hidden); });
+  at::Tensor x = hidden + dropout(attention);
+  const at::Tensor second_normed = second.apply(x);
+  const at::Tensor mlp_out = feed_forward(second_normed);
+  if (recompute_norms_) discard_norm_output(second_normed, mlp_out, [x, second] { return second.apply(x); });
+  return {x + dropout(mlp_out), {}};
+}
+
+void TransformerLayer::discard_norm_output(const at::Tensor& normed, const at::Tensor& consumer_output,
+                                           std::function<at::Tensor()> recompute) const {
+  if (!is_training()) return;
+  tp::discard_output_until_backward(normed, consumer_output, std::move(recompute));
 }
 
 at::Tensor TransformerLayer::feed_forward(const at::Tensor& normed) {

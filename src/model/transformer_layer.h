@@ -2,6 +2,7 @@
 // its parts chosen by a LayerSpec (model/layer_spec.h).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "model/layer_spec.h"
@@ -45,10 +46,15 @@ class TransformerLayer : public tp::DescribedModule {
   // --recompute-modules mlp (a dense MLP) or moe (an MoE layer): the feed-forward runs again in
   // the backward; drawing random numbers (--moe-router-force-load-balancing) the same both times.
   bool recompute_mlp_ = false;
+  // --recompute-modules layernorm: the two norms' outputs freed once the attention and the
+  // feed-forward have kept them, made again at the start of their backward.
+  bool recompute_norms_ = false;
   bool recompute_draws_random_ = false;
   tp::TensorParallel tp_;
   // The feed-forward on the normed input [s(/tp), b, h], recomputed in the backward when asked.
   at::Tensor feed_forward(const at::Tensor& normed);
+  // Frees a norm's output [s(/tp), b, h] until the backward reaches its consumer's output.
+  void discard_norm_output(const at::Tensor& normed, const at::Tensor& consumer_output, std::function<at::Tensor()> recompute) const;
 };
 
 }  // namespace megatron

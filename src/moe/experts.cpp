@@ -5,11 +5,14 @@
 
 #include "kernels/ops.h"
 #include "tensor_parallel/grad_accumulation.h"
+#include "tensor_parallel/recompute.h"
 
 namespace megatron::moe {
 
 GroupedExperts::GroupedExperts(const PartContext& ctx, int first_expert, int count)
-    : grouped_gemm_(ctx.config.moe_grouped_gemm), swiglu_fusion_(ctx.config.bias_swiglu_fusion) {
+    : grouped_gemm_(ctx.config.moe_grouped_gemm),
+      swiglu_fusion_(ctx.config.bias_swiglu_fusion),
+      recompute_activation_(ctx.config.selectively_recomputes("moe_act")) {
   const ModelConfig& c = ctx.config;
   const int64_t f = c.expert_ffn_hidden_size() / ctx.tp.expert_group.size(), h = c.hidden_size;  // split over expert TP
   const at::TensorOptions on = at::TensorOptions().device(ctx.device);
@@ -37,10 +40,21 @@ GroupedExperts::GroupedExperts(const PartContext& ctx, int first_expert, int cou
   }
 }
 
-at::Tensor GroupedExperts::activation(const at::Tensor& h) const {
-  if (swiglu_fusion_) return kernels::swiglu(h);
+namespace {
+
+at::Tensor swiglu(const at::Tensor& h, bool fused) {
+  if (fused) return kernels::swiglu(h);
   auto gate_up = h.chunk(2, -1);
   return at::silu(gate_up[0]) * gate_up[1];
+}
+
+}  // namespace
+
+at::Tensor GroupedExperts::activation(const at::Tensor& h) const { return swiglu(h, swiglu_fusion_); }
+
+void GroupedExperts::discard_activation(const at::Tensor& act, const at::Tensor& fc2_out, const at::Tensor& fc1_out) const {
+  if (!recompute_activation_ || !is_training()) return;
+  tp::discard_output_until_backward(act, fc2_out, [fc1_out, fused = swiglu_fusion_] { return swiglu(fc1_out, fused); });
 }
 
 at::Tensor GroupedExperts::forward(const at::Tensor& rows, const at::Tensor& counts) const {
@@ -53,7 +67,10 @@ at::Tensor GroupedExperts::forward(const at::Tensor& rows, const at::Tensor& cou
     const int64_t n = host.data_ptr<int64_t>()[e];
     const at::Tensor x = rows.narrow(0, begin, n);  // [n_e, h]
     begin += n;
-    outputs.push_back(tp::linear(activation(tp::linear(x, fc1[e])), fc2[e]));  // [n_e, h]
+    const at::Tensor up = tp::linear(x, fc1[e]);  // [n_e, 2f/tp]
+    const at::Tensor act = activation(up);        // [n_e, f/tp]
+    outputs.push_back(tp::linear(act, fc2[e]));   // [n_e, h]
+    discard_activation(act, outputs.back(), up);
   }
   if (outputs.empty()) return rows.narrow(0, 0, 0);
   return at::cat(outputs, 0);  // [N, h]
@@ -105,8 +122,11 @@ at::Tensor GroupedExperts::grouped(const at::Tensor& rows, const at::Tensor& cou
   // device (no wait for the host).
   const at::Tensor offs = counts.cumsum(0).to(at::kInt);
   // As a TensorList, so autograd takes each weight for an input of its own.
-  const at::Tensor h = activation(GroupedLinear::apply(rows, offs, at::TensorList(fc1)));  // [N, f/tp]
-  return GroupedLinear::apply(h.contiguous(), offs, at::TensorList(fc2));  // [N, h]
+  const at::Tensor up = GroupedLinear::apply(rows, offs, at::TensorList(fc1));  // [N, 2f/tp]
+  const at::Tensor act = activation(up).contiguous();                            // [N, f/tp]
+  const at::Tensor out = GroupedLinear::apply(act, offs, at::TensorList(fc2));   // [N, h]
+  discard_activation(act, out, up);
+  return out;
 }
 
 }  // namespace megatron::moe

@@ -29,8 +29,12 @@ class GroupedExperts : public tp::DescribedModule {
  private:
   at::Tensor grouped(const at::Tensor& rows, const at::Tensor& counts) const;  // CUDA: at::_grouped_mm
   at::Tensor activation(const at::Tensor& h) const;  // SwiGLU: [n, 2f/tp] -> [n, f/tp]
+  // --recompute-modules moe_act: the SwiGLU output fc2 keeps is freed after fc2's forward and made
+  // again from fc1's output (which the SwiGLU keeps anyway) when fc2's backward begins.
+  void discard_activation(const at::Tensor& act, const at::Tensor& fc2_out, const at::Tensor& fc1_out) const;
   bool grouped_gemm_;
   bool swiglu_fusion_;
+  bool recompute_activation_;
 };
 
 }  // namespace megatron::moe

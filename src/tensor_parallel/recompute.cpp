@@ -98,4 +98,31 @@ std::vector<at::Tensor> recompute_in_backward(const RecomputedRegion& region, co
   return Recompute::apply(at::TensorList(inputs), capsule);
 }
 
+void discard_output_until_backward(const at::Tensor& output, const at::Tensor& hook, std::function<at::Tensor()> recompute) {
+  if (!at::GradMode::is_enabled() || !hook.requires_grad() || !output.defined()) return;
+  c10::Storage storage = output.storage();
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  const size_t nbytes = impl->nbytes();
+  // A view of a larger buffer would take others' data with it; an empty or borrowed one saves nothing.
+  if (nbytes == 0 || impl->allocator() == nullptr || !impl->resizable() || output.storage_offset() != 0 ||
+      static_cast<size_t>(output.numel()) * output.element_size() != nbytes || !output.is_non_overlapping_and_dense()) {
+    return;
+  }
+  impl->reset();  // the memory goes back to the allocator; the tensor keeps its shape
+  hook.register_hook([storage, nbytes, sizes = output.sizes().vec(), strides = output.strides().vec(), options = output.options(),
+                      recompute = std::move(recompute)](const at::Tensor&) {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    if (impl->nbytes() != 0) return;  // already back (a second backward through a kept graph)
+    at::NoGradGuard no_grad;
+    const at::Tensor values = recompute();
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+    impl->set_nbytes(nbytes);
+    // Written through a tensor of its own over the storage: the saved tensor's version counter
+    // stays as autograd recorded it.
+    at::Tensor alias = at::empty({0}, options);
+    alias.set_(storage, 0, sizes, strides);
+    alias.copy_(values);
+  });
+}
+
 }  // namespace megatron::tp

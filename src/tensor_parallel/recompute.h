@@ -25,4 +25,14 @@ using RecomputedRegion = std::function<std::vector<at::Tensor>(const std::vector
 std::vector<at::Tensor> recompute_in_backward(const RecomputedRegion& region, const std::vector<at::Tensor>& inputs,
                                               const TensorParallel& tp, bool draws_random);
 
+// Megatron's CheckpointWithoutOutput (--recompute-modules layernorm / moe_act), for an output its
+// consumers keep for their backward (a linear layer keeps its input): once they have run, the
+// output's memory is released, and when the gradient of `hook` arrives (a later tensor: every
+// backward that reads `output` comes after it) `recompute` makes the values again into the same
+// storage. Autograd's graph is untouched; the tensors it saved are whole again before they are
+// read. `recompute` must give `output` bit for bit (the same kernels on tensors autograd keeps
+// anyway) and must not keep `output` itself. Does nothing outside grad mode, when `hook` needs no
+// gradient, or when `output` shares its storage with anything (only a tensor owning all of it).
+void discard_output_until_backward(const at::Tensor& output, const at::Tensor& hook, std::function<at::Tensor()> recompute);
+
 }  // namespace megatron::tp

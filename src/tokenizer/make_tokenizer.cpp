@@ -5,6 +5,7 @@
 #include "core/errors.h"
 #include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
+#include "tokenizer/tiktoken_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megatron {
@@ -78,31 +79,50 @@ class NullTokenizer : public Tokenizer {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model_path,
-                                          const std::string& vocab_file,
-                                          const std::string& merge_file, int64_t null_vocab_size) {
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec) {
+  const std::string& type = spec.type;
   if (type == "HuggingFaceTokenizer") {
-    if (model_path.empty()) {
+    if (spec.model.empty()) {
       throw UserError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (a directory "
                       "holding tokenizer.json, or the file)");
     }
-    return tok::load_tokenizer_json(model_path);
+    return tok::load_tokenizer_json(spec.model);
   }
-  if (type == "GPT2BPETokenizer") return tok::load_gpt2_files(vocab_file, merge_file);
+  if (type == "GPT2BPETokenizer") return tok::load_gpt2_files(spec.vocab_file, spec.merge_file);
   if (type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer") {
-    return tok::load_sentencepiece(model_path, /*add_bos=*/false);
+    return tok::load_sentencepiece(spec.model, /*add_bos=*/false);
   }
-  if (type == "Llama2Tokenizer") return tok::load_sentencepiece(model_path, /*add_bos=*/true);
+  if (type == "Llama2Tokenizer") return tok::load_sentencepiece(spec.model, /*add_bos=*/true);
+  if (type == "TikTokenizer") {
+    tok::TikTokenOptions options;
+    if (!spec.tiktoken_pattern.empty()) options.pattern = spec.tiktoken_pattern;
+    if (spec.vocab_size > 0) options.vocab_size = spec.vocab_size;
+    options.num_special_tokens = spec.tiktoken_num_special_tokens;
+    options.special_tokens = spec.special_tokens;
+    return tok::load_tiktoken(spec.model, options);
+  }
   if (type == "NullTokenizer") {
-    if (null_vocab_size <= 0) {
+    if (spec.vocab_size <= 0) {
       throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N (N > 0)");
     }
-    return std::make_unique<NullTokenizer>(null_vocab_size);
+    return std::make_unique<NullTokenizer>(spec.vocab_size);
   }
   throw UserError("--tokenizer-type " + type +
                   " is not supported; use HuggingFaceTokenizer, GPT2BPETokenizer, "
-                  "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or "
-                  "NullTokenizer");
+                  "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer "
+                  "or NullTokenizer");
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model_path,
+                                          const std::string& vocab_file,
+                                          const std::string& merge_file, int64_t null_vocab_size) {
+  TokenizerSpec spec;
+  spec.type = type;
+  spec.model = model_path;
+  spec.vocab_file = vocab_file;
+  spec.merge_file = merge_file;
+  spec.vocab_size = null_vocab_size;
+  return make_tokenizer(spec);
 }
 
 }  // namespace megatron

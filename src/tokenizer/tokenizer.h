@@ -47,11 +47,28 @@ class Tokenizer {
   virtual std::vector<int64_t> do_encode(std::string_view text, bool add_special_tokens) const = 0;
 };
 
-// type: HuggingFaceTokenizer (model_path: a directory holding tokenizer.json and optionally
+// What Megatron's tokenizer flags name: --tokenizer-type and the files and sizes it reads.
+struct TokenizerSpec {
+  std::string type;        // --tokenizer-type
+  std::string model;       // --tokenizer-model
+  std::string vocab_file;  // --vocab-file (GPT2BPETokenizer)
+  std::string merge_file;  // --merge-file (GPT2BPETokenizer)
+  // --vocab-size: NullTokenizer's N (ids 0..N-1 plus EOD = N); TikTokenizer's ids in all
+  // (0: Megatron's default, 2^17).
+  int64_t vocab_size = 0;
+  std::string tiktoken_pattern;                  // --tiktoken-pattern v1 | v2 ("": v2)
+  int64_t tiktoken_num_special_tokens = 1000;    // --tiktoken-num-special-tokens
+  std::vector<std::string> special_tokens;       // --tokenizer-special-tokens (TikTokenizer)
+};
+
+// type: HuggingFaceTokenizer (model: a directory holding tokenizer.json and optionally
 // tokenizer_config.json, or the tokenizer.json file), GPT2BPETokenizer (vocab_file = vocab.json,
 // merge_file = merges.txt), SentencePieceTokenizer / GPTSentencePieceTokenizer /
-// Llama2Tokenizer (model_path = a SentencePiece .model), NullTokenizer (null_vocab_size = N).
+// Llama2Tokenizer (model = a SentencePiece .model), TikTokenizer (model = Megatron's tiktoken
+// .json; see tiktoken_tokenizer.h), NullTokenizer (vocab_size = N).
 // Throws UserError naming the flag or file and what to do.
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec);
+// The same without TikTokenizer's options; null_vocab_size is --vocab-size.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model_path,
                                           const std::string& vocab_file,
                                           const std::string& merge_file, int64_t null_vocab_size);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "tokenizer/tokenizer.h"
 
 namespace megatron {
 
@@ -24,8 +25,10 @@ struct TokenizerInfo {
   int64_t eod_id;
   int64_t base_vocab_size;  // without added tokens
 };
-TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
-                             const std::string& merge_file, int64_t null_vocab_size);
+TokenizerInfo tokenizer_info(const TokenizerSpec& spec);
+// The tokenizer the data flags name; vocab_size is --vocab-size (NullTokenizer's N, TikTokenizer's
+// ids in all; 0 = the type's default).
+TokenizerSpec tokenizer_spec(const DataConfig& data, int64_t vocab_size);
 
 // The `megatron train --help` text: every flag with its default and meaning.
 std::string train_help();

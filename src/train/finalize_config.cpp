@@ -104,19 +104,18 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
     throw UserError("--recompute-method and --recompute-num-layers apply to --recompute-granularity full only");
   }
   // Megatron's --recompute-modules, read with selective granularity only (as Megatron).
-  static const std::set<std::string> implemented = {"core_attn", "mlp", "moe", "mla_up_proj", "shared_experts"};
   static const std::set<std::string> megatrons = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
-  std::string not_yet;
   for (const std::string& module : m.recompute_modules) {
     if (megatrons.count(module) == 0) {
       throw UserError("--recompute-modules: unknown module '" + module + "' (Megatron's: core_attn, moe_act, layernorm, mla_up_proj, "
                       "mlp, moe, shared_experts)");
     }
-    if (implemented.count(module) == 0) not_yet += (not_yet.empty() ? "" : " ") + module;
   }
-  if (!not_yet.empty()) {
-    throw UserError("--recompute-modules " + not_yet + " is not implemented yet: selective recomputation here covers core_attn, "
-                    "mlp, moe, mla_up_proj and shared_experts (or use --recompute-granularity full)");
+  if ((m.selectively_recomputes("layernorm") || m.selectively_recomputes("moe_act")) &&
+      (t.cuda_graph_impl != "none" || t.enable_cuda_graph)) {
+    // Their memory comes back through a backward hook, which a replayed graph does not run.
+    throw UserError("--recompute-modules layernorm / moe_act free outputs until a backward hook brings them back, which a "
+                    "captured CUDA graph cannot replay: drop them or --cuda-graph-impl");
   }
   if (!g.empty() && (t.cuda_graph_impl != "none" || t.enable_cuda_graph) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
     throw UserError("--recompute-granularity with dropout replays the generators' states, which a captured CUDA graph "
@@ -283,11 +282,23 @@ void finalize_fp8(Config& c) {
 
 }  // namespace
 
-TokenizerInfo tokenizer_info(const std::string& type, const std::string& model, const std::string& vocab_file,
-                             const std::string& merge_file, int64_t null_vocab_size) {
-  auto tokenizer = make_tokenizer(type, model, vocab_file, merge_file, null_vocab_size);
+TokenizerSpec tokenizer_spec(const DataConfig& d, int64_t vocab_size) {
+  TokenizerSpec spec;
+  spec.type = d.tokenizer_type;
+  spec.model = d.tokenizer_model;
+  spec.vocab_file = d.vocab_file;
+  spec.merge_file = d.merge_file;
+  spec.vocab_size = vocab_size;
+  spec.tiktoken_pattern = d.tiktoken_pattern;
+  spec.tiktoken_num_special_tokens = d.tiktoken_num_special_tokens;
+  spec.special_tokens = d.tokenizer_special_tokens;
+  return spec;
+}
+
+TokenizerInfo tokenizer_info(const TokenizerSpec& spec) {
+  auto tokenizer = make_tokenizer(spec);
   auto eod = tokenizer->eod_id();
-  if (!eod) throw UserError("--tokenizer-model " + model + ": the tokenizer has no end-of-document (EOS) token");
+  if (!eod) throw UserError("--tokenizer-model " + spec.model + ": the tokenizer has no end-of-document (EOS) token");
   return {tokenizer->vocab_size(), *eod, tokenizer->base_vocab_size()};
 }
 
@@ -369,7 +380,19 @@ void finalize_config(Config& c, int world_size) {
   if (d.tokenizer_type == "NullTokenizer" && m.vocab_size <= 0) {
     throw UserError("--tokenizer-type NullTokenizer needs --vocab-size N");
   }
-  const TokenizerInfo info = tokenizer_info(d.tokenizer_type, d.tokenizer_model, d.vocab_file, d.merge_file, m.vocab_size);
+  if (d.tokenizer_type != "TikTokenizer") {
+    // Megatron's scripts pass the tiktoken flags whatever the tokenizer; only TikTokenizer reads them.
+    for (auto [flag, given] : {std::pair{"--tiktoken-pattern", !d.tiktoken_pattern.empty()},
+                               std::pair{"--tiktoken-num-special-tokens", d.tiktoken_num_special_tokens != 1000}}) {
+      if (given) c.flag_notices.push_back(std::string(flag) + ": only --tokenizer-type TikTokenizer reads it; ignored with " + d.tokenizer_type);
+    }
+    // Megatron's HF and SentencePiece tokenizers add these to their vocabulary; here they are not.
+    if (!d.tokenizer_special_tokens.empty() && d.tokenizer_type != "NullTokenizer" && d.tokenizer_type != "GPT2BPETokenizer") {
+      throw UserError("--tokenizer-special-tokens with --tokenizer-type " + d.tokenizer_type +
+                      " is not implemented yet (TikTokenizer only): add the tokens to the tokenizer's files instead");
+    }
+  }
+  const TokenizerInfo info = tokenizer_info(tokenizer_spec(d, m.vocab_size));
   m.vocab_size = static_cast<int>(info.vocab_size);
   d.eod_id = info.eod_id;
   const int64_t tokenizer_vocab = m.vocab_size;

@@ -716,10 +716,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"text-generate-gt-file", Arity::One, "", nullptr, Fate::Ignored, kOtherScript, Origin::Pai},
     {"text-generate-input-file", Arity::One, "", nullptr, Fate::Ignored, kOtherScript, Origin::Pai},
     {"text-generate-output-file", Arity::One, "", nullptr, Fate::Ignored, kOtherScript, Origin::Pai},
-    {"tiktoken-num-special-tokens", Arity::One, "1000", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
-    {"tiktoken-pattern", Arity::One, nullptr, nullptr, Fate::Ignored,
-     "only Megatron's TikTokenizer reads it (its scripts pass it with NullTokenizer and HF tokenizers too); "
-     "TikTokenizer itself is not implemented: a --tokenizer-type TikTokenizer run is refused", Origin::MegatronLm},
     {"time", Arity::None, "false", "true", Fate::Ignored, kOtherScript, Origin::Pai},
     {"timing-log-level", Arity::One, "0", nullptr, Fate::Ignored, kLogging, Origin::MegatronLm},
     {"timing-log-option", Arity::One, "minmax", nullptr, Fate::Ignored, kLogging, Origin::MegatronLm},
@@ -729,7 +725,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"tokenizer-metadata", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"tokenizer-prompt-format", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::Pai},
     {"tokenizer-sentencepiece-legacy", Arity::None, "false", "true", Fate::NotYet, nullptr, Origin::MegatronLm},
-    {"tokenizer-special-tokens", Arity::OneOrMore, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"top-k", Arity::One, "0", nullptr, Fate::Ignored, kOtherScript, Origin::Pai},
     {"top-p", Arity::One, "0.0", nullptr, Fate::Ignored, kOtherScript, Origin::Pai},
     {"torch-fsdp2-no-reshard-after-forward", Arity::None, "true", "false", Fate::NotYet, nullptr, Origin::MegatronLm},

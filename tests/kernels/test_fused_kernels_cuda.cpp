@@ -197,6 +197,12 @@ TEST_P(CudaFusedKernels, AddRmsNormMatchesAddThenRmsNorm) {
   const kernels::AddRmsNorm plain = kernels::add_rms_norm(in2[0], in2[1], in2[2], 1e-5, kernels::Impl::Composite);
   EXPECT_TRUE(at::equal(fused.sum, plain.sum)) << "the residual sum is the plain add, rounded the same way";
   EXPECT_LE(relative(fused.normed, plain.normed), tolerance(dtype));
+  // --recompute-modules layernorm makes the fused kernel's normed output again as the RMSNorm
+  // kernel of the kept sum: bit for bit.
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(at::equal(kernels::rms_norm(fused.sum, w, 1e-5), fused.normed));
+  }
   // Both outputs carry gradient, as in the layer (the sum continues down the residual stream).
   at::Tensor grad_sum = at::randn_like(fused.sum), grad_normed = at::randn_like(fused.normed);
   torch::autograd::backward({fused.sum, fused.normed}, {grad_sum, grad_normed});

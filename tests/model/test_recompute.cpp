@@ -2,14 +2,20 @@
 // --recompute-granularity / --recompute-method the loss, every parameter gradient and the
 // generator state afterwards are bitwise those of the run that keeps its activations, with
 // dropout on (the backward draws the forward's masks again). The graphs show that the layers'
-// activations really are dropped: each recomputed group is one node.
+// activations really are dropped: each recomputed group is one node. For the outputs freed
+// until the backward (--recompute-modules layernorm / moe_act) a counting CPU allocator shows
+// the bytes the forward leaves behind shrink by exactly those outputs.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <map>
 #include <set>
+
+#include <c10/core/CPUAllocator.h>
 
 #include "model/gpt_model.h"
 #include "support/model_configs.h"
@@ -23,6 +29,48 @@ struct StepResult {
   at::Tensor draw_after;      // the next numbers of the default generators (CPU, then the device's) after the backward
   int64_t graph_nodes = 0;    // autograd nodes reachable from the loss
   int64_t recompute_nodes = 0;
+  int64_t live_after_forward = 0;  // CPU bytes the step added by the end of its forward (CountingCpuAllocator)
+};
+
+// The CPU allocator, counting the bytes of the blocks it has handed out and not yet had back.
+class CountingCpuAllocator final : public at::Allocator {
+ public:
+  explicit CountingCpuAllocator(at::Allocator* base) : base_(base) {}
+  at::DataPtr allocate(size_t n) override {
+    at::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    live_ += static_cast<int64_t>(n);
+    return {data, new Block{std::move(inner), n, this}, &release, at::Device(at::kCPU)};
+  }
+  void copy_data(void* dest, const void* src, size_t count) const override { std::memcpy(dest, src, count); }
+  int64_t live() const { return live_; }
+
+ private:
+  struct Block {
+    at::DataPtr inner;
+    size_t bytes;
+    CountingCpuAllocator* owner;
+  };
+  static void release(void* context) {
+    auto* block = static_cast<Block*>(context);
+    block->owner->live_ -= static_cast<int64_t>(block->bytes);
+    delete block;
+  }
+  at::Allocator* base_;
+  std::atomic<int64_t> live_{0};
+};
+
+// Installs a CountingCpuAllocator for one scope; every CPU tensor made meanwhile is counted.
+class CountingScope {
+ public:
+  CountingScope() : base_(c10::GetCPUAllocator()), counting_(base_) { c10::SetCPUAllocator(&counting_, kPriority); }
+  ~CountingScope() { c10::SetCPUAllocator(base_, kPriority); }
+  int64_t live() const { return counting_.live(); }
+
+ private:
+  static constexpr uint8_t kPriority = 100;  // above the default allocator's
+  at::Allocator* base_;
+  CountingCpuAllocator counting_;
 };
 
 void walk(const std::shared_ptr<torch::autograd::Node>& node, std::set<torch::autograd::Node*>& seen, StepResult& r) {
@@ -33,10 +81,11 @@ void walk(const std::shared_ptr<torch::autograd::Node>& node, std::set<torch::au
 }
 
 StepResult train_step(ModelConfig c, const std::string& granularity, const std::string& method = "", int layers = 0,
-               at::Device device = at::kCPU) {
+               at::Device device = at::kCPU, const CountingScope* counting = nullptr) {
   c.recompute_granularity = granularity;
   c.recompute_method = method;
   c.recompute_num_layers = layers;
+  const int64_t live_before = counting ? counting->live() : 0;  // earlier results' tensors stay alive
   GPTModel model(c);
   model.initialize(5);
   model.to(device);
@@ -48,6 +97,7 @@ StepResult train_step(ModelConfig c, const std::string& granularity, const std::
   at::manual_seed(3);  // the dropout masks (CPU and CUDA generators)
   StepResult r;
   r.loss = model.loss(batch);
+  if (counting) r.live_after_forward = counting->live() - live_before;
   std::set<torch::autograd::Node*> seen;
   walk(r.loss.grad_fn(), seen, r);
   r.loss.backward();
@@ -110,7 +160,51 @@ TEST_P(Recompute, SelectiveRecomputesCoreAttention) {
   EXPECT_EQ(plain.recompute_nodes, 0);
 }
 
+// --recompute-modules layernorm: each layer's two norm outputs (what the attention's and the
+// MLP's first linear layers keep) are freed after the forward, [s, b, h] fp32 each, and made
+// again in the backward: the same loss and gradients bit for bit. Without hidden dropout the
+// norms are the fused add + RMSNorm kernels' (recomputed by the plain norm of the kept sum).
+TEST_P(Recompute, SelectiveLayernormFreesTheNormOutputsUntilTheBackward) {
+  ModelConfig c = four_layers(GetParam(), 0.1);
+  CountingScope counting;
+  train_step(c, "", "", 0, at::kCPU, &counting);  // first-use caches (RoPE tables, ...) made before measuring
+  const StepResult plain = train_step(c, "", "", 0, at::kCPU, &counting);
+  c.recompute_modules = {"layernorm"};
+  const StepResult freed = train_step(c, "selective", "", 0, at::kCPU, &counting);
+  expect_same(freed, plain);
+  const int64_t norm_output = int64_t(c.seq_length) * 2 * c.hidden_size * 4;  // [s, b, h] fp32
+  EXPECT_EQ(plain.live_after_forward - freed.live_after_forward, 2 * c.num_layers * norm_output);
+  // With core attention recomputed too: the same outputs freed, the same numbers.
+  c.recompute_modules = {"core_attn", "layernorm"};
+  expect_same(train_step(c, "selective"), plain);
+}
+
 INSTANTIATE_TEST_SUITE_P(HiddenDropout, Recompute, ::testing::Values(0.0, 0.1));
+
+// --recompute-modules moe_act: the routed experts' SwiGLU outputs (what fc2 keeps) are freed
+// after the forward, [tokens x topk, f] fp32 per MoE layer, and made again from fc1's outputs
+// in the backward; with layernorm too, both sets are gone. Loss and gradients bit for bit.
+TEST(RecomputeModules, MoeActFreesTheExpertActivationsUntilTheBackward) {
+  ModelConfig c = four_layers(0.0, 0.0);
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 24;
+  c.moe_layers = {0, 1, 1, 1};
+  c.moe_shared_expert_intermediate_size = 16;
+  CountingScope counting;
+  train_step(c, "", "", 0, at::kCPU, &counting);  // first-use caches made before measuring
+  const StepResult plain = train_step(c, "", "", 0, at::kCPU, &counting);
+  c.recompute_modules = {"moe_act"};
+  const StepResult freed = train_step(c, "selective", "", 0, at::kCPU, &counting);
+  expect_same(freed, plain);
+  const int64_t activations = int64_t(c.seq_length) * 2 * c.moe_router_topk * c.moe_ffn_hidden_size * 4;  // per MoE layer
+  EXPECT_EQ(plain.live_after_forward - freed.live_after_forward, 3 * activations);
+  c.recompute_modules = {"moe_act", "layernorm"};
+  const StepResult both = train_step(c, "selective", "", 0, at::kCPU, &counting);
+  expect_same(both, plain);
+  const int64_t norm_output = int64_t(c.seq_length) * 2 * c.hidden_size * 4;
+  EXPECT_EQ(plain.live_after_forward - both.live_after_forward, 3 * activations + 2 * c.num_layers * norm_output);
+}
 
 // On CUDA the dropout masks come from the CUDA generator, whose state the recomputation puts
 // back too. The attention kernels' backward may accumulate in a different order from run to
@@ -127,6 +221,27 @@ TEST(RecomputeCuda, FullAndSelectiveWithDropoutMatchKeepingActivations) {
     }
     EXPECT_TRUE(at::equal(r.draw_after, plain.draw_after));
     EXPECT_GT(r.recompute_nodes, 0);
+  }
+}
+
+// On CUDA: layernorm freed from the fused add + RMSNorm kernels, moe_act from the grouped GEMMs'
+// SwiGLU; the losses equal and the gradients as close as the attention backward's own run-to-run
+// differences allow (a wrongly restored output would be off by far more).
+TEST(RecomputeCuda, LayernormAndMoeActMatchKeepingActivations) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  ModelConfig c = four_layers(0.0, 0.0);
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 24;
+  c.moe_layers = {0, 1, 1, 1};
+  c.moe_grouped_gemm = true;
+  const StepResult plain = train_step(c, "", "", 0, at::kCUDA);
+  c.recompute_modules = {"layernorm", "moe_act"};
+  const StepResult r = train_step(c, "selective", "", 0, at::kCUDA);
+  EXPECT_TRUE(at::equal(r.loss, plain.loss));
+  for (const auto& [name, g] : plain.grads) {
+    const double scale = std::max(g.abs().max().item<double>(), 1e-12);
+    EXPECT_LE((r.grads.at(name) - g).abs().max().item<double>() / scale, 1e-5) << name;
   }
 }
 

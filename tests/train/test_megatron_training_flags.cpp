@@ -339,16 +339,18 @@ TEST(MegatronTrainingFlags, RecomputeModulesMlpTrainsAsKeepingActivations) {
   // Exact losses and gradient norms, bit for bit.
   EXPECT_EQ(losses("mlp", {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}), kept);
   EXPECT_EQ(losses("mlp_only", {"--recompute-activations", "--recompute-modules", "mlp"}), kept);
+  // layernorm: the norms' outputs freed until the backward (tests/model/test_recompute.cpp counts the bytes).
+  EXPECT_EQ(losses("layernorm", {"--recompute-activations", "--recompute-modules", "layernorm", "mlp"}), kept);
   auto error = [](std::vector<std::string> extra) { return test::run_megatron(small(extra)).output; };
-  EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "moe_act", "mlp", "layernorm"})
-                .find("--recompute-modules moe_act layernorm is not implemented yet"),
+  EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "layernorm", "--cuda-graph-impl", "local"})
+                .find("a captured CUDA graph cannot replay"),
             std::string::npos);
   EXPECT_NE(error({"--train-iters", "1", "--recompute-activations", "--recompute-modules", "attention"}).find("unknown module 'attention'"),
             std::string::npos);
 }
 
 // --recompute-modules moe (an MoE layer: router, dispatch, routed and shared experts),
-// shared_experts (the shared experts alone) and mla_up_proj (multi-latent attention's up
+// shared_experts (the shared experts alone), moe_act (the routed experts' SwiGLU) and mla_up_proj (multi-latent attention's up
 // projections and rotary embedding; Pai's DeepSeek-V3 script asks for moe and mla_up_proj): the losses, the router's balancing loss, the MTP loss and the gradient norms bit
 // for bit those of keeping the activations, the expert bias moving as it does there.
 TEST(MegatronTrainingFlags, RecomputeModulesMoeAndMlaUpProjTrainAsKeepingActivations) {
@@ -370,6 +372,7 @@ TEST(MegatronTrainingFlags, RecomputeModulesMoeAndMlaUpProjTrainAsKeepingActivat
   EXPECT_EQ(losses("mla", {"--recompute-activations", "--recompute-modules", "mla_up_proj"}), kept);
   EXPECT_EQ(losses("shared", {"--recompute-activations", "--recompute-modules", "shared_experts"}), kept);
   EXPECT_EQ(losses("all", {"--recompute-activations", "--recompute-modules", "core_attn", "mla_up_proj", "mlp", "moe"}), kept);
+  EXPECT_EQ(losses("moe_act", {"--recompute-activations", "--recompute-modules", "moe_act", "layernorm", "shared_experts"}), kept);
 }
 
 // Pai-Megatron-Patch's DeepSeek-V3 script (run_mcore_deepseek.sh) as recorded: MLA with YaRN, 256
