@@ -100,7 +100,7 @@ TEST_P(TikTokenReference, IdsAndDecodingEqualMegatronCore) {
       ++failures;
       ADD_FAILURE() << s.name << ": text " << i << " " << nlohmann::json(texts[i]).dump() << "\n  ours:     "
                     << nlohmann::json(ours).dump() << "\n  expected: " << nlohmann::json(expected).dump()
-                    << "\n  decoded:  " << nlohmann::json(decoded).dump();
+                    << "\n  decoded:  " << nlohmann::json(decoded).dump() << "\n  expected: " << ref["decoded"][i].dump();
     }
     // Nothing is added around a sequence, and valid text comes back byte for byte.
     EXPECT_EQ(tok->encode(texts[i], false), ours);

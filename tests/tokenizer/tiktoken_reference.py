@@ -9,8 +9,8 @@
 
   tiktoken_reference.py ids --vocab vocab.json --texts texts.json [--pattern v1|v2]
           [--vocab-size N] [--num-special N] [--special-tokens T ...]
-      Prints JSON: per text, megatron-core's TikTokenTokenizer.text_to_ids and ids_to_text of
-      those ids, plus the tokenizer's vocab_size, bos_id, eos_id and eod (tiktoken from PyPI).
+      Prints JSON: per text, megatron-core's TikTokenTokenizer.text_to_ids and tiktoken's decode
+      of those ids, plus the tokenizer's vocab_size, bos_id, eos_id and eod (tiktoken from PyPI).
 """
 import argparse
 import base64
@@ -59,7 +59,10 @@ def reference_ids(args):
     with open(args.texts, encoding="utf-8") as f:
         texts = json.load(f)
     ids = [tok.text_to_ids(t) for t in texts]
-    out = {"ids": ids, "decoded": [tok.ids_to_text(i) for i in ids], "vocab_size": tok.vocab_size,
+    # megatron-core 0.16.1's ids_to_text decodes token by token, so a character split across two
+    # tokens becomes U+FFFD; Megatron-LM's main branch decodes with tiktoken's decode (the bytes
+    # joined first), as the C++ tokenizer does.
+    out = {"ids": ids, "decoded": [tok.tokenizer.decode(i) for i in ids], "vocab_size": tok.vocab_size,
            "bos_id": tok.bos_id, "eos_id": tok.eos_id, "eod": tok.eod}
     json.dump(out, sys.stdout, ensure_ascii=False)
 
