@@ -37,6 +37,10 @@
 # `fp8`: the whole build, the FP8 CUDA tests and the other CUDA tests, then bench/gpu_fp8.sh speed
 # (FP8_BENCH=both: and the curves): the Llama-3-8B layer shape in bf16 and with each FP8 recipe. `fp8-curve` (the megatron binary
 # only): bench/gpu_fp8.sh curve, 200 steps of each from the same initialisation.
+# `offload-test`: the whole build, the CUDA tests (the offloaded optimizer and the freed
+# layernorm / moe_act outputs among them; GPU_TESTS narrows them). `offload` (the megatron binary
+# only): bench/gpu_offload.sh, the 8B shape cut down to 8 layers on the device against all 32
+# layers with --optimizer-cpu-offload (tokens/s per layer, peak device memory, host RSS).
 # `before-after`: the tree in .gpu/before (scripts/gpu/prepare.sh BEFORE_COMMIT puts it there) built
 # too, the GPU tests of this tree, then bench/gpu_ab.sh: both binaries alternated on the reference
 # shape next to the HF torch.compile baseline (is a change speed-neutral?).
@@ -56,7 +60,7 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-targets=(); case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve) targets=(--target megatron) ;; esac
+targets=(); case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
@@ -175,6 +179,13 @@ if [ "$what" = fp8 ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Fp8Cuda|Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
   grep -h "notice: FP8" "$out/ctest.log" | sort -u
   bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8" "${FP8_BENCH:-speed}" 2>&1 | tee "$out/fp8.log"
+fi
+if [ "$what" = offload-test ]; then
+  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  grep -E "Failed|FAILED" "$out/ctest.log" | head -20
+fi
+if [ "$what" = offload ]; then
+  bash bench/gpu_offload.sh build-gpu/megatron "$out/offload" 2>&1 | tee "$out/offload.log"
 fi
 if [ "$what" = fp8-curve ]; then
   bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8" curve 2>&1 | tee "$out/fp8-curve.log"

@@ -169,8 +169,8 @@ struct ModelConfig {
   std::string recompute_method;       // uniform | block (full only)
   int recompute_num_layers = 0;
   bool recompute_activations = false;  // read as recompute_granularity = selective
-  // With selective: what is recomputed (Megatron's --recompute-modules): core_attn, mlp (the
-  // dense MLPs).
+  // With selective: what is recomputed (Megatron's --recompute-modules): core_attn, mlp (dense
+  // MLPs), moe, moe_act, shared_experts, mla_up_proj, layernorm.
   std::vector<std::string> recompute_modules = {"core_attn"};
   // Whether selective recomputation covers `module` (a --recompute-modules name).
   bool selectively_recomputes(const std::string& module) const {
@@ -321,6 +321,12 @@ struct TrainConfig {
   std::string main_params_dtype = "fp32";
   std::string exp_avg_dtype = "fp32";
   std::string exp_avg_sq_dtype = "fp32";
+  // --optimizer-cpu-offload (Megatron's HybridDeviceOptimizer; optim/host_optimizer.h): the
+  // optimizer state of the first --optimizer-offload-fraction of each rank's parameters in host
+  // memory, stepped by the CPU; --overlap-cpu-optimizer-d2h-h2d overlaps the copies with it.
+  bool optimizer_cpu_offload = false;
+  double optimizer_offload_fraction = 1.0;
+  bool overlap_cpu_optimizer_d2h_h2d = false;
   int64_t seed = 1234;
 
   int64_t log_interval = 100;

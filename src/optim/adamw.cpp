@@ -13,6 +13,7 @@
 #include "core/streams.h"
 #include "kernels/ops.h"
 #include "model/parameter_names.h"
+#include "optim/host_optimizer.h"
 
 namespace megatron {
 namespace {
@@ -28,7 +29,7 @@ bool stores_param_remainders(const TrainConfig& config) {
 }
 
 at::Tensor OptimizerParam::master_fp32() const {
-  return master_is_remainder() ? kernels::join_master(model_slice, master) : master;
+  return master_is_remainder() ? kernels::join_master(host_weights.defined() ? host_weights : model_slice, master) : master;
 }
 
 namespace {
@@ -36,17 +37,25 @@ namespace {
 // Where a loaded fp32 master goes: `master` itself, or a staging tensor that store_master then
 // splits into the bf16 weight and its remainder.
 at::Tensor master_destination(const OptimizerParam& p) {
-  return p.master_is_remainder() ? at::empty({p.numel}, p.model_slice.options().dtype(at::kFloat)) : p.master;
+  return p.master_is_remainder() ? at::empty({p.numel}, p.master.options().dtype(at::kFloat)) : p.master;
 }
 void store_master(OptimizerParam& p, const at::Tensor& loaded) {
-  if (p.master_is_remainder()) kernels::split_master(loaded, p.model_slice, p.master);
+  if (!p.master_is_remainder()) return;
+  if (!p.host_weights.defined()) {
+    kernels::split_master(loaded, p.model_slice, p.master);
+    return;
+  }
+  kernels::split_master(loaded, p.host_weights, p.master);  // offloaded: on the host, then the weights across
+  p.model_slice.copy_(p.host_weights);
 }
 
 }  // namespace
 
 AdamW::AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config) : AdamW(std::vector<ParamAndGradBuffer*>{&buffer}, config) {}
 
-AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config)
+AdamW::~AdamW() = default;
+
+AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config, int64_t host_chunk_elements)
     : buffers_(buffers),
       steps_(at::zeros({}, buffers.at(0)->grad_data.options().dtype(at::kFloat))),
       lr_(at::zeros({}, buffers.at(0)->grad_data.options().dtype(at::kDouble))),
@@ -93,6 +102,7 @@ AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig&
       if (!update_stream_) update_stream_ = pooled_stream(buffer.param_data.device(), /*high_priority=*/false);
     }
   }
+  if (config.optimizer_cpu_offload) host_ = std::make_unique<HostOptimizer>(params_, config, host_chunk_elements);
 }
 
 std::vector<size_t> AdamW::no_buckets_started() const {
@@ -107,11 +117,17 @@ at::Tensor AdamW::sum_over_model(const std::function<at::Tensor(const std::vecto
   const at::TensorOptions fp32 = first_buffer().grad_data.options().dtype(at::kFloat);
   std::vector<at::Tensor> sums;  // per buffer
   for (size_t b = 0; b < buffers_.size(); ++b) {
-    std::vector<at::Tensor> tensors;
+    // Offloaded state sits in host memory: each device's tensors summed where they are.
+    std::vector<at::Tensor> tensors, host_tensors;
     for (const auto& p : params_) {
-      if (p.buffer == b && (!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) tensors.push_back(field(p));
+      if (p.buffer == b && (!p.tp_duplicate || ps.tp.rank() == 0) && !p.stage_copy) {
+        at::Tensor t = field(p);
+        (t.device() == fp32.device() ? tensors : host_tensors).push_back(std::move(t));
+      }
     }
-    sums.push_back(tensors.empty() ? at::zeros({}, fp32) : per_buffer(tensors).to(at::kFloat));
+    at::Tensor sum = tensors.empty() ? at::zeros({}, fp32) : per_buffer(tensors).to(at::kFloat);
+    if (!host_tensors.empty()) sum = sum + per_buffer(host_tensors).to(fp32);
+    sums.push_back(sum);
   }
   if (buffers_.size() == 1) {
     at::Tensor sum = sums[0];
@@ -205,11 +221,14 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss, cons
   // and overlapped, the next forward's first layers can start on it. Buckets are started
   // strictly from the last down, also past those this rank holds none of, so every DP rank
   // issues the same sequence of collectives.
+  // Offloaded parameters step on the host after the rest: their buckets' all-gathers wait for them.
+  const bool offloaded = host_ && !host_->empty();
   std::vector<size_t> not_started = no_buckets_started();
   for (size_t i = 0; i < params_.size(); ++i) {
     OptimizerParam& p = params_[i];
     const kernels::AdamWHyperparameters h{c_.adam_beta1, c_.adam_beta2, c_.adam_eps, p.decay ? c_.weight_decay : 0.0};
-    kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, p.decoupled_lr ? decoupled : scalars);
+    if (!p.on_host) kernels::adamw_step(p.master, p.exp_avg, p.exp_avg_sq, p.main_grad, p.model_slice, h, p.decoupled_lr ? decoupled : scalars);
+    if (offloaded) continue;
     if (i + 1 == params_.size() || params_[i + 1].bucket != p.bucket || params_[i + 1].buffer != p.buffer) {
       ParamAndGradBuffer& buffer = *buffers_[p.buffer];
       if (update_stream_) {
@@ -221,6 +240,7 @@ at::Tensor AdamW::step(const at::Tensor& grad_norm, const at::Tensor& loss, cons
       while (not_started[p.buffer] > p.bucket) buffer.start_param_gather(--not_started[p.buffer]);
     }
   }
+  if (offloaded) host_->step(params_, scalars, decoupled, c_);
   gather_params(not_started);
   return applied;
 }
@@ -316,6 +336,7 @@ void AdamW::reset_from_model() {
   for (auto& p : params_) {
     if (p.master_is_remainder()) {
       p.master.zero_();  // the bf16 weight is the whole master
+      if (p.host_weights.defined()) p.host_weights.copy_(p.model_slice);
     } else if (!p.master.is_same(p.model_slice)) {
       p.master.copy_(p.model_slice);
     }

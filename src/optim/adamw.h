@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@
 #include "optim/grad_buffer.h"
 
 namespace megatron {
+
+class HostOptimizer;
 
 // The part of one parameter this rank steps: elements [param_offset, param_offset + numel) of
 // the flattened parameter (all of it without the distributed optimizer).
@@ -45,6 +48,9 @@ struct OptimizerParam {
   bool stage_copy = false;  // the tied output copy of the embedding on the last pipeline stage
   size_t buffer = 0;        // which of the optimizer's buffers holds the parameter (dense, expert)
   size_t bucket = 0;        // the gradient bucket of that buffer holding the parameter
+  bool on_host = false;     // --optimizer-cpu-offload: master and moments in host memory (optim/host_optimizer.h)
+  // On the host with remainder masters: the host's copy of the bf16 weights they complete.
+  at::Tensor host_weights;
   bool whole() const { return param_offset == 0 && numel == model_param.numel(); }
   bool master_is_remainder() const { return master.scalar_type() == at::kShort; }
   at::Tensor master_fp32() const;  // [numel] fp32: `master`, or joined from the remainders
@@ -59,7 +65,9 @@ class AdamW {
   AdamW(ParamAndGradBuffer& buffer, const TrainConfig& config);
   // Over several buffers (dense and expert parameters, reduced over different groups): one
   // step, one gradient norm, one clip over all of them.
-  AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config);
+  // `host_chunk_elements`: the offloaded step's staging chunk (0: the default; tests use small ones).
+  AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig& config, int64_t host_chunk_elements = 0);
+  ~AdamW();
 
   // Global L2 norm of the (reduced) gradients over all TP, PP and DP shards: [] fp32 on the
   // buffer's device, not read back (a training step never waits for the host).
@@ -127,6 +135,7 @@ class AdamW {
   at::Tensor decoupled_lr_;  // [] fp64 on the device: the embedding's and output layer's (--decoupled-lr)
   // The stream the updates run on with the buffer's overlap_optimizer_step (a CUDA buffer).
   std::optional<c10::Stream> update_stream_;
+  std::unique_ptr<HostOptimizer> host_;  // --optimizer-cpu-offload
   TrainConfig c_;
 };
 

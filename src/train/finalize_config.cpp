@@ -62,6 +62,24 @@ void finalize_optimizer_precision(Config& c) {
   }
 }
 
+// --optimizer-cpu-offload and its companions, with Megatron's rule (it rides on the
+// precision-aware optimizer) and ours (no device-side step overlap or captured step to mix with).
+void validate_cpu_offload(const Config& c) {
+  const TrainConfig& t = c.train;
+  if (!(t.optimizer_offload_fraction >= 0.0 && t.optimizer_offload_fraction <= 1.0)) {
+    throw UserError("--optimizer-offload-fraction must be between 0 and 1 (got " + std::to_string(t.optimizer_offload_fraction) + ")");
+  }
+  if (!t.optimizer_cpu_offload) return;
+  if (!t.use_precision_aware_optimizer) {
+    throw UserError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (as in Megatron, whose hybrid optimizer "
+                    "rides on it); add it, with --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 to halve the host memory");
+  }
+  if (t.overlap_optimizer_step) throw UserError("--optimizer-cpu-offload and --overlap-optimizer-step do not go together: drop one");
+  if (t.cuda_graph_impl != "none" || t.enable_cuda_graph) {
+    throw UserError("--optimizer-cpu-offload steps on the host, which a captured CUDA graph cannot replay: drop --cuda-graph-impl");
+  }
+}
+
 // --fp16 and Megatron's loss-scaling flags (which, as Megatron, mean nothing without it).
 void validate_loss_scaling(const TrainConfig& t) {
   if (t.fp16 && t.bf16) throw UserError("--fp16 and --bf16 exclude each other: give one");
@@ -482,6 +500,7 @@ void finalize_config(Config& c, int world_size) {
   }
   validate_loss_scaling(t);
   finalize_optimizer_precision(c);
+  validate_cpu_offload(c);
   finalize_fp8(c);
 
   // Batches.
