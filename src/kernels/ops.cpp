@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "kernels/adamw_cpu.h"
 #include "kernels/cuda_dispatch.h"
 
 namespace megatron::kernels {
@@ -440,10 +441,15 @@ void adamw_step(const at::Tensor& master, const at::Tensor& exp_avg, const at::T
   TORCH_CHECK(s.lr.scalar_type() == at::kDouble && s.lr.numel() == 1 && s.lr.device() == master.device(),
               "adamw_step: the learning rate must be a [] fp64 tensor on the parameters' device");
   const bool own_model = !model.is_same(master);
+  if (master.is_cpu() && impl == Impl::Auto) {
+    // One pass with the CUDA kernel's arithmetic, over the host's threads (kernels/adamw_cpu.h).
+    adamw_step_cpu(master, exp_avg, exp_avg_sq, grad, own_model ? model : at::Tensor(), h, s);
+    return;
+  }
   // Remainder masters are int16: whether the kernel applies is the bf16 weights' question.
   if (!uses_kernel(remainder ? model : master, impl)) {
-    // The reference path (CPU, and the CUDA tests' comparison): reading the learning rate back is
-    // free on the CPU; a CUDA build steps with the kernel below, which reads it on the device.
+    // The reference path (the CUDA tests' comparison, and CUDA without our kernels): ATen's fused
+    // AdamW; the learning rate is read back to the host for it.
     // bf16 moments (and remainder masters) step in fp32 copies, rounded back once, as the kernel does.
     const at::Tensor m = exp_avg.to(at::kFloat), v = exp_avg_sq.to(at::kFloat);
     const at::Tensor p = remainder ? join_master(model, master) : master;

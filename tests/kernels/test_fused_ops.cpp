@@ -158,6 +158,56 @@ ModelConfig tiny_llama(bool fused) {
   return c;
 }
 
+// The CPU AdamW step (kernels/adamw_cpu.cpp, the CUDA kernel's arithmetic in one pass) against
+// ATen's fused AdamW (the Composite path): fp32 and bf16 moments, fp32 masters that are the model
+// or write a bf16 / fp16 copy, remainder masters, a clipped step and a skipped one.
+TEST(FusedOps, CpuAdamWMatchesAtenFusedAdamW) {
+  struct Case {
+    at::ScalarType moments, model;
+    bool remainder;
+  };
+  for (const Case& c : {Case{at::kFloat, at::kFloat, false}, Case{at::kBFloat16, at::kBFloat16, false},
+                        Case{at::kFloat, at::kHalf, false}, Case{at::kBFloat16, at::kBFloat16, true}}) {
+    SCOPED_TRACE(std::string(c10::toString(c.moments)) + " moments, " + c10::toString(c.model) + (c.remainder ? " remainders" : ""));
+    const int64_t n = 100003;  // past several threads' ranges, and not a multiple of anything
+    at::manual_seed(5);
+    const at::Tensor start = at::randn({n});
+    struct State {
+      at::Tensor master, m, v, model;
+    };
+    auto make = [&] {
+      State s;
+      s.model = c.model == at::kFloat ? start.clone() : start.to(c.model);
+      s.master = c.model == at::kFloat ? s.model : c.remainder ? at::zeros({n}, at::kShort) : s.model.to(at::kFloat);
+      s.m = at::zeros({n}, c.moments);
+      s.v = at::zeros({n}, c.moments);
+      return s;
+    };
+    State ours = make(), ref = make();
+    at::Tensor step = at::zeros({});
+    for (int k = 1; k <= 4; ++k) {
+      const at::Tensor grad = at::randn({n});
+      const at::Tensor scale = at::full({}, k == 2 ? 7.5 : 1.0);   // step 2 is clipped
+      const at::Tensor found_inf = at::full({}, k == 3 ? 1.0 : 0.0);  // step 3 is skipped
+      if (k != 3) step.add_(1);
+      const at::Tensor lr = at::full({}, 1e-3 * k, at::kDouble);
+      const kernels::AdamWStepScalars scalars = kernels::adamw_step_scalars(step, scale, found_inf, lr, 0.9, 0.95);
+      const kernels::AdamWHyperparameters h{0.9, 0.95, 1e-8, k == 4 ? 0.0 : 0.1};
+      kernels::adamw_step(ours.master, ours.m, ours.v, grad, ours.model, h, scalars);
+      kernels::adamw_step(ref.master, ref.m, ref.v, grad, ref.model, h, scalars, kernels::Impl::Composite);
+    }
+    const at::Tensor got = c.remainder ? kernels::join_master(ours.model, ours.master) : ours.master;
+    const at::Tensor want = c.remainder ? kernels::join_master(ref.model, ref.master) : ref.master;
+    // bf16 moments: an fp32 moment a bit apart may round to the neighbouring bf16 value, which
+    // moves that step by one part in 256 of lr-sized updates.
+    EXPECT_LE(max_difference(got, want), c.moments == at::kFloat ? 1e-6 : 1e-4) << "masters";
+    EXPECT_GT(max_difference(got, start), 1e-3) << "the steps moved the weights";
+    EXPECT_LE(max_difference(ours.m.to(at::kFloat), ref.m.to(at::kFloat)), 1e-2 * ref.m.abs().max().item<double>());
+    EXPECT_LE(max_difference(ours.v.to(at::kFloat), ref.v.to(at::kFloat)), 1e-2 * ref.v.abs().max().item<double>());
+    EXPECT_LE(max_difference(ours.model.to(at::kFloat), ref.model.to(at::kFloat)), c.model == at::kFloat ? 1e-6 : 1e-2);
+  }
+}
+
 TEST(FusedOps, ModelWithEveryFusionMatchesTheUnfusedModel) {
   GPTModel fused(tiny_llama(true)), plain(tiny_llama(false));
   fused.initialize(5);
