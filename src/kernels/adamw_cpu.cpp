@@ -5,12 +5,11 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <thread>
-#include <vector>
 #include <type_traits>
+
+#include "core/parallel.h"
 
 namespace megatron::kernels {
 namespace {
@@ -84,19 +83,11 @@ void run(const at::Tensor& master, const at::Tensor& m, const at::Tensor& v, con
   const G* gp = static_cast<const G*>(g.data_ptr());
   Model* out = nullptr;
   if constexpr (!std::is_void_v<Model>) out = static_cast<Model*>(model.data_ptr());
-  // at::parallel_for would run this serially: its OpenMP backend is a pragma in ATen's header,
-  // and megatron.cpp is not built with OpenMP (LibTorch brings its own runtime). Plain threads,
-  // as many as the rank's intra-op threads, each a contiguous range of whole cache lines.
-  const int64_t n = master.numel();
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / (int64_t(1) << 16)));
-  const int64_t per_thread = (n / threads + 63) / 64 * 64;
-  std::vector<std::thread> workers;
-  for (int64_t t = 1; t < threads; ++t) {
-    const int64_t begin = std::min(n, t * per_thread), end = std::min(n, (t + 1) * per_thread);
-    if (begin < end) workers.emplace_back([=, &s] { step_range<M, V, G, Model, Remainder>(p, r, mp, vp, gp, out, begin, end, s); });
-  }
-  step_range<M, V, G, Model, Remainder>(p, r, mp, vp, gp, out, 0, std::min(n, per_thread), s);
-  for (std::thread& w : workers) w.join();
+  // Contiguous ranges of whole cache lines over the rank's intra-op threads (core/parallel.h:
+  // at::parallel_for would run serially here).
+  parallel_ranges(master.numel(), at::get_num_threads(), int64_t(1) << 16, 64, [&](int64_t begin, int64_t end) {
+    step_range<M, V, G, Model, Remainder>(p, r, mp, vp, gp, out, begin, end, s);
+  });
 }
 
 // Dispatch over the storage types, one level at a time.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/parallel.h"
 #include "kernels/ops.h"
 #include "model/family.h"
 #include "model/loss.h"
@@ -98,30 +99,28 @@ void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
   const std::vector<std::pair<std::string, std::pair<at::Tensor, tp::ParamInfo>>> params(held.begin(), held.end());
   const double std = config.init_method_std;
   const double output_std = std / std::sqrt(2.0 * config.num_layers);
-  // Independent generators, so the parameters are drawn in parallel (one per thread at a time)
-  // with the same result as one by one.
-  at::parallel_for(0, static_cast<int64_t>(params.size()), 1, [&](int64_t begin, int64_t end) {
+  // Independent generators, so the parameters are drawn in parallel (one per thread at a time,
+  // on plain threads: core/parallel.h) with the same result as one by one.
+  parallel_items(static_cast<int64_t>(params.size()), at::get_num_threads(), [&](int64_t i) {
     at::NoGradGuard no_grad;
-    for (int64_t i = begin; i < end; ++i) {
-      const auto& [name, held_param] = params[i];
-      const auto& [param, info] = held_param;
-      const dist::Group& split = tensor_parallel.split_group(info);  // TP, or expert TP for experts
-      const std::vector<int64_t> shape = tp::full_shape(param.sizes(), info.split, split.size());
-      at::Tensor value;
-      switch (info.init) {
-        case tp::Init::Ones: value = at::ones(shape); break;
-        case tp::Init::Zeros: value = at::zeros(shape); break;
-        case tp::Init::Normal:
-        case tp::Init::ScaledNormal: {
-          // The stream is named by the parameter: the same draw under every layout.
-          at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, name));
-          value = at::empty(shape, at::kFloat).normal_(0.0, info.init == tp::Init::ScaledNormal ? output_std : std, gen);
-          break;
-        }
+    const auto& [name, held_param] = params[i];
+    const auto& [param, info] = held_param;
+    const dist::Group& split = tensor_parallel.split_group(info);  // TP, or expert TP for experts
+    const std::vector<int64_t> shape = tp::full_shape(param.sizes(), info.split, split.size());
+    at::Tensor value;
+    switch (info.init) {
+      case tp::Init::Ones: value = at::ones(shape); break;
+      case tp::Init::Zeros: value = at::zeros(shape); break;
+      case tp::Init::Normal:
+      case tp::Init::ScaledNormal: {
+        // The stream is named by the parameter: the same draw under every layout.
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, name));
+        value = at::empty(shape, at::kFloat).normal_(0.0, info.init == tp::Init::ScaledNormal ? output_std : std, gen);
+        break;
       }
-      // Every TP rank draws the whole tensor and keeps its shard.
-      at::Tensor(param).copy_(tp::shard_of(value, info.split, split.rank(), split.size()));
     }
+    // Every TP rank draws the whole tensor and keeps its shard.
+    at::Tensor(param).copy_(tp::shard_of(value, info.split, split.rank(), split.size()));
   });
 }
 
