@@ -102,7 +102,9 @@ AdamW::AdamW(const std::vector<ParamAndGradBuffer*>& buffers, const TrainConfig&
       if (!update_stream_) update_stream_ = pooled_stream(buffer.param_data.device(), /*high_priority=*/false);
     }
   }
-  if (config.optimizer_cpu_offload) host_ = std::make_unique<HostOptimizer>(params_, config, host_chunk_elements);
+  if (config.optimizer_cpu_offload) {
+    host_ = std::make_unique<HostOptimizer>(params_, config, host_chunk_elements, first_buffer().parallel_state().world.rank() == 0);
+  }
 }
 
 std::vector<size_t> AdamW::no_buckets_started() const {

@@ -2,8 +2,10 @@
 #include "optim/host_optimizer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/StreamGuard.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -60,8 +62,8 @@ void check_host_memory(int64_t needed, int64_t available) {
                   "keep the moments in bf16 (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16), or spread the model over more ranks");
 }
 
-HostOptimizer::HostOptimizer(std::vector<OptimizerParam>& params, const TrainConfig& config, int64_t chunk_elements)
-    : overlap_(config.overlap_cpu_optimizer_d2h_h2d) {
+HostOptimizer::HostOptimizer(std::vector<OptimizerParam>& params, const TrainConfig& config, int64_t chunk_elements, bool report)
+    : overlap_(config.overlap_cpu_optimizer_d2h_h2d), report_(report) {
   const int64_t chunk = chunk_elements > 0 ? chunk_elements : kChunk;
   int64_t total = 0;
   for (const OptimizerParam& p : params) total += p.numel;
@@ -119,31 +121,62 @@ void HostOptimizer::step_chunk(OptimizerParam& p, const Chunk& c, const at::Tens
                       p.exp_avg_sq.narrow(0, c.offset, c.numel), grad, model, h, s);
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the wall time of work() to total.
+template <typename Work>
+void timed(double& total, const Work& work) {
+  const Clock::time_point t = Clock::now();
+  work();
+  total += std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
 void HostOptimizer::step(std::vector<OptimizerParam>& params, const kernels::AdamWStepScalars& scalars,
                          const kernels::AdamWStepScalars& decoupled, const TrainConfig& config) {
   if (chunks_.empty()) return;
+  const Clock::time_point start = Clock::now();
+  StepTimes times;
+  run_step(params, scalars, decoupled, config, times);
+  // Where the host's time went, once (the second step: the first warms the caches up).
+  if (report_ && ++steps_ == 2) {
+    std::fprintf(stderr,
+                 "> optimizer offload, step 2: %.3g elements in %zu chunks on %d threads: %.2f s waiting for the backward, "
+                 "%.2f s for gradients to arrive, %.2f s AdamW, %.2f s for staging to free; %.2f s in all\n",
+                 double(offloaded_elements_), chunks_.size(), at::get_num_threads(), times.backward, times.gradients,
+                 times.adamw, times.staging, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+}
+
+void HostOptimizer::run_step(std::vector<OptimizerParam>& params, const kernels::AdamWStepScalars& scalars,
+                             const kernels::AdamWStepScalars& decoupled, const TrainConfig& config, StepTimes& times) {
   at::NoGradGuard no_grad;
-  const kernels::AdamWStepScalars host = on_host(scalars), host_decoupled = on_host(decoupled);
+  kernels::AdamWStepScalars host, host_decoupled;
+  // Reading the scalars waits for the device to finish the backward and the gradient norm.
+  timed(times.backward, [&] { host = on_host(scalars), host_decoupled = on_host(decoupled); });
   auto gradient_of = [&](const Chunk& c) { return params[c.param].main_grad.narrow(0, c.offset, c.numel); };
   auto weights_of = [&](const Chunk& c) { return params[c.param].model_slice.narrow(0, c.offset, c.numel); };
   auto step = [&](const Chunk& c, const Slot& s) {
-    OptimizerParam& p = params[c.param];
-    const at::Tensor model = s.model.narrow(0, 0, c.numel);
-    if (!p.host_weights.defined()) {
-      step_chunk(p, c, s.grad.narrow(0, 0, c.numel), model, p.decoupled_lr ? host_decoupled : host, config);
-      return;
-    }
-    const at::Tensor weights = p.host_weights.narrow(0, c.offset, c.numel);
-    step_chunk(p, c, s.grad.narrow(0, 0, c.numel), weights, p.decoupled_lr ? host_decoupled : host, config);
-    model.copy_(weights);  // into the pinned staging the copy to the device reads
+    timed(times.adamw, [&] {
+      OptimizerParam& p = params[c.param];
+      const at::Tensor grad = s.grad.narrow(0, 0, c.numel), model = s.model.narrow(0, 0, c.numel);
+      const kernels::AdamWStepScalars& sc = p.decoupled_lr ? host_decoupled : host;
+      if (!p.host_weights.defined()) return step_chunk(p, c, grad, model, sc, config);
+      const at::Tensor weights = p.host_weights.narrow(0, c.offset, c.numel);
+      step_chunk(p, c, grad, weights, sc, config);
+      model.copy_(weights);  // into the pinned staging the copy to the device reads
+    });
   };
   if (!d2h_) {
     // One chunk at a time, each copy finished before the next thing reads its result.
     Slot& s = slots_[0];
     for (const Chunk& c : chunks_) {
-      s.grad.narrow(0, 0, c.numel).copy_(gradient_of(c));
+      timed(times.gradients, [&] { s.grad.narrow(0, 0, c.numel).copy_(gradient_of(c)); });
       step(c, s);
-      weights_of(c).copy_(s.model.narrow(0, 0, c.numel));
+      timed(times.staging, [&] { weights_of(c).copy_(s.model.narrow(0, 0, c.numel)); });
     }
     return;
   }
@@ -164,8 +197,9 @@ void HostOptimizer::step(std::vector<OptimizerParam>& params, const kernels::Ada
     // the CPU, which is done with it).
     if (k + 1 < chunks_.size()) send_gradient(k + 1);
     Slot& s = slots_[k % slots_.size()];
-    s.gradient_arrived->synchronize();
-    if (s.weights_sent) s.weights_sent->synchronize();  // the weights this staging held before have left
+    timed(times.gradients, [&] { s.gradient_arrived->synchronize(); });
+    // The weights this staging held before have left.
+    if (s.weights_sent) timed(times.staging, [&] { s.weights_sent->synchronize(); });
     step(chunks_[k], s);
     {
       c10::StreamGuard on_h2d(*h2d_);

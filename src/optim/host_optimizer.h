@@ -33,7 +33,8 @@ class HostOptimizer {
   // Moves the chosen parameters' masters and moments to the host (OptimizerParam::on_host).
   // Throws UserError when the host has too little memory for them.
   // `chunk_elements`: the staging chunk (0: 2^25 elements, 128 MiB of fp32 gradients).
-  HostOptimizer(std::vector<OptimizerParam>& params, const TrainConfig& config, int64_t chunk_elements = 0);
+  // `report`: print where the second step's host time went (one rank does).
+  HostOptimizer(std::vector<OptimizerParam>& params, const TrainConfig& config, int64_t chunk_elements = 0, bool report = false);
 
   bool empty() const { return chunks_.empty(); }
   int64_t offloaded_elements() const { return offloaded_elements_; }
@@ -53,6 +54,11 @@ class HostOptimizer {
     at::Tensor grad, model;
     std::optional<c10::Event> gradient_arrived, weights_sent;
   };
+  struct StepTimes {  // seconds of one step
+    double backward = 0, gradients = 0, adamw = 0, staging = 0;
+  };
+  void run_step(std::vector<OptimizerParam>& params, const kernels::AdamWStepScalars& scalars,
+                const kernels::AdamWStepScalars& decoupled, const TrainConfig& config, StepTimes& times);
   void step_chunk(OptimizerParam& p, const Chunk& c, const at::Tensor& grad, const at::Tensor& model,
                   const kernels::AdamWStepScalars& s, const TrainConfig& config) const;
 
@@ -61,6 +67,8 @@ class HostOptimizer {
   int64_t offloaded_elements_ = 0;
   bool overlap_ = false;
   std::optional<c10::Stream> d2h_, h2d_;
+  bool report_ = false;
+  int64_t steps_ = 0;
 };
 
 // Host memory a process may use now: MemAvailable of /proc/meminfo over the ranks on this node

@@ -11,6 +11,11 @@
 
 namespace megatron {
 
+// The precision flags' checks and derived fields, part of finalize_config (train/arguments.h):
+// --fp16 and loss scaling, --use-precision-aware-optimizer's dtypes, --optimizer-cpu-offload, FP8.
+// Throws UserError naming the flag.
+void finalize_precision(Config& config);
+
 // The parameters' and activations' dtype: --bf16, --fp16, or fp32.
 inline at::ScalarType params_dtype(const TrainConfig& t) { return t.bf16 ? at::kBFloat16 : t.fp16 ? at::kHalf : at::kFloat; }
 
