@@ -65,10 +65,14 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
                                       : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
     const at::Tensor attention = self_attention->forward(h.normed, rope, attention_mask);
     // The fused kernel normalises the rounded sum, as rms_norm of the sum does.
-    if (recompute_norms_) discard_norm_output(h.normed, attention, [sum = h.sum, first] { return kernels::rms_norm(sum, first.gamma(), first.eps); });
+    if (recompute_norms_) {
+      discard_norm_output(h.normed, attention, [sum = h.sum, gamma = first_gamma, eps = first.eps] { return kernels::rms_norm(sum, gamma, eps); });
+    }
     const kernels::AddRmsNorm x = kernels::add_rms_norm(h.sum, attention, second_gamma, second.eps);
     const at::Tensor mlp_out = feed_forward(x.normed);
-    if (recompute_norms_) discard_norm_output(x.normed, mlp_out, [sum = x.sum, second] { return kernels::rms_norm(sum, second.gamma(), second.eps); });
+    if (recompute_norms_) {
+      discard_norm_output(x.normed, mlp_out, [sum = x.sum, gamma = second_gamma, eps = second.eps] { return kernels::rms_norm(sum, gamma, eps); });
+    }
     return {x.sum, mlp_out};
   }
   // Under sequence parallelism each TP rank holds different tokens: independent masks.

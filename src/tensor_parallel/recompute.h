@@ -32,7 +32,7 @@ std::vector<at::Tensor> recompute_in_backward(const RecomputedRegion& region, co
 // storage. Autograd's graph is untouched; the tensors it saved are whole again before they are
 // read. `recompute` must give `output` bit for bit (the same kernels on tensors autograd keeps
 // anyway) and must not keep `output` itself. Does nothing outside grad mode, when `hook` needs no
-// gradient, or when `output` shares its storage with anything (only a tensor owning all of it).
+// gradient, or when `output` is not the whole of its storage (a view into a larger buffer).
 void discard_output_until_backward(const at::Tensor& output, const at::Tensor& hook, std::function<at::Tensor()> recompute);
 
 }  // namespace megatron::tp

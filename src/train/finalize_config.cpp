@@ -288,7 +288,7 @@ void finalize_config(Config& c, int world_size) {
   if (d.tokenizer_type != "TikTokenizer") {
     // Megatron's scripts pass the tiktoken flags whatever the tokenizer; only TikTokenizer reads them.
     for (auto [flag, given] : {std::pair{"--tiktoken-pattern", !d.tiktoken_pattern.empty()},
-                               std::pair{"--tiktoken-num-special-tokens", d.tiktoken_num_special_tokens != 1000}}) {
+                               std::pair{"--tiktoken-num-special-tokens", d.tiktoken_num_special_tokens != DataConfig().tiktoken_num_special_tokens}}) {
       if (given) c.flag_notices.push_back(std::string(flag) + ": only --tokenizer-type TikTokenizer reads it; ignored with " + d.tokenizer_type);
     }
     // Megatron's HF and SentencePiece tokenizers add these to their vocabulary; here they are not.
