@@ -7,12 +7,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "core/errors.h"
 #include "core/streams.h"
+#include "distributed/launch_env.h"
 #include "optim/adamw.h"
 
 namespace megatron {
@@ -50,9 +50,8 @@ int64_t host_memory_available_per_rank() {
     if (key == "MemAvailable:") fields >> available_kib;
   }
   if (available_kib < 0) return -1;
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  const int64_t ranks = local ? std::max<int64_t>(1, std::atoll(local)) : 1;
-  return available_kib * 1024 / ranks;
+  // The ranks on this node, as the launcher (torchrun, `megatron launch` or Slurm) left them.
+  return available_kib * 1024 / std::max(1, dist::launch_env_from_environment().local_world_size);
 }
 
 void check_host_memory(int64_t needed, int64_t available) {
@@ -81,6 +80,13 @@ HostOptimizer::HostOptimizer(std::vector<OptimizerParam>& params, const TrainCon
   }
   if (chosen.empty()) return;
   const OptimizerParam& first = params[chosen.front()];
+  for (size_t i : chosen) {
+    // One staging serves every chunk: the buffers hold one dtype of weights and one of gradients.
+    TORCH_CHECK(params[i].main_grad.scalar_type() == first.main_grad.scalar_type() &&
+                    params[i].model_slice.scalar_type() == first.model_slice.scalar_type(),
+                "HostOptimizer: ", params[i].name, " is stored as ", params[i].model_slice.scalar_type(), " with ",
+                params[i].main_grad.scalar_type(), " gradients, unlike ", first.name);
+  }
   const bool cuda = first.main_grad.is_cuda();
   const int64_t slot_elements = std::min(largest, chunk);
   const int slots = 2;

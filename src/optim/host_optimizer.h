@@ -72,7 +72,7 @@ class HostOptimizer {
 };
 
 // Host memory a process may use now: MemAvailable of /proc/meminfo over the ranks on this node
-// (LOCAL_WORLD_SIZE); -1 when unknown.
+// (the launch environment's local world size); -1 when unknown.
 int64_t host_memory_available_per_rank();
 // UserError when `needed` bytes exceed 90% of `available` (unknown: no check).
 void check_host_memory(int64_t needed, int64_t available);
