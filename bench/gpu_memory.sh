@@ -26,7 +26,14 @@ hf() {  # flags... -> the baseline's line
   "$py" "$baseline" --layers 28 --hidden 2048 --ffn 6144 --heads 16 --kv-heads 8 --vocab 151936 --seq 4096 --mb 1 --iters 10 "$@" 2>&1 | tail -1
 }
 default=$(ours default)
-low=$(ours bf16_state --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16)
+state=(--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16)
+low=$(ours bf16_state "${state[@]}")
+# The same with activations traded for time: the dense MLPs recomputed in the backward (and the
+# norms too), or 14 of the 28 layers' activations sent to host memory (--cpu-offloading).
+mlp=$(ours bf16_state_mlp "${state[@]}" --recompute-granularity selective --recompute-modules mlp)
+mlp_norm=$(ours bf16_state_mlp_norm "${state[@]}" --recompute-granularity selective --recompute-modules mlp layernorm)
+offload=$(ours bf16_state_offload "${state[@]}" --cpu-offloading-num-layers 14)
+grep -h "activations offloaded" /tmp/bf16_state_offload.log >&2
 eager=$(hf); compiled=$(hf --compile)
 echo "$eager"; echo "$compiled"
 hf_tok() { sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<< "$1"; }
@@ -37,5 +44,8 @@ printf '\n| system | tokens/s | peak allocated (GiB) | tokens/s vs compile | mem
 row() { printf '| %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "$(ratio "$2" "$ctok")" "$(ratio "$3" "$cmem")"; }
 row "megatron.cpp (fp32 masters, moments, gradients)" $default
 row "megatron.cpp, bf16 moments and gradients (precision-aware)" $low
+row "the same, --recompute-modules mlp" $mlp
+row "the same, --recompute-modules mlp layernorm" $mlp_norm
+row "the same, --cpu-offloading-num-layers 14" $offload
 row "HF eager" "$(hf_tok "$eager")" "$(hf_mem "$eager")"
 row "HF torch.compile" "$ctok" "$cmem"

@@ -37,6 +37,10 @@
 # `fp8`: the whole build, the FP8 CUDA tests and the other CUDA tests, then bench/gpu_fp8.sh speed
 # (FP8_BENCH=both: and the curves): the Llama-3-8B layer shape in bf16 and with each FP8 recipe. `fp8-curve` (the megatron binary
 # only): bench/gpu_fp8.sh curve, 200 steps of each from the same initialisation.
+# `fp8-layers`: the whole build, the CUDA tests, then bench/gpu_fp8.sh speed (bf16, tensorwise,
+# delayed) at 8 and at 20 layers of the Llama-3-8B shape (FP8_LAYER_COUNTS).
+# `activation-offload`: the whole build, the CUDA tests (GPU_TESTS), then bench/gpu_activation_offload.sh
+# (--cpu-offloading on the 2B shape: 0, 7, 14 and 27 of 28 layers).
 # `offload-test`: the whole build, the CUDA tests (the offloaded optimizer and the freed
 # layernorm / moe_act outputs among them; GPU_TESTS narrows them). `offload` (the megatron binary
 # only): bench/gpu_offload.sh, the 8B shape cut down to 8 layers on the device against all 32
@@ -179,6 +183,22 @@ if [ "$what" = fp8 ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Fp8Cuda|Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
   grep -h "notice: FP8" "$out/ctest.log" | sort -u
   bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8" "${FP8_BENCH:-speed}" 2>&1 | tee "$out/fp8.log"
+fi
+if [ "$what" = fp8-layers ]; then
+  # The CUDA tests (GPU_TESTS narrows them), then bench/gpu_fp8.sh speed at each of FP8_LAYER_COUNTS
+  # (default 8 and 20: the cut-down shape of earlier figures and about as many layers as fit one
+  # H200 with the default optimizer).
+  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  grep -E "Failed|FAILED" "$out/ctest.log" | head -20
+  for n in ${FP8_LAYER_COUNTS:-8 20}; do
+    echo "== $n layers"
+    FP8_LAYERS=$n FP8_RECIPES="${FP8_RECIPES:-bf16 tensorwise delayed}" bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8-$n" speed 2>&1 | tee "$out/fp8-$n.log"
+  done
+fi
+if [ "$what" = activation-offload ]; then
+  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  grep -E "Failed|FAILED" "$out/ctest.log" | head -20
+  bash bench/gpu_activation_offload.sh build-gpu/megatron 2>&1 | tee "$out/activation-offload.log"
 fi
 if [ "$what" = offload-test ]; then
   (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"

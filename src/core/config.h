@@ -181,6 +181,15 @@ struct ModelConfig {
     return false;
   }
 
+  // Megatron's --cpu-offloading / --cpu-offloading-num-layers N (a runtime choice): the first N
+  // decoder layers' saved activations go to host memory during the forward and come back during
+  // the backward (core/activation_offload.h). N > 0 turns it on, as in Megatron.
+  bool cpu_offloading = false;
+  int cpu_offloading_num_layers = 0;
+  // Tensors of fewer elements stay on the device (Megatron's --min-offloaded-tensor-size, which it
+  // reads for its fine-grained offloading).
+  int64_t min_offloaded_tensor_size = int64_t(1) << 20;
+
   // FP8 linear layers (Megatron's --fp8-* flags; runtime choices, not saved with the model):
   // the GEMMs of the decoder layers' linear layers take FP8 inputs (src/fp8).
   std::string fp8;                            // "" (off) | e4m3 | hybrid (e5m2 gradients)

@@ -64,32 +64,81 @@ at::Tensor scale_from_amax(const at::Tensor& amax, const at::Tensor& fp8_max, in
   return scale_where_usable(amax, fp8_max, margin, fallback);
 }
 
-Cast cast_tensorwise(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8, bool rowwise,
-                               bool transposed, kernels::Impl impl) {
-  TORCH_CHECK(x.dim() == 2, "cast_tensorwise: x must be [rows, cols], got ", x.sizes());
-  const at::Tensor scale_inv = scale.reciprocal();
-  Cast out;
-  const at::Tensor xc = x.contiguous();
+namespace {
+
 #ifdef MEGATRON_WITH_CUDA_KERNELS
-  if (kernels::uses_kernel(xc, impl)) {
-    const int64_t rows = xc.size(0), cols = xc.size(1);
-    const at::TensorOptions options = xc.options().dtype(fp8);
-    if (rowwise) out.rowwise = {at::empty({rows, cols}, options), scale_inv};
-    if (transposed) out.transposed = {at::empty({cols, rows}, options), scale_inv};
-    const at::Tensor scale32 = scale.to(at::kFloat).contiguous();
-    kernels::cuda::fp8_cast(xc.data_ptr(), rows, cols, kernels::storage_type(xc), scale32.data_ptr<float>(),
-                            fp8 == at::kFloat8_e5m2 ? kernels::cuda::Fp8Format::E5M2 : kernels::cuda::Fp8Format::E4M3,
-                            rowwise ? out.rowwise.data.data_ptr() : nullptr,
-                            transposed ? out.transposed.data.data_ptr() : nullptr, kernels::current_stream());
+unsigned* amax_bits(const at::Tensor& amax) {
+  TORCH_CHECK(amax.scalar_type() == at::kFloat && amax.numel() == 1, "an amax is one fp32 value");
+  return reinterpret_cast<unsigned*>(amax.data_ptr<float>());
+}
+
+// The cast kernel's launch for x [rows, cols] (contiguous): the outputs allocated, scale_inv
+// written by the kernel.
+Cast launch_cast(const at::Tensor& xc, kernels::cuda::Fp8Scaling scaling, at::ScalarType fp8, bool rowwise, bool transposed) {
+  const int64_t rows = xc.size(0), cols = xc.size(1);
+  const at::TensorOptions options = xc.options().dtype(fp8);
+  const at::Tensor scale_inv = at::empty({}, xc.options().dtype(at::kFloat));
+  scaling.scale_inv = scale_inv.data_ptr<float>();
+  Cast out;
+  if (rowwise) out.rowwise = {at::empty({rows, cols}, options), scale_inv};
+  if (transposed) out.transposed = {at::empty({cols, rows}, options), scale_inv};
+  if (rows == 0 || cols == 0) {
+    scale_inv.fill_(1.0);  // nothing cast: the kernel does not run
     return out;
   }
+  kernels::cuda::fp8_cast(xc.data_ptr(), rows, cols, kernels::storage_type(xc), scaling,
+                          fp8 == at::kFloat8_e5m2 ? kernels::cuda::Fp8Format::E5M2 : kernels::cuda::Fp8Format::E4M3,
+                          rowwise ? out.rowwise.data.data_ptr() : nullptr,
+                          transposed ? out.transposed.data.data_ptr() : nullptr, kernels::current_stream());
+  return out;
+}
 #endif
-  (void)impl;
+
+Cast composite_cast(const at::Tensor& xc, const at::Tensor& scale, at::ScalarType fp8, bool rowwise, bool transposed) {
+  const at::Tensor scale_inv = scale.reciprocal();
   const double limit = max_finite(fp8);
   const at::Tensor q = (xc.to(at::kFloat) * scale).clamp(-limit, limit).to(fp8);  // [rows, cols]
+  Cast out;
   if (rowwise) out.rowwise = {q, scale_inv};
   if (transposed) out.transposed = {q.t().contiguous(), scale_inv};
   return out;
+}
+
+}  // namespace
+
+Cast cast_tensorwise(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8, bool rowwise, bool transposed,
+                     kernels::Impl impl, const at::Tensor& pool_amax) {
+  TORCH_CHECK(x.dim() == 2, "cast_tensorwise: x must be [rows, cols], got ", x.sizes());
+  const at::Tensor xc = x.contiguous();
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  if (kernels::uses_kernel(xc, impl) && (!pool_amax.defined() || pool_amax.is_contiguous())) {
+    const at::Tensor scale32 = scale.to(at::kFloat).contiguous();
+    kernels::cuda::Fp8Scaling scaling;
+    scaling.scale = scale32.data_ptr<float>();
+    if (pool_amax.defined()) scaling.pool_amax = amax_bits(pool_amax);
+    return launch_cast(xc, scaling, fp8, rowwise, transposed);
+  }
+#endif
+  (void)impl;
+  if (pool_amax.defined()) pool_amax.copy_(at::maximum(pool_amax, fp8::amax(xc)));
+  return composite_cast(xc, scale, fp8, rowwise, transposed);
+}
+
+Cast cast_current_scaling(const at::Tensor& x, at::ScalarType fp8, bool rowwise, bool transposed, kernels::Impl impl) {
+  TORCH_CHECK(x.dim() == 2, "cast_current_scaling: x must be [rows, cols], got ", x.sizes());
+  const at::Tensor xc = x.contiguous();
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  if (kernels::uses_kernel(xc, impl)) {
+    const at::Tensor amax = at::zeros({}, xc.options().dtype(at::kFloat));
+    kernels::cuda::fp8_amax(xc.data_ptr(), xc.numel(), kernels::storage_type(xc), amax_bits(amax), kernels::current_stream());
+    kernels::cuda::Fp8Scaling scaling;
+    scaling.amax = amax_bits(amax);
+    scaling.fp8_max = float(max_finite(fp8));
+    return launch_cast(xc, scaling, fp8, rowwise, transposed);
+  }
+#endif
+  (void)impl;
+  return composite_cast(xc, scale_from_amax(fp8::amax(xc), max_finite(fp8)), fp8, rowwise, transposed);
 }
 
 Quantized cast_blockwise(const at::Tensor& x, at::ScalarType fp8, int64_t tile_rows) {

@@ -34,13 +34,19 @@ at::Tensor scale_from_amax(const at::Tensor& amax, const at::Tensor& fp8_max, in
 
 // x [rows, cols] (any float dtype) cast to `fp8` with the tensor-wide `scale` ([] fp32): row-wise
 // into .data when `rowwise`, and the transposed copy [cols, rows] into `transposed` when asked,
-// both in one pass on CUDA. scale_inv = 1 / scale for both.
+// both in one pass on CUDA. scale_inv = 1 / scale for both. `pool_amax` ([] fp32, e.g. a slot of
+// the delayed recipe's history), when given, becomes max(pool_amax, max |x|), in the same pass on CUDA.
 struct Cast {
   Quantized rowwise;
   Quantized transposed;
 };
 Cast cast_tensorwise(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8, bool rowwise,
-                               bool transposed, kernels::Impl impl = kernels::Impl::Auto);
+                     bool transposed, kernels::Impl impl = kernels::Impl::Auto, const at::Tensor& pool_amax = {});
+// The tensorwise recipe's cast (current scaling): the scale from x's own amax,
+// scale_from_amax(amax(x), max_finite(fp8)). On CUDA an amax kernel and the cast, which computes
+// the scale itself (no small ATen kernels between them).
+Cast cast_current_scaling(const at::Tensor& x, at::ScalarType fp8, bool rowwise, bool transposed,
+                          kernels::Impl impl = kernels::Impl::Auto);
 
 // x [rows, cols] cast with a power-of-two scale per tile of tile_rows x 128 (tile_rows 1 or 128):
 // the largest magnitude of each tile lands at most at fp8_max. cols (and rows, for 128-row tiles)

@@ -47,11 +47,6 @@ at::Tensor DelayedScaling::scale(int i, const at::Device& device) {
   return scale_.select(0, i);
 }
 
-void DelayedScaling::record(int i, const at::Tensor& amax) {
-  at::Tensor current = history_.select(0, 0).select(0, i);
-  current.copy_(at::maximum(current, amax));
-}
-
 void DelayedScaling::update(const std::function<void(at::Tensor&)>& reduce_max) {
   if (!history_.defined()) return;  // nothing cast yet
   at::Tensor current = history_.select(0, 0);  // [n]

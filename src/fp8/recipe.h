@@ -50,8 +50,12 @@ class DelayedScaling {
   int add(double fp8_max);
   // Column i's scale ([] fp32 view) on `device`, where the state moves at its first use.
   at::Tensor scale(int i, const at::Device& device);
-  // Pools amax ([] fp32) into column i's current history row.
-  void record(int i, const at::Tensor& amax);
+  // Column i's slot of the current history row ([] fp32 view): the step's casts pool their
+  // amaxes into it (max). Valid after scale(i, device).
+  at::Tensor current_amax(int i) {
+    TORCH_CHECK(history_.defined(), "DelayedScaling::current_amax before the first scale()");
+    return history_.select(0, 0).select(0, i);
+  }
   // The step's update: `reduce_max` all-reduces the current row (max over the ranks sharing the
   // tensors), then each scale is recomputed from the history (kept where the amax is 0 or not
   // finite) and the history rolls one row, the current row cleared. Device work only.

@@ -119,12 +119,23 @@ void moe_pair_dots(const void* a, const void* b, const int64_t* slots, float* ou
                    DType dtype, Stream stream);
 
 // Scaled, saturating casts to FP8 (src/kernels/fp8_cast.cu; Transformer Engine's cast and
-// cast-transpose): v = x * scale[0] in fp32, saturated to the format's largest finite value and
+// cast-transpose): v = x * scale in fp32, saturated to the format's largest finite value and
 // rounded to nearest even, for x [rows, cols] (row-contiguous). Written to out [rows, cols] and/or,
 // in the same pass, to out_t [cols, rows] (the transposed copy a weight-gradient GEMM reads);
 // either may be null.
 enum class Fp8Format { E4M3, E5M2 };
-void fp8_cast(const void* x, int64_t rows, int64_t cols, DType dtype, const float* scale, Fp8Format format, void* out,
+// Where a cast's scale comes from and what the pass writes besides the FP8 values. Amaxes travel
+// as the bits of non-negative fp32 values, which order as unsigned integers (a NaN above them all).
+struct Fp8Scaling {
+  const float* scale = nullptr;     // the scale (the delayed recipe's), or else
+  const unsigned* amax = nullptr;   // current scaling: scale = fp8_max / amax, 1 where amax is 0 or not finite or the quotient overflows
+  float fp8_max = 0.0f;
+  float* scale_inv = nullptr;       // written, when given: 1 / scale
+  unsigned* pool_amax = nullptr;    // when given: max |x| atomically maxed into it (the delayed recipe's history)
+};
+void fp8_cast(const void* x, int64_t rows, int64_t cols, DType dtype, const Fp8Scaling& scaling, Fp8Format format, void* out,
               void* out_t, Stream stream);
+// max |x| over n elements atomically maxed into *amax (fp32 bits; the caller zeroes it first).
+void fp8_amax(const void* x, int64_t n, DType dtype, unsigned* amax, Stream stream);
 
 }  // namespace megatron::kernels::cuda

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/activation_offload.h"
 #include "core/parallel.h"
 #include "kernels/ops.h"
 #include "model/family.h"
@@ -166,6 +167,15 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
   }
   std::optional<RopeTables> gathered;
   const RopeTables* tables = tables_for(tokens, position_ids, gathered);
+  const bool offloading = config_.cpu_offloading && is_training() && at::GradMode::is_enabled();
+  if (offloading) {
+    if (!offloader_) offloader_ = std::make_shared<ActivationOffloader>(config_.cpu_offloading_num_layers, hidden.device(),
+                                                                     config_.min_offloaded_tensor_size);
+    if (rope_) {  // read by every layer: stays on the device
+      offloader_->keep_on_device(rope_->cos);
+      offloader_->keep_on_device(rope_->sin);
+    }
+  }
   ResidualStream stream{hidden, {}};
   for (size_t first = 0; first < layers.size();) {
     const size_t count = recomputed_group_at(first);
@@ -190,6 +200,7 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
     stream = {out[0], out.size() > 1 ? out[1] : at::Tensor()};
     first += count;
   }
+  if (offloading) offloader_->finish_forward();
   if (!chunk_.post_process) return stream.materialize();  // [s(/tp), b, h]
   const NormParams final_norm = final_layernorm->params();
   if (before_use) before_use({final_norm.weight, final_norm.bias});
@@ -221,9 +232,20 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
 
 ResidualStream GPTModel::run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,
                                     const at::Tensor& attention_mask) {
+  const bool offloading = offloader_ && config_.cpu_offloading && is_training() && at::GradMode::is_enabled();
   for (size_t l = first; l < first + count; ++l) {
     if (before_use) before_use(layers[l]->parameters());
-    stream = layers[l]->forward(stream, tables, attention_mask);
+    if (!offloading) {
+      stream = layers[l]->forward(stream, tables, attention_mask);
+      continue;
+    }
+    const int64_t global = chunk_.first_layer + int64_t(l);
+    {
+      ActivationOffloader::Scope scope = offloader_->scope(global);
+      stream = layers[l]->forward(stream, tables, attention_mask);
+    }
+    // The layer's output as the next layer receives it: its gradient arrives when this layer's backward begins.
+    offloader_->after_layer(global, stream.delta.defined() ? stream.delta : stream.base);
   }
   return stream;
 }

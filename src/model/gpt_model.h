@@ -34,6 +34,7 @@ namespace megatron {
 namespace moe {
 class MoELayer;
 }
+class ActivationOffloader;
 
 class GPTModel : public tp::DescribedModule {
  public:
@@ -97,6 +98,10 @@ class GPTModel : public tp::DescribedModule {
   const std::shared_ptr<fp8::Fp8Context>& fp8_context() const { return fp8_; }
   std::map<std::string, tp::Fp8Linear*> fp8_linears() const;
 
+  // --cpu-offloading: what moved the activations of the last training forward (null before the
+  // first, and without the flag).
+  const ActivationOffloader* activation_offloader() const { return offloader_.get(); }
+
   // As torch::nn::Module's, but parameters described keep_fp32 stay fp32.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   using torch::nn::Module::to;
@@ -143,6 +148,7 @@ class GPTModel : public tp::DescribedModule {
   std::optional<RopeTables> rope_;
   tp::ParamTable table_;
   std::shared_ptr<fp8::Fp8Context> fp8_;  // --fp8-format
+  std::shared_ptr<ActivationOffloader> offloader_;  // --cpu-offloading, made at the first training forward
   double auxiliary_loss_scale_ = 1.0;  // what the MTP loss enters backward with (1 / micro-batches)
   at::Tensor fp16_loss_scale_;         // ... times this, under --fp16
 };

@@ -29,11 +29,18 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     at::Tensor y = fp8::scaled_mm(qx.rowwise, w.rowwise, x.scalar_type(), /*fast_accum=*/true);  // [tokens, out]
     ctx->saved_data["layer"] = layer_id;
     ctx->saved_data["input_grad"] = input_grad;
+    // The weight's transposed cast is the layer's cache for the step, not an activation: kept
+    // apart from the saved tensors (which --cpu-offloading moves to the host).
+    ctx->saved_data["weight_t"] = w.transposed.data;
+    ctx->saved_data["weight_t_scale_inv"] = w.transposed.scale_inv;
+    // The parameter itself: its main_grad registration is keyed by this TensorImpl, which a saved
+    // variable with hooks would hand back as a copy.
+    ctx->saved_data["weight"] = weight;
     // The weight gradient's x: its transposed FP8 copy [in, tokens], or x itself.
     if (fp8_wgrad) {
-      ctx->save_for_backward({qx.transposed.data, qx.transposed.scale_inv, w.transposed.data, w.transposed.scale_inv, weight});
+      ctx->save_for_backward({qx.transposed.data, qx.transposed.scale_inv});
     } else {
-      ctx->save_for_backward({weight_grad ? x : at::Tensor(), at::Tensor(), w.transposed.data, w.transposed.scale_inv, weight});
+      ctx->save_for_backward({weight_grad ? x : at::Tensor(), at::Tensor()});
     }
     return y;
   }
@@ -42,13 +49,14 @@ struct Fp8LinearFunction : torch::autograd::Function<Fp8LinearFunction> {
     auto* layer = reinterpret_cast<Fp8Linear*>(ctx->saved_data["layer"].toInt());
     const bool input_grad = ctx->saved_data["input_grad"].toBool();
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& weight = saved[4];
+    const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const fp8::Quantized weight_t{ctx->saved_data["weight_t"].toTensor(), ctx->saved_data["weight_t_scale_inv"].toTensor()};
     const bool weight_grad = weight.requires_grad();
     const bool fp8_wgrad = weight_grad && layer->context().options().wgrad;
     const at::Tensor dy = grads[0].contiguous();  // [tokens, out]
     const fp8::Cast qdy = layer->cast_activation(dy, kGradOutput, /*rowwise=*/input_grad, /*transposed=*/fp8_wgrad);
     at::Tensor dx;
-    if (input_grad) dx = fp8::scaled_mm(qdy.rowwise, {saved[2], saved[3]}, dy.scalar_type());  // [tokens, in]
+    if (input_grad) dx = fp8::scaled_mm(qdy.rowwise, weight_t, dy.scalar_type());  // [tokens, in]
     if (!weight_grad) return {dx, at::Tensor(), at::Tensor()};
 
     const MainGradTarget* target = main_grad_target(weight);
@@ -146,16 +154,11 @@ fp8::Cast Fp8Linear::cast_activation(const at::Tensor& x, int role, bool rowwise
 fp8::Cast Fp8Linear::cast_with_tensor_scale(const at::Tensor& t, int role, bool rowwise, bool transposed) {
   const fp8::Options& o = context_->options();
   const at::ScalarType type = role == kGradOutput ? o.backward_type : o.forward_type;
-  const at::Tensor amax = fp8::amax(t);
-  at::Tensor scale;
-  if (o.recipe == Recipe::Delayed) {
-    // The scale from earlier steps; this tensor's amax joins the history for the next.
-    scale = context_->delayed().scale(columns_[role], t.device());
-    context_->delayed().record(columns_[role], amax);
-  } else {
-    scale = fp8::scale_from_amax(amax, fp8::max_finite(type));
-  }
-  return fp8::cast_tensorwise(t, scale, type, rowwise, transposed);
+  if (o.recipe != Recipe::Delayed) return fp8::cast_current_scaling(t, type, rowwise, transposed);
+  // The scale from earlier steps; this tensor's amax joins the history for the next, pooled in the cast's pass.
+  fp8::DelayedScaling& delayed = context_->delayed();
+  const at::Tensor scale = delayed.scale(columns_[role], t.device());
+  return fp8::cast_tensorwise(t, scale, type, rowwise, transposed, kernels::Impl::Auto, delayed.current_amax(columns_[role]));
 }
 
 at::Tensor Fp8Linear::forward(const at::Tensor& x, const at::Tensor& weight) {

@@ -27,14 +27,17 @@ const MainGradTarget* find_target(const at::Tensor& weight) {
 
 struct LinearAccumulatingWeightGrad : torch::autograd::Function<LinearAccumulatingWeightGrad> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
-    ctx->save_for_backward({x, weight});
+    ctx->save_for_backward({x});
+    // The parameter itself, not a saved variable: its registration is keyed by this TensorImpl,
+    // which a saved variable with hooks (--cpu-offloading) would hand back as a copy.
+    ctx->saved_data["weight"] = weight;
     return at::linear(x, weight);  // [..., out]
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];       // [..., in]
-    const at::Tensor& weight = saved[1];  // [out, in]
+    const at::Tensor weight = ctx->saved_data["weight"].toTensor();  // [out, in]
     at::Tensor dy = grads[0];             // [..., out]
     at::Tensor dx = at::matmul(dy, weight);
     at::Tensor dy2 = dy.reshape({-1, dy.size(-1)}), x2 = x.reshape({-1, x.size(-1)});

@@ -99,6 +99,9 @@ std::vector<Flag> train_flags(Config& c) {
       {"recompute-num-layers", Kind::Int, &m.recompute_num_layers, "with full: layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
       {"recompute-activations", Kind::Bool, &m.recompute_activations, "the same as --recompute-granularity selective"},
       {"recompute-modules", Kind::StringList, &m.recompute_modules, "with selective: any of core_attn, mlp (dense MLPs), moe, moe_act, shared_experts, mla_up_proj, layernorm"},
+      {"cpu-offloading", Kind::Bool, &m.cpu_offloading, "move the saved activations of the first --cpu-offloading-num-layers layers to host memory during the forward"},
+      {"cpu-offloading-num-layers", Kind::Int, &m.cpu_offloading_num_layers, "layers whose activations go to host memory (> 0 turns --cpu-offloading on)"},
+      {"min-offloaded-tensor-size", Kind::Int64, &m.min_offloaded_tensor_size, "with --cpu-offloading: tensors of fewer elements stay on the device"},
       // FP8 (src/fp8)
       {"fp8-format", Kind::String, &m.fp8, "FP8 GEMMs in the decoder layers' linear layers: e4m3, or hybrid (e5m2 output gradients)"},
       {"fp8-recipe", Kind::String, &m.fp8_recipe, "tensorwise (scales from each tensor's amax), delayed (from an amax history) or blockwise (1x128 / 128x128 tiles)"},

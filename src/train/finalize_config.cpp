@@ -65,6 +65,32 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
   }
 }
 
+// --cpu-offloading / --cpu-offloading-num-layers: Megatron's limits (fewer layers than the
+// model has, no pipeline, no recomputation) plus what this implementation cannot replay.
+void validate_cpu_offloading(Config& c) {
+  ModelConfig& m = c.model;
+  const TrainConfig& t = c.train;
+  if (m.cpu_offloading_num_layers < 0) throw UserError("--cpu-offloading-num-layers must be >= 0");
+  if (m.min_offloaded_tensor_size < 0) throw UserError("--min-offloaded-tensor-size must be >= 0 (elements)");
+  if (m.cpu_offloading_num_layers > 0) m.cpu_offloading = true;
+  if (!m.cpu_offloading) return;
+  if (m.cpu_offloading_num_layers < 1 || m.cpu_offloading_num_layers >= m.num_layers) {
+    throw UserError("--cpu-offloading needs --cpu-offloading-num-layers between 1 and --num-layers - 1 = " +
+                    std::to_string(m.num_layers - 1) + " (got " + std::to_string(m.cpu_offloading_num_layers) +
+                    "): the layers after the offloaded ones hide their activations' way back");
+  }
+  if (c.parallel.pipeline_model_parallel_size > 1) {
+    throw UserError("--cpu-offloading does not work with --pipeline-model-parallel-size > 1 (as in Megatron): several "
+                    "micro-batches' forwards would share one layer's host buffers");
+  }
+  if (!m.recompute_granularity.empty()) {
+    throw UserError("--cpu-offloading does not work with --recompute-granularity / --recompute-activations (as in Megatron)");
+  }
+  if (t.cuda_graph_impl != "none" || t.enable_cuda_graph) {
+    throw UserError("--cpu-offloading moves tensors from hooks that a captured CUDA graph does not run: drop it or --cuda-graph-impl");
+  }
+}
+
 // --multi-latent-attention and --rope-type yarn: the dimensions MLA needs, each error naming its
 // flag.
 void validate_mla_and_yarn(const ModelConfig& m, const ParallelConfig& p) {
@@ -375,6 +401,7 @@ void finalize_config(Config& c, int world_size) {
   if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
   if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
   validate_recompute(m, t);
+  validate_cpu_offloading(c);
   if (uses_yarn(m) && m.use_rope_scaling) {
     // Pai's DeepSeek-V3 script gives both; Megatron builds YaRN's rotary embedding then, which
     // has no Llama 3.1 scaling.

@@ -22,6 +22,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export_ranks.h"
 #include "checkpoint/hf_mapping.h"
+#include "core/activation_offload.h"
 #include "core/errors.h"
 #include "core/memory.h"
 #include "core/streams.h"
@@ -275,6 +276,11 @@ int Trainer::run() {
                   m.recompute_method == "uniform" ? "" : " of each model chunk");
     } else if (m.recompute_granularity == "selective") {
       std::printf("> activation recomputation: selective (core attention)\n");
+    }
+    if (m.cpu_offloading) {
+      std::printf("> activation offload: the saved activations of layers 0-%d go to host memory in the forward and come "
+                  "back in the backward%s\n",
+                  m.cpu_offloading_num_layers - 1, device_.is_cuda() ? "" : " (on the CPU they are only copied: no memory is saved)");
     }
     std::printf("> training data: %s\n", train_data_ ? train_data_->describe().c_str() : "none (--split leaves it empty)");
   }
@@ -553,6 +559,15 @@ void Trainer::report_memory() {
               "activations at peak: %.1f | micro-batches in flight at peak: %d | pipeline stage: %d\n",
               ps_.rank, static_cast<long long>(progress_.iteration), allocated_bytes(device_) / mb,
               (peak >= 0 ? peak : peak_sampled_bytes_) / mb, peak_activation_bytes_ / mb, max_in_flight_, ps_.pp.rank());
+  for (GPTModel* chunk : chunks()) {
+    if (const ActivationOffloader* offloader = chunk->activation_offloader()) {
+      const ActivationOffloader::Counts n = offloader->last_forward();
+      std::printf("[Rank %d] activations offloaded to host memory per micro-batch: %.1f MB (%lld tensors in %lld storages "
+                  "of the first %d layers)\n",
+                  ps_.rank, n.bytes / mb, static_cast<long long>(n.tensors), static_cast<long long>(n.storages),
+                  c_.model.cpu_offloading_num_layers);
+    }
+  }
   std::fflush(stdout);
 }
 

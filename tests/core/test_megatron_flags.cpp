@@ -168,7 +168,7 @@ TEST(MegatronFlags, PaddedVocabSizeAndPatchTokenizerAreChecked) {
 
 TEST(MegatronFlags, TableIsSortedAndApartFromTheImplementedFlags) {
   const auto& table = megatron_flags();
-  ASSERT_GT(table.size(), 780u);
+  ASSERT_GT(table.size(), 700u);  // shrinks as flags get implemented
   const std::string help = train_help();
   const std::string implemented = help.substr(0, help.find("\nMegatron flags accepted"));
   for (size_t i = 0; i < table.size(); ++i) {

@@ -99,10 +99,16 @@ TEST(Fp8Delayed, ScalesFollowTheAmaxHistoryAsTransformerEngine) {
   const int col = d.add(448.0);
   const at::Device cpu(at::kCPU);
   EXPECT_FLOAT_EQ(d.scale(col, cpu).item<float>(), 1.0f) << "scales start at 1";
+  // A cast with the column's scale pools max |x| into the column's current slot.
+  auto cast = [](fp8::DelayedScaling& s, int c, float amax) {
+    const at::Tensor x = at::tensor({-amax, amax / 4}).reshape({1, 2});
+    const at::Tensor scale = s.scale(c, at::kCPU);  // first: the state is made at the first use
+    fp8::cast_tensorwise(x, scale, at::kFloat8_e4m3fn, true, false, kernels::Impl::Auto, s.current_amax(c));
+  };
   std::vector<float> scales;
   for (float amax : {2.0f, 8.0f, 1.0f, 0.5f, 0.25f}) {
-    d.record(col, at::full({}, amax));
-    d.record(col, at::full({}, amax / 2));  // a second micro-batch: pooled by max
+    cast(d, col, amax);
+    cast(d, col, amax / 2);  // a second micro-batch: pooled by max
     d.update([](at::Tensor&) {});
     scales.push_back(d.scale(col, cpu).item<float>());
   }
@@ -113,8 +119,7 @@ TEST(Fp8Delayed, ScalesFollowTheAmaxHistoryAsTransformerEngine) {
 
   fp8::DelayedScaling recent(3, /*history_max=*/false, /*margin=*/2);
   const int c = recent.add(57344.0);
-  recent.scale(c, cpu);
-  recent.record(c, at::full({}, 4.0f));
+  cast(recent, c, 4.0f);
   recent.update([](at::Tensor& t) { t.mul_(2); });  // the reduction's result is what counts: amax 8
   EXPECT_FLOAT_EQ(recent.scale(c, cpu).item<float>(), 57344.0f / 4.0f / 8.0f);
   recent.update([](at::Tensor&) {});  // no amax this step: the scale stays

@@ -43,6 +43,51 @@ TEST(Fp8Cuda, CastKernelEqualsTheCompositeBitForBit) {
   }
 }
 
+// The tensorwise recipe's cast (amax kernel, scale computed in the cast) and the delayed recipe's
+// amax pooled in the cast's pass, against the ATen composite: values, scale_inv and amax bit for
+// bit, including the cases where the scale falls back to 1 (all zeros, a NaN, an amax so small
+// that fp8_max / amax overflows).
+TEST(Fp8Cuda, CurrentScalingAndPooledAmaxEqualTheCompositeBitForBit) {
+  REQUIRE_FP8_GPU();
+  at::manual_seed(2);
+  const at::TensorOptions f32 = at::TensorOptions().device(kGpu).dtype(at::kFloat);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{333, 517}, {256, 1024}, {1, 8}, {4096, 77}}) {
+          at::Tensor x = (at::randn({rows, cols}) * at::exp(at::randn({rows, cols}) * 3)).to(dtype).to(kGpu);
+          if (variant == 1) x.zero_();
+          if (variant == 2) x.view({-1})[rows * cols / 2] = NAN;
+          if (variant == 3) x = (x.to(at::kFloat) * 1e-42).to(dtype);  // denormal amax (0 in bf16)
+          const std::string what = c10::toString(dtype) + std::string(" ") + c10::toString(fp8) + " variant " +
+                                   std::to_string(variant) + " rows " + std::to_string(rows);
+          const fp8::Cast k = fp8::cast_current_scaling(x, fp8, true, true, kernels::Impl::Auto);
+          const fp8::Cast c = fp8::cast_current_scaling(x, fp8, true, true, kernels::Impl::Composite);
+          EXPECT_TRUE(at::equal(k.rowwise.data.view(at::kByte), c.rowwise.data.view(at::kByte))) << what;
+          EXPECT_TRUE(at::equal(k.transposed.data.view(at::kByte), c.transposed.data.view(at::kByte))) << what;
+          EXPECT_TRUE(at::equal(k.rowwise.scale_inv, c.rowwise.scale_inv)) << what << ": " << k.rowwise.scale_inv.item<float>()
+                                                                           << " vs " << c.rowwise.scale_inv.item<float>();
+          const fp8::Cast rows_only = fp8::cast_current_scaling(x, fp8, true, false, kernels::Impl::Auto);
+          EXPECT_TRUE(at::equal(rows_only.rowwise.data.view(at::kByte), c.rowwise.data.view(at::kByte))) << what;
+
+          // Pooled: a slot already holding 0.5 ends at max(0.5, max |x|) on both paths (NaN wins).
+          const at::Tensor scale = at::full({}, 2.5f, f32);
+          at::Tensor pooled_kernel = at::full({}, 0.5f, f32), pooled_composite = at::full({}, 0.5f, f32);
+          for (bool transposed : {false, true}) {
+            const fp8::Cast pk = fp8::cast_tensorwise(x, scale, fp8, true, transposed, kernels::Impl::Auto, pooled_kernel);
+            const fp8::Cast pc = fp8::cast_tensorwise(x, scale, fp8, true, transposed, kernels::Impl::Composite, pooled_composite);
+            EXPECT_TRUE(at::equal(pk.rowwise.data.view(at::kByte), pc.rowwise.data.view(at::kByte))) << what;
+            EXPECT_TRUE(at::equal(pk.rowwise.scale_inv, pc.rowwise.scale_inv)) << what;
+          }
+          EXPECT_TRUE(at::equal(pooled_kernel, pooled_composite) ||
+                      (pooled_kernel.isnan().item<bool>() && pooled_composite.isnan().item<bool>()))
+              << what << ": " << pooled_kernel.item<float>() << " vs " << pooled_composite.item<float>();
+        }
+      }
+    }
+  }
+}
+
 TEST(Fp8Cuda, GemmsOfEveryRecipeEqualTheGemmOfTheDequantizedOperands) {
   REQUIRE_FP8_GPU();
   at::manual_seed(1);
