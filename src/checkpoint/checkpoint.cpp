@@ -18,6 +18,7 @@
 #include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/json_text.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
 
@@ -442,7 +443,9 @@ nlohmann::json read_checkpoint_state(const std::string& dir) {
   }
   nlohmann::json state;
   try {
-    state = nlohmann::json::parse(read_file(dir + "/state.json"));
+    const std::string text = read_file(dir + "/state.json");
+    check_json_depth(text, dir + "/state.json");
+    state = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(dir + "/state.json is corrupt: " + e.what());
   }

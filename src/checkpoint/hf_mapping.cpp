@@ -13,6 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/json_text.h"
 #include "model/gpt_model.h"
 #include "model/family.h"
 #include "model/parameter_names.h"
@@ -24,7 +25,9 @@ namespace {
 
 nlohmann::json read_json(const std::string& path) {
   try {
-    return nlohmann::json::parse(read_file(path));
+    const std::string text = read_file(path);
+    check_json_depth(text, path);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path + ": invalid JSON: " + e.what());
   }

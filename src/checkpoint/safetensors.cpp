@@ -15,6 +15,7 @@
 
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/json_text.h"
 
 namespace megatron {
 namespace {
@@ -151,6 +152,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     for (int i = 0; i < 8; ++i) n |= uint64_t(bytes[i]) << (8 * i);
     if (n > size_ - 8) throw fail("header length " + std::to_string(n) + " exceeds the file size");
     data_start_ = 8 + n;
+    check_json_depth(std::string_view(reinterpret_cast<const char*>(bytes + 8), n), path + " (safetensors header)");
     nlohmann::json header;
     try {
       header = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + n));
@@ -159,8 +161,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     }
     if (!header.is_object()) throw fail("header is not a JSON object");
     std::vector<std::pair<size_t, size_t>> ranges;
+    const size_t data_size = size_ - data_start_;
     for (auto it = header.begin(); it != header.end(); ++it) {
       if (it.key() == "__metadata__") {
+        if (!it.value().is_object()) throw fail("__metadata__ is not an object");
         for (auto m = it.value().begin(); m != it.value().end(); ++m) {
           if (!m.value().is_string()) throw fail("metadata values must be strings");
           metadata_[m.key()] = m.value().get<std::string>();
@@ -168,37 +172,53 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         continue;
       }
       const auto& v = it.value();
+      const std::string tensor = "tensor '" + it.key() + "'";
       if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
         throw fail("entry '" + it.key() + "' lacks dtype, shape or data_offsets");
       }
+      if (!v["dtype"].is_string()) throw fail(tensor + ": dtype is not a string");
+      if (!v["shape"].is_array()) throw fail(tensor + ": shape is not a list");
+      if (!v["data_offsets"].is_array() || v["data_offsets"].size() != 2) throw fail(tensor + ": data_offsets is not a list of two");
       Info info{};
       const std::string dt = v["dtype"].get<std::string>();
       auto found = std::find_if(dtype_names().begin(), dtype_names().end(), [&](const auto& p) { return p.first == dt; });
-      if (found == dtype_names().end()) throw fail("tensor '" + it.key() + "' has unsupported dtype " + dt);
+      if (found == dtype_names().end()) throw fail(tensor + " has unsupported dtype " + dt);
       info.dtype = found->second;
-      info.shape = v["shape"].get<std::vector<int64_t>>();
-      auto offsets = v["data_offsets"].get<std::vector<size_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1]) throw fail("tensor '" + it.key() + "' has bad data_offsets");
-      info.begin = offsets[0];
-      info.end = offsets[1];
-      int64_t numel = 1;
-      for (int64_t d : info.shape) {
-        if (d < 0) throw fail("tensor '" + it.key() + "' has a negative dimension");
-        numel *= d;
+      // Sizes in checked arithmetic: no product or sum may wrap around.
+      uint64_t bytes = c10::elementSize(info.dtype);
+      for (const auto& d : v["shape"]) {
+        if (!d.is_number_unsigned()) throw fail(tensor + ": dimensions must be non-negative integers, got " + d.dump());
+        const uint64_t dim = d.get<uint64_t>();
+        if (dim > uint64_t(INT64_MAX) || (dim != 0 && bytes > uint64_t(INT64_MAX) / dim)) throw fail(tensor + ": shape too large");
+        bytes *= dim;
+        info.shape.push_back(int64_t(dim));
       }
-      if (info.end - info.begin != size_t(numel) * c10::elementSize(info.dtype)) {
-        throw fail("tensor '" + it.key() + "' byte range does not match its shape and dtype");
+      for (const auto& o : v["data_offsets"]) {
+        if (!o.is_number_unsigned()) throw fail(tensor + ": data_offsets must be non-negative integers, got " + o.dump());
       }
-      if (data_start_ + info.end > size_) {
-        throw fail("tensor '" + it.key() + "' ends at byte " + std::to_string(data_start_ + info.end) + " but the file has " +
-                   std::to_string(size_));
+      const uint64_t begin = v["data_offsets"][0].get<uint64_t>(), end = v["data_offsets"][1].get<uint64_t>();
+      if (begin > end || end > data_size) {
+        throw fail(tensor + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] outside the " +
+                   std::to_string(data_size) + " bytes of data");
       }
+      if (end - begin != bytes) throw fail(tensor + " byte range does not match its shape and dtype");
+      info.begin = begin;
+      info.end = end;
       ranges.emplace_back(info.begin, info.end);
       infos_[it.key()] = info;
     }
+    // As the safetensors library requires: the tensors cover the data section exactly, back to
+    // back, with no overlap, gap or trailing bytes (a header length off by one would otherwise
+    // read every tensor shifted).
     std::sort(ranges.begin(), ranges.end());
-    for (size_t i = 1; i < ranges.size(); ++i) {
-      if (ranges[i].first < ranges[i - 1].second) throw fail("tensor byte ranges overlap");
+    size_t covered = 0;
+    for (const auto& [begin, end] : ranges) {
+      if (begin < covered) throw fail("tensor byte ranges overlap");
+      if (begin > covered) throw fail("bytes " + std::to_string(covered) + " to " + std::to_string(begin) + " of the data belong to no tensor");
+      covered = end;
+    }
+    if (covered != data_size) {
+      throw fail(std::to_string(data_size - covered) + " bytes after the last tensor belong to no tensor (the header length may be wrong)");
     }
     // File order = order of the data, which is what writers and readers expect to iterate.
     std::vector<std::pair<size_t, std::string>> by_offset;

@@ -24,6 +24,7 @@
 #include "core/config_json.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/json_text.h"
 #include "model/gpt_model.h"
 #include "pipeline/layout.h"
 #include "tensor_parallel/sharding.h"
@@ -222,7 +223,11 @@ void native_to_hf(const std::string& load, const std::string& save, int64_t max_
   int64_t hf_vocab = m.hf_vocab_size > 0 ? m.hf_vocab_size : m.vocab_size;
   if (fs::exists(dir + "/hf_config.json")) {
     options.config_json = dir + "/hf_config.json";
-    hf_vocab = nlohmann::json::parse(read_file(options.config_json)).at("vocab_size").get<int64_t>();
+    const nlohmann::json hf_config = parse_json_file(options.config_json);
+    if (!hf_config.is_object() || !hf_config.contains("vocab_size") || !hf_config["vocab_size"].is_number_integer()) {
+      throw UserError(options.config_json + ": no integer vocab_size (the HF config the checkpoint was converted from)");
+    }
+    hf_vocab = hf_config["vocab_size"].get<int64_t>();
   }
   const nlohmann::json tokenizer = state.value("tokenizer", nlohmann::json::object());
   const std::string tokenizer_model = tokenizer.value("tokenizer_model", std::string());

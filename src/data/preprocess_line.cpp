@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "core/json_text.h"
 #include "data/preprocess.h"
 
 namespace megatron {
@@ -79,9 +80,12 @@ const char* json_type_name(const nlohmann::json& v) {
 std::string parse_jsonl_object(std::string_view line, nlohmann::json* doc) {
   if (std::string why = utf8_error(line); !why.empty()) return why;
   try {
+    check_json_depth(line, "the line");
     *doc = nlohmann::json::parse(line.begin(), line.end());
   } catch (const nlohmann::json::parse_error& e) {
     return "invalid JSON: " + parse_error_text(e.what());
+  } catch (const UserError&) {
+    return "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
   }
   if (!doc->is_object()) return std::string("not a JSON object but ") + json_type_name(*doc);
   return "";

@@ -24,8 +24,9 @@ int parse_int_flag(const std::string& flag, const std::string& value) {
 double parse_seconds_flag(const std::string& flag, const std::string& value) {
   char* end = nullptr;
   const double v = std::strtod(value.c_str(), &end);
-  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(v) || v < 0) {
-    throw UserError(flag + " expects a number of seconds >= 0, got '" + value + "'");
+  // At most a day: beyond that the seconds overflow the clocks they become (1e12 once SIGKILLed at once).
+  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(v) || v < 0 || v > 86400) {
+    throw UserError(flag + " expects a number of seconds from 0 to 86400, got '" + value + "'");
   }
   return v;
 }

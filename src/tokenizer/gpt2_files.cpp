@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
+#include "core/json_text.h"
 #include "tokenizer/hf_tokenizer.h"
 
 namespace megatron::tok {
@@ -35,6 +36,7 @@ std::unique_ptr<HfTokenizer> load_gpt2_files(const std::string& vocab_file,
   const std::string merges_text = read_flag_file(merge_file, "--merge-file");
 
   std::vector<std::pair<std::string, int64_t>> vocab;
+  check_json_depth(vocab_text, "--vocab-file " + vocab_file);
   try {
     nlohmann::json j = nlohmann::json::parse(vocab_text);
     if (!j.is_object()) throw UserError("not a JSON object");

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
+#include "core/json_text.h"
 #include "tokenizer/hf_tokenizer.h"
 
 namespace megatron::tok {
@@ -38,7 +39,9 @@ std::string read_whole(const std::string& path) {
 
 json parse_json(const std::string& path, const std::string& what) {
   try {
-    return json::parse(read_whole(path));
+    const std::string text = read_whole(path);
+    check_json_depth(text, path);
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     throw UserError(path + ": not valid JSON (" + e.what() + "); expected " + what +
                     ". Re-download or re-save the tokenizer (e.g. AutoTokenizer.save_pretrained)");

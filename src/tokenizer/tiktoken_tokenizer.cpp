@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/json_text.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/flat_map.h"
 #include "tokenizer/regex.h"
@@ -224,7 +225,9 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, const TikToken
   }
   nlohmann::json vocab;
   try {
-    vocab = nlohmann::json::parse(read_file(path));
+    const std::string text = read_file(path);
+    check_json_depth(text, "--tokenizer-model " + path);
+    vocab = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UserError("--tokenizer-model " + path + ": not valid JSON (" + e.what() + "); TikTokenizer reads Megatron's tiktoken "
                     "vocabulary, a .json list of {\"rank\", \"token_bytes\", \"token_str\"}");

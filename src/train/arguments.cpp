@@ -328,6 +328,10 @@ T parse_number(const std::string& where, const std::string& text) {
     throw UserError(where + ": expected " + (std::is_floating_point_v<T> ? "a number" : "an integer") +
                     ", got '" + text + "'");
   }
+  if constexpr (std::is_floating_point_v<T>) {
+    // No flag takes NaN or infinity: a NaN passes every range check after it (comparisons are false).
+    if (!std::isfinite(value)) throw UserError(where + ": expected a finite number, got '" + text + "'");
+  }
   return value;
 }
 

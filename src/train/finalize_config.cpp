@@ -293,6 +293,12 @@ void finalize_config(Config& c, int world_size) {
                          {"attention-dropout", m.attention_dropout}}) {
     if (v < 0.0 || v >= 1.0) throw UserError(std::string("--") + flag + " must be in [0, 1)");
   }
+  // Values that train with every step NaN (a zero or negative epsilon or base) rather than fail.
+  if (!(m.norm_epsilon > 0.0)) throw UserError("--norm-epsilon must be > 0 (got " + std::to_string(m.norm_epsilon) + ")");
+  if (m.position_embedding_type == "rope" && !(m.rotary_base > 0.0)) {
+    throw UserError("--rotary-base must be > 0 (got " + std::to_string(m.rotary_base) + ")");
+  }
+  if (m.init_method_std < 0.0) throw UserError("--init-method-std must be >= 0");
 
   // Data and vocabulary.
   if (d.mock_data && !d.data_path.empty()) {
@@ -398,7 +404,10 @@ void finalize_config(Config& c, int world_size) {
   if (!p.distributed_backend.empty() && p.distributed_backend != "nccl" && p.distributed_backend != "gloo") {
     throw UserError("--distributed-backend must be nccl or gloo (got '" + p.distributed_backend + "')");
   }
-  if (p.distributed_timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
+  // Positive, and small enough that the seconds fit every clock it is turned into (a year).
+  if (!(p.distributed_timeout_minutes > 0) || p.distributed_timeout_minutes > 525600) {
+    throw UserError("--distributed-timeout-minutes must be positive and at most 525600 (a year)");
+  }
   if (p.ddp_bucket_size < 0) throw UserError("--ddp-bucket-size must be >= 0");
   validate_recompute(m, t);
   validate_cpu_offloading(c);
@@ -412,6 +421,7 @@ void finalize_config(Config& c, int world_size) {
   finalize_precision(c);
 
   // Batches.
+  if (t.global_batch_size < 0) throw UserError("--global-batch-size must be positive (or left out: micro-batch x data-parallel size)");
   const int64_t per_step = int64_t(t.micro_batch_size) * p.data_parallel_size;
   if (t.global_batch_size == 0) t.global_batch_size = static_cast<int>(per_step);
   if (t.global_batch_size % per_step != 0) {
@@ -470,6 +480,8 @@ void finalize_config(Config& c, int world_size) {
   if (t.adam_beta1 < 0 || t.adam_beta1 >= 1 || t.adam_beta2 < 0 || t.adam_beta2 >= 1) {
     throw UserError("--adam-beta1 and --adam-beta2 must be in [0, 1)");
   }
+  if (!(t.adam_eps > 0.0)) throw UserError("--adam-eps must be > 0");
+  if (t.weight_decay < 0.0) throw UserError("--weight-decay must be >= 0");
 
   // Logging and checkpoints.
   if (t.log_interval <= 0) throw UserError("--log-interval must be positive");
