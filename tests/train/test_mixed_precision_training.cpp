@@ -301,7 +301,8 @@ TEST(MixedPrecisionFlags, AreCheckedByName) {
   };
   EXPECT_NE(error({"--fp16", "--bf16"}).find("--fp16 and --bf16 exclude each other"), std::string::npos);
   EXPECT_NE(error({"--fp16", "--hysteresis", "0"}).find("--hysteresis must be a positive count"), std::string::npos);
-  EXPECT_NE(error({"--fp16", "--loss-scale", "nan"}).find("--loss-scale must be a positive number"), std::string::npos);
+  EXPECT_NE(error({"--fp16", "--loss-scale", "nan"}).find("--loss-scale: expected a finite number"), std::string::npos);
+  EXPECT_NE(error({"--fp16", "--loss-scale", "-2"}).find("--loss-scale must be a positive number"), std::string::npos);
   EXPECT_NE(error({"--fp16", "--min-loss-scale", "8", "--initial-loss-scale", "4"}).find("--min-loss-scale 8"), std::string::npos);
   EXPECT_NE(error({"--bf16", "--use-precision-aware-optimizer", "--exp-avg-sq-dtype", "fp8"})
                 .find("--exp-avg-sq-dtype fp8 is not implemented yet"),
