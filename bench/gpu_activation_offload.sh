@@ -7,10 +7,8 @@
 set -uo pipefail
 bin=$1
 iters=${BENCH_ITERS:-20}
-shape=(--config examples/llama-1.1b-bench.yaml --num-layers 28 --hidden-size 2048 --ffn-hidden-size 6144
-       --num-attention-heads 16 --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096
-       --vocab-size 151935 --micro-batch-size 1 --global-batch-size 1 --mock-data --device cuda
-       --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16)
+source "$(dirname "$0")/lib.sh"
+shape=("${qwen3_2b[@]}" --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16)
 printf '| offloaded layers | tokens/s | vs none | peak allocated (GiB) | moved per micro-batch |\n|---|---|---|---|---|\n'
 base=0
 for n in 0 7 14 27; do

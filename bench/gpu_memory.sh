@@ -9,9 +9,8 @@
 set -uo pipefail
 bin=$1; py=$2; baseline=$3
 iters=${BENCH_ITERS:-20}
-shape=(--config examples/llama-1.1b-bench.yaml --num-layers 28 --hidden-size 2048 --ffn-hidden-size 6144
-       --num-attention-heads 16 --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096
-       --vocab-size 151935 --micro-batch-size 1 --global-batch-size 1 --mock-data --device cuda)
+source "$(dirname "$0")/lib.sh"
+shape=("${qwen3_2b[@]}")
 ours() {  # name flags... -> "tokens/s peak-GiB"
   local name=$1; shift
   "$bin" train "${shape[@]}" --train-iters "$iters" --log-interval 10 "$@" > "/tmp/$name.log" 2>&1 \
@@ -29,11 +28,9 @@ default=$(ours default)
 state=(--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16)
 low=$(ours bf16_state "${state[@]}")
 # The same with activations traded for time: the dense MLPs recomputed in the backward (and the
-# norms too), or 14 of the 28 layers' activations sent to host memory (--cpu-offloading).
+# norms too). Sending activations to host memory instead: bench/gpu_activation_offload.sh.
 mlp=$(ours bf16_state_mlp "${state[@]}" --recompute-granularity selective --recompute-modules mlp)
 mlp_norm=$(ours bf16_state_mlp_norm "${state[@]}" --recompute-granularity selective --recompute-modules mlp layernorm)
-offload=$(ours bf16_state_offload "${state[@]}" --cpu-offloading-num-layers 14)
-grep -h "activations offloaded" /tmp/bf16_state_offload.log >&2
 eager=$(hf); compiled=$(hf --compile)
 echo "$eager"; echo "$compiled"
 hf_tok() { sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<< "$1"; }
@@ -46,6 +43,5 @@ row "megatron.cpp (fp32 masters, moments, gradients)" $default
 row "megatron.cpp, bf16 moments and gradients (precision-aware)" $low
 row "the same, --recompute-modules mlp" $mlp
 row "the same, --recompute-modules mlp layernorm" $mlp_norm
-row "the same, --cpu-offloading-num-layers 14" $offload
 row "HF eager" "$(hf_tok "$eager")" "$(hf_mem "$eager")"
 row "HF torch.compile" "$ctok" "$cmem"

@@ -1,4 +1,10 @@
 # Shared by the GPU benchmark scripts (sourced; the run helpers expect $bin, $work and $status set).
+# Issue #24's 2B Qwen3-sized Llama shape (hidden 2048, 28 layers, 16 heads / 8 query groups, head
+# dim 128, ffn 6144, vocab 151936 untied, seq 4096, micro-batch 1): bench/gpu_memory.sh and
+# bench/gpu_activation_offload.sh.
+qwen3_2b=(--config examples/llama-1.1b-bench.yaml --num-layers 28 --hidden-size 2048 --ffn-hidden-size 6144
+          --num-attention-heads 16 --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096
+          --vocab-size 151935 --micro-batch-size 1 --global-batch-size 1 --mock-data --device cuda)
 # The small Llama-shaped model of the NCCL equivalence checks.
 small=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 4
        --ffn-hidden-size 1408 --swiglu --normalization RMSNorm --position-embedding-type rope --seq-length 512

@@ -21,23 +21,10 @@
 
 namespace megatron {
 namespace fs = std::filesystem;
-namespace {
-
-nlohmann::json read_json(const std::string& path) {
-  try {
-    const std::string text = read_file(path);
-    check_json_depth(text, path);
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(path + ": invalid JSON: " + e.what());
-  }
-}
-
-}  // namespace
 
 ModelConfig model_config_from_hf(const std::string& dir, const ModelFamily* family) {
   const std::string path = dir + "/config.json";
-  const nlohmann::json j = read_json(path);
+  const nlohmann::json j = parse_json_file(path);
   const std::string type = j.value("model_type", "");
   if (family != nullptr && std::find(family->hf_model_types.begin(), family->hf_model_types.end(), type) ==
                                family->hf_model_types.end()) {
@@ -54,7 +41,7 @@ HfCheckpointReader::HfCheckpointReader(const std::string& dir) : dir_(dir) {
   std::vector<std::string> files;
   if (fs::exists(index)) {
     std::set<std::string> unique;
-    for (auto& [name, file] : read_json(index).at("weight_map").items()) unique.insert(file.get<std::string>());
+    for (auto& [name, file] : parse_json_file(index).at("weight_map").items()) unique.insert(file.get<std::string>());
     files.assign(unique.begin(), unique.end());
   } else if (fs::exists(dir + "/model.safetensors")) {
     files.push_back("model.safetensors");
@@ -67,7 +54,7 @@ HfCheckpointReader::HfCheckpointReader(const std::string& dir) : dir_(dir) {
   }
   const std::string config = dir + "/config.json";
   if (fs::exists(config)) {
-    const nlohmann::json j = read_json(config);
+    const nlohmann::json j = parse_json_file(config);
     if (j.contains("quantization_config") && j["quantization_config"].contains("weight_block_size")) {
       const nlohmann::json& block = j["quantization_config"]["weight_block_size"];
       if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() || !block[1].is_number_integer() ||

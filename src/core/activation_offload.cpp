@@ -24,7 +24,7 @@ struct ActivationOffloader::Group {
   at::Device device = at::kCPU;
   std::vector<Stored> stored;
   std::unordered_map<const void*, size_t> position;  // StorageImpl address -> index into stored
-  std::optional<c10::Stream> to_host_stream, to_device_stream;
+  std::optional<c10::Stream> to_host_stream, to_device_stream;  // the offloader's (CUDA)
   std::optional<c10::Event> copied;    // the copies to the host (CUDA)
   std::optional<c10::Event> returned;  // the copies back (CUDA)
   bool released = false, reload_queued = false, waited = false;
@@ -172,6 +172,10 @@ const bool engine_installed = [] {
 ActivationOffloader::ActivationOffloader(int64_t num_layers, const at::Device& device, int64_t min_elements)
     : num_layers_(num_layers), device_(device), min_elements_(min_elements) {
   TORCH_CHECK(engine_installed, "the offloading autograd engine is not installed");
+  if (device_.is_cuda()) {
+    to_host_stream_ = pooled_stream(device_, /*high_priority=*/false);
+    to_device_stream_ = pooled_stream(device_, /*high_priority=*/false);
+  }
 }
 
 ActivationOffloader::~ActivationOffloader() = default;
@@ -190,12 +194,8 @@ ActivationOffloader::Scope ActivationOffloader::scope(int64_t layer) {
   open_ = std::make_shared<Group>();
   open_->owner = this;
   open_->device = device_;
-  if (device_.is_cuda()) {
-    // One pair of streams for all groups: the copies to the host queue behind each other, as do
-    // the copies back, and the two directions overlap.
-    open_->to_host_stream = pooled_stream(device_, /*high_priority=*/false);
-    open_->to_device_stream = pooled_stream(device_, /*high_priority=*/false);
-  }
+  open_->to_host_stream = to_host_stream_;
+  open_->to_device_stream = to_device_stream_;
   s.previous_ = tls_group;
   s.active_ = true;
   tls_group = open_;
@@ -211,11 +211,10 @@ void ActivationOffloader::release(Group& group) {
 
 void ActivationOffloader::after_layer(int64_t layer, const at::Tensor& output) {
   // The group before this layer's: its copies were queued a layer ago.
-  for (const std::shared_ptr<Group>& g : in_flight_) release(*g);
-  in_flight_.clear();
-  if (last_closed_ && output.defined() && output.requires_grad()) {
+  if (previous_) release(*previous_);
+  if (previous_ && output.defined() && output.requires_grad()) {
     // This layer's backward begins when the gradient reaches its output: the group before it comes back meanwhile.
-    std::weak_ptr<Group> weak = last_closed_;
+    std::weak_ptr<Group> weak = previous_;
     output.register_hook([weak](const at::Tensor&) {
       if (const std::shared_ptr<Group> g = weak.lock()) {
         std::lock_guard<std::mutex> lock(g->mutex);
@@ -223,17 +222,15 @@ void ActivationOffloader::after_layer(int64_t layer, const at::Tensor& output) {
       }
     });
   }
-  last_closed_.reset();
+  previous_.reset();
   if (!offloads(layer) || !open_) return;
   open_->queue_copies_to_host();
-  if (!open_->released) in_flight_.push_back(open_);
-  last_closed_ = std::move(open_);
+  previous_ = std::move(open_);
 }
 
 void ActivationOffloader::finish_forward() {
-  for (const std::shared_ptr<Group>& g : in_flight_) release(*g);
-  in_flight_.clear();
-  last_closed_.reset();
+  if (previous_) release(*previous_);
+  previous_.reset();
   open_.reset();
   last_counts_ = counts_;
   counts_ = {};

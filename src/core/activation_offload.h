@@ -26,10 +26,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/Stream.h>
+
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_set>
-#include <vector>
 
 namespace megatron {
 
@@ -86,10 +88,14 @@ class ActivationOffloader {
   int64_t num_layers_;
   at::Device device_;
   int64_t min_elements_;
-  std::unordered_set<const void*> kept_;            // StorageImpl addresses
-  std::shared_ptr<Group> open_;                     // the group whose scope is open
-  std::vector<std::shared_ptr<Group>> in_flight_;   // copies queued, device storages still held
-  std::shared_ptr<Group> last_closed_;              // reloaded when the next layer's backward begins
+  // CUDA: one stream for every copy to the host and one for every copy back, so each direction's
+  // copies queue behind each other and the two directions overlap.
+  std::optional<c10::Stream> to_host_stream_, to_device_stream_;
+  std::unordered_set<const void*> kept_;  // StorageImpl addresses
+  std::shared_ptr<Group> open_;           // the group whose scope is open
+  // The group closed after the previous layer: its device storages go once the next layer has run,
+  // and it comes back when that layer's backward begins.
+  std::shared_ptr<Group> previous_;
   Counts counts_, last_counts_;
 };
 

@@ -85,6 +85,11 @@ uint64_t parameter_seed(uint64_t seed, const std::string& name) {
   return z ^ (z >> 31);
 }
 
+// --cpu-offloading applies to this forward: a training forward that builds a graph.
+bool offloads_activations(const GPTModel& model) {
+  return model.config().cpu_offloading && model.is_training() && at::GradMode::is_enabled();
+}
+
 }  // namespace
 
 void initialize_chunks(const std::vector<GPTModel*>& chunks, uint64_t seed) {
@@ -167,7 +172,7 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
   }
   std::optional<RopeTables> gathered;
   const RopeTables* tables = tables_for(tokens, position_ids, gathered);
-  const bool offloading = config_.cpu_offloading && is_training() && at::GradMode::is_enabled();
+  const bool offloading = offloads_activations(*this);
   if (offloading) {
     if (!offloader_) offloader_ = std::make_shared<ActivationOffloader>(config_.cpu_offloading_num_layers, hidden.device(),
                                                                      config_.min_offloaded_tensor_size);
@@ -232,7 +237,7 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
 
 ResidualStream GPTModel::run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,
                                     const at::Tensor& attention_mask) {
-  const bool offloading = offloader_ && config_.cpu_offloading && is_training() && at::GradMode::is_enabled();
+  const bool offloading = offloader_ && offloads_activations(*this);
   for (size_t l = first; l < first + count; ++l) {
     if (before_use) before_use(layers[l]->parameters());
     if (!offloading) {

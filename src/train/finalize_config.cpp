@@ -19,6 +19,9 @@
 namespace megatron {
 namespace {
 
+// The step is captured as a CUDA graph (--cuda-graph-impl, or Megatron's older --enable-cuda-graph).
+bool captures_cuda_graph(const TrainConfig& t) { return t.cuda_graph_impl != "none" || t.enable_cuda_graph; }
+
 // --recompute-*: Megatron's combinations (full needs a method and a layer count; selective
 // takes neither), named in each error.
 void validate_recompute(ModelConfig& m, const TrainConfig& t) {
@@ -54,12 +57,12 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
     }
   }
   if ((m.selectively_recomputes("layernorm") || m.selectively_recomputes("moe_act")) &&
-      (t.cuda_graph_impl != "none" || t.enable_cuda_graph)) {
+      captures_cuda_graph(t)) {
     // Their memory comes back through a backward hook, which a replayed graph does not run.
     throw UserError("--recompute-modules layernorm / moe_act free outputs until a backward hook brings them back, which a "
                     "captured CUDA graph cannot replay: drop them or --cuda-graph-impl");
   }
-  if (!g.empty() && (t.cuda_graph_impl != "none" || t.enable_cuda_graph) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
+  if (!g.empty() && captures_cuda_graph(t) && (m.hidden_dropout > 0 || m.attention_dropout > 0)) {
     throw UserError("--recompute-granularity with dropout replays the generators' states, which a captured CUDA graph "
                     "cannot: set --hidden-dropout 0 --attention-dropout 0, or drop --cuda-graph-impl");
   }
@@ -86,7 +89,7 @@ void validate_cpu_offloading(Config& c) {
   if (!m.recompute_granularity.empty()) {
     throw UserError("--cpu-offloading does not work with --recompute-granularity / --recompute-activations (as in Megatron)");
   }
-  if (t.cuda_graph_impl != "none" || t.enable_cuda_graph) {
+  if (captures_cuda_graph(t)) {
     throw UserError("--cpu-offloading moves tensors from hooks that a captured CUDA graph does not run: drop it or --cuda-graph-impl");
   }
 }
@@ -445,7 +448,7 @@ void finalize_config(Config& c, int world_size) {
       throw UserError("--step-batch-size-schedule needs sample-based training (--train-samples and --lr-*-samples): counted "
                       "in iterations, the learning rate would assume --micro-batch-size x data-parallel samples per step");
     }
-    if (t.cuda_graph_impl != "none" || t.enable_cuda_graph) {
+    if (captures_cuda_graph(t)) {
       throw UserError("--step-batch-size-schedule changes the number of micro-batches, which a captured CUDA graph cannot: "
                       "drop --cuda-graph-impl");
     }
