@@ -287,6 +287,9 @@ struct TrainConfig {
   double decoupled_lr = -1.0;
   double decoupled_min_lr = -1.0;
   // Megatron's optional TensorBoard series and log-line fields.
+  // --no-check-for-nan-in-loss-and-grad turns it off: a step whose loss or gradient norm is not
+  // finite is then skipped and counted instead of stopping the run (train/divergence_check.h).
+  bool check_for_nan_in_loss_and_grad = true;
   bool log_params_norm = false;       // "params norm" (after each step)
   bool log_num_zeros_in_grad = false; // "num zeros" of the reduced gradients
   bool log_timers_to_tensorboard = false;           // iteration-time, throughput

@@ -232,6 +232,8 @@ std::vector<Flag> train_flags(Config& c) {
       {"seed", Kind::Int64, &t.seed, "random seed"},
       {"log-interval", Kind::Int64, &t.log_interval, "iterations between log lines"},
       {"log-throughput", Kind::Bool, &t.log_throughput, "Megatron's TFLOP/s field in the log line (tokens/s and MFU are always at its end)"},
+      {"no-check-for-nan-in-loss-and-grad", Kind::NegatedBool, &t.check_for_nan_in_loss_and_grad,
+       "skip and count steps whose loss or gradient norm is not finite instead of stopping the run there"},
       {"log-params-norm", Kind::Bool, &t.log_params_norm, "the parameters' L2 norm in the log line and TensorBoard (params-norm)"},
       {"log-num-zeros-in-grad", Kind::Bool, &t.log_num_zeros_in_grad, "the count of zero gradient elements in the log line and TensorBoard (num-zeros)"},
       {"log-timers-to-tensorboard", Kind::Bool, &t.log_timers_to_tensorboard, "TensorBoard: iteration-time (s) and, with --log-throughput, throughput (TFLOP/s/GPU)"},

@@ -501,7 +501,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"no-align-param-gather", Arity::None, "true", "false", Fate::Ignored, kCommunication, Origin::MegatronLm},
     {"no-barrier-with-level-1-timing", Arity::None, "true", "false", Fate::Ignored, kLogging, Origin::MegatronLm},
     {"no-bias-gelu-fusion", Arity::None, "true", "false", Fate::Ignored, kKernel, Origin::MegatronLm},
-    {"no-check-for-nan-in-loss-and-grad", Arity::None, "true", "false", Fate::NotYet, nullptr, Origin::MegatronLm},
     {"no-ckpt-fully-parallel-save", Arity::None, "true", "false", Fate::Ignored, kCheckpointFormat, Origin::MegatronLm},
     {"no-ckpt-load-validate-sharding-integrity", Arity::None, "true", "false", Fate::Ignored, kCheckpointFormat, Origin::MegatronLm},
     {"no-clone-scatter-output-in-embedding", Arity::None, "true", "false", Fate::Ignored, kCommunication, Origin::MegatronLm},

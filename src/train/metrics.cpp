@@ -10,6 +10,19 @@
 #include "train/log_line.h"
 
 namespace megatron {
+namespace {
+
+// %.17g (exact), and for values JSON has no number for, the tokens Python's json module writes
+// and reads (NaN, Infinity), which %g would print as nan / inf.
+std::string json_number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", v);
+  return text;
+}
+
+}  // namespace
 
 TrainingMetrics::TrainingMetrics(const Config& config, const dist::ParallelState& ps, const at::Device& device,
                                  double flops_per_token, std::vector<std::string> loss_terms)
@@ -64,13 +77,12 @@ void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int
     if (!loss_terms_.empty()) {
       const at::Tensor values = terms.to(at::kCPU, at::kDouble);
       for (size_t i = 0; i < loss_terms_.size(); ++i) {
-        char item[128];
-        std::snprintf(item, sizeof(item), ", \"%s\": %.17g", loss_terms_[i].c_str(), values[int64_t(i)].item<double>());
-        terms_json += item;
+        terms_json += ", \"" + loss_terms_[i] + "\": " + json_number(values[int64_t(i)].item<double>());
       }
     }
-    std::fprintf(jsonl_, "{\"iteration\": %lld, \"lm_loss\": %.17g%s, \"grad_norm\": %.17g, \"lr\": %.17g, \"lm_loss_hex\": \"%a\"}\n",
-                 static_cast<long long>(iteration), loss_value, terms_json.c_str(), norm, lr, loss_value);
+    std::fprintf(jsonl_, "{\"iteration\": %lld, \"lm_loss\": %s%s, \"grad_norm\": %s, \"lr\": %.17g, \"lm_loss_hex\": \"%a\"}\n",
+                 static_cast<long long>(iteration), json_number(loss_value).c_str(), terms_json.c_str(), json_number(norm).c_str(), lr,
+                 loss_value);
     std::fflush(jsonl_);
   }
 }
@@ -78,6 +90,7 @@ void TrainingMetrics::add_step(int64_t iteration, double lr, double next_lr, int
 void TrainingMetrics::settle(TrainingProgress& progress) {
   const StepStatistics::Totals t = statistics_.take();
   interval_loss_ += t.applied_loss_sum;
+  interval_all_loss_ += t.loss_sum;
   interval_iterations_ += t.iterations;
   interval_skipped_ += t.skipped;
   interval_nan_ += t.nan;
@@ -115,7 +128,9 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr, 
   l.global_batch_size = last_global_batch_;
   // Averaged over the applied iterations, as Megatron's "advanced iterations".
   const int64_t counted = interval_iterations_ - interval_skipped_;
-  l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : 0.0;
+  // With every iteration of the interval skipped, the mean of their losses (NaN if one was)
+  // rather than Megatron's 0 over none: a diverged run never reads as a loss of 0.
+  l.lm_loss = counted > 0 ? interval_loss_ / double(counted) : interval_all_loss_ / double(std::max<int64_t>(1, interval_iterations_));
   if (last_step_.loss_scale.defined()) l.loss_scale = last_step_.loss_scale.item<double>();
   // A skipped step has no gradient norm or zero count in Megatron's line.
   if (last_applied_) l.grad_norm = last_grad_norm_;
@@ -143,7 +158,7 @@ void TrainingMetrics::log_iteration(TrainingProgress& progress, double next_lr, 
     }
   }
   if (!reset) return;
-  interval_loss_ = 0;
+  interval_loss_ = interval_all_loss_ = 0;
   interval_iterations_ = 0;
   interval_skipped_ = interval_nan_ = 0;
   interval_samples_ = 0;

@@ -77,7 +77,8 @@ class TrainingMetrics {
 
   StepStatistics statistics_;   // on the device, not read yet
   at::Tensor interval_terms_;   // [loss terms] fp64 on the device: the applied iterations' sums
-  double interval_loss_ = 0;
+  double interval_loss_ = 0;      // the applied iterations' losses, summed
+  double interval_all_loss_ = 0;  // every iteration's
   int64_t interval_samples_ = 0;  // the interval's global batches together
   int64_t last_global_batch_ = 0;
   int64_t interval_iterations_ = 0;

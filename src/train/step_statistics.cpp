@@ -5,10 +5,12 @@
 namespace megatron {
 
 void StepStatistics::add(const at::Tensor& loss, const at::Tensor& grad_norm, const at::Tensor& applied) {
-  const at::Tensor counted = at::where(applied, loss.to(at::kDouble), 0.0);
+  const at::Tensor loss64 = loss.to(at::kDouble);
+  const at::Tensor counted = at::where(applied, loss64, 0.0);
   const at::Tensor skipped = applied.logical_not();
-  // [loss sum of the applied, skipped, skipped with a loss that is not finite]
-  const at::Tensor row = at::stack({counted, skipped.to(at::kDouble), skipped.logical_and(loss.isfinite().logical_not()).to(at::kDouble)});
+  // [loss sum of the applied, skipped, skipped with a loss that is not finite, loss sum of all]
+  const at::Tensor row =
+      at::stack({counted, skipped.to(at::kDouble), skipped.logical_and(loss.isfinite().logical_not()).to(at::kDouble), loss64});
   sums_ = iterations_ == 0 ? row : sums_ + row;
   last_grad_norm_ = grad_norm;
   last_applied_ = applied;
@@ -26,8 +28,9 @@ StepStatistics::Totals StepStatistics::take() {
   t.applied_loss_sum = v[0];
   t.skipped = static_cast<int64_t>(v[1]);
   t.nan = static_cast<int64_t>(v[2]);
-  t.last_grad_norm = v[3];
-  t.last_applied = v[4] != 0.0;
+  t.loss_sum = v[3];
+  t.last_grad_norm = v[4];
+  t.last_applied = v[5] != 0.0;
   iterations_ = 0;
   return t;
 }

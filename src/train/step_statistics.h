@@ -18,6 +18,7 @@ class StepStatistics {
     int64_t skipped = 0;          // of which the update was skipped (loss or grad norm not finite)
     int64_t nan = 0;              // of those, the ones whose loss was not finite (Megatron's nan iterations)
     double applied_loss_sum = 0;  // the losses of the applied ones
+    double loss_sum = 0;          // the losses of all of them (NaN if any was)
     double last_grad_norm = 0;    // of the latest iteration
     bool last_applied = true;     // whether the latest iteration's update was applied
   };
@@ -28,7 +29,7 @@ class StepStatistics {
   Totals take();
 
  private:
-  at::Tensor sums_;            // [3] fp64: the applied iterations' loss sum, skipped, skipped with a non-finite loss
+  at::Tensor sums_;            // [4] fp64: the applied iterations' loss sum, skipped, skipped with a non-finite loss, every loss's sum
   at::Tensor last_grad_norm_;  // [] fp32
   at::Tensor last_applied_;    // [] bool
   int64_t iterations_ = 0;

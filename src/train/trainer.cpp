@@ -51,6 +51,7 @@
 #include "train/batch_transfer.h"
 #include "train/rank_resources.h"
 #include "train/checkpointer.h"
+#include "train/divergence_check.h"
 #include "train/stop_signal.h"
 
 namespace megatron {
@@ -108,6 +109,9 @@ class Trainer {
   std::vector<GPTModel*> chunks() const;
   std::vector<ParamAndGradBuffer*> buffers() const { return buffers_.all(); }  // dense, then MoE experts'
   void save(const char* why);
+  // Throws the divergence check's error (after an asynchronous save of an earlier iteration has
+  // finished) if an iteration's loss or gradient norm was not finite; `all`: up to the latest.
+  void check_divergence(bool all);
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
   // The samples the learning-rate schedule has counted: all consumed but, under --fp16, those of
@@ -143,6 +147,7 @@ class Trainer {
   TrainingProgress progress_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<StopSignal> stop_;
+  std::unique_ptr<DivergenceCheck> divergence_;  // --check-for-nan-in-loss-and-grad
   std::unique_ptr<TrainingMetrics> metrics_;
   LossFunction loss_function_;           // the family's, or masked_token_mean
   std::vector<std::string> loss_terms_;  // the names of its terms
@@ -299,6 +304,13 @@ int Trainer::run() {
   metrics_ = std::make_unique<TrainingMetrics>(c_, ps_, device_, flops_per_token_, logged_terms);
 
   stop_ = std::make_unique<StopSignal>(ps_, device_, t_.exit_duration_in_mins, started_);
+  // As Megatron: under a dynamic loss scale an overflowing step is the scaler's signal.
+  const bool dynamic_scale = scaler_ && scaler_->dynamic();
+  divergence_ = std::make_unique<DivergenceCheck>(t_.check_for_nan_in_loss_and_grad && !dynamic_scale, device_);
+  if (t_.check_for_nan_in_loss_and_grad && dynamic_scale && prints_setup() && mode_ == RunMode::Train) {
+    std::printf("> note: --check-for-nan-in-loss-and-grad is off under --fp16's dynamic loss scale (a step that overflows is "
+                "skipped and counted, as in Megatron)\n");
+  }
 
   if (mode_ == RunMode::Evaluate) return evaluate_splits();
 
@@ -333,11 +345,14 @@ int Trainer::run() {
     metrics_->add_step(progress_.iteration + 1, schedule_.at_samples(scheduled), schedule_.at_samples(scheduled_samples()),
                        progress_.consumed_train_samples, global_batch, step);
     ++progress_.iteration;
+    divergence_->add(progress_.iteration, step.loss, step.grad_norm);
+    check_divergence(/*all=*/false);
     profiler_->after_iteration(progress_.iteration);
 
     // Megatron also logs the run's first iteration, whatever the interval.
     const bool first = progress_.iteration == first_iteration;
     if (progress_.iteration % t_.log_interval == 0 || first) {
+      check_divergence(/*all=*/true);  // the line would show the non-finite loss; the error says more
       metrics_->log_iteration(progress_, schedule_.at_samples(scheduled_samples()), first);
       if (!memory_reported_) report_memory();
     }
@@ -352,6 +367,7 @@ int Trainer::run() {
     metrics_->exclude(checkpointer_->finish_async(/*wait=*/false));
     if (!t_.save.empty() && t_.save_interval > 0 && progress_.iteration % t_.save_interval == 0) save("save-interval");
     if (stop_->requested()) {
+      check_divergence(/*all=*/true);
       if (stop_->signal() == StopSignal::kOutOfTime) {
         std::printf("exiting program after %.3f minutes (--exit-duration-in-mins), after iteration %lld\n", stop_->minutes_elapsed(),
                     static_cast<long long>(progress_.iteration));
@@ -363,12 +379,14 @@ int Trainer::run() {
       return 0;
     }
     if (t_.exit_interval > 0 && progress_.iteration % t_.exit_interval == 0) {
+      check_divergence(/*all=*/true);
       if (prints_setup()) std::printf("exiting program at iteration %lld (--exit-interval)\n", static_cast<long long>(progress_.iteration));
       if (!t_.save.empty()) save("exit-interval");
       checkpointer_->finish_async(/*wait=*/true);
       return 0;
     }
   }
+  check_divergence(/*all=*/true);  // a run that ends diverged does not exit 0
   if (!t_.save.empty()) save("end of training");
   checkpointer_->finish_async(/*wait=*/true);
   if (!t_.save_hf.empty()) {
@@ -615,8 +633,16 @@ int Trainer::evaluate_splits() {
   return 0;
 }
 
+void Trainer::check_divergence(bool all) {
+  const std::optional<std::string> failure = all ? divergence_->check_all() : divergence_->check_lagged();
+  if (!failure) return;
+  checkpointer_->finish_async(/*wait=*/true);  // a save in flight is of an earlier iteration, checked finite
+  throw UserError(*failure);
+}
+
 void Trainer::save(const char* why) {
   if (checkpointer_->saved(progress_.iteration)) return;
+  check_divergence(/*all=*/true);  // nothing saved after a non-finite iteration
   metrics_->settle(progress_);  // the skipped-iteration counts go into the checkpoint
   if (scaler_ && scaler_->dynamic()) progress_.grad_scaler = scaler_->state();
   for (ParamAndGradBuffer* b : buffers()) b->finish_param_gather();

@@ -193,11 +193,9 @@ TEST(ActivationOffloadCuda, DeviceMemoryDropsAndResultsStayTheSame) {
 }
 
 std::vector<std::string> tiny(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1", "--device", "cpu", "--eval-interval", "0", "--log-interval", "1",
-                                   "--hidden-dropout", "0.1", "--num-layers", "3", "--train-iters", "4", "--lr-warmup-iters", "1"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  extra.insert(extra.begin(), {"--eval-interval", "0", "--log-interval", "1", "--hidden-dropout", "0.1",
+                               "--num-layers", "3", "--train-iters", "4", "--lr-warmup-iters", "1"});
+  return test::tiny_cpu_train(extra);
 }
 
 TEST(ActivationOffloadTraining, TrainsBitForBitAndRefusesMegatronsConflicts) {

@@ -73,6 +73,13 @@ CommandResult run_megatron(const std::vector<std::string>& args) {
   return run_command(command);
 }
 
+std::vector<std::string> tiny_cpu_train(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"train", "--config", source_dir() + "/examples/tiny_cpu.yaml", "--mock-data", "--cpu-threads", "1",
+                                   "--device", "cpu"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // POSIX calls, not std::filesystem: in the GPU machine's image, std::filesystem calls made by
 // the test binary crashed (docs/performance.md), taking every suite with a TempDir with them.
 TempDir::TempDir() {

@@ -25,6 +25,10 @@ CommandResult run_command(const std::string& command);
 // `megatron <args>` with output captured.
 CommandResult run_megatron(const std::vector<std::string>& args);
 
+// `train` on examples/tiny_cpu.yaml with mock data, on one CPU thread, then `extra`: the arguments
+// of the tests' tiny runs.
+std::vector<std::string> tiny_cpu_train(const std::vector<std::string>& extra);
+
 // The "lm loss" of the log lines of a training run's output, in order: those of the iterations
 // that are multiples of `interval` (Megatron also logs a run's first iteration, whatever the
 // interval; with 1, every line).

@@ -12,12 +12,10 @@ namespace megatron {
 namespace {
 
 std::vector<std::string> tiny(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1", "--device", "cpu", "--eval-interval", "0", "--log-interval", "1",
-                                   "--bf16", "--hidden-dropout", "0", "--attention-dropout", "0", "--train-iters", "6",
-                                   "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  extra.insert(extra.begin(), {"--eval-interval", "0", "--log-interval", "1", "--bf16", "--hidden-dropout", "0",
+                               "--attention-dropout", "0", "--train-iters", "6", "--use-precision-aware-optimizer",
+                               "--exp-avg-dtype", "bf16"});
+  return test::tiny_cpu_train(extra);
 }
 
 // The --metrics-jsonl lines of a run (losses, grad norm, learning rate: every step's numbers).

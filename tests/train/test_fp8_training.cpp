@@ -21,12 +21,9 @@ namespace {
 // hidden 128 and ffn 256 make every GEMM dimension a multiple of 128 (blockwise tiles); 64 x 4
 // tokens per micro-batch as well.
 std::vector<std::string> tiny(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1", "--device", "cpu", "--eval-interval", "0", "--log-interval", "1",
-                                   "--hidden-size", "128", "--ffn-hidden-size", "256", "--bf16", "--hidden-dropout", "0",
-                                   "--attention-dropout", "0"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  extra.insert(extra.begin(), {"--eval-interval", "0", "--log-interval", "1", "--hidden-size", "128",
+                               "--ffn-hidden-size", "256", "--bf16", "--hidden-dropout", "0", "--attention-dropout", "0"});
+  return test::tiny_cpu_train(extra);
 }
 
 using test::file_lines;

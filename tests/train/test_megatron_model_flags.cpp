@@ -35,10 +35,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::vector<std::string> tiny(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1", "--device", "cpu", "--eval-interval", "0", "--lr-warmup-iters", "0"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  extra.insert(extra.begin(), {"--eval-interval", "0", "--lr-warmup-iters", "0"});
+  return test::tiny_cpu_train(extra);
 }
 
 // `train --load-hf DIR` with tiny_cpu.yaml's run settings (its model flags come from DIR).

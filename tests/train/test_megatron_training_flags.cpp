@@ -35,10 +35,8 @@ namespace fs = std::filesystem;
 using tok_test::npm_dir;
 
 std::vector<std::string> tiny(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1", "--device", "cpu", "--eval-interval", "0"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  extra.insert(extra.begin(), {"--eval-interval", "0"});
+  return test::tiny_cpu_train(extra);
 }
 
 TEST(MegatronTrainingFlags, NoSaveOptimAndRngLeaveThemOutAndTheResumeSaysSo) {

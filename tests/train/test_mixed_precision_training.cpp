@@ -30,10 +30,8 @@ namespace megatron {
 namespace {
 
 std::vector<std::string> tiny(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1", "--device", "cpu", "--eval-interval", "0", "--log-interval", "1"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  extra.insert(extra.begin(), {"--eval-interval", "0", "--log-interval", "1"});
+  return test::tiny_cpu_train(extra);
 }
 
 // One iteration's log line (--log-interval 1).

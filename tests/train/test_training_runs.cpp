@@ -21,10 +21,7 @@ namespace fs = std::filesystem;
 
 std::vector<std::string> tiny(std::vector<std::string> extra) {
   // The CPU guarantees (bitwise determinism and resume) are what these runs check, on any machine.
-  std::vector<std::string> args = {"train", "--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data",
-                                   "--cpu-threads", "1", "--device", "cpu"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  return test::tiny_cpu_train(extra);
 }
 
 using test::logged_losses;
@@ -180,21 +177,28 @@ TEST(TrainingRuns, GradReduceInBf16StaysWithinBf16NoiseOfFp32Gradients) {
 TEST(TrainingRuns, SigkillDuringSavesLeavesALoadableCheckpoint) {
   test::TempDir dir;
   std::string command = test::shell_quote(test::megatron_binary());
-  for (const auto& a : tiny({"--train-iters", "100000", "--save", dir / "ckpt", "--save-interval", "1", "--keep-last-n", "2"})) {
-    command += " " + test::shell_quote(a);
-  }
+  // The schedule's length fixed apart from --train-iters, so a resume ending at any iteration is valid.
+  const std::vector<std::string> schedule = {"--lr-decay-iters", "100000"};
+  std::vector<std::string> run = schedule;
+  run.insert(run.end(), {"--train-iters", "100000", "--save", dir / "ckpt", "--save-interval", "1", "--keep-last-n", "2"});
+  for (const auto& a : tiny(run)) command += " " + test::shell_quote(a);
+  const std::string tracker = dir / "ckpt/latest_checkpointed_iteration.txt";
   uint64_t lcg = 12345;
   for (int trial = 0; trial < 20; ++trial) {
-    // Kill at a pseudo-random moment each time; saves (and deletions of older checkpoints, with
-    // --keep-last-n) happen every iteration, so most kills land in one.
+    // Kill at a pseudo-random moment once the run saves (not by the clock from its start, which a
+    // loaded machine stretches); saves (and deletions of older checkpoints, with --keep-last-n)
+    // happen every iteration, so most kills land in one.
     lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
-    const std::string delay = std::to_string(0.8 + double(lcg >> 40) / double(1ULL << 24));
-    test::run_command("(" + command + " > /dev/null 2>&1 & pid=$!; sleep " + delay + "; kill -KILL $pid; wait $pid)");
-    const std::string latest = file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt");
+    const std::string delay = std::to_string(0.5 * double(lcg >> 40) / double(1ULL << 24));
+    const std::string saved = "[ -e " + test::shell_quote(tracker) + " ]";
+    test::run_command("(" + command + " > /dev/null 2>&1 & pid=$!; for i in $(seq 1200); do " + saved +
+                      " && break; sleep 0.05; done; sleep " + delay + "; kill -KILL $pid; wait $pid)");
+    const std::string latest = file_bytes(tracker);
     ASSERT_FALSE(latest.empty()) << "trial " << trial;
     const int iteration = std::stoi(latest);
-    auto load = test::run_megatron(tiny({"--load", dir / "ckpt", "--train-iters", std::to_string(iteration + 1),
-                                         "--log-interval", "1"}));
+    std::vector<std::string> resume = schedule;
+    resume.insert(resume.end(), {"--load", dir / "ckpt", "--train-iters", std::to_string(iteration + 1), "--log-interval", "1"});
+    auto load = test::run_megatron(tiny(resume));
     ASSERT_EQ(load.status, 0) << "trial " << trial << ": " << load.output;
     EXPECT_NE(load.output.find("loaded checkpoint"), std::string::npos);
     for (const auto& entry : fs::directory_iterator(dir / "ckpt")) {
