@@ -100,7 +100,7 @@ void load_parameters(const SafetensorsFile& file, const std::vector<std::pair<st
   at::NoGradGuard no_grad;
   for (const auto& [name, param] : params) {
     if (!file.contains(name)) throw UserError(file.path() + " has no tensor '" + name + "' (a checkpoint of another layout or model?)");
-    at::Tensor saved = file.view(name);
+    at::Tensor saved = file.view_floating(name);
     if (!saved.sizes().equals(param.sizes())) {
       throw UserError(file.path() + ": tensor '" + name + "' has shape " + c10::str(saved.sizes()) + ", the model expects " +
                       c10::str(param.sizes()));
@@ -366,43 +366,50 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
 
 void save_weights_checkpoint(const std::string& save_dir, const Config& config, const tp::ParamTable& params,
                              const std::function<void(int, int, int, const std::string&)>& write_model_file,
-                             const std::map<std::string, std::string>& extra_files) {
+                             const std::map<std::string, std::string>& extra_files,
+                             const std::function<void()>& check_before_publish) {
   make_directories(save_dir);
   const std::string final_dir = iteration_directory(save_dir, 0);
   if (fs::exists(final_dir)) throw UserError(final_dir + " exists: convert into a new directory");
   const std::string tmp_dir = temporary_name(final_dir);
   remove_tree(tmp_dir);
   make_directories(tmp_dir);
-  const int tp_size = config.parallel.tensor_model_parallel_size, pp_size = config.parallel.pipeline_model_parallel_size;
-  const int ep_size = config.parallel.expert_model_parallel_size;
-  // Per TP rank and stage: the file of the dense tensors (all of them without expert
-  // parallelism), then one per EP rank with its experts.
-  std::vector<std::tuple<int, int, int, std::string>> files;
-  for (int p = 0; p < pp_size; ++p) {
-    for (int t = 0; t < tp_size; ++t) {
-      files.emplace_back(t, p, -1, tp_size * pp_size == 1 && ep_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p));
-      for (int e = 0; e < ep_size && ep_size > 1; ++e) files.emplace_back(t, p, e, checkpoint_part_name("model", t, p, -1, e));
+  try {
+    const int tp_size = config.parallel.tensor_model_parallel_size, pp_size = config.parallel.pipeline_model_parallel_size;
+    const int ep_size = config.parallel.expert_model_parallel_size;
+    // Per TP rank and stage: the file of the dense tensors (all of them without expert
+    // parallelism), then one per EP rank with its experts.
+    std::vector<std::tuple<int, int, int, std::string>> files;
+    for (int p = 0; p < pp_size; ++p) {
+      for (int t = 0; t < tp_size; ++t) {
+        files.emplace_back(t, p, -1, tp_size * pp_size == 1 && ep_size == 1 ? std::string("model.safetensors") : checkpoint_part_name("model", t, p));
+        for (int e = 0; e < ep_size && ep_size > 1; ++e) files.emplace_back(t, p, e, checkpoint_part_name("model", t, p, -1, e));
+      }
     }
+    for (const auto& [t, p, e, name] : files) write_model_file(t, p, e, tmp_dir + "/" + name);
+    for (const auto& [name, source] : extra_files) write_file_atomic(tmp_dir + "/" + name, read_file(source));
+    ParallelConfig weights_layout = config.parallel;
+    weights_layout.use_distributed_optimizer = false;
+    const nlohmann::json layout = layout_summary(weights_layout, tp_size, pp_size, 1);
+    // The table of state.json, from the files just written (memory-mapped, nothing copied).
+    std::vector<nlohmann::json> descriptions;
+    for (const auto& [t, p, e, name] : files) {
+      SafetensorsFile written(tmp_dir + "/" + name);
+      CheckpointSnapshot::File f{name, {}, {}};
+      for (const auto& tensor : written.names()) f.tensors.push_back({tensor, written.view(tensor)});
+      descriptions.push_back(describe_files({f}, params, t, tp_size));
+    }
+    const nlohmann::json table = merge_file_descriptions(descriptions);
+    nlohmann::json state = state_skeleton(config, TrainingProgress(), layout);
+    state["weights_only"] = true;
+    state["tensors"] = table.at("tensors");
+    write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
+    fsync_path(tmp_dir);
+    if (check_before_publish) check_before_publish();
+  } catch (...) {
+    remove_tree(tmp_dir);  // a temporary name is never loaded; removing it leaves no doubt
+    throw;
   }
-  for (const auto& [t, p, e, name] : files) write_model_file(t, p, e, tmp_dir + "/" + name);
-  for (const auto& [name, source] : extra_files) write_file_atomic(tmp_dir + "/" + name, read_file(source));
-  ParallelConfig weights_layout = config.parallel;
-  weights_layout.use_distributed_optimizer = false;
-  const nlohmann::json layout = layout_summary(weights_layout, tp_size, pp_size, 1);
-  // The table of state.json, from the files just written (memory-mapped, nothing copied).
-  std::vector<nlohmann::json> descriptions;
-  for (const auto& [t, p, e, name] : files) {
-    SafetensorsFile written(tmp_dir + "/" + name);
-    CheckpointSnapshot::File f{name, {}, {}};
-    for (const auto& tensor : written.names()) f.tensors.push_back({tensor, written.view(tensor)});
-    descriptions.push_back(describe_files({f}, params, t, tp_size));
-  }
-  const nlohmann::json table = merge_file_descriptions(descriptions);
-  nlohmann::json state = state_skeleton(config, TrainingProgress(), layout);
-  state["weights_only"] = true;
-  state["tensors"] = table.at("tensors");
-  write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
-  fsync_path(tmp_dir);
   fs::rename(tmp_dir, final_dir);
   fsync_path(save_dir);
   write_file_atomic((fs::path(save_dir) / kTracker).string(), "0\n");
@@ -527,24 +534,30 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
   return config.train.finetune ? TrainingProgress() : progress_of(state);
 }
 
-}  // namespace
-
-std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
-                                                AdamW* optimizer, const Config& config, const dist::ParallelState& ps) {
-  const std::string dir = latest_checkpoint_directory(load_dir);
-  if (dir.empty()) {
-    // `--save D --load D` resumes whatever is there, and starts from scratch the first time; any
-    // other --load must exist: a typo must not restart a run from scratch.
-    if (!fs::exists(load_dir) && fs::path(load_dir).lexically_normal() != fs::path(config.train.save).lexically_normal()) {
-      throw UserError("--load " + load_dir + ": no such directory; check the path, or drop --load to start from scratch");
+// The generators' states from `path` (this rank's rng file). A state of another dtype or size
+// than PyTorch's generators take is an error naming the file, not an internal one.
+void load_generator_states(const std::string& path, const std::vector<GPTModel*>& chunks) {
+  SafetensorsFile rng(path);
+  rng.verify_checksum();
+  auto state = [&](const char* name) { return rng.view_exactly(name, at::kByte, "a generator state").clone(); };
+  try {
+    auto gens = generators();
+    for (size_t i = 0; i < gens.size(); ++i) {
+      const char* name = i == 0 ? "cpu" : "cuda";
+      if (rng.contains(name)) gens[i].set_state(state(name));
     }
-    if (fs::exists(fs::path(load_dir) / "config.json")) {
-      throw UserError("--load " + load_dir + " holds a Hugging Face model (config.json): start from it with --load-hf " + load_dir);
+    if (const auto& tracker = chunks.at(0)->tensor_parallel().rng; tracker && rng.contains("model_parallel_cpu")) {
+      tracker->set_states(state("model_parallel_cpu"), rng.contains("model_parallel_cuda") ? state("model_parallel_cuda") : at::Tensor());
     }
-    if (ps.rank == 0) std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
-    return std::nullopt;
+  } catch (const c10::Error& e) {
+    throw UserError(path + ": a generator state is not one PyTorch's generators take (" + e.what_without_backtrace() +
+                    "): the file is damaged; resume with --no-load-rng to start the generators from --seed");
   }
-  const nlohmann::json state = read_checkpoint_state(dir);
+}
+
+// Loads checkpoint directory `dir` whose state.json is `state`.
+TrainingProgress load_checkpoint_directory(const std::string& dir, const nlohmann::json& state, const std::vector<GPTModel*>& chunks,
+                                           AdamW* optimizer, const Config& config, const dist::ParallelState& ps) {
   if (!state.value("optimizer_saved", true) && !config.train.no_load_optim && !config.train.finetune) {
     throw UserError(dir + " was saved with --no-save-optim: resume it with --no-load-optim (a fresh optimizer) or --finetune");
   }
@@ -593,23 +606,13 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     SafetensorsFile optim(dir + "/" + checkpoint_file("optimizer", ps, distributed_optimizer));
     optim.verify_checksum();
     std::vector<NamedTensor> tensors;
-    for (const auto& name : optim.names()) tensors.push_back({name, optim.view(name)});
+    for (const auto& name : optim.names()) tensors.push_back({name, optim.view_floating(name)});
     optimizer_to_load(optimizer).load_state(tensors, /*load_moments=*/true);
   }
   if (!config.train.no_load_rng) {
     const std::string rng_file = dir + "/" + checkpoint_file("rng", ps, distributed_optimizer);
     if (!fs::exists(rng_file)) throw UserError(rng_file + " is missing: resume with the same number of ranks or pass --no-load-rng");
-    SafetensorsFile rng(rng_file);
-    rng.verify_checksum();
-    auto gens = generators();
-    for (size_t i = 0; i < gens.size(); ++i) {
-      const char* name = i == 0 ? "cpu" : "cuda";
-      if (rng.contains(name)) gens[i].set_state(rng.load(name));
-    }
-    if (const auto& tracker = chunks.at(0)->tensor_parallel().rng; tracker && rng.contains("model_parallel_cpu")) {
-      tracker->set_states(rng.load("model_parallel_cpu"),
-                          rng.contains("model_parallel_cuda") ? rng.load("model_parallel_cuda") : at::Tensor());
-    }
+    load_generator_states(rng_file, chunks);
   }
   load_fp8_state(dir, chunks, /*report=*/ps.rank == 0);
   const TrainingProgress progress = progress_of(state);
@@ -617,6 +620,31 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));
   }
   return progress;
+}
+
+}  // namespace
+
+std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
+                                                AdamW* optimizer, const Config& config, const dist::ParallelState& ps) {
+  const std::string dir = latest_checkpoint_directory(load_dir);
+  if (dir.empty()) {
+    // `--save D --load D` resumes whatever is there, and starts from scratch the first time; any
+    // other --load must exist: a typo must not restart a run from scratch.
+    if (!fs::exists(load_dir) && fs::path(load_dir).lexically_normal() != fs::path(config.train.save).lexically_normal()) {
+      throw UserError("--load " + load_dir + ": no such directory; check the path, or drop --load to start from scratch");
+    }
+    if (fs::exists(fs::path(load_dir) / "config.json")) {
+      throw UserError("--load " + load_dir + " holds a Hugging Face model (config.json): start from it with --load-hf " + load_dir);
+    }
+    if (ps.rank == 0) std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
+    return std::nullopt;
+  }
+  const nlohmann::json state = read_checkpoint_state(dir);
+  try {
+    return load_checkpoint_directory(dir, state, chunks, optimizer, config, ps);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(dir + "/state.json: a field is missing or of the wrong type (" + e.what() + "): the checkpoint is damaged");
+  }
 }
 
 }  // namespace megatron

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/hf_config_check.h"
 #include "checkpoint/safetensors.h"
 #include "core/errors.h"
 #include "core/files.h"
@@ -25,13 +26,20 @@ namespace fs = std::filesystem;
 ModelConfig model_config_from_hf(const std::string& dir, const ModelFamily* family) {
   const std::string path = dir + "/config.json";
   const nlohmann::json j = parse_json_file(path);
+  check_hf_config_fields(j, path);
   const std::string type = j.value("model_type", "");
   if (family != nullptr && std::find(family->hf_model_types.begin(), family->hf_model_types.end(), type) ==
                                family->hf_model_types.end()) {
     throw UserError(path + ": model_type '" + type + "' is not one the " + family->name + " family reads");
   }
   const ModelFamily& f = family != nullptr ? *family : family_for_hf_type(type, path);
-  ModelConfig m = f.config_from_hf(j, path);
+  ModelConfig m;
+  try {
+    m = f.config_from_hf(j, path);
+  } catch (const nlohmann::json::exception& e) {  // a field the check above does not know (a family's own)
+    throw UserError(path + ": " + e.what());
+  }
+  check_hf_model_sizes(m, path);
   m.family = &f;
   return m;
 }
@@ -41,7 +49,17 @@ HfCheckpointReader::HfCheckpointReader(const std::string& dir) : dir_(dir) {
   std::vector<std::string> files;
   if (fs::exists(index)) {
     std::set<std::string> unique;
-    for (auto& [name, file] : parse_json_file(index).at("weight_map").items()) unique.insert(file.get<std::string>());
+    const nlohmann::json j = parse_json_file(index);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      throw UserError(index + ": no \"weight_map\" object (tensor name -> shard file)");
+    }
+    for (auto& [name, file] : j["weight_map"].items()) {
+      // A shard is a file beside the index: a path elsewhere is refused, not followed.
+      if (!file.is_string() || file.get<std::string>().empty() || file.get<std::string>().find('/') != std::string::npos) {
+        throw UserError(index + ": weight_map[\"" + name + "\"] must name a shard file in " + dir + ", got " + file.dump());
+      }
+      unique.insert(file.get<std::string>());
+    }
     files.assign(unique.begin(), unique.end());
   } else if (fs::exists(dir + "/model.safetensors")) {
     files.push_back("model.safetensors");
@@ -69,11 +87,21 @@ HfCheckpointReader::HfCheckpointReader(const std::string& dir) : dir_(dir) {
 
 bool HfCheckpointReader::has(const std::string& name) const { return by_name_.count(name) > 0; }
 
+at::Tensor HfCheckpointReader::take(const std::string& name, at::IntArrayRef expected) {
+  const at::Tensor t = take(name);
+  if (!t.sizes().equals(expected)) {
+    throw UserError(by_name_.at(name)->path() + ": tensor '" + name + "' has shape " + c10::str(t.sizes()) + "; " + dir_ +
+                    "/config.json makes it " + c10::str(expected) + " (a config.json of another model, or a damaged shard)");
+  }
+  return t;
+}
+
 at::Tensor HfCheckpointReader::take(const std::string& name) {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) throw UserError(dir_ + ": Hugging Face checkpoint lacks tensor '" + name + "'");
   used_.insert(name);
-  const at::Tensor t = it->second->view(name);
+  if (verified_.insert(it->second.get()).second) it->second->verify_checksum();
+  const at::Tensor t = it->second->view_floating(name);
   if (t.scalar_type() != at::kFloat8_e4m3fn && t.scalar_type() != at::kFloat8_e5m2) return t;
   // W[i, j] = fp8 W[i, j] x scale_inv[i / block rows, j / block columns], edge blocks partial.
   const std::string scale_name = name + "_scale_inv";
@@ -83,7 +111,8 @@ at::Tensor HfCheckpointReader::take(const std::string& name) {
                     "' to dequantise it with");
   }
   used_.insert(scale_name);
-  const at::Tensor scale = scale_it->second->view(scale_name).to(at::kFloat);
+  if (verified_.insert(scale_it->second.get()).second) scale_it->second->verify_checksum();
+  const at::Tensor scale = scale_it->second->view_floating(scale_name).to(at::kFloat);
   const int64_t rows = t.size(0), cols = t.dim() > 1 ? t.size(1) : 1;
   const int64_t row_blocks = (rows + block_rows_ - 1) / block_rows_, col_blocks = (cols + block_cols_ - 1) / block_cols_;
   if (t.dim() != 2 || scale.dim() != 2 || scale.size(0) != row_blocks || scale.size(1) != col_blocks) {
@@ -189,22 +218,32 @@ at::Tensor padded_rows(const at::Tensor& t, int64_t rows) {
 
 namespace {
 
-// The Megatron tensor as HF's values give it (norms: the scale itself).
-at::Tensor megatron_tensor_from_hf_values(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
+// The Megatron tensor of shape `shape` as HF's values give it (norms: the scale itself), each
+// HF tensor's shape checked against the part of `shape` it makes.
+at::Tensor megatron_tensor_from_hf_values(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf,
+                                          at::IntArrayRef shape) {
   const ResolvedRow row = resolve_row(family_of(c), name, c);
   const std::vector<std::string>& names = row.hf;
+  std::vector<int64_t> part = shape.vec();
   switch (row.rule->transform) {
-    case HfTransform::Copy: return hf.take(names[0]);
+    case HfTransform::Copy: return hf.take(names[0], shape);
     case HfTransform::VocabRows: {
       const bool fallback = !row.fallback.empty() && !hf.has(names[0]);
-      return padded_rows(hf.take(fallback ? row.fallback : names[0]), c.padded_vocab_size);
+      part[0] = c.hf_vocab_size > 0 ? c.hf_vocab_size : c.vocab_size;  // config.json's vocab_size
+      return padded_rows(hf.take(fallback ? row.fallback : names[0], part), c.padded_vocab_size);
     }
-    case HfTransform::GateUp: return at::cat({hf.take(names[0]), hf.take(names[1])}, 0);
+    case HfTransform::GateUp: {
+      part[0] = shape[0] / 2;
+      return at::cat({hf.take(names[0], part), hf.take(names[1], part)}, 0);
+    }
     case HfTransform::QkvFused: {
       // Megatron's fused layout: per query group, its H/G query heads, one key head, one value head.
       const int64_t H = c.num_attention_heads, G = c.num_query_groups, d = c.kv_channels;
-      const at::Tensor q = hf.take(names[0]), k = hf.take(names[1]), v = hf.take(names[2]);
-      const int64_t cols = q.dim() == 2 ? q.size(1) : 1;  // weights [out, h], biases [out]
+      std::vector<int64_t> q_shape = part, kv_shape = part;  // weights [out, h], biases [out]
+      q_shape[0] = H * d;
+      kv_shape[0] = G * d;
+      const at::Tensor q = hf.take(names[0], q_shape), k = hf.take(names[1], kv_shape), v = hf.take(names[2], kv_shape);
+      const int64_t cols = q.dim() == 2 ? q.size(1) : 1;
       at::Tensor fused = at::cat({q.reshape({G, H / G * d, cols}), k.reshape({G, d, cols}), v.reshape({G, d, cols})}, 1);
       return q.dim() == 2 ? fused.reshape({(H + 2 * G) * d, cols}) : fused.reshape({-1});
     }
@@ -215,8 +254,8 @@ at::Tensor megatron_tensor_from_hf_values(const std::string& name, const ModelCo
 }  // namespace
 
 // HF stores a norm's scale; --apply-layernorm-1p models store the scale minus one.
-at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf) {
-  const at::Tensor t = megatron_tensor_from_hf_values(name, c, hf);
+at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& c, HfCheckpointReader& hf, at::IntArrayRef shape) {
+  const at::Tensor t = megatron_tensor_from_hf_values(name, c, hf, shape);
   return c.layernorm_zero_centered_gamma && is_norm_weight(name) ? t.to(at::kFloat) - 1.0 : t;
 }
 
@@ -346,9 +385,11 @@ int64_t load_hf_weights(const std::string& dir, const std::vector<GPTModel*>& ch
         ++left;  // HF transformers keeps no MTP weights: the depth starts from its initialisation
         continue;
       }
-      const at::Tensor full = megatron_tensor_from_hf(name, model->config(), hf);
       const tp::ParamInfo& info = model->parameter_table().at(name);
       const dist::Group& split = tp.split_group(info);  // experts: over expert TP
+      std::vector<int64_t> full_shape = param.sizes().vec();  // this rank's shard, grown back to the whole
+      if (!info.split.replicated()) full_shape[size_t(info.split.dim)] *= split.size();
+      const at::Tensor full = megatron_tensor_from_hf(name, model->config(), hf, full_shape);
       const at::Tensor shard = tp::shard_of(full, info.split, split.rank(), split.size());
       if (!shard.sizes().equals(param.sizes())) {
         throw UserError(dir + ": tensor for '" + name + "' has shape " + c10::str(shard.sizes()) + " on this rank, the model expects " +

@@ -24,12 +24,16 @@ struct ModelFamily;
 // model.safetensors.index.json names), memory-mapped, by name. Block-quantised FP8 weights
 // (DeepSeek-V3's: float8 e4m3 with a `<name>_scale_inv` of one fp32 scale per block, the block
 // as config.json's quantization_config.weight_block_size, 128 x 128 by default) are taken
-// dequantised, in fp32.
+// dequantised, in fp32. A file that carries a crc32 in its metadata (as `convert --to hf` writes)
+// is checked against it before its first tensor is taken.
 class HfCheckpointReader {
  public:
   explicit HfCheckpointReader(const std::string& dir);
   bool has(const std::string& name) const;
   at::Tensor take(const std::string& name);  // a view of the mapping (FP8: dequantised); UserError if absent
+  // As take(), the shape checked against `expected` (what config.json makes it): a UserError
+  // naming the file, tensor and both shapes, never a reshape of the wrong data.
+  at::Tensor take(const std::string& name, at::IntArrayRef expected);
   // Tensors under these name prefixes are known and left unused on purpose (an HF checkpoint's
   // multi-token prediction layers, which this model does not have).
   void ignore_prefix(const std::string& prefix) { ignored_.push_back(prefix); }
@@ -40,13 +44,17 @@ class HfCheckpointReader {
   std::string dir_;
   std::map<std::string, std::shared_ptr<SafetensorsFile>> by_name_;
   std::set<std::string> used_;
+  std::set<const SafetensorsFile*> verified_;  // files whose crc32 (when they carry one) was checked
   std::vector<std::string> ignored_;
   int64_t block_rows_ = 128, block_cols_ = 128;  // FP8 scale blocks
 };
 
 // The full (unsplit) Megatron tensor `name` from HF tensors: q/k/v fused per query group,
-// fc1 = [gate; up], embedding and output rows padded with zeros to padded_vocab_size.
-at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& config, HfCheckpointReader& hf);
+// fc1 = [gate; up], embedding and output rows padded with zeros to padded_vocab_size. `shape` is
+// the full tensor's shape in the model `config` describes: every HF tensor read is checked
+// against the part of it that it makes (the embedding's rows against config.json's vocab_size).
+at::Tensor megatron_tensor_from_hf(const std::string& name, const ModelConfig& config, HfCheckpointReader& hf,
+                                   at::IntArrayRef shape);
 
 // The inverse: the HF tensors of one full Megatron tensor, the first hf_vocab rows of the
 // embedding and output layer (padding dropped). Views of `full` where possible.

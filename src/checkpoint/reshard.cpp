@@ -127,10 +127,10 @@ at::Tensor ShardedCheckpointReader::model(const std::string& name, int64_t vocab
   const tp::ShardSpec& spec = info.split;
   const int parts = saved_parts(name);
   // Shapes from the headers; data (and checksums) only from the files a slice is taken from.
-  const at::Tensor shape_of = file(model_file(0, name), false).view(name);
+  const at::Tensor shape_of = file(model_file(0, name), false).view_floating(name);
   auto part = [&](int s) {
     const std::string f = model_file(s, name);
-    return file(f, true).view(name);
+    return file(f, true).view_floating(name);
   };
   const int64_t saved_local = spec.replicated() ? 0 : shape_of.size(spec.dim);
   const int64_t target_length = info.vocab_rows ? vocab_rows : saved_local * parts;
@@ -158,7 +158,7 @@ at::Tensor ShardedCheckpointReader::saved_optimizer_range(int tp_rank, const std
       if (next >= end) break;
       if (offset > next || offset + length <= next) continue;
       const int64_t to = std::min(end, offset + length);
-      const at::Tensor slice = file(n, true).view(key).reshape({-1});
+      const at::Tensor slice = file(n, true).view_floating(key).reshape({-1});
       out.narrow(0, next - begin, to - next).copy_(slice.narrow(0, next - offset, to - next));
       next = to;
     }
@@ -180,10 +180,10 @@ at::Tensor ShardedCheckpointReader::saved_optimizer_range(int tp_rank, const std
     if (!header.contains(key)) continue;
     auto it = header.metadata().find("offset/" + name);
     const int64_t offset = !distributed_ || it == header.metadata().end() ? 0 : std::stoll(it->second);
-    const int64_t length = header.view(key).numel();
+    const int64_t length = header.view_floating(key).numel();
     const int64_t from = std::max(begin, offset), to = std::min(end, offset + length);
     if (from >= to) continue;
-    const at::Tensor slice = file(n, true).view(key).reshape({-1});
+    const at::Tensor slice = file(n, true).view_floating(key).reshape({-1});
     out.narrow(0, from - begin, to - from).copy_(slice.narrow(0, from - offset, to - from));
     covered += to - from;
     if (covered == end - begin) return out;
@@ -196,7 +196,7 @@ at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std
                                               int tp_rank, int tp_size, int64_t offset, int64_t numel) const {
   const tp::ParamInfo& info = params_.at(name);
   const tp::ShardSpec& spec = info.split;
-  const at::Tensor saved_shape = file(model_file(0, name), false).view(name);
+  const at::Tensor saved_shape = file(model_file(0, name), false).view_floating(name);
   const int parts = saved_parts(name);
   const bool same_rows = !info.vocab_rows || saved_shape.size(0) * parts == vocab_rows;
   if ((tp_size == parts || spec.replicated()) && same_rows) {
@@ -215,7 +215,7 @@ at::Tensor ShardedCheckpointReader::optimizer(const std::string& name, const std
 at::Tensor ShardedCheckpointReader::step() const {
   for (const auto& names : optimizer_names_) {
     for (const auto& n : names) {
-      if (file(n, false).contains("step")) return file(n, true).load("step");
+      if (file(n, false).contains("step")) return file(n, true).view_floating("step").clone();
     }
   }
   throw UserError(dir_ + " has no optimizer step: load with --no-load-optim or --finetune");

@@ -248,4 +248,22 @@ at::Tensor SafetensorsFile::view(const std::string& name) const {
   return at::from_blob(data, info.shape, at::TensorOptions().dtype(info.dtype));
 }
 
+at::Tensor SafetensorsFile::view_floating(const std::string& name) const {
+  const at::Tensor t = view(name);
+  if (!at::isFloatingType(t.scalar_type())) {
+    throw UserError(path_ + ": tensor '" + name + "' is stored as " + safetensors_dtype_name(t.scalar_type()) +
+                    ", not a floating-point dtype (F32, BF16, F16, F64 or F8): the file is damaged or not of a model");
+  }
+  return t;
+}
+
+at::Tensor SafetensorsFile::view_exactly(const std::string& name, at::ScalarType dtype, const std::string& what) const {
+  const at::Tensor t = view(name);
+  if (t.scalar_type() != dtype) {
+    throw UserError(path_ + ": tensor '" + name + "' is stored as " + safetensors_dtype_name(t.scalar_type()) + "; " + what +
+                    " is " + safetensors_dtype_name(dtype) + ": the file is damaged");
+  }
+  return t;
+}
+
 }  // namespace megatron

@@ -39,6 +39,13 @@ class SafetensorsFile {
   bool contains(const std::string& name) const;
   // A CPU tensor viewing the mapping (valid while this object lives); UserError if absent.
   at::Tensor view(const std::string& name) const;
+  // As view(), refusing a tensor stored in another kind of dtype: a weight or optimizer state
+  // must be floating-point (F64/F32/F16/BF16/F8), or copying it into a parameter would convert
+  // integer bits value by value and train on garbage without a word (a header's dtype edited
+  // from F32 to I32 keeps every offset valid). UserError naming the file, tensor and dtype.
+  at::Tensor view_floating(const std::string& name) const;
+  // As view(), refusing any dtype but `dtype` (`what` says what the tensor is, for the error).
+  at::Tensor view_exactly(const std::string& name, at::ScalarType dtype, const std::string& what) const;
   // An owned copy.
   at::Tensor load(const std::string& name) const { return view(name).clone(); }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

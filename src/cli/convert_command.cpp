@@ -69,11 +69,22 @@ int positive(const std::string& flag, const std::string& text) {
   return static_cast<int>(v);
 }
 
+// Every parameter's whole (unsplit) shape in the model `m` describes (built on the meta device:
+// nothing allocated).
+std::map<std::string, std::vector<int64_t>> full_parameter_shapes(const ModelConfig& m) {
+  GPTModel shapes(m, {}, std::nullopt, std::nullopt, at::kMeta);
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& p : shapes.named_parameters()) out[p.key()] = p.value().sizes().vec();
+  return out;
+}
+
 // Writes the weights-only checkpoint of `config`'s model and layout (TP, PP, EP), each parameter
-// cut from the whole tensor `full_tensor(name)` gives. Returns whether every tensor was bf16.
+// cut from the whole tensor `full_tensor(name)` gives; `check_source` runs once every file is
+// written and before the checkpoint is published (an error there leaves nothing loadable).
+// Returns whether every tensor was bf16.
 bool write_native_checkpoint(const std::string& save, const Config& config,
                              const std::function<at::Tensor(const std::string&)>& full_tensor,
-                             const std::map<std::string, std::string>& extra_files) {
+                             const std::map<std::string, std::string>& extra_files, const std::function<void()>& check_source) {
   const ModelConfig& m = config.model;
   const int tp = config.parallel.tensor_model_parallel_size, pp = config.parallel.pipeline_model_parallel_size;
   const int ep = config.parallel.expert_model_parallel_size;
@@ -106,7 +117,7 @@ bool write_native_checkpoint(const std::string& save, const Config& config,
                                      {"pipeline_parallel_rank", std::to_string(stage)}});
     std::printf("convert: wrote %s (%zu tensors)\n", path.c_str(), entries.size());
     std::fflush(stdout);
-  }, extra_files);
+  }, extra_files, check_source);
   return bf16;
 }
 
@@ -142,10 +153,13 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
     config.data.tokenizer_model = hf_dir;
   }
   HfCheckpointReader hf(hf_dir);
-  const bool bf16 = write_native_checkpoint(save, config, [&](const std::string& name) { return megatron_tensor_from_hf(name, m, hf); },
-                                            {{"hf_config.json", hf_dir + "/config.json"}});
-  ignore_unbuilt_hf_layers(hf, m);
-  hf.check_all_used();
+  const auto shapes = full_parameter_shapes(m);
+  const bool bf16 = write_native_checkpoint(
+      save, config, [&](const std::string& name) { return megatron_tensor_from_hf(name, m, hf, shapes.at(name)); },
+      {{"hf_config.json", hf_dir + "/config.json"}}, [&] {
+        ignore_unbuilt_hf_layers(hf, m);
+        hf.check_all_used();
+      });
   std::printf("convert: %s -> %s (tensor parallel %d, pipeline parallel %d, expert parallel %d, padded vocabulary %d, %s)\n",
               hf_dir.c_str(), save.c_str(), tp, pp, ep, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
 }
@@ -172,10 +186,7 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
       config.data.tokenizer_model = model->text;
     }
   }
-  // The whole model's shapes, described on the meta device.
-  GPTModel shapes(m, {}, std::nullopt, std::nullopt, at::kMeta);
-  std::map<std::string, std::vector<int64_t>> expected;
-  for (const auto& p : shapes.named_parameters()) expected[p.key()] = p.value().sizes().vec();
+  const auto expected = full_parameter_shapes(m);
   const tp::ParamTable split_of = describe_model(m);
   std::set<std::string> used;
   size_t done = 0;
@@ -198,13 +209,14 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
       std::fflush(stdout);
     }
     return full;
-  }, {});
-  for (const std::string& name : checkpoint.names()) {
-    if (!used.count(name)) {
-      throw UserError(checkpoint.directory() + ": the checkpoint's '" + name + "' has no place in the model its args describe "
-                      "(an architecture option convert --from megatron does not map)");
+  }, {}, [&] {
+    for (const std::string& name : checkpoint.names()) {
+      if (!used.count(name)) {
+        throw UserError(checkpoint.directory() + ": the checkpoint's '" + name + "' has no place in the model its args describe "
+                        "(an architecture option convert --from megatron does not map)");
+      }
     }
-  }
+  });
   std::printf("convert: %s (Megatron %s, iteration %lld) -> %s (tensor parallel %d, pipeline parallel %d, vocabulary %d, %s)\n",
               checkpoint.directory().c_str(), checkpoint.format() == MegatronCheckpoint::Format::TorchDist ? "torch_dist" : "legacy",
               static_cast<long long>(checkpoint.iteration()), save.c_str(), tp, pp, m.padded_vocab_size, bf16 ? "bf16" : "as stored");

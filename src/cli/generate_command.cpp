@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -17,6 +18,7 @@
 #include "model/gpt_model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/arguments.h"
+#include "train/rank_resources.h"
 
 namespace megatron::cli {
 namespace {
@@ -40,7 +42,10 @@ const char* kHelp =
 double number(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0') throw UserError(flag + ": expected a number, got '" + text + "'");
+  // Finite and within 2^53: the integer flags are cast from it.
+  if (text.empty() || *end != '\0' || !std::isfinite(v) || std::fabs(v) > 9007199254740992.0) {
+    throw UserError(flag + ": expected a finite number, got '" + text + "'");
+  }
   return v;
 }
 
@@ -80,9 +85,12 @@ int generate(const Args& args) {
   if (o.max_new_tokens < 1 || o.temperature < 0 || o.top_k < 0 || o.top_p <= 0 || o.top_p > 1) {
     throw UserError("generate: need --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1");
   }
-  const int threads = values.count("--cpu-threads") ? static_cast<int>(number("--cpu-threads", values["--cpu-threads"]))
-                                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(threads);
+  const double threads_flag = values.count("--cpu-threads") ? number("--cpu-threads", values["--cpu-threads"])
+                                                            : double(std::max(1u, std::thread::hardware_concurrency()));
+  if (!(threads_flag >= 1 && threads_flag <= kMaxCpuThreads)) {
+    throw UserError("--cpu-threads must be from 1 to " + std::to_string(kMaxCpuThreads) + ", got " + values["--cpu-threads"]);
+  }
+  at::set_num_threads(static_cast<int>(threads_flag));
 
   const std::string dir = latest_checkpoint_directory(values["--load"]);
   if (dir.empty()) throw UserError("--load " + values["--load"] + ": no latest_checkpointed_iteration.txt; is this a checkpoint directory?");

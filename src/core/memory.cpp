@@ -1,7 +1,12 @@
 #include "core/memory.h"
 
 #include <ATen/DeviceAccelerator.h>
+#include <c10/util/Exception.h>
 #include <malloc.h>
+
+#include <new>
+
+#include "core/errors.h"
 
 namespace megatron {
 
@@ -26,6 +31,18 @@ int64_t max_allocated_bytes(const c10::Device& device) {
   if (device.is_cpu()) return -1;
   const auto stats = at::accelerator::getDeviceStats(device.index());
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
+void allocating(const std::string& what, const std::function<void()>& allocate) {
+  try {
+    allocate();
+  } catch (const c10::OutOfMemoryError& e) {
+    throw UserError(what + ": out of memory (" + e.what_without_backtrace() + ")");
+  } catch (const std::bad_alloc&) {
+    throw UserError(what + ": out of host memory");
+  } catch (const std::length_error& e) {  // a size past what a container can hold
+    throw UserError(what + ": too large (" + e.what() + ")");
+  }
 }
 
 }  // namespace megatron

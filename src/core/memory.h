@@ -4,7 +4,9 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
 
 namespace megatron {
 
@@ -22,5 +24,10 @@ struct AllocatorStatistics {
   int64_t reserved_bytes = 0, allocated_bytes = 0, max_allocated_bytes = 0, allocation_count = 0;
 };
 std::optional<AllocatorStatistics> allocator_statistics(const c10::Device& device);
+
+// Runs `allocate`; an allocation that fails (host or device memory exhausted, or a size no
+// allocator takes) becomes a UserError beginning with `what`, which names what was allocated and
+// the flags or fields that size it: a too-large model is the user's to fix, not an abort.
+void allocating(const std::string& what, const std::function<void()>& allocate);
 
 }  // namespace megatron

@@ -210,15 +210,20 @@ std::unique_ptr<HfTokenizer> load_tokenizer_json(const std::string& path) {
     return id >= 0 ? std::optional<int64_t>(id) : std::nullopt;
   };
   if (is_file(config_file)) {
-    json config = parse_json(config_file, "a HF tokenizer_config.json");
-    if (auto name = special_token_name(config, "bos_token")) parts.bos = lookup(*name);
-    if (auto name = special_token_name(config, "eos_token")) parts.eos = lookup(*name);
-    // transformers rebuilds the post-processor as [BOS] $A [EOS] when the config sets either flag.
-    if (config.contains("add_bos_token") || config.contains("add_eos_token")) {
-      parts.prefix_ids.clear();
-      parts.suffix_ids.clear();
-      if (config.value("add_bos_token", false) && parts.bos) parts.prefix_ids.push_back(*parts.bos);
-      if (config.value("add_eos_token", false) && parts.eos) parts.suffix_ids.push_back(*parts.eos);
+    try {
+      json config = parse_json(config_file, "a HF tokenizer_config.json");
+      if (auto name = special_token_name(config, "bos_token")) parts.bos = lookup(*name);
+      if (auto name = special_token_name(config, "eos_token")) parts.eos = lookup(*name);
+      // transformers rebuilds the post-processor as [BOS] $A [EOS] when the config sets either flag.
+      if (config.contains("add_bos_token") || config.contains("add_eos_token")) {
+        parts.prefix_ids.clear();
+        parts.suffix_ids.clear();
+        if (config.value("add_bos_token", false) && parts.bos) parts.prefix_ids.push_back(*parts.bos);
+        if (config.value("add_eos_token", false) && parts.eos) parts.suffix_ids.push_back(*parts.eos);
+      }
+    } catch (const json::exception& e) {  // a field of the wrong type
+      throw UserError(config_file + ": " + e.what() + " (bos_token / eos_token: a string, an AddedToken object or null; "
+                      "add_bos_token / add_eos_token: true or false)");
     }
   } else {
     // Without tokenizer_config.json: BOS is what the post-processor prepends; EOS the first

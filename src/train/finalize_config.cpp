@@ -15,6 +15,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/arguments.h"
 #include "train/precision.h"
+#include "train/rank_resources.h"
 
 namespace megatron {
 namespace {
@@ -508,7 +509,9 @@ void finalize_config(Config& c, int world_size) {
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda") {
     throw UserError("--device must be auto, cpu or cuda (got '" + t.device + "')");
   }
-  if (t.cpu_threads < 0) throw UserError("--cpu-threads must be >= 0");
+  if (t.cpu_threads < 0 || t.cpu_threads > kMaxCpuThreads) {
+    throw UserError("--cpu-threads must be from 0 (one per core) to " + std::to_string(kMaxCpuThreads) + ", got " + std::to_string(t.cpu_threads));
+  }
   if (t.enable_cuda_graph && t.cuda_graph_impl == "none") t.cuda_graph_impl = "local";
   if (t.cuda_graph_impl == "transformer_engine") {
     throw UserError("--cuda-graph-impl transformer_engine: megatron.cpp has no Transformer Engine; use --cuda-graph-impl local");

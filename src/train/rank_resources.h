@@ -21,6 +21,10 @@ at::Device pick_device(const TrainConfig& t, const dist::LaunchEnv& env);
 // ranks sharing a node do not each take every core), else one per core.
 int cpu_threads(const TrainConfig& t);
 
+// The most intra-op threads a flag may ask for: OpenMP aborts (no error to catch) starting
+// billions, and no machine has more cores than this.
+constexpr int kMaxCpuThreads = 1024;
+
 // The training loop on a high-priority stream of its own, for its lifetime: with the optimizer
 // step overlapped, the block scheduler then dispatches the forward's kernels before the updates
 // (queued on a normal-priority stream), which fill the SMs those leave idle. It starts after the

@@ -189,9 +189,15 @@ int Trainer::run() {
   if (ps_.tp.size() > 1) {
     tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
   }
-  for (int v = 0; v < p.num_virtual_stages_per_pipeline_rank; ++v) {
-    chunks_.push_back(std::make_unique<GPTModel>(m, tensor_parallel, pipeline::chunk_layers(p, m.num_layers, ps_.pp.rank(), v)));
-  }
+  const std::string model_memory = "allocating the model (--num-layers " + std::to_string(m.num_layers) + ", --hidden-size " +
+                                   std::to_string(m.hidden_size) + ", --ffn-hidden-size " + std::to_string(m.ffn_hidden_size) +
+                                   ", padded vocabulary " + std::to_string(m.padded_vocab_size) +
+                                   "; a smaller model, or more tensor / pipeline-parallel ranks to split it)";
+  allocating(model_memory, [&] {
+    for (int v = 0; v < p.num_virtual_stages_per_pipeline_rank; ++v) {
+      chunks_.push_back(std::make_unique<GPTModel>(m, tensor_parallel, pipeline::chunk_layers(p, m.num_layers, ps_.pp.rank(), v)));
+    }
+  });
   const auto init_start = std::chrono::steady_clock::now();
   initialize_chunks(chunks(), static_cast<uint64_t>(t_.seed));
   const double init_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count();
@@ -202,7 +208,7 @@ int Trainer::run() {
   }
   int64_t parameters = 0;
   for (auto& chunk : chunks_) {
-    chunk->to(device_, params_dtype(t_));
+    allocating(model_memory, [&] { chunk->to(device_, params_dtype(t_)); });
     chunk->train();
     // The other expert-parallel ranks hold as many experts again each.
     parameters += chunk->num_parameters() + chunk->num_expert_parameters() * (ps_.ep.size() - 1);

@@ -14,36 +14,30 @@
 #include "core/errors.h"
 #include "core/json_text.h"
 #include "support/test_support.h"
+#include "support/user_error.h"
 #include "tokenizer/tokenizer.h"
 #include "train/arguments.h"
 
 namespace megatron {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::user_error_of;
 
 TEST(BadInput, JsonNestedBeyondTheBoundIsAnErrorNotAStackOverflow) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  EXPECT_NE(error_of([&] { parse_json_text(deep, "x.json"); }).find("x.json: JSON nested deeper than 512 levels"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { parse_json_text(deep, "x.json"); }).find("x.json: JSON nested deeper than 512 levels"), std::string::npos);
   // Brackets inside strings (escaped quotes too) do not count; a legal depth parses.
   const std::string in_string = "{\"a\": \"" + std::string(2000, '[') + "\\\"" + std::string(2000, '{') + "\", \"b\": " +
                                 std::string(100, '[') + std::string(100, ']') + "}";
   EXPECT_EQ(parse_json_text(in_string, "y.json")["a"].get<std::string>().size(), 4001u);
-  EXPECT_NE(error_of([&] { parse_json_text("{\"a\": ", "z.json"); }).find("z.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { parse_json_text("{\"a\": ", "z.json"); }).find("z.json: not valid JSON"), std::string::npos);
 
   // Through the loaders: a tokenizer.json and a safetensors header nested that deep.
   test::TempDir dir;
   {
     std::ofstream(dir / "tokenizer.json") << deep;
   }
-  const std::string tokenizer_error = error_of([&] { make_tokenizer("HuggingFaceTokenizer", dir.path(), "", "", 0); });
+  const std::string tokenizer_error = user_error_of([&] { make_tokenizer("HuggingFaceTokenizer", dir.path(), "", "", 0); });
   EXPECT_NE(tokenizer_error.find("tokenizer.json: JSON nested deeper"), std::string::npos) << tokenizer_error;
   {
     std::ofstream out(dir / "deep.safetensors", std::ios::binary);
@@ -51,7 +45,7 @@ TEST(BadInput, JsonNestedBeyondTheBoundIsAnErrorNotAStackOverflow) {
     for (int i = 0; i < 8; ++i) out.put(char(n >> (8 * i)));
     out << deep;
   }
-  EXPECT_NE(error_of([&] { SafetensorsFile f(dir / "deep.safetensors"); }).find("deep.safetensors (safetensors header): JSON nested deeper"),
+  EXPECT_NE(user_error_of([&] { SafetensorsFile f(dir / "deep.safetensors"); }).find("deep.safetensors (safetensors header): JSON nested deeper"),
             std::string::npos);
 }
 
@@ -76,7 +70,7 @@ class CraftedSafetensors {
     file += json + data;
     const std::string path = dir_ / "crafted.safetensors";
     std::ofstream(path, std::ios::binary) << file;
-    return error_of([&] { SafetensorsFile f(path); });
+    return user_error_of([&] { SafetensorsFile f(path); });
   }
   nlohmann::json header_;
   std::string data_;
@@ -133,7 +127,7 @@ TEST(BadInput, FlagValuesOutOfRangeNameTheFlag) {
     std::vector<std::string> args = {"--config", test::source_dir() + "/examples/tiny_cpu.yaml", "--mock-data", "--device", "cpu",
                                      "--train-iters", "2", "--lr-warmup-iters", "0"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return error_of([&] {
+    return user_error_of([&] {
       Config c = parse_train_arguments(args);
       finalize_config(c, 1);
     });
@@ -149,6 +143,8 @@ TEST(BadInput, FlagValuesOutOfRangeNameTheFlag) {
             std::string::npos);
   EXPECT_NE(error({"--adam-eps", "0"}).find("--adam-eps must be > 0"), std::string::npos);
   EXPECT_NE(error({"--weight-decay", "-0.1"}).find("--weight-decay must be >= 0"), std::string::npos);
+  EXPECT_NE(error({"--cpu-threads", "2147483647"}).find("--cpu-threads must be from 0 (one per core) to 1024, got 2147483647"),
+            std::string::npos);
 
   const auto launch = test::run_megatron({"launch", "--nproc-per-node", "1", "--kill-timeout", "1e12", "_print-env"});
   EXPECT_EQ(launch.status, 2) << launch.output;
