@@ -36,8 +36,15 @@ int64_t max_allocated_bytes(const c10::Device& device) {
 void allocating(const std::string& what, const std::function<void()>& allocate) {
   try {
     allocate();
-  } catch (const c10::OutOfMemoryError& e) {
+  } catch (const c10::OutOfMemoryError& e) {  // a device allocator
     throw UserError(what + ": out of memory (" + e.what_without_backtrace() + ")");
+  } catch (const c10::Error& e) {
+    // LibTorch's CPU allocator fails with a plain enforce error; only that one is the user's.
+    const std::string message = e.what_without_backtrace();
+    if (message.find("can't allocate memory") == std::string::npos && message.find("not enough memory") == std::string::npos) throw;
+    throw UserError(what + ": out of memory (" + message.substr(message.find("DefaultCPUAllocator") == std::string::npos
+                                                                    ? 0
+                                                                    : message.find("DefaultCPUAllocator")) + ")");
   } catch (const std::bad_alloc&) {
     throw UserError(what + ": out of host memory");
   } catch (const std::length_error& e) {  // a size past what a container can hold

@@ -9,6 +9,18 @@
 
 #include "core/errors.h"
 
+// Room for both programs' FLAGS_minloglevel. Debian's libsentencepiece defines one (its absl
+// flag object, 24 bytes with a vtable) and LibTorch's libc10 another (an int of 4); the dynamic
+// linker binds every reference to the first definition it meets, which was libc10's, and
+// libsentencepiece's constructor then wrote its 24 bytes over libc10's neighbouring globals:
+// FLAGS_caffe2_use_fatal_for_enforce turned true, so every failed allocation (a model too large
+// for the machine) aborted the process instead of throwing an error. Defined here, in the
+// program itself, the symbol binds to this buffer for both libraries: libsentencepiece builds its
+// flag in it and libc10's own globals stay as LibTorch set them (tests/tokenizer/
+// test_sentencepiece.cpp checks). libc10 reads the buffer's first bytes as its log threshold,
+// as it did before; it never writes it.
+alignas(64) unsigned char FLAGS_minloglevel[64];
+
 namespace megatron::tok {
 
 namespace {

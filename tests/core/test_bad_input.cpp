@@ -151,5 +151,17 @@ TEST(BadInput, FlagValuesOutOfRangeNameTheFlag) {
   EXPECT_NE(launch.output.find("--kill-timeout expects a number of seconds from 0 to 86400, got '1e12'"), std::string::npos) << launch.output;
 }
 
+// A model no machine holds (a 128 TB attention projection) is an error naming the sizes, not an
+// abort: libc10 throws on a failed allocation only while libsentencepiece is kept from
+// overwriting its globals (tokenizer/sentencepiece_shim.cpp), and the trainer names the flags.
+TEST(BadInput, ModelTooLargeForAnyMachineIsAnErrorNamingTheFlags) {
+  const auto r = test::run_megatron(test::tiny_cpu_train({"--train-iters", "1", "--lr-warmup-iters", "0", "--hidden-size", "4194304"}));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("error: allocating the model (--num-layers 2, --hidden-size 4194304, --ffn-hidden-size 176, padded vocabulary "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("out of memory"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace megatron

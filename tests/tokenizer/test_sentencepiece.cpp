@@ -1,6 +1,10 @@
 // SentencePiece .model files through make_tokenizer: a small model is trained here with
 // libsentencepiece's trainer on Brown corpus text, then read as Megatron's
-// SentencePieceTokenizer / GPTSentencePieceTokenizer (nothing added) and Llama2Tokenizer (BOS).
+// SentencePieceTokenizer / GPTSentencePieceTokenizer (nothing added) and Llama2Tokenizer (BOS),
+// each answer compared with libsentencepiece's processor itself. Linking libsentencepiece
+// leaves LibTorch's globals alone (it used to overwrite them: sentencepiece_tokenizer.cpp).
+#include <ATen/ATen.h>
+#include <c10/util/Logging.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -9,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/errors.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"
 
@@ -61,6 +66,22 @@ TEST(SentencePiece, TrainedModelEncodesDecodesAndAddsBosForLlama2) {
   std::remove(model.c_str());
   std::remove((prefix + ".vocab").c_str());
   std::remove(prefix.c_str());
+
+  // libsentencepiece is loaded and used. LibTorch's enforce failures still throw (an allocation
+  // no machine holds is an exception, not an abort): its flag is as LibTorch set it.
+  EXPECT_FALSE(FLAGS_caffe2_use_fatal_for_enforce);
+  EXPECT_THROW(at::empty({int64_t(1) << 46}), c10::Error);
+}
+
+TEST(SentencePiece, NotAModelIsAnErrorNamingTheFile) {
+  const std::string path = write_temp("not a protobuf", ".model");
+  try {
+    make_tokenizer("SentencePieceTokenizer", path, "", "", 0);
+    ADD_FAILURE() << "loaded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--tokenizer-model " + path + ": not a SentencePiece model"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace
