@@ -37,7 +37,7 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
   check_json_depth(text, source);
   try {
     return nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number past double's range (1e400)
     throw UserError(source + ": not valid JSON (" + e.what() + ")");
   }
 }

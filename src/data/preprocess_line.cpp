@@ -82,7 +82,7 @@ std::string parse_jsonl_object(std::string_view line, nlohmann::json* doc) {
   try {
     check_json_depth(line, "the line");
     *doc = nlohmann::json::parse(line.begin(), line.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number past double's range (1e400)
     return "invalid JSON: " + parse_error_text(e.what());
   } catch (const UserError&) {
     return "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";

@@ -54,8 +54,10 @@ struct Regex::Impl {
 Regex::Regex(const std::string& pattern) : impl_(std::make_unique<Impl>()) {
   int error = 0;
   PCRE2_SIZE offset = 0;
-  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                              PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error, &offset, nullptr);
+  // The pattern's UTF-8 is checked (a --tiktoken-pattern is raw bytes; invalid UTF-8 under
+  // PCRE2_NO_UTF_CHECK crashed the compiler); texts are checked by the callers.
+  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &error,
+                              &offset, nullptr);
   if (impl_->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
