@@ -110,11 +110,12 @@ void PreTokenizer::split_piece(const Step& step, std::string_view piece,
   thread_local std::vector<Part> parts;
   parts.clear();
   size_t last = 0;
+  // Empty matches split too (HF keeps them as matches and drops the empty pieces).
   step.regex->for_each_match(piece, [&](size_t b, size_t e) {
     if (b > last) parts.push_back({last, b, false});
     parts.push_back({b, e, true});
     last = e;
-  });
+  }, /*with_empty=*/true);
   if (last < piece.size()) parts.push_back({last, piece.size(), false});
   if (step.invert) {
     for (Part& p : parts) p.match = !p.match;

@@ -20,9 +20,10 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // Calls on_match(begin, end) for every non-overlapping match in text (valid UTF-8), left to
-  // right; an empty match advances by one code point, as Rust's find_iter.
-  void for_each_match(std::string_view text,
-                      const std::function<void(size_t, size_t)>& on_match) const;
+  // right, as Oniguruma's iteration finds them (regex.cpp); empty matches only `with_empty`
+  // (a Split pre-tokenizer splits there).
+  void for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& on_match,
+                      bool with_empty = false) const;
 
   // PCRE2 syntax differs from Oniguruma's in places; this rewrites HF's patterns so they mean
   // the same (see regex.cpp).

@@ -62,6 +62,17 @@ def main():
     t.pre_tokenizer = split_then_bytes(Regex(r"\p{L}+"), "isolated", invert=True)
     variants["split_invert"] = t
 
+    # Oniguruma's meanings (HF's regex engine) where PCRE2's differ: `$` and `^` at every line
+    # end and start, `\h` a hex digit, POSIX classes over Unicode, zero-width matches.
+    for name, pattern in [("dollar", r"$"), ("caret", r"^"), ("line_ends", r"[a-z]+$|^\s"), ("end_z", r"\s*\Z"),
+                          ("hex_h", r"\h+"), ("posix_alpha", r"[[:alpha:]]+"), ("posix_punct", r"[[:punct:]]+"),
+                          ("posix_space", r"[[:space:]]+"), ("lookahead_zero_width", r"(?=\s)"), ("word_boundary", r"\b"),
+                          ("word", r"\w+"), ("posix_alnum_class", r"[[:alnum:]_']+"), ("dot_all", r"(?m:a.)"),
+                          ("posix_case", r"[[:upper:]][[:lower:]]*"), ("posix_xdigit_blank", r"[[:xdigit:]]+|[[:blank:]]+")]:
+        t = base(vocab, merges)
+        t.pre_tokenizer = split_then_bytes(Regex(pattern), "isolated")
+        variants["oniguruma_" + name] = t
+
     t = base(vocab, merges)
     t.pre_tokenizer = pre.Sequence([pre.Digits(individual_digits=True), byte_level(use_regex=True)])
     variants["digits_individual"] = t

@@ -66,6 +66,11 @@ TEST(TokenizerErrors, InvalidOrUnsupportedTokenizerJson) {
       {R"({"model": {"type": "BPE", "vocab": {"a": "zero"}, "merges": []}})", {"tokenizer"}},
       {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, " + bpe + "}",
        {"regex"}},
+      // Oniguruma constructs PCRE2 cannot mean the same way: refused, never tokenized differently.
+      {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"[a-z&&[^aeiou]]\"}, \"behavior\": \"Isolated\"}, " + bpe + "}",
+       {"a class intersection (&&)", "refused rather than tokenize differently from HF"}},
+      {"{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"[[:^alpha:]]\"}, \"content\": \" \"}, " + bpe + "}",
+       {"the negated POSIX bracket [:^alpha:]"}},
   };
   for (const Case& c : cases) {
     const std::string file = write_temp(c.contents, ".json");
