@@ -1,5 +1,8 @@
 #include "core/json_text.h"
 
+#include <cstdint>
+#include <stdexcept>
+
 #include "core/errors.h"
 #include "core/files.h"
 
@@ -43,5 +46,11 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
 }
 
 nlohmann::json parse_json_file(const std::string& path) { return parse_json_text(read_file(path), path); }
+
+int64_t json_to_int64(const nlohmann::json& value, const std::string& what) {
+  if (value.is_number_unsigned() && value.get<uint64_t>() <= uint64_t(INT64_MAX)) return int64_t(value.get<uint64_t>());
+  if (value.is_number_integer() && !value.is_number_unsigned()) return value.get<int64_t>();
+  throw std::invalid_argument(what + " must be an integer within 64 bits, got " + value.dump());
+}
 
 }  // namespace megatron

@@ -25,4 +25,9 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
 // The file at `path` (read_file), parsed as above.
 nlohmann::json parse_json_file(const std::string& path);
 
+// `value` as an int64 when it is a JSON integer within int64's range; std::invalid_argument
+// naming `what` otherwise. (nlohmann's get<int64_t>() converts a float such as 2e64 with
+// undefined behaviour, and a string with a type error that names no field.)
+int64_t json_to_int64(const nlohmann::json& value, const std::string& what);
+
 }  // namespace megatron

@@ -40,7 +40,7 @@ std::unique_ptr<HfTokenizer> load_gpt2_files(const std::string& vocab_file,
   try {
     nlohmann::json j = nlohmann::json::parse(vocab_text);
     if (!j.is_object()) throw UserError("not a JSON object");
-    for (const auto& [token, id] : j.items()) vocab.emplace_back(token, id.get<int64_t>());
+    for (const auto& [token, id] : j.items()) vocab.emplace_back(token, json_to_int64(id, "the id of '" + token + "'"));
   } catch (const std::exception& e) {
     throw UserError("--vocab-file " + vocab_file + ": expected GPT-2's vocab.json (a JSON object "
                     "token -> id): " + e.what());

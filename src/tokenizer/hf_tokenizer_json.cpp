@@ -42,7 +42,7 @@ json parse_json(const std::string& path, const std::string& what) {
     const std::string text = read_whole(path);
     check_json_depth(text, path);
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past double's range
     throw UserError(path + ": not valid JSON (" + e.what() + "); expected " + what +
                     ". Re-download or re-save the tokenizer (e.g. AutoTokenizer.save_pretrained)");
   }
@@ -64,7 +64,9 @@ std::vector<int64_t> ids_of_special(const json& special_tokens, const std::strin
     throw std::invalid_argument("TemplateProcessing uses special token '" + name +
                                 "' missing from its special_tokens");
   }
-  return special_tokens.at(name).at("ids").get<std::vector<int64_t>>();
+  std::vector<int64_t> ids;
+  for (const json& id : special_tokens.at(name).at("ids")) ids.push_back(json_to_int64(id, "special token '" + name + "''s id"));
+  return ids;
 }
 
 // Reduces a post-processor to the ids it puts before and after a single sequence. Sequences of
@@ -90,8 +92,8 @@ void read_post_processor(const json& j, std::vector<int64_t>* prefix, std::vecto
       }
     }
   } else if (type == "BertProcessing" || type == "RobertaProcessing") {
-    pre.push_back(j.at("cls").at(1).get<int64_t>());
-    post.push_back(j.at("sep").at(1).get<int64_t>());
+    pre.push_back(json_to_int64(j.at("cls").at(1), "post_processor.cls's id"));
+    post.push_back(json_to_int64(j.at("sep").at(1), "post_processor.sep's id"));
   } else {
     throw std::invalid_argument("post_processor type '" + type +
                                 "' is not supported (supported: TemplateProcessing, ByteLevel, "
@@ -129,7 +131,7 @@ std::unique_ptr<BpeModel> read_bpe(const json& model, bool byte_level) {
   }
   std::vector<std::pair<std::string, int64_t>> vocab;
   vocab.reserve(model.at("vocab").size());
-  for (const auto& [token, id] : model.at("vocab").items()) vocab.emplace_back(token, id.get<int64_t>());
+  for (const auto& [token, id] : model.at("vocab").items()) vocab.emplace_back(token, json_to_int64(id, "the id of vocabulary entry '" + token + "'"));
   std::vector<std::pair<std::string, std::string>> merges;
   const json& merges_json = model.at("merges");
   merges.reserve(merges_json.size());
@@ -183,7 +185,7 @@ std::unique_ptr<HfTokenizer> load_tokenizer_json(const std::string& path) {
     read_post_processor(j.value("post_processor", json()), &parts.prefix_ids, &parts.suffix_ids);
     for (const json& t : j.value("added_tokens", json::array())) {
       AddedToken a;
-      a.id = t.at("id").get<int64_t>();
+      a.id = json_to_int64(t.at("id"), "an added token's id");
       a.content = t.at("content").get<std::string>();
       a.single_word = t.value("single_word", false);
       a.lstrip = t.value("lstrip", false);
