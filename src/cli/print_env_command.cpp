@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "cli/commands.h"
@@ -40,6 +41,18 @@ bool rank_selected(const std::string& spec, int rank) {
 
 int print_env(const Args& args) {
   std::string fail_rank, sleep_rank, stderr_message;
+  // Rank -> seconds: when it prints "error: ..." on stderr, and when it then exits with
+  // --exit-code (a cause that is reported late, or an effect that exits early).
+  std::map<int, double> error_at, exit_at;
+  // Rank -> a file it waits for before that error line (ordering ranks without the clock); every
+  // rank that printed its error line then creates --touch-after-error.
+  std::map<int, std::string> error_after_file;
+  std::string touch_after_error;
+  const auto timed = [&](const std::string& flag, const std::string& spec, std::map<int, double>& into) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) throw UserError(flag + " expects RANK=SECONDS, got '" + spec + "'");
+    into[int_value(flag, spec.substr(0, eq))] = std::atof(spec.c_str() + eq + 1);
+  };
   int exit_code = 1, fail_signal = 0, lines = 0;
   double seconds = 0;
   bool ignore_sigterm = false, spawn_grandchild = false;
@@ -58,6 +71,15 @@ int print_env(const Args& args) {
     else if (flag == "--lines") lines = int_value(flag, value());
     else if (flag == "--ignore-sigterm") ignore_sigterm = true;
     else if (flag == "--spawn-grandchild") spawn_grandchild = true;
+    else if (flag == "--error-at") timed(flag, value(), error_at);
+    else if (flag == "--exit-at") timed(flag, value(), exit_at);
+    else if (flag == "--touch-after-error") touch_after_error = value();
+    else if (flag == "--error-after-file") {
+      const std::string& spec = value();
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos) throw UserError(flag + " expects RANK=PATH, got '" + spec + "'");
+      error_after_file[int_value(flag, spec.substr(0, eq))] = spec.substr(eq + 1);
+    }
     else throw UserError("unknown flag " + flag + " for `megatron _print-env`");
   }
   const dist::LaunchEnv env = dist::launch_env_from_environment();
@@ -75,6 +97,23 @@ int print_env(const Args& args) {
     std::printf("grandchild pid=%d\n", static_cast<int>(pid));
   }
   if (!stderr_message.empty()) std::fprintf(stderr, "%s\n", stderr_message.c_str());
+  if (error_at.count(env.rank) || exit_at.count(env.rank) || error_after_file.count(env.rank)) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto wait_until = [&](double seconds) { std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds)); };
+    std::fflush(stdout);
+    if (error_at.count(env.rank) || error_after_file.count(env.rank)) {
+      if (error_at.count(env.rank)) wait_until(error_at[env.rank]);
+      if (error_after_file.count(env.rank)) {
+        while (::access(error_after_file[env.rank].c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::fprintf(stderr, "error: rank %d's own failure\n", env.rank);
+      if (!touch_after_error.empty()) std::fclose(std::fopen(touch_after_error.c_str(), "w"));
+    }
+    if (exit_at.count(env.rank)) {
+      wait_until(exit_at[env.rank]);
+      return exit_code;
+    }
+  }
   if (!fail_rank.empty() && rank_selected(fail_rank, env.rank)) {
     std::fflush(stdout);
     if (fail_signal != 0) {

@@ -129,6 +129,7 @@ struct Child {
   int status = 0;  // wait status once it has exited
   Stream out, err;
   std::deque<std::string> tail;  // its last lines, both streams, for the failure report
+  std::optional<Clock::time_point> first_error;  // when its first "error: ..." line arrived
   std::FILE* log = nullptr;
   std::string prefix;
 };
@@ -149,6 +150,7 @@ class Supervisor {
   void on_launcher_signal(int sig);
   void stop_all(int sig);
   void report_failure() const;
+  const Child& cause() const;
 
   const LaunchOptions& options_;
   const std::string program_;
@@ -300,6 +302,10 @@ void Supervisor::emit(Child& child, const Stream& stream, const std::string& lin
   }
   child.tail.push_back(line);
   if (child.tail.size() > kTailLines) child.tail.pop_front();
+  // megatron programs report a failure as "error: ..." / "internal error: ..." (report_errors.cpp).
+  if (&stream == &child.err && !child.first_error && (line.rfind("error: ", 0) == 0 || line.rfind("internal error: ", 0) == 0)) {
+    child.first_error = Clock::now();
+  }
 }
 
 void Supervisor::relay(Child& child, Stream& stream) {
@@ -373,8 +379,22 @@ void Supervisor::on_launcher_signal(int sig) {
   }
 }
 
+// The rank whose failure started it: of the ranks that failed, the one whose first error line
+// arrived earliest. The first rank to exit is often an effect (a peer's "connection closed"
+// exits at once while the cause is still writing its report); without error lines, the first
+// that exited.
+const Child& Supervisor::cause() const {
+  const Child* earliest = &children_[*failed_];
+  for (const Child& c : children_) {
+    const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && !c.running;
+    if (!failed || !c.first_error) continue;
+    if (!earliest->first_error || *c.first_error < *earliest->first_error) earliest = &c;
+  }
+  return *earliest;
+}
+
 void Supervisor::report_failure() const {
-  const Child& c = children_[*failed_];
+  const Child& c = cause();
   std::string text = "launch: rank " + std::to_string(c.rank) + " (local rank " + std::to_string(c.local_rank) +
                      ", pid " + std::to_string(c.pid) + ") " + describe_status(c.status) + "\n";
   if (c.tail.empty()) {

@@ -204,6 +204,25 @@ TEST(Launcher, FailingRankStopsTheJobAndIsNamed) {
   for (pid_t pid : printed_pids(r.output)) EXPECT_TRUE(process_gone(pid)) << "pid " << pid << "\n" << r.output;
 }
 
+// The cause is the rank whose error came first, not the first to exit: rank 0 reports its own
+// failure and is still writing (sleeping) when rank 1, whose error follows from it (a peer's
+// "connection closed"), exits at once. The order is fixed by a file, not by the clock.
+TEST(Launcher, TheCauseIsTheEarliestErrorNotTheFirstExit) {
+  TempDir dir;
+  const auto r = run_megatron(launch_args(
+      {"--nproc-per-node", "2"}, {"--exit-code", "2", "--touch-after-error", dir / "first-error-printed", "--error-at", "0=0",
+                                  "--exit-at", "0=60", "--error-after-file", "1=" + (dir / "first-error-printed"),
+                                  "--exit-at", "1=0"}));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("launch: rank 1 exited with status 2; stopping the other ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("launch: rank 0 (local rank 0, pid "), std::string::npos) << r.output;
+  const size_t report = r.output.find("launch: last ");
+  ASSERT_NE(report, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lines of rank 0:\n", report), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  error: rank 0's own failure\n", report), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("launch: the other ranks: 1: exited with status 2"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, RankKilledByASignalIsReportedWithTheSignal) {
   const auto r = run_megatron(launch_args({"--nproc-per-node", "2"},
                                           {"--fail-rank", "0", "--fail-signal", std::to_string(SIGABRT),
