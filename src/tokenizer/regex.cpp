@@ -79,7 +79,9 @@ void Regex::for_each_match(std::string_view text, const std::function<void(size_
                            bool with_empty) const {
   ThreadMatchState& st = thread_state();
   st.ensure(impl_->capture_pairs);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  // An empty view may hold a null pointer, which PCRE2 10.42 refuses (and its JIT reads as a
+  // match): give it a real empty string.
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data() != nullptr ? text.data() : "");
   // Oniguruma's iteration (HF's find_iter): each search starts where the last match ended; an
   // empty match found by a search that starts at the end of the previous match is skipped and
   // the search moves one code point on (so no position matches twice, and an empty match never
