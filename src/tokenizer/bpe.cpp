@@ -25,8 +25,18 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int64_t>>& vocab,
   byte_ids_.fill(-1);
   fallback_ids_.fill(-1);
   const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::get();
+  // Ids index a dense table (and become embedding rows): real vocabularies number their tokens
+  // 0..N-1. An id far past the entries (a damaged file's 55555553 among eight) would allocate
+  // gigabytes; refused before anything is allocated.
+  const int64_t id_limit = 2 * static_cast<int64_t>(vocab.size()) + 1024;
   int64_t max_id = -1;
-  for (const auto& kv : vocab) max_id = std::max(max_id, kv.second);
+  for (const auto& [token, id] : vocab) {
+    if (id < 0 || id >= id_limit) {
+      throw std::invalid_argument("token id " + std::to_string(id) + " of '" + token + "' is out of range: a vocabulary of " +
+                                  std::to_string(vocab.size()) + " entries numbers them from 0, below " + std::to_string(id_limit));
+    }
+    max_id = std::max(max_id, id);
+  }
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
   std::string bytes;
   for (const auto& [token, id] : vocab) {

@@ -193,6 +193,13 @@ std::string Regex::translate_oniguruma(const std::string& pattern) {
           out += n == 'b' ? boundary : "(?!" + boundary + ")";
           break;
         }
+        case 'g':  // \g<name>: a subexpression call, recursion in PCRE2's matcher too
+          if (i + 1 < pattern.size() && (pattern[i + 1] == '<' || pattern[i + 1] == '\'')) {
+            untranslatable(pattern, "a subexpression call (\\g<...>)");
+          }
+          out += c;
+          out += n;
+          break;
         default:
           out += c;
           out += n;
@@ -238,6 +245,16 @@ std::string Regex::translate_oniguruma(const std::string& pattern) {
     if (c == '$') {
       out += "(?=\\n|\\z)";
       continue;
+    }
+    // PCRE2's own constructs that Oniguruma (Ruby syntax) does not have: recursion and
+    // subroutine calls ((?R), (?1), (?-1), (?&name), (?P>name)), callouts ((?C)) and verbs ((*...)).
+    if (c == '(' && i + 1 < pattern.size() && pattern[i + 1] == '*') untranslatable(pattern, "a PCRE2 verb (*...)");
+    if (c == '(' && i + 2 < pattern.size() && pattern[i + 1] == '?') {
+      const char n = pattern[i + 2];
+      const bool call = n == 'R' || n == '&' || n == 'C' || std::isdigit(static_cast<unsigned char>(n)) ||
+                        ((n == '+' || n == '-') && i + 3 < pattern.size() && std::isdigit(static_cast<unsigned char>(pattern[i + 3]))) ||
+                        (n == 'P' && i + 3 < pattern.size() && pattern[i + 3] == '>');
+      if (call) untranslatable(pattern, "PCRE2 recursion, a subroutine call or a callout");
     }
     if (c == '(' && i + 2 < pattern.size() && pattern[i + 1] == '?' && std::isalpha(static_cast<unsigned char>(pattern[i + 2]))) {
       // Inline options (?imx-imx) or (?imx-imx:...): Ruby's m is PCRE2's s.

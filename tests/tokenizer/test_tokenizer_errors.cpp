@@ -64,6 +64,10 @@ TEST(TokenizerErrors, InvalidOrUnsupportedTokenizerJson) {
       {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}})", {"'ab'", "not in the vocabulary"}},
       {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a"]}})", {"merge"}},
       {R"({"model": {"type": "BPE", "vocab": {"a": "zero"}, "merges": []}})", {"tokenizer"}},
+      // An id far past the entries would allocate a table of that many tokens (fuzzing found 2 GB).
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 55555553}, "merges": []}})",
+       {"token id 55555553 of 'b' is out of range: a vocabulary of 2 entries numbers them from 0, below 1028"}},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 2e64}, "merges": []}})", {"must be an integer within 64 bits, got 2e+64"}},
       {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, " + bpe + "}",
        {"regex"}},
       // Oniguruma constructs PCRE2 cannot mean the same way: refused, never tokenized differently.
