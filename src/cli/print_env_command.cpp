@@ -48,10 +48,15 @@ int print_env(const Args& args) {
   // rank that printed its error line then creates --touch-after-error.
   std::map<int, std::string> error_after_file;
   std::string touch_after_error;
-  const auto timed = [&](const std::string& flag, const std::string& spec, std::map<int, double>& into) {
+  // "RANK=VALUE" -> (rank, value).
+  const auto per_rank = [](const std::string& flag, const std::string& spec) {
     const size_t eq = spec.find('=');
-    if (eq == std::string::npos) throw UserError(flag + " expects RANK=SECONDS, got '" + spec + "'");
-    into[int_value(flag, spec.substr(0, eq))] = std::atof(spec.c_str() + eq + 1);
+    if (eq == std::string::npos) throw UserError(flag + " expects RANK=VALUE, got '" + spec + "'");
+    return std::make_pair(int_value(flag, spec.substr(0, eq)), spec.substr(eq + 1));
+  };
+  const auto timed = [&](const std::string& flag, const std::string& spec, std::map<int, double>& into) {
+    const auto [rank, seconds] = per_rank(flag, spec);
+    into[rank] = std::atof(seconds.c_str());
   };
   int exit_code = 1, fail_signal = 0, lines = 0;
   double seconds = 0;
@@ -74,12 +79,7 @@ int print_env(const Args& args) {
     else if (flag == "--error-at") timed(flag, value(), error_at);
     else if (flag == "--exit-at") timed(flag, value(), exit_at);
     else if (flag == "--touch-after-error") touch_after_error = value();
-    else if (flag == "--error-after-file") {
-      const std::string& spec = value();
-      const size_t eq = spec.find('=');
-      if (eq == std::string::npos) throw UserError(flag + " expects RANK=PATH, got '" + spec + "'");
-      error_after_file[int_value(flag, spec.substr(0, eq))] = spec.substr(eq + 1);
-    }
+    else if (flag == "--error-after-file") error_after_file.insert(per_rank(flag, value()));
     else throw UserError("unknown flag " + flag + " for `megatron _print-env`");
   }
   const dist::LaunchEnv env = dist::launch_env_from_environment();

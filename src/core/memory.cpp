@@ -42,9 +42,8 @@ void allocating(const std::string& what, const std::function<void()>& allocate) 
     // LibTorch's CPU allocator fails with a plain enforce error; only that one is the user's.
     const std::string message = e.what_without_backtrace();
     if (message.find("can't allocate memory") == std::string::npos && message.find("not enough memory") == std::string::npos) throw;
-    throw UserError(what + ": out of memory (" + message.substr(message.find("DefaultCPUAllocator") == std::string::npos
-                                                                    ? 0
-                                                                    : message.find("DefaultCPUAllocator")) + ")");
+    const size_t allocator = message.find("DefaultCPUAllocator");  // past the "[enforce fail at ...]" prefix
+    throw UserError(what + ": out of memory (" + message.substr(allocator == std::string::npos ? 0 : allocator) + ")");
   } catch (const std::bad_alloc&) {
     throw UserError(what + ": out of host memory");
   } catch (const std::length_error& e) {  // a size past what a container can hold
