@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <stdexcept>
@@ -24,6 +25,11 @@ struct Scratch {
 };
 
 }  // namespace
+
+void rejected(const std::exception& error) {
+  static const bool verbose = std::getenv("MEGATRON_FUZZ_VERBOSE") != nullptr;
+  if (verbose) std::fprintf(stderr, "rejected: %s\n", error.what());
+}
 
 std::string scratch_file(const std::string& name) {
   static Scratch scratch;

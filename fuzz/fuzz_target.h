@@ -41,6 +41,10 @@ inline std::pair<std::string_view, std::string_view> split(std::string_view text
   return {text.substr(0, at), text.substr(at + separator.size())};
 }
 
+// Called with each error a parser answered an input with: printed when MEGATRON_FUZZ_VERBOSE is
+// set (is a seed accepted, or refused before reaching the code it was written for?).
+void rejected(const std::exception& error);
+
 // A scratch directory for targets whose parser reads files (one per process, reused by every run).
 std::string scratch_file(const std::string& name);
 

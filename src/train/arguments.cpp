@@ -285,33 +285,43 @@ const Flag* find_flag(const std::vector<Flag>& flags, std::string name) {
   return nullptr;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
+// Levenshtein distance of a and b, or limit + 1 once it must exceed limit (a row's minimum never
+// falls in later rows): most flags are far from a typo and are dismissed after a few rows.
+size_t edit_distance(const std::string& a, const std::string& b, size_t limit) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
     size_t diagonal = row[0];
     row[0] = i;
+    size_t row_min = row[0];
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t above = row[j];
       row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
       diagonal = above;
+      row_min = std::min(row_min, row[j]);
     }
+    if (row_min > limit) return limit + 1;
   }
-  return row[b.size()];
+  return std::min(row[b.size()], limit + 1);
 }
 
 // The nearest flag Megatron or megatron.cpp knows, by edit distance: catches typos such as
 // --num-layer or --micro-batchsize, and says nothing when no flag is close.
 std::string suggest(const std::vector<Flag>& flags, const std::string& name) {
+  const size_t close_enough = std::max<size_t>(2, name.size() / 5);
   size_t best = std::string::npos;
   std::string best_name;
   auto consider = [&](const std::string& candidate) {
-    const size_t d = edit_distance(name, candidate);
+    // The distance is at least the difference in length: a name of garbage (a fuzzer's, a
+    // pasted paragraph) is compared with no flag of another length.
+    const size_t longer = std::max(name.size(), candidate.size()), shorter = std::min(name.size(), candidate.size());
+    if (longer - shorter > close_enough) return;
+    const size_t d = edit_distance(name, candidate, std::min(best, close_enough + 1));
     if (d < best) best = d, best_name = candidate;
   };
   for (const auto& f : flags) consider(f.name);
   for (const auto& f : megatron_flags()) consider(f.name);
-  return best <= std::max<size_t>(2, name.size() / 5) ? " (did you mean --" + best_name + "?)" : "";
+  return best <= close_enough ? " (did you mean --" + best_name + "?)" : "";
 }
 
 template <typename T>
