@@ -25,10 +25,11 @@ int convert(const Args& args);
 int preprocess(const Args& args);
 int version(const Args& args);
 int launch(const Args& args);
-// Around a program's subcommand (report_errors.cpp): stdout line-buffered when `megatron launch`
-// started this process, and run() with user errors printed as "error: ..." (exit status 2) and
-// internal ones as "internal error: ..." (1).
-void line_buffer_stdout_under_launch();
+// Around a program's subcommand (report_errors.cpp): stdout line-buffered and a heartbeat
+// (distributed/heartbeat.h) when `megatron launch` started this process, and run() with user
+// errors printed as "error: ..." (exit status 2), a failed collective with a peer as "error: ..."
+// (1), and internal ones as "internal error: ..." (1).
+void set_up_under_launch();
 int run_reporting_errors(const std::function<int()>& run);
 // Hidden (not in the help): prints the parsed LaunchEnv and misbehaves on request, for tests.
 int print_env(const Args& args);

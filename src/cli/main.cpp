@@ -67,7 +67,7 @@ std::string megatron_script(const std::string& arg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  megatron::cli::line_buffer_stdout_under_launch();
+  megatron::cli::set_up_under_launch();
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

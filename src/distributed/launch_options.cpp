@@ -4,6 +4,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
+#include <algorithm>
 
 #include "core/errors.h"
 #include "distributed/launcher.h"
@@ -40,11 +42,31 @@ std::string normalize_flag(std::string flag) {
   return flag;
 }
 
+// The launched command's --distributed-timeout-minutes, when given on its command line and
+// valid (the rank itself reports a bad value).
+std::optional<double> distributed_timeout_minutes(const std::vector<std::string>& command) {
+  const std::string flag = "--distributed-timeout-minutes";
+  for (size_t i = 0; i < command.size(); ++i) {
+    std::string value;
+    if (command[i] == flag && i + 1 < command.size()) {
+      value = command[i + 1];
+    } else if (command[i].rfind(flag + "=", 0) == 0) {
+      value = command[i].substr(flag.size() + 1);
+    } else {
+      continue;
+    }
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    if (!value.empty() && *end == '\0' && std::isfinite(v) && v > 0) return v;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 LaunchOptions parse_launch_arguments(const std::vector<std::string>& args) {
   LaunchOptions o;
-  bool node_rank_given = false, nproc_given = false, standalone = false;
+  bool node_rank_given = false, nproc_given = false, standalone = false, heartbeat_given = false;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -106,6 +128,13 @@ LaunchOptions parse_launch_arguments(const std::vector<std::string>& args) {
       if (o.log_dir.empty()) throw UserError("--log-dir expects a directory, got ''");
     } else if (flag == "--kill-timeout") {
       o.kill_timeout_s = parse_seconds_flag(flag, take_value());
+    } else if (flag == "--heartbeat-timeout") {
+      const std::string v = take_value();
+      o.heartbeat_timeout_s = parse_seconds_flag(flag, v);
+      heartbeat_given = true;
+      if (o.heartbeat_timeout_s > 0 && o.heartbeat_timeout_s < 3) {
+        throw UserError("--heartbeat-timeout " + v + ": ranks beat once a second; give at least 3 s, or 0 to not watch them");
+      }
     } else if (flag == "--no-prefix-rank0") {
       no_value();
       o.prefix_rank0 = false;
@@ -146,6 +175,12 @@ LaunchOptions parse_launch_arguments(const std::vector<std::string>& args) {
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > INT_MAX) {
     throw UserError("--nnodes x --nproc-per-node is too large");
   }
+  // A frozen rank must be named before its peers' collectives time out and blame themselves.
+  if (!heartbeat_given) {
+    if (const auto minutes = distributed_timeout_minutes(o.command)) {
+      o.heartbeat_timeout_s = std::min(o.heartbeat_timeout_s, std::max(3.0, *minutes * 60 / 2));
+    }
+  }
   return o;
 }
 
@@ -166,6 +201,9 @@ flags:
   --standalone           single node on a free port (same as --nnodes 1 --master-port 0)
   --log-dir D            also write each rank's output to D/rank_<R>.log
   --kill-timeout S       seconds between SIGTERM and SIGKILL when stopping ranks (default 5)
+  --heartbeat-timeout S  a rank silent this long is stopped or frozen: it is named, killed, and the
+                         others stopped (default 60, at most half the command's
+                         --distributed-timeout-minutes; 0: not watched)
   --no-prefix-rank0      print rank 0's lines without the "[rank 0] " prefix
   --no-python            accepted for torchrun compatibility; has no effect
   --                     end of launch flags (optional)

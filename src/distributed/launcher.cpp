@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "distributed/heartbeat.h"
 
 namespace megatron::dist {
 namespace {
@@ -130,6 +131,9 @@ struct Child {
   Stream out, err;
   std::deque<std::string> tail;  // its last lines, both streams, for the failure report
   std::optional<Clock::time_point> first_error;  // when its first "error: ..." line arrived
+  int heartbeat_fd = -1;                           // our end of its heartbeat socket (heartbeat.h)
+  std::optional<Clock::time_point> last_beat;      // when it last beat; watched once it has
+  bool frozen = false;                             // stopped beating while running: killed for it
   std::FILE* log = nullptr;
   std::string prefix;
 };
@@ -142,13 +146,15 @@ class Supervisor {
 
  private:
   void install_signal_handlers();
-  void spawn(Child& child, const std::vector<std::string>& environment);
+  void spawn(Child& child, std::vector<std::string> environment);
   std::vector<std::string> child_environment(const Child& child, int master_port) const;
   void relay(Child& child, Stream& stream);
   void emit(Child& child, const Stream& stream, const std::string& line);
   void reap();
   void on_launcher_signal(int sig);
   void stop_all(int sig);
+  void drain_heartbeat(Child& child);
+  void check_heartbeats(Clock::time_point now);
   void report_failure() const;
   const Child& cause() const;
 
@@ -174,6 +180,7 @@ Supervisor::~Supervisor() {
     for (Stream* s : {&c.out, &c.err}) {
       if (s->fd >= 0) ::close(s->fd);
     }
+    if (c.heartbeat_fd >= 0) ::close(c.heartbeat_fd);
     if (c.log != nullptr) std::fclose(c.log);
   }
   for (int i = 0; i < 4; ++i) ::sigaction(kHandled[i], &old_actions_[i], nullptr);
@@ -236,12 +243,17 @@ std::vector<std::string> Supervisor::child_environment(const Child& child, int m
   return env;
 }
 
-void Supervisor::spawn(Child& child, const std::vector<std::string>& environment) {
-  int out[2], err[2];
+void Supervisor::spawn(Child& child, std::vector<std::string> environment) {
+  int out[2], err[2], beat[2];
   // O_CLOEXEC: a rank must not inherit the other ranks' pipes, or their EOF would never come.
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
     throw std::runtime_error(std::string("launch: pipe2 failed: ") + std::strerror(errno));
   }
+  // The heartbeat socket: beat[1] goes to the rank (kept across its exec below), beat[0] is ours.
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, beat) != 0) {
+    throw std::runtime_error(std::string("launch: socketpair failed: ") + std::strerror(errno));
+  }
+  environment.push_back(std::string(kHeartbeatFdVariable) + "=" + std::to_string(beat[1]));
   // Everything the child needs is built before fork(): between fork and exec only
   // async-signal-safe calls are allowed.
   std::vector<std::string> args = {"megatron"};
@@ -276,6 +288,7 @@ void Supervisor::spawn(Child& child, const std::vector<std::string>& environment
     }
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
+    ::fcntl(beat[1], F_SETFD, 0);  // this rank's own heartbeat socket survives exec
     ::execve(program_.c_str(), argv.data(), envp.data());
     [[maybe_unused]] ssize_t n = ::write(2, exec_failed.data(), exec_failed.size());
     ::_exit(127);
@@ -285,8 +298,10 @@ void Supervisor::spawn(Child& child, const std::vector<std::string>& environment
   ::setpgid(pid, pid);  // also here, so killpg works even before the child has run
   ::close(out[1]);
   ::close(err[1]);
+  ::close(beat[1]);
   child.pid = pid;
   child.running = true;
+  child.heartbeat_fd = beat[0];
   child.out.fd = out[0];
   child.out.out_fd = 1;
   child.err.fd = err[0];
@@ -336,6 +351,40 @@ void Supervisor::stop_all(int sig) {
   for (const auto& c : children_) ::killpg(c.pid, sig);
 }
 
+void Supervisor::drain_heartbeat(Child& child) {
+  char beats[256];
+  const ssize_t n = ::read(child.heartbeat_fd, beats, sizeof(beats));
+  if (n > 0) {
+    child.last_beat = Clock::now();
+  } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+    // Closed: the rank exited (reap() says how) or stopped beating on purpose.
+    ::close(child.heartbeat_fd);
+    child.heartbeat_fd = -1;
+    child.last_beat.reset();
+  }
+}
+
+// A running rank silent for --heartbeat-timeout is stopped or frozen: no thread of it runs. It is
+// the failure's cause, killed at once (it cannot act on SIGTERM); the others are stopped as for
+// any failure. Not while the job is already stopping: ranks saving a checkpoint may be slow.
+void Supervisor::check_heartbeats(Clock::time_point now) {
+  if (options_.heartbeat_timeout_s <= 0 || failed_ || kill_at_) return;
+  const auto timeout = std::chrono::duration<double>(options_.heartbeat_timeout_s);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Child& c = children_[i];
+    // A rank that never beat (a program of its own that does not) is not watched.
+    if (!c.running || !c.last_beat || now - *c.last_beat < timeout) continue;
+    c.frozen = true;
+    failed_ = i;
+    std::fprintf(stderr, "launch: rank %d sent no heartbeat for %g s (stopped or frozen); killing it and stopping the other ranks\n",
+                 c.rank, options_.heartbeat_timeout_s);
+    ::killpg(c.pid, SIGKILL);
+    stop_all(SIGTERM);
+    kill_at_ = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.kill_timeout_s));
+    return;
+  }
+}
+
 void Supervisor::reap() {
   for (size_t i = 0; i < children_.size(); ++i) {
     Child& c = children_[i];
@@ -383,20 +432,28 @@ void Supervisor::on_launcher_signal(int sig) {
 // arrived earliest. The first rank to exit is often an effect (a peer's "connection closed"
 // exits at once while the cause is still writing its report); without error lines, the first
 // that exited.
+// A frozen rank is the cause unless another rank's error came while it still beat.
 const Child& Supervisor::cause() const {
   const Child* earliest = &children_[*failed_];
   for (const Child& c : children_) {
     const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && !c.running;
     if (!failed || !c.first_error) continue;
-    if (!earliest->first_error || *c.first_error < *earliest->first_error) earliest = &c;
+    if (earliest->frozen ? *c.first_error < *earliest->last_beat
+                         : !earliest->first_error || *c.first_error < *earliest->first_error) {
+      earliest = &c;
+    }
   }
   return *earliest;
 }
 
 void Supervisor::report_failure() const {
   const Child& c = cause();
+  char silent[32];
+  std::snprintf(silent, sizeof(silent), "%g s", options_.heartbeat_timeout_s);
+  const std::string how = c.frozen ? std::string("sent no heartbeat for ") + silent + " (stopped or frozen) and was killed"
+                                   : describe_status(c.status);
   std::string text = "launch: rank " + std::to_string(c.rank) + " (local rank " + std::to_string(c.local_rank) +
-                     ", pid " + std::to_string(c.pid) + ") " + describe_status(c.status) + "\n";
+                     ", pid " + std::to_string(c.pid) + ") " + how + "\n";
   if (c.tail.empty()) {
     text += "launch: rank " + std::to_string(c.rank) + " printed nothing\n";
   } else {
@@ -446,15 +503,21 @@ int Supervisor::run() {
           owners.emplace_back(&c, s);
         }
       }
+      if (c.heartbeat_fd >= 0) {
+        fds.push_back({c.heartbeat_fd, POLLIN, 0});
+        owners.emplace_back(&c, nullptr);
+      }
     }
     const auto now = Clock::now();
+    check_heartbeats(now);
     if (drain_until_ && (fds.size() == 1 || now >= *drain_until_)) break;
     if (kill_at_ && now >= *kill_at_) {
       std::fprintf(stderr, "launch: ranks still running %g s after SIGTERM; sending SIGKILL\n", options_.kill_timeout_s);
       stop_all(SIGKILL);
       kill_at_ = Clock::time_point::max();  // sent; keeps "stopping" true without re-arming
     }
-    int timeout_ms = -1;
+    // Awake at least every heartbeat interval while heartbeats are watched.
+    int timeout_ms = options_.heartbeat_timeout_s > 0 && !failed_ && !kill_at_ ? static_cast<int>(kHeartbeatIntervalSeconds * 1000) : -1;
     for (const auto& t : {kill_at_, drain_until_}) {
       if (!t || *t == Clock::time_point::max()) continue;
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*t - now).count() + 1;
@@ -471,7 +534,12 @@ int Supervisor::run() {
       }
     }
     for (size_t k = 1; k < fds.size(); ++k) {
-      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) relay(*owners[k].first, *owners[k].second);
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (owners[k].second == nullptr) {
+        drain_heartbeat(*owners[k].first);
+      } else {
+        relay(*owners[k].first, *owners[k].second);
+      }
     }
   }
   // Whatever is left in the groups of a job we are ending (e.g. a stuck rank's helpers) goes too.

@@ -17,6 +17,9 @@ struct LaunchOptions {
   int master_port = 29500;  // 0: pick a free port (single node only)
   std::string log_dir;      // non-empty: also write <log_dir>/rank_<R>.log per rank
   double kill_timeout_s = 5.0;  // SIGTERM -> SIGKILL grace when stopping ranks
+  // A running rank silent this long (heartbeat.h) is stopped or frozen; 0: not watched. At most
+  // half the command's --distributed-timeout-minutes unless given.
+  double heartbeat_timeout_s = 60.0;
   bool prefix_rank0 = true;     // false: rank 0's lines appear unprefixed (`--no-prefix-rank0`)
   std::vector<std::string> command;  // the subcommand and its arguments, passed on verbatim
   bool help = false;                 // `--help` came before the subcommand; nothing else is checked

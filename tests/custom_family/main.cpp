@@ -86,7 +86,7 @@ ModelFamily wide_mlp_family() {
 }  // namespace megatron
 
 int main(int argc, char** argv) {
-  megatron::cli::line_buffer_stdout_under_launch();
+  megatron::cli::set_up_under_launch();
   if (argc < 2) {
     std::fprintf(stderr, "usage: megatron_custom_family train|convert|launch [args]\n");
     return 2;

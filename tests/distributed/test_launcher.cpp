@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "distributed/launcher.h"
 #include "support/free_port.h"
 #include "support/test_support.h"
 
@@ -223,6 +224,44 @@ TEST(Launcher, TheCauseIsTheEarliestErrorNotTheFirstExit) {
   EXPECT_NE(r.output.find("launch: the other ranks: 1: exited with status 2"), std::string::npos) << r.output;
 }
 
+// A rank stopped (SIGSTOP: no thread of it runs) stops beating: the launcher names it and
+// kills it after --heartbeat-timeout, while its peer, which would wait for it in a collective
+// until its own timeout, is stopped as for any failure.
+TEST(Launcher, AFrozenRankIsNamedAndKilled) {
+  const auto start = Clock::now();
+  const auto r = run_megatron(launch_args({"--nproc-per-node", "2", "--heartbeat-timeout", "3"},
+                                          {"--fail-rank", "1", "--fail-signal", std::to_string(SIGSTOP),
+                                           "--sleep-rank", "0", "--seconds", "60"}));
+  EXPECT_LT(seconds_since(start), 40.0) << "the frozen rank was not noticed\n" << r.output;
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("launch: rank 1 sent no heartbeat for 3 s (stopped or frozen); killing it"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(") sent no heartbeat for 3 s (stopped or frozen) and was killed\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("launch: rank 1 (local rank 1, pid "), std::string::npos) << r.output;
+  for (pid_t pid : printed_pids(r.output)) EXPECT_TRUE(process_gone(pid)) << "pid " << pid << "\n" << r.output;
+}
+
+// A rank busy for longer than the heartbeat timeout (its main thread asleep: a long step, a
+// collective waiting on a peer) keeps beating and is left alone.
+TEST(Launcher, ABusyRankKeepsBeating) {
+  const auto r = run_megatron(launch_args({"--nproc-per-node", "2", "--heartbeat-timeout", "3"},
+                                          {"--sleep-rank", "all", "--seconds", "5"}));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("heartbeat"), std::string::npos) << r.output;
+}
+
+// Unless given, the heartbeat timeout is at most half the command's collective timeout, so a
+// frozen rank is named before its peers time out and blame themselves.
+TEST(Launcher, TheHeartbeatTimeoutFollowsTheDistributedTimeout) {
+  const auto timeout = [](std::vector<std::string> args) { return dist::parse_launch_arguments(args).heartbeat_timeout_s; };
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--lr", "1"}), 60.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--distributed-timeout-minutes", "1"}), 30.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--distributed-timeout-minutes=0.01"}), 3.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--distributed-timeout-minutes", "30"}), 60.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "--heartbeat-timeout", "10", "train", "--distributed-timeout-minutes", "0.1"}), 10.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "--heartbeat-timeout", "0", "train"}), 0.0);
+}
+
 TEST(Launcher, RankKilledByASignalIsReportedWithTheSignal) {
   const auto r = run_megatron(launch_args({"--nproc-per-node", "2"},
                                           {"--fail-rank", "0", "--fail-signal", std::to_string(SIGABRT),
@@ -289,6 +328,8 @@ TEST(Launcher, BadFlagsAreNamedErrors) {
       {{"launch", "--nproc-per-node", "2", "--nnodes", "1:4", "_print-env"}, "elastic"},
       {{"launch", "--nproc-per-node", "2", "--frobnicate", "_print-env"}, "unknown flag --frobnicate"},
       {{"launch", "--nproc-per-node", "2", "--kill-timeout", "-1", "_print-env"}, "--kill-timeout expects"},
+      {{"launch", "--nproc-per-node", "2", "--heartbeat-timeout", "1", "_print-env"}, "--heartbeat-timeout 1: ranks beat once a second"},
+      {{"launch", "--nproc-per-node", "2", "--heartbeat-timeout", "nan", "_print-env"}, "--heartbeat-timeout expects"},
   };
   for (const auto& [args, message] : cases) {
     const auto r = run_megatron(args);
