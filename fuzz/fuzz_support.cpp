@@ -1,8 +1,8 @@
+#include <ftw.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <set>
 #include <stdexcept>
 
 #include "fuzz_target.h"
@@ -12,15 +12,15 @@ namespace {
 
 struct Scratch {
   std::string dir;
-  std::set<std::string> files;
   Scratch() {
     const char* tmp = std::getenv("TMPDIR");
     dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/megatron-fuzz-XXXXXX";
     if (::mkdtemp(dir.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + dir);
   }
+  // With whatever the targets wrote into it (files, checkpoint directories); links not followed.
   ~Scratch() {
-    for (const auto& f : files) ::unlink(f.c_str());
-    ::rmdir(dir.c_str());
+    ::nftw(dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+           FTW_DEPTH | FTW_PHYS);
   }
 };
 
@@ -33,9 +33,7 @@ void rejected(const std::exception& error) {
 
 std::string scratch_file(const std::string& name) {
   static Scratch scratch;
-  const std::string path = scratch.dir + "/" + name;
-  scratch.files.insert(path);
-  return path;
+  return scratch.dir + "/" + name;
 }
 
 }  // namespace megatron::fuzz

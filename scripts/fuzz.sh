@@ -23,10 +23,10 @@ fi
 # The LibTorch-side targets link the rest of megatron.cpp from the main build (build/, `make build`).
 main_build=""
 if [ -f build/CMakeCache.txt ]; then
-  cmake --build build --target megatron_lib > /dev/null || { echo "fuzz.sh: building build/'s megatron_lib failed"; exit 1; }
+  cmake --build build --target megatron_cli > /dev/null || { echo "fuzz.sh: building build/'s libraries failed"; exit 1; }
   main_build=$PWD/build
 else
-  echo "fuzz.sh: no build/ (make build): the LibTorch-side targets (safetensors, hf_config, train_flags) are not built"
+  echo "fuzz.sh: no build/ (make build): the LibTorch-side targets (safetensors, hf_config, train_flags, native_checkpoint) are not built"
 fi
 cmake -S fuzz -B $build -G Ninja -DCMAKE_CXX_COMPILER=clang++-16 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRON_BUILD="$main_build" > /dev/null
 cmake --build $build -j "$(nproc)" > $build/build.log || { cat $build/build.log; exit 1; }

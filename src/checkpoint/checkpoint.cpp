@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/fp8_state.h"
+#include "checkpoint/hf_config_check.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_table.h"
@@ -456,10 +457,30 @@ nlohmann::json read_checkpoint_state(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     throw UserError(dir + "/state.json is corrupt: " + e.what());
   }
-  if (state.value("format_version", 0) != kFormatVersion) {
-    throw UserError(dir + "/state.json: unsupported checkpoint format version " + state.value("format_version", nlohmann::json()).dump());
+  if (!state.is_object()) throw UserError(dir + "/state.json is corrupt: expected a JSON object, got " + std::string(state.type_name()));
+  const nlohmann::json version = state.value("format_version", nlohmann::json());
+  if (!version.is_number_integer() || version.get<int64_t>() != kFormatVersion) {
+    throw UserError(dir + "/state.json: unsupported checkpoint format version " + version.dump());
   }
   return state;
+}
+
+ModelConfig saved_model_config(const std::string& dir, const nlohmann::json& state) {
+  const std::string path = dir + "/state.json";
+  if (!state.contains("model_config")) {
+    throw UserError(path + " records no model configuration (\"model_config\"): it was saved by an older version, or is damaged");
+  }
+  check_saved_model_fields(state["model_config"], path);
+  ModelConfig m;
+  try {
+    m = model_config_from_json(state["model_config"]);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(path + ": model_config: " + e.what());
+  } catch (const UserError& e) {  // a required key missing
+    throw UserError(path + ": " + e.what());
+  }
+  check_saved_model(m, path);
+  return m;
 }
 
 void load_model_weights(const std::string& dir, GPTModel& model, const dist::ParallelState& ps) {

@@ -58,6 +58,9 @@ std::string iteration_directory(const std::string& save_dir, int64_t iteration);
 std::string latest_checkpoint_directory(const std::string& load_dir);
 // state.json of an iteration directory (format version checked).
 nlohmann::json read_checkpoint_state(const std::string& iteration_dir);
+// The model `state` (read_checkpoint_state(iteration_dir)) records, checked field by field
+// (hf_config_check.h): UserError naming state.json when missing, mistyped or impossible.
+ModelConfig saved_model_config(const std::string& iteration_dir, const nlohmann::json& state);
 // The model weights of an iteration directory, shapes checked.
 void load_model_weights(const std::string& iteration_dir, GPTModel& model,
                         const dist::ParallelState& ps = dist::ParallelState::single());

@@ -93,6 +93,71 @@ const Field kRope[] = {
     {"attention_factor", Kind::Positive},
 };
 
+// A checkpoint's own record of its model (state.json's "model_config", config_json.cpp's keys):
+// what finalize_config made of the flags that trained it, so every size is already derived.
+const Field kSavedModel[] = {
+    {"num_layers", Kind::Count},
+    {"hidden_size", Kind::Count},
+    {"ffn_hidden_size", Kind::Count},
+    {"num_attention_heads", Kind::Count},
+    {"group_query_attention", Kind::Bool},
+    {"num_query_groups", Kind::Count},
+    {"kv_channels", Kind::Count},
+    {"seq_length", Kind::Count},
+    {"max_position_embeddings", Kind::Count},
+    {"vocab_size", Kind::Count},
+    {"make_vocab_size_divisible_by", Kind::Count},
+    {"padded_vocab_size", Kind::Count},
+    {"hf_vocab_size", Kind::Count, 0},
+    {"normalization", Kind::String},
+    {"norm_epsilon", Kind::Positive},
+    {"swiglu", Kind::Bool},
+    {"add_bias_linear", Kind::Bool},
+    {"add_qkv_bias", Kind::Bool},
+    {"qk_layernorm", Kind::Bool},
+    {"position_embedding_type", Kind::String},
+    {"rotary_base", Kind::Positive},
+    {"rotary_percent", Kind::Positive},
+    {"use_rope_scaling", Kind::Bool},
+    {"rope_scaling_factor", Kind::Positive},
+    {"rope_low_freq_factor", Kind::Positive},
+    {"rope_high_freq_factor", Kind::Positive},
+    {"rope_original_max_position_embeddings", Kind::Count},
+    {"untie_embeddings_and_output_weights", Kind::Bool},
+    {"init_method_std", Kind::NonNegative},
+    {"hidden_dropout", Kind::NonNegative},
+    {"attention_dropout", Kind::NonNegative},
+    {"num_experts", Kind::Count, 0},
+    {"moe_ffn_hidden_size", Kind::Count, 0},
+    {"moe_layers", Kind::CountList},
+    {"moe_router_topk", Kind::Count, 0},
+    {"moe_router_pre_softmax", Kind::Bool},
+    {"moe_router_score_function", Kind::String},
+    {"moe_router_topk_scaling_factor", Kind::NonNegative},
+    {"moe_shared_expert_intermediate_size", Kind::Count, 0},
+    {"moe_shared_expert_gate", Kind::Bool},
+    {"multi_latent_attention", Kind::Bool},
+    {"q_lora_rank", Kind::Count, 0},
+    {"kv_lora_rank", Kind::Count, 0},
+    {"qk_head_dim", Kind::Count, 0},
+    {"qk_pos_emb_head_dim", Kind::Count, 0},
+    {"v_head_dim", Kind::Count, 0},
+    {"rope_type", Kind::String},
+    {"rotary_scaling_factor", Kind::Positive},
+    {"mscale", Kind::NonNegative},
+    {"mscale_all_dim", Kind::NonNegative},
+    {"yarn_original_max_position_embeddings", Kind::Count},
+    {"yarn_beta_fast", Kind::Finite},
+    {"yarn_beta_slow", Kind::Finite},
+    {"moe_router_enable_expert_bias", Kind::Bool},
+    {"moe_router_num_groups", Kind::Count, 0},
+    {"moe_router_group_topk", Kind::Count, 0},
+    {"mtp_num_layers", Kind::Count, 0},
+    {"mtp_loss_scaling_factor", Kind::NonNegative},
+    {"layernorm_zero_centered_gamma", Kind::Bool},
+    {"rotary_seq_len_interpolation_factor", Kind::Positive},
+};
+
 bool is_count(const nlohmann::json& v, int64_t least) {
   if (v.is_number_integer()) {
     if (v.is_number_unsigned()) {  // how the parser keeps every integer from 0 up
@@ -160,6 +225,28 @@ void check_hf_config_fields(const nlohmann::json& j, const std::string& path) {
   for (const char* rope : {"rope_scaling", "rope_parameters"}) {
     if (j.contains(rope) && j[rope].is_object()) check_fields(j[rope], kRope, path, std::string(rope) + ".");
   }
+}
+
+void check_saved_model_fields(const nlohmann::json& j, const std::string& path) {
+  if (!j.is_object()) throw UserError(path + ": \"model_config\" must be an object of model settings, got " + std::string(j.type_name()));
+  check_fields(j, kSavedModel, path, "model_config.");
+}
+
+void check_saved_model(const ModelConfig& m, const std::string& path) {
+  auto refuse = [&](const std::string& why) { throw UserError(path + ": model_config: " + why); };
+  if (m.normalization != "LayerNorm" && m.normalization != "RMSNorm") refuse("normalization must be LayerNorm or RMSNorm");
+  if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" && m.position_embedding_type != "none") {
+    refuse("position_embedding_type must be learned_absolute, rope or none");
+  }
+  if (m.padded_vocab_size < m.vocab_size) refuse("padded_vocab_size is below vocab_size");
+  if (m.num_experts > 0 && m.moe_layers.size() != size_t(m.num_layers)) refuse("moe_layers must hold one entry per layer");
+  // Layers beyond any model trained (the largest have ~128): each becomes modules and files.
+  if (m.num_layers > 4096 || m.mtp_num_layers > 64) refuse("num_layers above 4096 or mtp_num_layers above 64");
+  if (m.multi_latent_attention && (m.kv_lora_rank < 1 || m.qk_head_dim < 1 || m.v_head_dim < 1)) {
+    refuse("multi-latent attention needs kv_lora_rank, qk_head_dim and v_head_dim of at least 1");
+  }
+  if (m.num_experts > 0 && m.moe_ffn_hidden_size < 1) refuse("moe_ffn_hidden_size must be at least 1 with experts");
+  check_hf_model_sizes(m, path);
 }
 
 void check_hf_model_sizes(const ModelConfig& m, const std::string& path) {

@@ -222,11 +222,10 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
               static_cast<long long>(checkpoint.iteration()), save.c_str(), tp, pp, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
 }
 
-void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes, const ModelFamily* family) {
-  std::string dir = fs::exists(load + "/state.json") ? load : latest_checkpoint_directory(load);
-  if (dir.empty()) throw UserError(load + ": no checkpoint (no latest_checkpointed_iteration.txt or state.json)");
-  const nlohmann::json state = read_checkpoint_state(dir);
-  ModelConfig m = model_config_from_json(state.at("model_config"));
+// A native checkpoint (iteration directory `dir`, its state.json `state`) -> an HF directory.
+void write_hf_from_native(const std::string& dir, const nlohmann::json& state, const std::string& save, int64_t max_shard_bytes,
+                          const ModelFamily* family) {
+  ModelConfig m = saved_model_config(dir, state);
   m.family = family;
   // Reads the model files of any saved layout, checksums verified, TP shards joined per tensor.
   const ShardedCheckpointReader reader(dir, state, describe_model(m), /*with_optimizer=*/false);
@@ -255,6 +254,17 @@ void native_to_hf(const std::string& load, const std::string& save, int64_t max_
     return reader.model(name, m.padded_vocab_size);
   }, options);
   std::printf("convert: %s -> %s (Hugging Face, vocabulary %lld)\n", dir.c_str(), save.c_str(), static_cast<long long>(hf_vocab));
+}
+
+void native_to_hf(const std::string& load, const std::string& save, int64_t max_shard_bytes, const ModelFamily* family) {
+  std::string dir = fs::exists(load + "/state.json") ? load : latest_checkpoint_directory(load);
+  if (dir.empty()) throw UserError(load + ": no checkpoint (no latest_checkpointed_iteration.txt or state.json)");
+  const nlohmann::json state = read_checkpoint_state(dir);
+  try {
+    write_hf_from_native(dir, state, save, max_shard_bytes, family);
+  } catch (const nlohmann::json::exception& e) {  // a field of the saved layout or tokenizer
+    throw UserError(dir + "/state.json: a field is missing or of the wrong type (" + e.what() + "): the checkpoint is damaged");
+  }
 }
 
 }  // namespace

@@ -98,9 +98,13 @@ int generate(const Args& args) {
   if (!state.contains("model_config") || !state.contains("tokenizer")) {
     throw UserError(dir + "/state.json records no model or tokenizer (saved by an older version)");
   }
-  const ModelConfig model_config = model_config_from_json(state["model_config"]);
+  const ModelConfig model_config = saved_model_config(dir, state);
   DataConfig data;
-  tokenizer_config_from_json(state["tokenizer"], data);
+  try {
+    tokenizer_config_from_json(state["tokenizer"], data);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(dir + "/state.json: tokenizer: a field is missing or of the wrong type (" + e.what() + ")");
+  }
   if (values.count("--tokenizer-model")) data.tokenizer_model = values["--tokenizer-model"];
   // The model's vocab_size is the tokenizer's ids: NullTokenizer's N plus EOD, TikTokenizer's all.
   const int64_t vocab_flag = data.tokenizer_type == "NullTokenizer"  ? model_config.vocab_size - 1

@@ -224,5 +224,41 @@ TEST(BadCheckpoints, StateJsonFieldOfTheWrongTypeIsAnErrorNamingIt) {
   EXPECT_NE(r.output.find("iter_0000001/state.json: a field is missing or of the wrong type"), std::string::npos) << r.output;
 }
 
+// The model a native checkpoint records (state.json's model_config) is checked before convert
+// or generate builds it: a field of the wrong type or range, impossible sizes, a missing record,
+// a state.json that is not an object -- each an error naming the file (found by the
+// native_checkpoint fuzz target: a missing model_config was an internal JSON error).
+TEST(BadCheckpoints, SavedModelConfigIsCheckedBeforeConvertOrGenerateBuildsIt) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_megatron(test::tiny_cpu_train({"--train-iters", "1", "--lr-warmup-iters", "0", "--eval-iters", "0", "--save",
+                                                     dir / "ckpt"})).status, 0);
+  const std::string state = dir / "ckpt/iter_0000001/state.json";
+  const std::string original = read_file(state);
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[](nlohmann::json& j) { j.erase("model_config"); }, "records no model"},
+      {[](nlohmann::json& j) { j["model_config"]["num_attention_heads"] = 0; }, "model_config.num_attention_heads must be an integer from 1"},
+      {[](nlohmann::json& j) { j["model_config"]["hidden_size"] = "64"; }, "model_config.hidden_size must be an integer from 1"},
+      {[](nlohmann::json& j) { j["model_config"]["norm_epsilon"] = -1; }, "model_config.norm_epsilon must be a finite number above 0"},
+      {[](nlohmann::json& j) { j["model_config"]["num_query_groups"] = 3; }, "must be a multiple of num_key_value_heads"},
+      {[](nlohmann::json& j) { j["model_config"]["num_layers"] = 100000; }, "num_layers above 4096"},
+      {[](nlohmann::json& j) { j["model_config"]["normalization"] = "BatchNorm"; }, "normalization must be LayerNorm or RMSNorm"},
+      {[](nlohmann::json& j) { j = 5; }, "state.json is corrupt: expected a JSON object"},
+      {[](nlohmann::json& j) { j["format_version"] = "1"; }, "unsupported checkpoint format version \"1\""},
+  };
+  for (const auto& [edit, message] : cases) {
+    std::ofstream(state) << original;
+    edit_json(state, edit);
+    for (const std::vector<std::string>& command :
+         {std::vector<std::string>{"convert", "--from", "native", "--to", "hf", "--load", dir / "ckpt", "--save", dir / "hf"},
+          std::vector<std::string>{"generate", "--load", dir / "ckpt", "--prompt", "x", "--max-new-tokens", "1"}}) {
+      const auto r = test::run_megatron(command);
+      EXPECT_EQ(r.status, 2) << command[0] << ": " << message << "\n" << r.output;
+      EXPECT_NE(r.output.find("iter_0000001/state.json"), std::string::npos) << command[0] << "\n" << r.output;
+      EXPECT_NE(r.output.find(message), std::string::npos) << command[0] << ": expected '" << message << "'\n" << r.output;
+    }
+    EXPECT_FALSE(fs::exists(dir / "hf")) << message;
+  }
+}
+
 }  // namespace
 }  // namespace megatron
