@@ -31,6 +31,19 @@ void rejected(const std::exception& error) {
   if (verbose) std::fprintf(stderr, "rejected: %s\n", error.what());
 }
 
+void exercise_tokenizer(const megatron::Tokenizer& tokenizer) {
+  for (const char* text : {"Hello world!", "  two  spaces\n\ttab 12345", "caf\xc3\xa9 \xe6\x95\xb0 \xf0\x9f\x98\x80", "\xff\xfe",
+                           "</s><s><|endoftext|>x", ""}) {
+    const std::vector<int64_t> ids = tokenizer.encode(text);
+    for (int64_t id : ids) {
+      if (id < 0 || id >= tokenizer.vocab_size()) __builtin_trap();
+      (void)tokenizer.id_to_token(id);
+    }
+    (void)tokenizer.decode(ids);
+  }
+  (void)tokenizer.decode({0, 1, 2, -1, tokenizer.vocab_size(), tokenizer.vocab_size() - 1});
+}
+
 std::string scratch_file(const std::string& name) {
   static Scratch scratch;
   return scratch.dir + "/" + name;

@@ -18,6 +18,8 @@
 #include <string>
 #include <string_view>
 
+#include "tokenizer/tokenizer.h"
+
 namespace megatron::fuzz {
 
 using Target = void (*)(const uint8_t* data, size_t size);
@@ -44,6 +46,11 @@ inline std::pair<std::string_view, std::string_view> split(std::string_view text
 // Called with each error a parser answered an input with: printed when MEGATRON_FUZZ_VERBOSE is
 // set (is a seed accepted, or refused before reaching the code it was written for?).
 void rejected(const std::exception& error);
+
+// A tokenizer a target loaded, used as training uses it: a few texts (ASCII, whitespace runs,
+// multi-byte and invalid UTF-8, special-token strings, empty) encoded, every id checked to lie
+// inside the vocabulary (a finding otherwise) and named, then decoded, and ids outside it decoded.
+void exercise_tokenizer(const megatron::Tokenizer& tokenizer);
 
 // A scratch directory for targets whose parser reads files (one per process, reused by every run).
 std::string scratch_file(const std::string& name);
