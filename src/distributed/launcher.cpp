@@ -133,7 +133,7 @@ struct Child {
   std::optional<Clock::time_point> first_error;  // when its first "error: ..." line arrived
   int heartbeat_fd = -1;                           // our end of its heartbeat socket (heartbeat.h)
   std::optional<Clock::time_point> last_beat;      // when it last beat; watched once it has
-  bool frozen = false;                             // stopped beating while running: killed for it
+  std::optional<Clock::time_point> frozen_after;   // its last beat, once found frozen (and killed)
   std::FILE* log = nullptr;
   std::string prefix;
 };
@@ -374,7 +374,7 @@ void Supervisor::check_heartbeats(Clock::time_point now) {
     Child& c = children_[i];
     // A rank that never beat (a program of its own that does not) is not watched.
     if (!c.running || !c.last_beat || now - *c.last_beat < timeout) continue;
-    c.frozen = true;
+    c.frozen_after = c.last_beat;
     failed_ = i;
     std::fprintf(stderr, "launch: rank %d sent no heartbeat for %g s (stopped or frozen); killing it and stopping the other ranks\n",
                  c.rank, options_.heartbeat_timeout_s);
@@ -438,7 +438,7 @@ const Child& Supervisor::cause() const {
   for (const Child& c : children_) {
     const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && !c.running;
     if (!failed || !c.first_error) continue;
-    if (earliest->frozen ? *c.first_error < *earliest->last_beat
+    if (earliest->frozen_after ? *c.first_error < *earliest->frozen_after
                          : !earliest->first_error || *c.first_error < *earliest->first_error) {
       earliest = &c;
     }
@@ -450,7 +450,7 @@ void Supervisor::report_failure() const {
   const Child& c = cause();
   char silent[32];
   std::snprintf(silent, sizeof(silent), "%g s", options_.heartbeat_timeout_s);
-  const std::string how = c.frozen ? std::string("sent no heartbeat for ") + silent + " (stopped or frozen) and was killed"
+  const std::string how = c.frozen_after ? std::string("sent no heartbeat for ") + silent + " (stopped or frozen) and was killed"
                                    : describe_status(c.status);
   std::string text = "launch: rank " + std::to_string(c.rank) + " (local rank " + std::to_string(c.local_rank) +
                      ", pid " + std::to_string(c.pid) + ") " + how + "\n";
