@@ -21,6 +21,7 @@
 #include "data/sft_packing.h"
 #include "data/sft_preprocess.h"
 #include "support/test_support.h"
+#include "support/user_error.h"
 #include "tokenizer/tokenizer_test_util.h"
 
 namespace megatron {
@@ -290,6 +291,53 @@ TEST(SftDataset, LabelsStayInsideSamplesPositionsRestartBoundariesIncludePadding
   // Packs longer than seq_length + 1, and a missing loss mask, fail at open.
   EXPECT_THROW(SftDataset(prefix, 7, 99), UserError);
   EXPECT_THROW(SftDataset(dir / "nothing", 8, 99), UserError);
+}
+
+// The two datasets of a packed SFT pair checked against each other when opened (issue #26:
+// crafted files for each check), each an error naming both prefixes: a loss mask stored as
+// anything but uint8, a mask with a sample more, a sample whose lengths differ, a pack that
+// ends elsewhere in the mask, token ids stored as floats.
+TEST(SftDataset, MismatchedPairsAreErrorsNamingTheFiles) {
+  test::TempDir dir;
+  const auto write = [&](const std::string& prefix, TokenDType ids_dtype, TokenDType mask_dtype,
+                         const std::vector<std::vector<int64_t>>& id_packs, const std::vector<std::vector<int64_t>>& mask_packs,
+                         bool mask_splits_first_pack = false) {
+    IndexedDatasetBuilder ids(sft_input_ids_prefix(prefix), ids_dtype), mask(sft_loss_mask_prefix(prefix), mask_dtype);
+    for (const auto& pack : id_packs) {
+      ids.add_sequence(pack.data(), pack.size());
+      ids.end_document();
+    }
+    for (size_t p = 0; p < mask_packs.size(); ++p) {
+      mask.add_sequence(mask_packs[p].data(), mask_packs[p].size());
+      if (!(mask_splits_first_pack && p == 0)) mask.end_document();
+    }
+    ids.finalize();
+    mask.finalize();
+    return prefix;
+  };
+  const auto error = [&](const std::string& prefix) { return test::user_error_of([&] { SftDataset(prefix, 8, 0); }); };
+  const std::string good = write(dir / "good", TokenDType::kUInt16, TokenDType::kUInt8, {{1, 2, 3}, {4, 5}}, {{0, 1, 1}, {1, 1}});
+  EXPECT_EQ(error(good), "");
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {write(dir / "mask_int32", TokenDType::kUInt16, TokenDType::kInt32, {{1, 2, 3}}, {{0, 1, 1}}), "loss mask is not uint8"},
+      {write(dir / "extra", TokenDType::kUInt16, TokenDType::kUInt8, {{1, 2, 3}}, {{0, 1, 1}, {1}}), "disagree on the number of samples"},
+      {write(dir / "lengths", TokenDType::kUInt16, TokenDType::kUInt8, {{1, 2, 3}, {4, 5}}, {{0, 1}, {1, 1, 1}}), "sample 0 has different lengths"},
+      {write(dir / "packs", TokenDType::kUInt16, TokenDType::kUInt8, {{1, 2}, {3, 4}}, {{0, 1}, {1, 1}}, true), "disagree on the number"},
+  };
+  // Token ids stored as float32: int32 ids with the .idx dtype code (byte 17) edited to float32's
+  // (same item size, so every offset stays valid).
+  const std::string floats = write(dir / "float", TokenDType::kInt32, TokenDType::kUInt8, {{1, 2, 3}}, {{0, 1, 1}});
+  {
+    std::fstream idx(sft_input_ids_prefix(floats) + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+    idx.seekp(17);
+    idx.put(char(TokenDType::kFloat32));
+  }
+  cases.emplace_back(floats, "dtype is float32, but token datasets must hold integers");
+  for (const auto& [prefix, message] : cases) {
+    const std::string got = error(prefix);
+    EXPECT_NE(got.find(message), std::string::npos) << prefix << ": " << got;
+    EXPECT_NE(got.find(prefix), std::string::npos) << got;
+  }
 }
 
 std::string chat_line(const Conversation& conv, bool sharegpt) {
