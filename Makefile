@@ -9,7 +9,7 @@ export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_f
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := true
 
-.PHONY: setup configure build test demo clean
+.PHONY: setup configure build test demo clean sanitize
 
 setup:
 	@scripts/setup.sh > $(BUILD).venv-path.tmp && mkdir -p $(BUILD) && mv $(BUILD).venv-path.tmp $(BUILD)/venv-path
@@ -17,7 +17,7 @@ setup:
 configure: setup
 	@venv=$$(cat $(BUILD)/venv-path); \
 	torch_root=$$($$venv/bin/python -c 'import torch, os; print(os.path.dirname(torch.__file__))'); \
-	cmake -S . -B $(BUILD) -G Ninja -DTORCH_ROOT=$$torch_root -DMEGATRON_VENV=$$venv > $(BUILD)/configure.log \
+	cmake -S . -B $(BUILD) -G Ninja -DTORCH_ROOT=$$torch_root -DMEGATRON_VENV=$$venv $(CMAKE_ARGS) > $(BUILD)/configure.log \
 	  || { cat $(BUILD)/configure.log; exit 1; }
 
 build: configure
@@ -25,6 +25,11 @@ build: configure
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The whole suite built and run under AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
+# (docs/fuzzing.md); about twice the time of `make test`.
+sanitize:
+	$(MAKE) test BUILD=build-asan CMAKE_ARGS=-DMEGATRON_SANITIZE=ON
 
 demo: build
 	scripts/demo.sh $(BUILD)/megatron
