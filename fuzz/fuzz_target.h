@@ -50,6 +50,7 @@ void rejected(const std::exception& error);
 // A tokenizer a target loaded, used as training uses it: a few texts (ASCII, whitespace runs,
 // multi-byte and invalid UTF-8, special-token strings, empty) encoded, every id checked to lie
 // inside the vocabulary (a finding otherwise) and named, then decoded, and ids outside it decoded.
+// A UserError from encode (a damaged model that fails on a text, naming itself) is an answer.
 void exercise_tokenizer(const megatron::Tokenizer& tokenizer);
 
 // A scratch directory for targets whose parser reads files (one per process, reused by every run).

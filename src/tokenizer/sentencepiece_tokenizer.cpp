@@ -84,7 +84,7 @@ void check_pieces(std::string_view model, const std::string& path) {
 
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  SentencePieceTokenizer(const std::string& path, bool add_bos) : add_bos_(add_bos) {
+  SentencePieceTokenizer(const std::string& path, bool add_bos) : path_(path), add_bos_(add_bos) {
     struct stat st {};
     if (path.empty()) throw UserError("--tokenizer-model is required for a SentencePiece tokenizer");
     if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -128,7 +128,10 @@ class SentencePieceTokenizer : public Tokenizer {
   std::vector<int64_t> do_encode(std::string_view text, bool add_special_tokens) const override {
     std::vector<int> pieces;
     const auto status = sp_.Encode(text, &pieces);
-    if (!status.ok()) throw UserError("SentencePiece could not encode a text (" + status.ToString() + ")");
+    if (!status.ok()) {  // a model whose normalizer and pieces do not fit together
+      throw UserError("--tokenizer-model " + path_ + ": SentencePiece could not encode a text (" + status.ToString() +
+                      "): the model is damaged");
+    }
     std::vector<int64_t> ids;
     ids.reserve(pieces.size() + 1);
     if (add_special_tokens && add_bos_ && sp_.bos_id() >= 0) ids.push_back(sp_.bos_id());
@@ -141,6 +144,7 @@ class SentencePieceTokenizer : public Tokenizer {
     return id >= 0 ? std::optional<int64_t>(id) : std::nullopt;
   }
   sentencepiece::SentencePieceProcessor sp_;
+  std::string path_;
   bool add_bos_;
 };
 
