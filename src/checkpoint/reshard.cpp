@@ -60,15 +60,31 @@ at::Tensor target_shard(const std::function<at::Tensor(int)>& part, int count, c
 
 }  // namespace
 
+namespace {
+
+// A parallel size state.json records (`fallback` when absent): a count of ranks, at least 1 and
+// at most 2^20 (each is a file name or a division here), else an error naming the field.
+int saved_size(const nlohmann::json& j, const char* key, int fallback, const std::string& where) {
+  if (!j.contains(key)) return fallback;
+  const nlohmann::json& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 20)) {
+    throw UserError(where + "." + key + " must be a number of ranks from 1, got " + v.dump() + ": the checkpoint is damaged");
+  }
+  return v.get<int>();
+}
+
+}  // namespace
+
 ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const nlohmann::json& state, tp::ParamTable params,
                                                  bool with_optimizer)
     : dir_(dir), params_(std::move(params)), state_(state) {
   const nlohmann::json layout = state.value("parallel", nlohmann::json::object());
-  tp_ = layout.value("tensor_model_parallel_size", 1);
-  pp_ = layout.value("pipeline_model_parallel_size", 1);
-  dp_ = layout.value("data_parallel_size", 1);
+  const std::string where = dir + "/state.json: parallel";
+  tp_ = saved_size(layout, "tensor_model_parallel_size", 1, where);
+  pp_ = saved_size(layout, "pipeline_model_parallel_size", 1, where);
+  dp_ = saved_size(layout, "data_parallel_size", 1, where);
   distributed_ = layout.value("use_distributed_optimizer", false);
-  const int ep = layout.value("expert_model_parallel_size", 1);
+  const int ep = saved_size(layout, "expert_model_parallel_size", 1, where);
   const bool single = tp_ * pp_ * dp_ == 1;
   for (int t = 0; t < tp_; ++t) {
     model_names_.emplace_back();
@@ -118,7 +134,9 @@ std::string ShardedCheckpointReader::model_file(int tp_rank, const std::string& 
 
 int ShardedCheckpointReader::saved_parts(const std::string& name) const {
   auto tensors = state_.find("tensors");
-  if (tensors != state_.end() && tensors->contains(name)) return (*tensors)[name].value("tp_size", tp_);
+  if (tensors != state_.end() && tensors->contains(name)) {
+    return saved_size((*tensors)[name], "tp_size", tp_, dir_ + "/state.json: tensors[\"" + name + "\"]");
+  }
   return tp_;
 }
 
