@@ -37,8 +37,8 @@ bool read_varint(std::string_view bytes, size_t* at, uint64_t* value) {
   return false;
 }
 
-// The fields of one message: calls on_field(number, wire_type, payload) for each length-delimited
-// field; false when the bytes are not a well-formed message.
+// The fields of one message: calls on_field(number, payload) for each length-delimited field
+// (the others are skipped); false when the bytes are not a well-formed message.
 template <typename OnField>
 bool for_each_field(std::string_view bytes, OnField on_field) {
   size_t at = 0;
