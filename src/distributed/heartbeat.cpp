@@ -25,13 +25,20 @@ void start_heartbeat_from_environment() {
   // socket open without beating.
   ::unsetenv(kHeartbeatFdVariable);
   ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
-  std::thread([socket = static_cast<int>(fd)] {
-    const char beat = 1;
+  // The first beat is sent here, before this returns: from then on the launcher watches this
+  // rank. Left to the thread, a rank that froze at once (before the thread first ran, as on a
+  // loaded machine) would never be watched, and its launch would wait for it forever.
+  const char beat = 1;
+  if (::send(static_cast<int>(fd), &beat, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN && errno != EINTR) {
+    ::close(static_cast<int>(fd));
+    return;
+  }
+  std::thread([socket = static_cast<int>(fd), beat] {
     while (true) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kHeartbeatIntervalSeconds));
       // MSG_NOSIGNAL: a launcher gone away ends the beating, not the rank (no SIGPIPE).
       const ssize_t n = ::send(socket, &beat, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && errno != EAGAIN && errno != EINTR) break;
-      std::this_thread::sleep_for(std::chrono::duration<double>(kHeartbeatIntervalSeconds));
     }
     ::close(socket);
   }).detach();

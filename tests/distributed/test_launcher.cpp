@@ -4,6 +4,7 @@
 // ranks' 60 s sleep"), not performance assertions.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "distributed/heartbeat.h"
 #include "distributed/launcher.h"
 #include "support/free_port.h"
 #include "support/test_support.h"
@@ -239,6 +241,20 @@ TEST(Launcher, AFrozenRankIsNamedAndKilled) {
   EXPECT_NE(r.output.find(") sent no heartbeat for 3 s (stopped or frozen) and was killed\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("launch: rank 1 (local rank 1, pid "), std::string::npos) << r.output;
   for (pid_t pid : printed_pids(r.output)) EXPECT_TRUE(process_gone(pid)) << "pid " << pid << "\n" << r.output;
+}
+
+// The first beat is on the socket when the rank's start-up returns, not left to the thread: a
+// rank that froze at once would otherwise never be watched, and its launch would hang on it (seen
+// on a loaded CI machine: the SIGSTOP came before the thread's first beat).
+TEST(Launcher, TheFirstHeartbeatIsSentBeforeStartUpReturns) {
+  int pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  ASSERT_EQ(::setenv(dist::kHeartbeatFdVariable, std::to_string(pair[1]).c_str(), 1), 0);
+  dist::start_heartbeat_from_environment();
+  EXPECT_EQ(std::getenv(dist::kHeartbeatFdVariable), nullptr) << "the variable is not for this rank's children";
+  char beat = 0;
+  EXPECT_EQ(::recv(pair[0], &beat, 1, MSG_DONTWAIT), 1) << "no beat yet when start-up returned";
+  ::close(pair[0]);  // the beating thread's next send fails and it ends
 }
 
 // A rank busy for longer than the heartbeat timeout (its main thread asleep: a long step, a
