@@ -58,10 +58,6 @@ at::Tensor target_shard(const std::function<at::Tensor(int)>& part, int count, c
   return at::cat(halves, 0);
 }
 
-}  // namespace
-
-namespace {
-
 // A parallel size state.json records (`fallback` when absent): a count of ranks, at least 1 and
 // at most 2^20 (each is a file name or a division here), else an error naming the field.
 int saved_size(const nlohmann::json& j, const char* key, int fallback, const std::string& where) {
@@ -85,6 +81,12 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& dir, const n
   dp_ = saved_size(layout, "data_parallel_size", 1, where);
   distributed_ = layout.value("use_distributed_optimizer", false);
   const int ep = saved_size(layout, "expert_model_parallel_size", 1, where);
+  // Each size is bounded alone; their product is the count of file names listed below.
+  if (int64_t(tp_) * pp_ * (dp_ + ep) > (1 << 20)) {
+    throw UserError(where + ": tensor " + std::to_string(tp_) + " x pipeline " + std::to_string(pp_) + " x (data " +
+                    std::to_string(dp_) + " + expert " + std::to_string(ep) +
+                    ") parallel ranks is more than 2^20 files: the checkpoint is damaged");
+  }
   const bool single = tp_ * pp_ * dp_ == 1;
   for (int t = 0; t < tp_; ++t) {
     model_names_.emplace_back();

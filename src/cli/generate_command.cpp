@@ -95,10 +95,10 @@ int generate(const Args& args) {
   const std::string dir = latest_checkpoint_directory(values["--load"]);
   if (dir.empty()) throw UserError("--load " + values["--load"] + ": no latest_checkpointed_iteration.txt; is this a checkpoint directory?");
   const nlohmann::json state = read_checkpoint_state(dir);
-  if (!state.contains("model_config") || !state.contains("tokenizer")) {
-    throw UserError(dir + "/state.json records no model or tokenizer (saved by an older version)");
+  const ModelConfig model_config = saved_model_config(dir, state);  // checked field by field
+  if (!state.contains("tokenizer")) {
+    throw UserError(dir + "/state.json records no tokenizer: it was saved by an older version, or is damaged");
   }
-  const ModelConfig model_config = saved_model_config(dir, state);
   DataConfig data;
   try {
     tokenizer_config_from_json(state["tokenizer"], data);

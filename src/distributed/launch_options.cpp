@@ -7,6 +7,8 @@
 #include <optional>
 #include <algorithm>
 
+#include <yaml-cpp/yaml.h>
+
 #include "core/errors.h"
 #include "distributed/launcher.h"
 
@@ -42,24 +44,45 @@ std::string normalize_flag(std::string flag) {
   return flag;
 }
 
-// The launched command's --distributed-timeout-minutes, when given on its command line and
-// valid (the rank itself reports a bad value).
-std::optional<double> distributed_timeout_minutes(const std::vector<std::string>& command) {
-  const std::string flag = "--distributed-timeout-minutes";
-  for (size_t i = 0; i < command.size(); ++i) {
-    std::string value;
-    if (command[i] == flag && i + 1 < command.size()) {
-      value = command[i + 1];
-    } else if (command[i].rfind(flag + "=", 0) == 0) {
-      value = command[i].substr(flag.size() + 1);
-    } else {
-      continue;
+// A positive finite number of minutes, else nothing (the rank itself reports a bad value).
+std::optional<double> positive_minutes(const std::string& value) {
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (!value.empty() && *end == '\0' && std::isfinite(v) && v > 0) return v;
+  return std::nullopt;
+}
+
+// The recipe's distributed-timeout-minutes (either spelling), when the file reads as YAML; any
+// problem with it is the rank's to report.
+std::optional<double> recipe_timeout_minutes(const std::string& path) {
+  try {
+    const YAML::Node recipe = YAML::LoadFile(path);
+    if (!recipe.IsMap()) return std::nullopt;
+    for (const char* key : {"distributed-timeout-minutes", "distributed_timeout_minutes"}) {
+      if (recipe[key] && recipe[key].IsScalar()) return positive_minutes(recipe[key].Scalar());
     }
-    char* end = nullptr;
-    const double v = std::strtod(value.c_str(), &end);
-    if (!value.empty() && *end == '\0' && std::isfinite(v) && v > 0) return v;
+  } catch (const YAML::Exception&) {
   }
   return std::nullopt;
+}
+
+// The launched command's --distributed-timeout-minutes: on its command line, else in its
+// --config recipe (the command line wins, as train reads them).
+std::optional<double> distributed_timeout_minutes(const std::vector<std::string>& command) {
+  std::optional<double> from_flags, from_recipe;
+  auto value_of = [&](size_t& i, const std::string& flag) -> std::optional<std::string> {
+    if (command[i] == flag && i + 1 < command.size()) return command[++i];
+    if (command[i].rfind(flag + "=", 0) == 0) return command[i].substr(flag.size() + 1);
+    return std::nullopt;
+  };
+  for (size_t i = 0; i < command.size(); ++i) {
+    if (const auto v = value_of(i, "--distributed-timeout-minutes")) {
+      from_flags = positive_minutes(*v);
+    } else if (const auto path = value_of(i, "--config")) {
+      from_recipe = recipe_timeout_minutes(*path);
+    }
+  }
+  return from_flags ? from_flags : from_recipe;
 }
 
 }  // namespace

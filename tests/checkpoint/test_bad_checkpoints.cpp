@@ -222,6 +222,17 @@ TEST(BadCheckpoints, StateJsonFieldOfTheWrongTypeIsAnErrorNamingIt) {
   const auto r = test::run_megatron(args({"--load", dir / "ckpt", "--train-iters", "2"}));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("iter_0000001/state.json: a field is missing or of the wrong type"), std::string::npos) << r.output;
+
+  // Sizes each in range whose product is not a count of files (the reader lists every file name).
+  edit_json(dir / "ckpt/iter_0000001/state.json", [](nlohmann::json& j) {
+    j["parallel"] = {{"tensor_model_parallel_size", 1 << 20}, {"pipeline_model_parallel_size", 1 << 20}, {"data_parallel_size", 1 << 20}};
+  });
+  const auto to_hf = test::run_megatron({"convert", "--from", "native", "--to", "hf", "--load", dir / "ckpt", "--save", dir / "hf"});
+  EXPECT_EQ(to_hf.status, 2) << to_hf.output;
+  EXPECT_NE(to_hf.output.find("iter_0000001/state.json: parallel: tensor 1048576 x pipeline 1048576 x (data 1048576 + expert 1) "
+                              "parallel ranks is more than 2^20 files"),
+            std::string::npos)
+      << to_hf.output;
 }
 
 // The model a native checkpoint records (state.json's model_config) is checked before convert

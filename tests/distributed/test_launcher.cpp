@@ -276,6 +276,14 @@ TEST(Launcher, TheHeartbeatTimeoutFollowsTheDistributedTimeout) {
   EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--distributed-timeout-minutes", "30"}), 60.0);
   EXPECT_EQ(timeout({"--nproc-per-node", "2", "--heartbeat-timeout", "10", "train", "--distributed-timeout-minutes", "0.1"}), 10.0);
   EXPECT_EQ(timeout({"--nproc-per-node", "2", "--heartbeat-timeout", "0", "train"}), 0.0);
+  // Set in the recipe only, in either spelling; the command line wins over it, as in train.
+  TempDir dir;
+  std::ofstream(dir / "dashed.yaml") << "lr: 0.1\ndistributed-timeout-minutes: 1\n";
+  std::ofstream(dir / "underscored.yaml") << "distributed_timeout_minutes: 0.2\n";
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--config", dir / "dashed.yaml"}), 30.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--config=" + std::string(dir / "underscored.yaml")}), 6.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--distributed-timeout-minutes", "0.1", "--config", dir / "dashed.yaml"}), 3.0);
+  EXPECT_EQ(timeout({"--nproc-per-node", "2", "train", "--config", dir / "missing.yaml"}), 60.0) << "the rank reports the bad path";
 }
 
 TEST(Launcher, RankKilledByASignalIsReportedWithTheSignal) {
