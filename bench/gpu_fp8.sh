@@ -6,7 +6,9 @@
 # speed: tokens/s, TFLOP/s and peak allocated memory over the last 10 of 20 steps, each recipe's
 #        ratio to bf16. curve: 200 steps of bf16 and of each recipe in FP8_CURVE_RECIPES (default
 #        tensorwise), the losses into OUT_DIR/curve-NAME.jsonl and the largest relative difference
-#        from bf16 over the steps (and over the last 50).
+#        from bf16 over the steps (and over the last 50). The schedule: FP8_CURVE_LR (3e-4, cosine
+#        to a tenth) after FP8_CURVE_WARMUP steps (20); FP8_CURVE_TAG names the files of one
+#        schedule (curve-TAG-NAME.jsonl) so two schedules fit one call.
 set -uo pipefail
 bin=$1; out=$2; what=${3:-speed}
 mkdir -p "$out"
@@ -47,15 +49,20 @@ if [ "$what" = speed ] || [ "$what" = both ]; then
 fi
 if [ "$what" = curve ] || [ "$what" = both ]; then
   curves=(${FP8_CURVE_RECIPES:-tensorwise})
+  lr=${FP8_CURVE_LR:-3e-4}; warmup=${FP8_CURVE_WARMUP:-20}
+  min_lr=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
+  tag=${FP8_CURVE_TAG:+$FP8_CURVE_TAG-}
+  echo "curve schedule: lr $lr cosine to $min_lr after $warmup warm-up steps"
   for r in bf16 "${curves[@]}"; do
     # shellcheck disable=SC2046
-    "$bin" train "${shape[@]}" "${data[@]}" $(flags_of "$r") --train-iters 200 --log-interval 50 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 20 \
-      --metrics-jsonl "$out/curve-$r.jsonl" > "$out/curve-$r.log" 2>&1 || { echo "FAILED: $r"; tail -20 "$out/curve-$r.log"; }
+    "$bin" train "${shape[@]}" "${data[@]}" $(flags_of "$r") --train-iters 200 --log-interval 50 --lr "$lr" --min-lr "$min_lr" \
+      --lr-warmup-iters "$warmup" --metrics-jsonl "$out/curve-$tag$r.jsonl" > "$out/curve-$tag$r.log" 2>&1 \
+      || { echo "FAILED: $r"; tail -20 "$out/curve-$tag$r.log"; }
   done
   for r in "${curves[@]}"; do
-    paste <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-$r.jsonl" | awk '{print $2}') \
-          <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-bf16.jsonl" | awk '{print $2}') |
-      awk -v r="$r" '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; if (NR > 150 && d > t) t = d; n++; a += $1; b += $2 }
+    paste <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-$tag$r.jsonl" | awk '{print $2}') \
+          <(grep -o '"lm_loss": [0-9.eE+-]*' "$out/curve-${tag}bf16.jsonl" | awk '{print $2}') |
+      awk -v r="$tag$r" '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; if (NR > 150 && d > t) t = d; n++; a += $1; b += $2 }
                      END { printf "%s: %d steps, largest relative difference from bf16 %.2e (last 50 steps %.2e), mean loss %.4f vs %.4f\n", r, n, m, t, a / n, b / n }'
   done
 fi
