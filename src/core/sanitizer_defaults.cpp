@@ -15,8 +15,9 @@ const char* __ubsan_default_options() { return "print_stacktrace=1:halt_on_error
 
 // Memory LibTorch (and the libraries it loads) keeps for the life of the process by design --
 // operator registries, thread pools, CPU feature tables -- is reported at exit as leaked by the
-// leak checker, which sees only the instrumented code's frees. Leaks with a frame of ours on
-// their stack still count.
+// leak checker, which sees only the instrumented code's frees. A suppression matches a leak with
+// any frame in these libraries, so what is allocated through a LibTorch call (a tensor) is not
+// checked here; what our code allocates itself (new, malloc, containers) still is.
 const char* __lsan_default_suppressions() {
   return "leak:libtorch_cpu.so\n"
          "leak:libc10.so\n"
