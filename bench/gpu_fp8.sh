@@ -26,6 +26,9 @@ recipes=(${FP8_RECIPES:-bf16 tensorwise delayed blockwise})
 flags_of() {
   case $1 in
     bf16) ;;
+    # bf16 with the loss unfused (fp32 logits): the same model, data and schedule, differing from
+    # bf16 only in rounding -- how far two runs part from that alone (the curves' noise floor).
+    bf16-unfused) echo --cross-entropy-loss-fusion false ;;
     tensorwise) echo --fp8-format hybrid --fp8-recipe tensorwise ;;
     delayed) echo --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max ;;
     blockwise) echo --fp8-format e4m3 --fp8-recipe blockwise ;;
