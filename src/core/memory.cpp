@@ -3,6 +3,9 @@
 #include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
 #include <malloc.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/allocator_interface.h>
+#endif
 
 #include <new>
 
@@ -12,8 +15,13 @@ namespace megatron {
 
 int64_t allocated_bytes(const c10::Device& device) {
   if (device.is_cpu()) {
+#if defined(__SANITIZE_ADDRESS__)
+    // AddressSanitizer replaces malloc: glibc's counters would see none of the heap (make sanitize).
+    return static_cast<int64_t>(__sanitizer_get_current_allocated_bytes());
+#else
     const struct mallinfo2 info = mallinfo2();
     return static_cast<int64_t>(info.uordblks + info.hblkhd);
+#endif
   }
   const auto stats = at::accelerator::getDeviceStats(device.index());
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
