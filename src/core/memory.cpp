@@ -4,7 +4,8 @@
 #include <c10/util/Exception.h>
 #include <malloc.h>
 #if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/allocator_interface.h>
+// The sanitizer runtimes' allocator interface (clang ships its header, g++ 12 does not).
+extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #endif
 
 #include <new>
