@@ -5,10 +5,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/errors.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
 
 namespace megatron::tok {
+namespace {
+
+// Why a Replace regex's empty match at the start of a text is refused.
+constexpr const char* kHfEmptyAtStart =
+    "at the start of a text HF's tokenizers inserts the content there twice (a longer content makes it fail): "
+    "refused rather than tokenize differently from HF";
+
+}  // namespace
 
 Normalizer::~Normalizer() = default;
 
@@ -45,8 +54,15 @@ void Normalizer::add_steps(const nlohmann::json& j, std::vector<Step>* steps) {
       step.pattern = pattern.at("String").get<std::string>();
       if (step.pattern.empty()) throw std::invalid_argument("Replace normalizer with an empty pattern");
     } else if (pattern.contains("Regex")) {
-      step.regex = std::make_shared<Regex>(
-          Regex::translate_oniguruma(pattern.at("Regex").get<std::string>()));
+      step.pattern = pattern.at("Regex").get<std::string>();
+      step.regex = std::make_shared<Regex>(Regex::translate_oniguruma(step.pattern));
+      // HF's tokenizers inserts the content at an empty match, but at the start of a text twice,
+      // and a content of two or more characters there makes it panic: nothing to follow. A
+      // pattern that matches an empty text would match so at the start of most texts.
+      if (step.regex->may_match_empty()) {
+        throw std::invalid_argument("Replace normalizer pattern '" + step.pattern + "' can match the empty string; " +
+                                    kHfEmptyAtStart);
+      }
     } else {
       throw std::invalid_argument("Replace normalizer pattern must be String or Regex");
     }
@@ -76,11 +92,17 @@ std::string Normalizer::apply(const Step& step, std::string s) {
       out.reserve(s.size() + s.size() / 4);
       size_t done = 0;
       if (step.regex) {
+        // An empty match inserts the content, as HF's does; at the start of the text HF's own
+        // result is not one to follow (above).
         step.regex->for_each_match(s, [&](size_t b, size_t e) {
+          if (b == 0 && e == 0) {
+            throw UserError("tokenizer.json: the Replace normalizer pattern '" + step.pattern +
+                            "' matched the empty string; " + kHfEmptyAtStart);
+          }
           out.append(s, done, b - done);
           out += step.text;
           done = e;
-        });
+        }, /*with_empty=*/true);
       } else {
         for (size_t at = s.find(step.pattern); at != std::string::npos;
              at = s.find(step.pattern, done)) {

@@ -27,7 +27,7 @@ class Normalizer {
   struct Step {
     Kind kind;
     std::string text;                 // Prepend content / Replace content
-    std::string pattern;              // Replace with a String pattern
+    std::string pattern;              // Replace: the String pattern, or the Regex as written
     std::shared_ptr<Regex> regex;     // Replace with a Regex pattern
     bool left = false, right = false; // Strip
   };

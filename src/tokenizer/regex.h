@@ -25,6 +25,9 @@ class Regex {
   void for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& on_match,
                       bool with_empty = false) const;
 
+  // Whether some match may be empty (PCRE2's lower bound on a match's length is 0).
+  bool may_match_empty() const;
+
   // PCRE2 syntax differs from Oniguruma's in places; this rewrites HF's patterns so they mean
   // the same (see regex.cpp).
   static std::string translate_oniguruma(const std::string& pattern);

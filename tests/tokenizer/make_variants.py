@@ -73,6 +73,13 @@ def main():
         t.pre_tokenizer = split_then_bytes(Regex(pattern), "isolated")
         variants["oniguruma_" + name] = t
 
+    # A Replace normalizer's regex matching the empty string inside a text (a camelCase boundary):
+    # HF inserts the content there.
+    t = base(vocab, merges)
+    t.normalizer = normalizers.Replace(Regex(r"(?<=[a-z])(?=[A-Z])"), " ")
+    t.pre_tokenizer = byte_level(use_regex=True)
+    variants["replace_zero_width"] = t
+
     t = base(vocab, merges)
     t.pre_tokenizer = pre.Sequence([pre.Digits(individual_digits=True), byte_level(use_regex=True)])
     variants["digits_individual"] = t

@@ -75,6 +75,9 @@ TEST(TokenizerErrors, InvalidOrUnsupportedTokenizerJson) {
        {"a class intersection (&&)", "refused rather than tokenize differently from HF"}},
       {"{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"[[:^alpha:]]\"}, \"content\": \" \"}, " + bpe + "}",
        {"the negated POSIX bracket [:^alpha:]"}},
+      // HF inserts a Replace's content at an empty match, at the start of a text twice (or panics).
+      {"{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"\\\\s*\"}, \"content\": \"#\"}, " + bpe + "}",
+       {"pattern '\\s*' can match the empty string"}},
   };
   for (const Case& c : cases) {
     const std::string file = write_temp(c.contents, ".json");
@@ -83,6 +86,21 @@ TEST(TokenizerErrors, InvalidOrUnsupportedTokenizerJson) {
     expect_user_error(fragments, "HuggingFaceTokenizer", file);
     std::remove(file.c_str());
   }
+
+  // A Replace regex that matches empty only inside texts is taken (HF inserts the content there),
+  // but where it matches empty at a text's start, encoding that text is an error.
+  const std::string lookahead = write_temp(
+      "{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"(?=b)\"}, \"content\": \"a\"}, " + bpe + "}", ".json");
+  auto tok = make_tokenizer("HuggingFaceTokenizer", lookahead, "", "", 0);
+  EXPECT_EQ(tok->encode("ab", false), (std::vector<int64_t>{0, 2})) << "'ab' normalizes to 'aab'";
+  try {
+    tok->encode("ba", false);
+    ADD_FAILURE() << "no error for an empty match at the start";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("pattern '(?=b)' matched the empty string; at the start of a text"), std::string::npos)
+        << e.what();
+  }
+  std::remove(lookahead.c_str());
 }
 
 TEST(TokenizerErrors, BadGpt2FilesAndBadTypes) {
