@@ -130,10 +130,10 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
                                 const std::vector<GPTModel*>& chunks, AdamW* optimizer, const Config& config,
                                 const dist::ParallelState& ps) {
   at::NoGradGuard no_grad;
-  ShardedCheckpointReader reader(dir, state, chunk_table(chunks));
+  const tp::ParamTable table = chunk_table(chunks);
+  ShardedCheckpointReader reader(dir, state, table);
   const int64_t rows = config.model.padded_vocab_size;
   const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
-  const tp::ParamTable table = chunk_table(chunks);
   // Each rank reads its own shards only (experts: of its expert-TP split).
   for (auto& [name, param] : chunk_parameters(chunks)) {
     const dist::Group& split = tensor_parallel.split_group(table.at(name));

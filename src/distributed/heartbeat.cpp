@@ -12,6 +12,16 @@
 #include <thread>
 
 namespace megatron::dist {
+namespace {
+
+// One byte on the socket; false once the launcher's end is gone. MSG_NOSIGNAL: a launcher gone
+// away ends the beating, not the rank (no SIGPIPE); a full socket (EAGAIN) is a beat not needed.
+bool beat(int socket) {
+  const char byte = 1;
+  return ::send(socket, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0 || errno == EAGAIN || errno == EINTR;
+}
+
+}  // namespace
 
 void start_heartbeat_from_environment() {
   const char* value = std::getenv(kHeartbeatFdVariable);
@@ -28,18 +38,15 @@ void start_heartbeat_from_environment() {
   // The first beat is sent here, before this returns: from then on the launcher watches this
   // rank. Left to the thread, a rank that froze at once (before the thread first ran, as on a
   // loaded machine) would never be watched, and its launch would wait for it forever.
-  const char beat = 1;
-  if (::send(static_cast<int>(fd), &beat, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN && errno != EINTR) {
-    ::close(static_cast<int>(fd));
+  const int socket = static_cast<int>(fd);
+  if (!beat(socket)) {
+    ::close(socket);
     return;
   }
-  std::thread([socket = static_cast<int>(fd), beat] {
-    while (true) {
+  std::thread([socket] {
+    do {
       std::this_thread::sleep_for(std::chrono::duration<double>(kHeartbeatIntervalSeconds));
-      // MSG_NOSIGNAL: a launcher gone away ends the beating, not the rank (no SIGPIPE).
-      const ssize_t n = ::send(socket, &beat, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0 && errno != EAGAIN && errno != EINTR) break;
-    }
+    } while (beat(socket));
     ::close(socket);
   }).detach();
 }

@@ -59,7 +59,7 @@ void Normalizer::add_steps(const nlohmann::json& j, std::vector<Step>* steps) {
       // HF's tokenizers inserts the content at an empty match, but at the start of a text twice,
       // and a content of two or more characters there makes it panic: nothing to follow. A
       // pattern that matches an empty text would match so at the start of most texts.
-      if (step.regex->may_match_empty()) {
+      if (step.regex->may_match_empty_text()) {
         throw std::invalid_argument("Replace normalizer pattern '" + step.pattern + "' can match the empty string; " +
                                     kHfEmptyAtStart);
       }

@@ -71,7 +71,7 @@ Regex::Regex(const std::string& pattern) : impl_(std::make_unique<Impl>()) {
   impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
 }
 
-bool Regex::may_match_empty() const {
+bool Regex::may_match_empty_text() const {
   uint32_t shortest = 0;
   pcre2_pattern_info(impl_->code, PCRE2_INFO_MINLENGTH, &shortest);
   return shortest == 0;

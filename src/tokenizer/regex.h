@@ -25,8 +25,9 @@ class Regex {
   void for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& on_match,
                       bool with_empty = false) const;
 
-  // Whether some match may be empty (PCRE2's lower bound on a match's length is 0).
-  bool may_match_empty() const;
+  // Whether the pattern may match an empty text (PCRE2's lower bound on the length of a text it
+  // matches is 0). A pattern matching only zero-width inside texts, as (?=b), answers false.
+  bool may_match_empty_text() const;
 
   // PCRE2 syntax differs from Oniguruma's in places; this rewrites HF's patterns so they mean
   // the same (see regex.cpp).
