@@ -1,5 +1,5 @@
-// `megatron generate --load DIR --prompt TEXT [sampling flags]`: rebuilds the model and the
-// tokenizer from the checkpoint's own record, then streams the continuation to stdout.
+// `megatron generate (--load DIR | --load-hf DIR) --prompt TEXT [...]`: the model and tokenizer
+// of a checkpoint (inference/generation_model.h) continue each prompt through the engine.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -7,37 +7,41 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <thread>
 
-#include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
-#include "core/config_json.h"
 #include "core/errors.h"
-#include "inference/generate.h"
+#include "inference/engine.h"
+#include "inference/generation_model.h"
 #include "model/gpt_model.h"
 #include "tokenizer/tokenizer.h"
-#include "train/arguments.h"
 #include "train/rank_resources.h"
 
 namespace megatron::cli {
 namespace {
 
 const char* kHelp =
-    "usage: megatron generate --load DIR --prompt TEXT [flags]\n\n"
-    "Samples a continuation of TEXT from the latest checkpoint under DIR. The model and the\n"
-    "tokenizer are those the checkpoint was trained with.\n\n"
-    "  --load DIR                checkpoint directory (as given to train --save)\n"
-    "  --prompt TEXT             text to continue\n"
-    "  --max-new-tokens N        tokens to generate (default 64; --out-seq-length is an alias)\n"
-    "  --greedy                  always take the most likely token\n"
-    "  --temperature T           sampling temperature (default 1.0)\n"
-    "  --top-k K                 sample among the K most likely tokens (default 0: all)\n"
-    "  --top-p P                 sample among the most likely tokens holding probability P (default 1.0)\n"
-    "  --seed S                  sampling seed (default 1234)\n"
-    "  --tokenizer-model PATH    use this tokenizer file instead of the one recorded in the checkpoint\n"
-    "  --device auto|cpu|cuda    where to run (default auto)\n"
-    "  --cpu-threads N           intra-op threads on CPU (default: one per core)\n";
+    "usage: megatron generate (--load DIR | --load-hf DIR) --prompt TEXT [--prompt TEXT ...] [flags]\n\n"
+    "Continues each TEXT with the model of a checkpoint: the latest one under --load (as train\n"
+    "--save wrote it, with the tokenizer it was trained with), or a Hugging Face model directory\n"
+    "(config.json, safetensors, tokenizer.json). Several prompts are generated together, as one\n"
+    "batch over a key/value cache; one prompt streams its continuation.\n\n"
+    "  --load DIR                   checkpoint directory (as given to train --save)\n"
+    "  --load-hf DIR                Hugging Face model directory\n"
+    "  --prompt TEXT                text to continue (repeat for a batch)\n"
+    "  --max-new-tokens N           tokens to generate (default 64; --out-seq-length is an alias)\n"
+    "  --greedy                     always take the most likely token\n"
+    "  --temperature T              sampling temperature (default 1.0; 0 is greedy)\n"
+    "  --top-k K                    sample among the K most likely tokens (default 0: all)\n"
+    "  --top-p P                    sample among the most likely tokens holding probability P (default 1.0)\n"
+    "  --min-p P                    drop tokens less likely than P x the most likely (default 0)\n"
+    "  --repetition-penalty R       divide the logits of tokens already seen by R (HF's rule; default 1)\n"
+    "  --stop TEXT                  stop when the continuation contains TEXT (repeatable; not printed)\n"
+    "  --seed S                     sampling seed (default 1234; prompt i uses S + i)\n"
+    "  --inference-max-batch-size N sequences decoded together (default 8)\n"
+    "  --tokenizer-model PATH       use this tokenizer instead of the checkpoint's\n"
+    "  --device auto|cpu|cuda       where to run (default auto)\n"
+    "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n";
 
 double number(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -53,6 +57,7 @@ double number(const std::string& flag, const std::string& text) {
 
 int generate(const Args& args) {
   std::map<std::string, std::string> values;
+  std::vector<std::string> prompts, stops;
   bool greedy = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -64,26 +69,47 @@ int generate(const Args& args) {
       greedy = true;
       continue;
     }
-    static const char* known[] = {"--load", "--prompt", "--max-new-tokens", "--out-seq-length", "--temperature", "--top-k",
-                                  "--top-p", "--seed", "--tokenizer-model", "--device", "--cpu-threads"};
+    static const char* known[] = {"--load", "--load-hf", "--prompt", "--max-new-tokens", "--out-seq-length", "--temperature",
+                                  "--top-k", "--top-p", "--min-p", "--repetition-penalty", "--stop", "--seed",
+                                  "--inference-max-batch-size", "--tokenizer-model", "--device", "--cpu-threads"};
     if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
       throw UserError("unknown flag " + a + " for generate; see megatron generate --help");
     }
     if (i + 1 >= args.size()) throw UserError(a + ": expects a value");
-    values[a == "--out-seq-length" ? "--max-new-tokens" : a] = args[++i];
+    const std::string& value = args[++i];
+    if (a == "--prompt") {
+      prompts.push_back(value);
+    } else if (a == "--stop") {
+      if (value.empty()) throw UserError("--stop: expects a non-empty text");
+      stops.push_back(value);
+    } else {
+      values[a == "--out-seq-length" ? "--max-new-tokens" : a] = value;
+    }
   }
-  if (!values.count("--load")) throw UserError("generate needs --load DIR (a checkpoint directory)");
-  if (!values.count("--prompt")) throw UserError("generate needs --prompt TEXT");
+  if (values.count("--load") == values.count("--load-hf")) {
+    throw UserError("generate needs one of --load DIR (a checkpoint directory) and --load-hf DIR (a Hugging Face model)");
+  }
+  if (prompts.empty()) throw UserError("generate needs --prompt TEXT");
 
-  SamplingOptions o;
+  GenerationRequest request;
+  SamplingOptions& o = request.sampling;
   o.greedy = greedy;
-  if (values.count("--max-new-tokens")) o.max_new_tokens = static_cast<int64_t>(number("--max-new-tokens", values["--max-new-tokens"]));
+  if (values.count("--max-new-tokens")) request.max_new_tokens = static_cast<int64_t>(number("--max-new-tokens", values["--max-new-tokens"]));
   if (values.count("--temperature")) o.temperature = number("--temperature", values["--temperature"]);
   if (values.count("--top-k")) o.top_k = static_cast<int64_t>(number("--top-k", values["--top-k"]));
   if (values.count("--top-p")) o.top_p = number("--top-p", values["--top-p"]);
+  if (values.count("--min-p")) o.min_p = number("--min-p", values["--min-p"]);
+  if (values.count("--repetition-penalty")) o.repetition_penalty = number("--repetition-penalty", values["--repetition-penalty"]);
   if (values.count("--seed")) o.seed = static_cast<uint64_t>(number("--seed", values["--seed"]));
-  if (o.max_new_tokens < 1 || o.temperature < 0 || o.top_k < 0 || o.top_p <= 0 || o.top_p > 1) {
-    throw UserError("generate: need --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1");
+  if (request.max_new_tokens < 1 || o.temperature < 0 || o.top_k < 0 || o.top_p <= 0 || o.top_p > 1 || o.min_p < 0 ||
+      o.min_p > 1 || o.repetition_penalty <= 0) {
+    throw UserError("generate: need --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1, "
+                    "0 <= --min-p <= 1, --repetition-penalty > 0");
+  }
+  EngineOptions engine_options;
+  if (values.count("--inference-max-batch-size")) {
+    engine_options.max_batch = static_cast<int64_t>(number("--inference-max-batch-size", values["--inference-max-batch-size"]));
+    if (engine_options.max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
   }
   const double threads_flag = values.count("--cpu-threads") ? number("--cpu-threads", values["--cpu-threads"])
                                                             : double(std::max(1u, std::thread::hardware_concurrency()));
@@ -92,53 +118,54 @@ int generate(const Args& args) {
   }
   at::set_num_threads(static_cast<int>(threads_flag));
 
-  const std::string dir = latest_checkpoint_directory(values["--load"]);
-  if (dir.empty()) throw UserError("--load " + values["--load"] + ": no latest_checkpointed_iteration.txt; is this a checkpoint directory?");
-  const nlohmann::json state = read_checkpoint_state(dir);
-  const ModelConfig model_config = saved_model_config(dir, state);  // checked field by field
-  if (!state.contains("tokenizer")) {
-    throw UserError(dir + "/state.json records no tokenizer: it was saved by an older version, or is damaged");
-  }
-  DataConfig data;
-  try {
-    tokenizer_config_from_json(state["tokenizer"], data);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(dir + "/state.json: tokenizer: a field is missing or of the wrong type (" + e.what() + ")");
-  }
-  if (values.count("--tokenizer-model")) data.tokenizer_model = values["--tokenizer-model"];
-  // The model's vocab_size is the tokenizer's ids: NullTokenizer's N plus EOD, TikTokenizer's all.
-  const int64_t vocab_flag = data.tokenizer_type == "NullTokenizer"  ? model_config.vocab_size - 1
-                             : data.tokenizer_type == "TikTokenizer" ? model_config.vocab_size
-                                                                     : 0;
-  auto tokenizer = make_tokenizer(tokenizer_spec(data, vocab_flag));
-
   const std::string device_flag = values.count("--device") ? values["--device"] : "auto";
+  if (device_flag != "auto" && device_flag != "cpu" && device_flag != "cuda") throw UserError("--device: expected auto, cpu or cuda, got " + device_flag);
   if (device_flag == "cuda" && !at::hasCUDA()) throw UserError("--device cuda: no CUDA device here; use --device cpu");
   const at::Device device = (device_flag == "cuda" || (device_flag == "auto" && at::hasCUDA())) ? at::Device(at::kCUDA, 0)
                                                                                                 : at::Device(at::kCPU);
-  GPTModel model(model_config);
-  load_model_weights(dir, model);
-  model.to(device);
+  const std::string tokenizer_model = values.count("--tokenizer-model") ? values["--tokenizer-model"] : "";
+  const GenerationModel g = values.count("--load") ? load_native_for_generation(values["--load"], tokenizer_model, device)
+                                                   : load_hf_for_generation(values["--load-hf"], tokenizer_model, device);
+  const Tokenizer& tokenizer = *g.tokenizer;
+  engine_options.vocab_size = g.vocab_size;
+  engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
+  Engine engine(*g.model, engine_options);
+  request.stop_ids = g.stop_ids;
+  request.stop_strings = stops;
 
-  std::vector<int64_t> prompt = tokenizer->encode(values["--prompt"]);
-  std::fprintf(stderr, "> %s: %zu prompt tokens, sampling %s\n", dir.c_str(), prompt.size(),
-               o.greedy ? "greedily" : "with temperature / top-k / top-p");
-  std::fputs(values["--prompt"].c_str(), stdout);
-  // Decode prompt + continuation each time and print what is new: tokenizers that drop a
-  // leading space (SentencePiece) and characters split across tokens then come out right.
-  std::vector<int64_t> all = prompt;
-  std::string printed = tokenizer->decode(prompt);
-  auto on_token = [&](int64_t id) {
-    all.push_back(id);
-    const std::string text = tokenizer->decode(all);
-    if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
-      std::fputs(text.c_str() + printed.size(), stdout);
-      std::fflush(stdout);
-      printed = text;
-    }
-  };
-  megatron::generate(model, prompt, o, model_config.vocab_size, tokenizer->eod_id(), on_token);
-  std::fputs("\n", stdout);
+  std::vector<GenerationRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r = request;
+    r.prompt = tokenizer.encode(prompts[i]);
+    r.sampling.seed = o.seed + i;
+    requests.push_back(std::move(r));
+  }
+  std::fprintf(stderr, "> %s: %zu prompt(s), sampling %s\n", g.source.c_str(), prompts.size(),
+               o.greedy || o.temperature == 0 ? "greedily" : "with temperature / top-k / top-p / min-p");
+  if (prompts.size() == 1 && stops.empty()) {
+    // Stream: decode prompt + continuation each time and print what is new, so that tokenizers
+    // that drop a leading space (SentencePiece) and characters split across tokens come out right.
+    std::fputs(prompts[0].c_str(), stdout);
+    std::vector<int64_t> all = requests[0].prompt;
+    std::string printed = tokenizer.decode(all);
+    requests[0].on_token = [&](int64_t id) {
+      all.push_back(id);
+      const std::string text = tokenizer.decode(all);
+      if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+        std::fputs(text.c_str() + printed.size(), stdout);
+        std::fflush(stdout);
+        printed = text;
+      }
+    };
+    engine.generate(std::move(requests));
+    std::fputs("\n", stdout);
+    return 0;
+  }
+  const std::vector<GenerationResult> results = engine.generate(std::move(requests));
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (prompts.size() > 1) std::printf("--- %zu (%s)\n", i + 1, results[i].finish_reason.c_str());
+    std::printf("%s%s\n", prompts[i].c_str(), results[i].text.c_str());
+  }
   return 0;
 }
 

@@ -54,7 +54,8 @@ std::optional<NormParams> SelfAttention::fused_norm() const {
   return norm_in_qkv_->norm();
 }
 
-at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask) {
+at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
+                                  const LayerKvCache* cache) {
   at::Tensor qkv = linear_qkv->forward(normed);  // [s, b, (H + 2G) * d / tp], whole sequence
   const int64_t per_group = heads_ / groups_;
   const int64_t s = qkv.size(0), b = qkv.size(1);
@@ -63,7 +64,7 @@ at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* ro
     // One autograd node: q and k rotated straight out of the QKV output, and in backward the
     // three gradients written straight into the QKV output's gradient.
     const kernels::QkvRope parts = kernels::split_qkv_rope(qkv, per_group, rope->cos, rope->sin);
-    return attend_heads(parts.q, parts.k, parts.v, attention_mask);  // q: [s, b, H, d]; k, v: [s, b, G, d]
+    return attend_heads(parts.q, parts.k, parts.v, attention_mask, cache);  // q: [s, b, H, d]; k, v: [s, b, G, d]
   }
   auto parts = qkv.split_with_sizes({per_group * head_dim_, head_dim_, head_dim_}, -1);
   at::Tensor q = parts[0].view({s, b, groups_, per_group, head_dim_});  // [s, b, G, H/G, d], in place
@@ -84,12 +85,17 @@ at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* ro
       k = apply_rope(k, *rope);
     }
   }
-  return attend_heads(q, k, v, attention_mask);
+  return attend_heads(q, k, v, attention_mask, cache);
 }
 
 at::Tensor SelfAttention::attend_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                       const at::Tensor& attention_mask) {
+                                       const at::Tensor& attention_mask, const LayerKvCache* cache) {
   const double dropout = is_training() ? attention_dropout_ : 0.0;
+  if (cache != nullptr) {
+    // The new tokens' queries over every key and value of their sequences: [L, b, G/tp, d] each.
+    const at::Tensor out = core_attention_->forward(q, cache->extend(0, k), cache->extend(1, v), cache->attention_mask(), dropout);
+    return linear_proj->forward(out);
+  }
   const at::Tensor out = attend(*core_attention_, q, k, v, attention_mask, dropout, recompute_core_attention_, tp_);
   return linear_proj->forward(out);  // [s, b, h] ([s/tp, b, h] with sequence parallelism)
 }

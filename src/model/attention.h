@@ -13,8 +13,10 @@ class SelfAttention : public AttentionBlock {
   SelfAttention(const PartContext& context, std::shared_ptr<CoreAttention> core_attention);
 
   // normed: [s, b, h] ([s/tp, b, h] with sequence parallelism) -> the same shape.
-  // attention_mask: [b, 1, s, s] bool, true = may attend; undefined = causal.
-  at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask) override;
+  // attention_mask: [b, 1, s, s] bool, true = may attend; undefined = causal. With a cache the
+  // keys and values after RoPE are what it keeps (parts 0 and 1: [s, b, G/tp, d] a token).
+  at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
+                     const LayerKvCache* cache = nullptr) override;
   std::optional<NormParams> fused_norm() const override;
 
   // weight [(H + 2G) * d / tp, h]; a LayerNormColumnParallelLinear when the input norm lives in it
@@ -25,7 +27,8 @@ class SelfAttention : public AttentionBlock {
 
  private:
   // The heads (q: [s, b, H/tp, d], k and v: [s, b, G/tp, d]) -> proj output, with recomputation.
-  at::Tensor attend_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask);
+  at::Tensor attend_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
+                          const LayerKvCache* cache);
   std::shared_ptr<CoreAttention> core_attention_;
   std::shared_ptr<tp::LayerNormColumnParallelLinear> norm_in_qkv_;  // linear_qkv, when it holds the norm
   tp::TensorParallel tp_;

@@ -207,6 +207,10 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
   }
   if (offloading) offloader_->finish_forward();
   if (!chunk_.post_process) return stream.materialize();  // [s(/tp), b, h]
+  return final_normed(stream);
+}
+
+at::Tensor GPTModel::final_normed(const ResidualStream& stream) {
   const NormParams final_norm = final_layernorm->params();
   if (before_use) before_use({final_norm.weight, final_norm.bias});
   const at::Tensor gamma = final_norm.gamma();  // [h]
@@ -233,6 +237,25 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
                             const at::Tensor& input) {
   const at::Tensor hidden = hidden_states(tokens, position_ids, attention_mask, input);
   return chunk_.post_process ? output_logits(hidden) : hidden;
+}
+
+at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only) {
+  TORCH_CHECK(chunk_.pre_process && chunk_.post_process && !is_training() && !tp_.sequence_parallel,
+              "GPTModel::forward_cached: generation runs the whole model, in eval mode, without sequence parallelism");
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == step.batch() && tokens.size(1) == step.new_tokens(),
+              "GPTModel::forward_cached: tokens ", tokens.sizes(), " for a step of ", step.batch(), " x ", step.new_tokens());
+  const at::Tensor& positions = step.position_ids();  // [b, s]
+  ResidualStream stream{embed(tokens, positions), {}};  // [s, b, h]
+  std::optional<RopeTables> gathered;
+  if (const RopeTables* tables = rope_for(step.longest(), tokens.device())) gathered = gather_rope_tables(*tables, positions);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (before_use) before_use(layers[l]->parameters());
+    const LayerKvCache cache = step.layer(static_cast<int64_t>(l));
+    stream = layers[l]->forward(stream, gathered ? &*gathered : nullptr, {}, &cache);
+  }
+  at::Tensor normed = final_normed(stream);  // [s, b, h]
+  if (last_position_only) normed = normed.narrow(0, normed.size(0) - 1, 1);
+  return output_logits(normed);  // [s or 1, b, V/tp]
 }
 
 ResidualStream GPTModel::run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,

@@ -20,6 +20,7 @@
 
 #include "core/config.h"
 #include "data/micro_batch.h"
+#include "model/kv_cache.h"
 #include "model/layer_spec.h"
 #include "model/mtp.h"
 #include "model/norm_module.h"
@@ -57,6 +58,11 @@ class GPTModel : public tp::DescribedModule {
   // stage's output; one without post-process returns its hidden states in that shape.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids = {},
                      const at::Tensor& attention_mask = {}, const at::Tensor& input = {});
+
+  // Generation: tokens [b, s], the next s tokens of the step's b sequences, attending over what
+  // the cache holds of them -> logits [s, b, V/tp] (with last_position_only [1, b, V/tp]). The
+  // caller commits the step. Whole model (one chunk), eval mode, no sequence parallelism.
+  at::Tensor forward_cached(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only = true);
 
   // Per-token cross entropy (fp32), [b, s]. Post-process chunk only.
   at::Tensor token_losses(const Batch& batch, const at::Tensor& input = {});
@@ -132,6 +138,7 @@ class GPTModel : public tp::DescribedModule {
   // The decoder's output: [s(/tp), b, h], final-normed on the chunk that ends the model.
   at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask,
                            const at::Tensor& input);
+  at::Tensor final_normed(const ResidualStream& stream);  // the decoder's output, final norm applied
   at::Tensor output_logits(const at::Tensor& normed);                                   // -> [s, b, V/tp]
   at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const;  // labels [b, s] -> [b, s] fp32
   std::vector<moe::MoELayer*> moe_layers() const;  // of the decoder and of the MTP depths

@@ -2,7 +2,7 @@
 // is built from parts behind small interfaces, and one function per family picks the parts.
 //
 //   attention block   normed hidden -> attention output (self-attention, or multi-latent attention)
-//   core attention    q, k, v -> context (SDPA today; ring attention, KV-cache attention next)
+//   core attention    q, k, v -> context (SDPA today; ring attention next)
 //   feed-forward      normed hidden -> MLP output (the dense MLP, or MoE: src/moe)
 //
 // The layer owns the pre-norms and the residual stream. Where a norm's parameters live is the
@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "core/config.h"
+#include "model/kv_cache.h"
 #include "model/norm.h"
 #include "model/rope.h"
 #include "tensor_parallel/layers.h"
@@ -58,8 +59,11 @@ class LayerPart : public tp::DescribedModule {
 class AttentionBlock : public LayerPart {
  public:
   // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
-  // rope: tables for the positions, or null without rotary embeddings.
-  virtual at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask) = 0;
+  // rope: tables for the positions, or null without rotary embeddings. cache (generation only):
+  // the block appends what it needs of the new tokens and attends over the cached tokens too,
+  // under the cache's mask instead of attention_mask.
+  virtual at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
+                             const LayerKvCache* cache = nullptr) = 0;
 };
 
 class FeedForward : public LayerPart {

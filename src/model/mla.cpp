@@ -79,8 +79,10 @@ at::Tensor MultiLatentAttention::rotate(const at::Tensor& x, const RopeTables& r
   return rope_fusion_ ? kernels::rope(halves, rope.cos, rope.sin) : apply_rope(halves, rope);
 }
 
-at::Tensor MultiLatentAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask) {
+at::Tensor MultiLatentAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
+                                         const LayerKvCache* cache) {
   TORCH_CHECK(rope != nullptr, "multi-latent attention needs rotary position embeddings");
+  if (cache != nullptr) return forward_cached(normed, *rope, *cache);
   // The query's input to its up projection: the latent [s(/tp), b, q_lora] (without q LoRA, the
   // normed input itself, projected by linear_q_proj).
   const at::Tensor q_in = linear_q_proj ? normed : tp::linear(normed, q_down_weight);
@@ -113,6 +115,25 @@ at::Tensor MultiLatentAttention::forward(const at::Tensor& normed, const RopeTab
   const at::Tensor context =
       attend(*core_attention_, query, key, value.contiguous(), attention_mask, dropout, recompute_core_attention_, tp_);  // [s, b, H/tp dv]
   return linear_proj->forward(context);  // [s, b, h] ([s/tp, b, h] under SP)
+}
+
+at::Tensor MultiLatentAttention::forward_cached(const at::Tensor& normed, const RopeTables& rope, const LayerKvCache& cache) {
+  TORCH_CHECK(!tp_.sequence_parallel, "multi-latent attention over a key/value cache runs without sequence parallelism");
+  const at::Tensor q = linear_q_proj ? linear_q_proj->forward(normed)
+                                     : linear_q_up_proj->forward(norm_latent(tp::linear(normed, q_down_weight), *linear_q_up_proj));
+  const int64_t s = q.size(0), b = q.size(1);
+  const at::Tensor q_heads = q.view({s, b, heads_, nope_dim_ + rope_dim_});                  // [s, b, H/tp, dn + dr]
+  const at::Tensor query = at::cat({q_heads.narrow(-1, 0, nope_dim_), rotate(q_heads.narrow(-1, nope_dim_, rope_dim_), rope)}, -1);
+  const at::Tensor kv_down = tp::linear(normed, kv_down_weight);                             // [s, b, kv_lora + dr]
+  // The latents are what the cache keeps: kv_lora + dr channels a token against the heads'
+  // H (dn + dv + dr); the up projection then runs over every cached token at each step.
+  const at::Tensor latent = cache.extend(0, kv_down.narrow(-1, 0, kv_lora_rank_).contiguous());       // [L, b, kv_lora]
+  const at::Tensor k_rot = cache.extend(1, rotate(kv_down.narrow(-1, kv_lora_rank_, rope_dim_).unsqueeze(2), rope).squeeze(2));  // [L, b, dr]
+  const int64_t L = latent.size(0);
+  const at::Tensor kv = linear_kv_up_proj->forward(norm_latent(latent, *linear_kv_up_proj)).view({L, b, heads_, nope_dim_ + v_dim_});
+  const at::Tensor key = at::cat({kv.narrow(-1, 0, nope_dim_), k_rot.unsqueeze(2).expand({L, b, heads_, rope_dim_})}, -1);
+  const at::Tensor value = kv.narrow(-1, nope_dim_, v_dim_).contiguous();                    // [L, b, H/tp, dv]
+  return linear_proj->forward(core_attention_->forward(query, key, value, cache.attention_mask(), 0.0));  // [s, b, h]
 }
 
 }  // namespace megatron

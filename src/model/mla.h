@@ -30,8 +30,11 @@ class MultiLatentAttention : public AttentionBlock {
  public:
   MultiLatentAttention(const PartContext& context, std::shared_ptr<CoreAttention> core_attention);
 
-  // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
-  at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask) override;
+  // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape. With a cache
+  // it keeps the latents, not the heads: the key latent before its norm (part 0: [s, b, kv_lora])
+  // and the rotated shared key (part 1: [s, b, dr]); the up projection runs over all of them.
+  at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
+                     const LayerKvCache* cache = nullptr) override;
   // The layer holds the input norm (input_layernorm): the first linears are the down projections.
   std::optional<NormParams> fused_norm() const override { return std::nullopt; }
 
@@ -47,6 +50,8 @@ class MultiLatentAttention : public AttentionBlock {
 
  private:
   at::Tensor rotate(const at::Tensor& x, const RopeTables& rope) const;  // [s, b, n, dr] interleaved pairs -> rotated
+  // forward over a key/value cache (generation: no autograd, no sequence parallelism).
+  at::Tensor forward_cached(const at::Tensor& normed, const RopeTables& rope, const LayerKvCache& cache);
   // The latent's RMSNorm, held by the up projection (`layer_norm_weight`) with --qk-layernorm
   // (Megatron's switch for DeepSeek's latent norms); none without.
   static at::Tensor norm_latent(const at::Tensor& latent, const tp::ColumnParallelLinear& up);

@@ -52,7 +52,7 @@ at::Tensor TransformerLayer::forward(const at::Tensor& hidden, const RopeTables*
 }
 
 ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTables* rope,
-                                         const at::Tensor& attention_mask) {
+                                         const at::Tensor& attention_mask, const LayerKvCache* cache) {
   const bool train = is_training();
   const NormParams first = input_norm(), second = pre_mlp_norm();
   const at::Tensor first_gamma = first.gamma(), second_gamma = second.gamma();  // [h] the scales applied
@@ -63,7 +63,7 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
     const kernels::AddRmsNorm h = in.delta.defined()
                                       ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
                                       : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
-    const at::Tensor attention = self_attention->forward(h.normed, rope, attention_mask);
+    const at::Tensor attention = self_attention->forward(h.normed, rope, attention_mask, cache);
     // The fused kernel normalises the rounded sum, as rms_norm of the sum does.
     if (recompute_norms_) {
       discard_norm_output(h.normed, attention, [sum = h.sum, gamma = first_gamma, eps = first.eps] { return kernels::rms_norm(sum, gamma, eps); });
@@ -80,7 +80,7 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
   auto dropout = [&](const at::Tensor& y) { return tp_.random(sharded, [&] { return at::dropout(y, hidden_dropout_, train); }); };
   const at::Tensor hidden = in.materialize();
   const at::Tensor first_normed = first.apply(hidden);
-  const at::Tensor attention = self_attention->forward(first_normed, rope, attention_mask);
+  const at::Tensor attention = self_attention->forward(first_normed, rope, attention_mask, cache);
   if (recompute_norms_) discard_norm_output(first_normed, attention, [hidden, first] { return first.apply(hidden); });
   at::Tensor x = hidden + dropout(attention);
   const at::Tensor second_normed = second.apply(x);

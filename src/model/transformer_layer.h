@@ -29,7 +29,9 @@ class TransformerLayer : public tp::DescribedModule {
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]; [s/tp, b, h] under SP
   // The same on the residual stream; the result's delta is defined when the residual adds are
   // fused with the norms (RMSNorm, --bias-dropout-fusion, no hidden dropout in effect).
-  ResidualStream forward(const ResidualStream& in, const RopeTables* rope, const at::Tensor& attention_mask = {});
+  // cache (generation): the attention block's key/value cache for this step.
+  ResidualStream forward(const ResidualStream& in, const RopeTables* rope, const at::Tensor& attention_mask = {},
+                         const LayerKvCache* cache = nullptr);
 
   // The norms in front of the attention block and the feed-forward, wherever their parameters live.
   NormParams input_norm() const;

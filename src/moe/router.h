@@ -71,7 +71,8 @@ class TopKRouter : public tp::DescribedModule {
   at::Tensor attach_balancing_losses(at::Tensor probs, const at::Tensor& logits, int64_t batch);
   void track(int slot, const at::Tensor& value);
 
-  const ModelConfig& config_;
+  // A copy: the model may outlive the configuration it was built from (generation loads one).
+  const ModelConfig config_;
   tp::TensorParallel tp_;
   double loss_scale_ = 1.0;
   at::Tensor fp16_loss_scale_;

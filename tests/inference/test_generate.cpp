@@ -1,12 +1,18 @@
-// Sampling rules on hand-made logits, and generation end to end: a tiny model trained on the
-// mock data (runs of consecutive ids) continues a run greedily from its checkpoint.
+// Sampling rules on hand-made logits; the engine's requests (seeds, stops, limits) on a random
+// tiny model; and generation end to end: a tiny model trained on the mock data (runs of
+// consecutive ids) continues a run greedily from its checkpoint.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "inference/generate.h"
+#include "core/errors.h"
+#include "inference/engine.h"
+#include "inference/sampling.h"
+#include "model/gpt_model.h"
+#include "support/model_configs.h"
+#include "support/user_error.h"
 #include "support/test_support.h"
 
 namespace megatron {
@@ -45,6 +51,114 @@ TEST(Sampling, GreedyTopKTopPAndTemperature) {
   seen.clear();
   for (int i = 0; i < 600; ++i) seen.insert(sample_next_token(logits, p95, gen));
   EXPECT_EQ(seen, (std::set<int64_t>{0, 1, 2, 4}));
+}
+
+TEST(Sampling, MinPAndRepetitionPenaltyAsTransformers) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  // probabilities 0.369 (id 1), 0.334 (4), 0.224 (2), 0.055 (0), 0.018 (3)
+  const at::Tensor logits = at::tensor({0.1f, 2.0f, 1.5f, -1.0f, 1.9f});
+  SamplingOptions min_p;
+  min_p.min_p = 0.5;  // keeps ids at least half as likely as id 1: ids 1, 4, 2 (0.224 / 0.369 = 0.61)
+  std::set<int64_t> seen;
+  for (int i = 0; i < 400; ++i) seen.insert(sample_next_token(logits, min_p, gen));
+  EXPECT_EQ(seen, (std::set<int64_t>{1, 2, 4}));
+  min_p.min_p = 0.7;  // id 2 (0.61) out
+  seen.clear();
+  for (int i = 0; i < 400; ++i) seen.insert(sample_next_token(logits, min_p, gen));
+  EXPECT_EQ(seen, (std::set<int64_t>{1, 4}));
+  // Repetition penalty 2: id 1's logit 2.0 -> 1.0 and id 3's -1.0 -> -2.0; id 4 (1.9) now leads.
+  SamplingOptions penalised;
+  penalised.greedy = true;
+  penalised.repetition_penalty = 2.0;
+  EXPECT_EQ(sample_next_token(logits, penalised, gen, {1, 3, 1}), 4);
+  EXPECT_EQ(sample_next_token(logits, penalised, gen, {0}), 1);
+}
+
+// A random tiny Llama-shaped model (vocab 64, 2 layers) in eval mode.
+std::shared_ptr<GPTModel> tiny_model() {
+  auto model = std::make_shared<GPTModel>(test::small_llama({.hidden = 32, .heads = 4, .groups = 2, .ffn = 64, .seq = 48, .vocab = 64}));
+  model->initialize(5);
+  // Larger output weights than the init's: logits far enough apart that sampling varies.
+  {
+    at::NoGradGuard no_grad;
+    model->output_layer_weight.mul_(40.0);
+  }
+  model->eval();
+  return model;
+}
+
+GenerationRequest sampled(std::vector<int64_t> prompt, uint64_t seed, int64_t new_tokens = 10) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = new_tokens;
+  r.sampling.seed = seed;
+  r.sampling.top_k = 20;
+  return r;
+}
+
+TEST(Engine, SampledTokensDependOnTheSeedOnly) {
+  const auto model = tiny_model();
+  Engine engine(*model, {.max_batch = 4, .vocab_size = 64});
+  const auto alone = engine.generate({sampled({3, 4, 5}, 11)});
+  // The same request among others of other lengths and seeds, and queued behind them.
+  const auto crowded = engine.generate({sampled({9, 8, 7, 6, 5, 4}, 1), sampled({3, 4, 5}, 11), sampled({1}, 2),
+                                        sampled({2, 2}, 3), sampled({5, 6}, 4), sampled({3, 4, 5}, 11)});
+  EXPECT_EQ(crowded[1].tokens, alone[0].tokens);
+  EXPECT_EQ(crowded[5].tokens, alone[0].tokens);
+  EXPECT_EQ(alone[0].tokens.size(), 10u);
+  EXPECT_EQ(alone[0].finish_reason, "length");
+  const auto other_seed = engine.generate({sampled({3, 4, 5}, 12)});
+  EXPECT_NE(other_seed[0].tokens, alone[0].tokens) << "a different seed drew the same 10 tokens";
+  EXPECT_EQ(engine.cache().slots(), 4);
+  EXPECT_TRUE(engine.idle());
+}
+
+TEST(Engine, StopIdsStopStringsAndStreaming) {
+  const auto model = tiny_model();
+  // Each id decodes as one letter: the continuation's text is its ids as letters.
+  auto letters = [](const std::vector<int64_t>& ids) {
+    std::string s;
+    for (int64_t id : ids) s += char('a' + id % 26);
+    return s;
+  };
+  Engine engine(*model, {.max_batch = 2, .vocab_size = 64, .detokenize = letters});
+  const GenerationResult free_run = engine.generate({sampled({3, 4, 5}, 11, 12)})[0];
+  ASSERT_EQ(free_run.tokens.size(), 12u);
+  EXPECT_EQ(free_run.text, letters(free_run.tokens));
+  // Stopping at the fourth token's id: the run ends with that token, reason "stop".
+  GenerationRequest at_id = sampled({3, 4, 5}, 11, 12);
+  at_id.stop_ids = {free_run.tokens[3]};
+  const size_t first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]) - free_run.tokens.begin();
+  std::vector<int64_t> streamed;
+  at_id.on_token = [&](int64_t id) { streamed.push_back(id); };
+  const GenerationResult stopped = engine.generate({at_id})[0];
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.tokens, std::vector<int64_t>(free_run.tokens.begin(), free_run.tokens.begin() + first + 1));
+  EXPECT_EQ(streamed, stopped.tokens);
+  // A stop string spanning tokens 3 and 4: the text ends before it.
+  GenerationRequest at_text = sampled({3, 4, 5}, 11, 12);
+  const std::string stop = free_run.text.substr(3, 2);
+  at_text.stop_strings = {stop};
+  const GenerationResult cut = engine.generate({at_text})[0];
+  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_EQ(cut.text, free_run.text.substr(0, free_run.text.find(stop)));
+  EXPECT_LE(cut.tokens.size(), 5u);
+}
+
+TEST(Engine, RequestsBeyondTheModelAreRefusedAndNothingIsQueued) {
+  const auto model = tiny_model();
+  Engine engine(*model, {.max_batch = 2, .vocab_size = 64});
+  EXPECT_NE(test::user_error_of([&] { engine.submit(sampled({}, 1)); }).find("the prompt is empty"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { engine.submit(sampled({1, 64}, 1)); }).find("prompt token id 64 is outside the vocabulary (64 ids)"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { engine.submit(sampled(std::vector<int64_t>(40, 1), 1, 9)); }).find("the prompt's 40 tokens and 9 new ones exceed the model's maximum length of 48 tokens"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { engine.submit(sampled({1}, 1, 0)); }).find("max_new_tokens must be at least 1"), std::string::npos);
+  GenerationRequest needs_text = sampled({1}, 1);
+  needs_text.stop_strings = {"x"};
+  EXPECT_NE(test::user_error_of([&] { engine.submit(needs_text); }).find("stop strings need a tokenizer"), std::string::npos);
+  EXPECT_TRUE(engine.idle());
+  // The longest request that fits runs to the model's length.
+  const auto full = engine.generate({sampled(std::vector<int64_t>(40, 1), 1, 8)});
+  EXPECT_EQ(full[0].tokens.size(), 8u);
 }
 
 TEST(Generate, TrainedTinyModelContinuesARun) {

@@ -1,0 +1,158 @@
+#include "inference/engine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/errors.h"
+#include "model/gpt_model.h"
+
+namespace megatron {
+
+int64_t model_max_length(const GPTModel& model) {
+  const ModelConfig& c = model.config();
+  if (c.position_embedding_type == "learned_absolute") return c.max_position_embeddings;
+  return std::max<int64_t>(c.seq_length, c.max_position_embeddings);
+}
+
+Engine::Engine(GPTModel& model, EngineOptions options)
+    : model_(model),
+      options_(std::move(options)),
+      cache_(static_cast<int64_t>(model.layers.size()), std::max<int64_t>(1, options_.max_batch),
+             options_.max_length > 0 ? options_.max_length : model_max_length(model)) {
+  if (options_.max_batch < 1) throw UserError("generation: the batch of sequences must hold at least one, got " + std::to_string(options_.max_batch));
+  for (int64_t slot = cache_.slots() - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  model_.eval();
+}
+
+int64_t Engine::submit(GenerationRequest request) {
+  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+  if (prompt == 0) throw UserError("generation: the prompt is empty (nothing to continue)");
+  if (request.max_new_tokens < 1) throw UserError("generation: max_new_tokens must be at least 1, got " + std::to_string(request.max_new_tokens));
+  const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
+  for (int64_t id : request.prompt) {
+    if (id < 0 || id >= vocab) {
+      throw UserError("generation: prompt token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(vocab) + " ids)");
+    }
+  }
+  if (prompt + request.max_new_tokens > max_length()) {
+    throw UserError("generation: the prompt's " + std::to_string(prompt) + " tokens and " + std::to_string(request.max_new_tokens) +
+                    " new ones exceed the model's maximum length of " + std::to_string(max_length()) +
+                    " tokens; shorten the prompt or ask for fewer new tokens");
+  }
+  if (!request.stop_strings.empty() && !options_.detokenize) {
+    throw UserError("generation: stop strings need a tokenizer to decode the continuation");
+  }
+  const uint64_t seed = request.sampling.seed;
+  auto sequence = std::make_unique<Sequence>(Sequence{next_id_++, -1, std::move(request), {}, {},
+                                                      at::make_generator<at::CPUGeneratorImpl>(seed)});
+  sequence->seen = sequence->request.prompt;
+  waiting_.push_back(std::move(sequence));
+  return waiting_.back()->id;
+}
+
+void Engine::step() {
+  at::NoGradGuard no_grad;
+  const at::Device device = model_.word_embeddings.device();
+  const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
+  if (!running_.empty()) {
+    // One token for every running sequence, in one forward over the cache.
+    std::vector<int64_t> slots, last;
+    for (const auto& s : running_) {
+      slots.push_back(s->slot);
+      last.push_back(s->seen.back());
+    }
+    KvCacheStep decode(cache_, slots, 1, device);
+    const at::Tensor tokens = at::tensor(last, at::kLong).view({-1, 1}).to(device);     // [b, 1]
+    const at::Tensor logits = model_.forward_cached(tokens, decode)[0].narrow(1, 0, vocab);  // [b, V]
+    decode.commit();
+    const at::Tensor rows = logits.to(at::kCPU, at::kFloat);
+    std::vector<std::unique_ptr<Sequence>> still;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      if (advance(*running_[i], rows[static_cast<int64_t>(i)])) {
+        finish(*running_[i]);
+      } else {
+        still.push_back(std::move(running_[i]));
+      }
+    }
+    running_ = std::move(still);
+  }
+  while (!waiting_.empty() && !free_slots_.empty()) {
+    std::unique_ptr<Sequence> sequence = std::move(waiting_.front());
+    waiting_.pop_front();
+    sequence->slot = free_slots_.back();
+    free_slots_.pop_back();
+    prefill(*sequence);
+    if (sequence->slot >= 0) running_.push_back(std::move(sequence));
+  }
+}
+
+void Engine::prefill(Sequence& sequence) {
+  const at::Device device = model_.word_embeddings.device();
+  const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
+  KvCacheStep step(cache_, {sequence.slot}, static_cast<int64_t>(sequence.request.prompt.size()), device);
+  const at::Tensor tokens = at::tensor(sequence.request.prompt, at::kLong).view({1, -1}).to(device);  // [1, s]
+  const at::Tensor logits = model_.forward_cached(tokens, step)[0][0].narrow(0, 0, vocab);          // [V]
+  step.commit();
+  if (advance(sequence, logits)) finish(sequence);
+}
+
+bool Engine::advance(Sequence& s, const at::Tensor& logits) {
+  const int64_t next = sample_next_token(logits, s.request.sampling, s.generator, s.seen);
+  s.seen.push_back(next);
+  s.result.tokens.push_back(next);
+  if (s.request.on_token) s.request.on_token(next);
+  const auto& stops = s.request.stop_ids;
+  if (std::find(stops.begin(), stops.end(), next) != stops.end()) {
+    s.result.finish_reason = "stop";
+    return true;
+  }
+  if (!s.request.stop_strings.empty()) {
+    const std::string text = options_.detokenize(s.result.tokens);
+    size_t first = std::string::npos;
+    for (const std::string& stop : s.request.stop_strings) {
+      if (!stop.empty()) first = std::min(first, text.find(stop));
+    }
+    if (first != std::string::npos) {
+      s.result.text = text.substr(0, first);
+      s.text_final = true;
+      s.result.finish_reason = "stop";
+      return true;
+    }
+  }
+  if (static_cast<int64_t>(s.result.tokens.size()) >= s.request.max_new_tokens ||
+      static_cast<int64_t>(s.seen.size()) >= cache_.capacity()) {
+    s.result.finish_reason = "length";
+    return true;
+  }
+  return false;
+}
+
+void Engine::finish(Sequence& s) {
+  if (options_.detokenize && !s.text_final) s.result.text = options_.detokenize(s.result.tokens);
+  cache_.clear(s.slot);
+  free_slots_.push_back(s.slot);
+  s.slot = -1;
+  finished_[s.id] = std::move(s.result);
+}
+
+std::optional<GenerationResult> Engine::take_result(int64_t id) {
+  auto it = finished_.find(id);
+  if (it == finished_.end()) return std::nullopt;
+  GenerationResult result = std::move(it->second);
+  finished_.erase(it);
+  return result;
+}
+
+std::vector<GenerationResult> Engine::generate(std::vector<GenerationRequest> requests) {
+  std::vector<int64_t> ids;
+  for (auto& r : requests) ids.push_back(submit(std::move(r)));
+  while (!idle()) step();
+  std::vector<GenerationResult> results;
+  for (int64_t id : ids) results.push_back(*take_result(id));
+  return results;
+}
+
+}  // namespace megatron

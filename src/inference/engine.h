@@ -1,0 +1,107 @@
+// The generation engine: requests of any length share one forward per step over a key/value
+// cache (model/kv_cache.h). A request is prefilled when it gets a slot (its whole prompt in one
+// forward), then decoded one token a step together with every other running request; requests
+// that arrive while others run join at the next step, and a finished request's slot goes to the
+// next one waiting (continuous batching).
+//
+//   Engine engine(model, {.max_batch = 8, .vocab_size = V});
+//   const int64_t id = engine.submit(request);
+//   while (!engine.idle()) engine.step();
+//   GenerationResult r = engine.take_result(id);
+//
+// The engine is driven from one thread; the model runs whole on this process (no TP / PP yet).
+#pragma once
+
+#include <ATen/core/Generator.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "inference/sampling.h"
+#include "model/kv_cache.h"
+
+namespace megatron {
+
+class GPTModel;
+
+struct GenerationRequest {
+  std::vector<int64_t> prompt;  // token ids, at least one
+  int64_t max_new_tokens = 64;
+  SamplingOptions sampling;
+  // Any of these ids ends the sequence (and is its last token), e.g. the tokenizer's EOS.
+  std::vector<int64_t> stop_ids;
+  // Any of these texts in the decoded continuation ends it; the text stops before it (needs
+  // EngineOptions::detokenize).
+  std::vector<std::string> stop_strings;
+  // Called with each new id as it is chosen (streaming).
+  std::function<void(int64_t)> on_token;
+};
+
+struct GenerationResult {
+  std::vector<int64_t> tokens;  // the continuation's ids (a stop id included)
+  std::string finish_reason;    // "stop" (a stop id or string) or "length" (max_new_tokens, or the model's length)
+  std::string text;             // the continuation decoded, cut before a stop string (with detokenize only)
+};
+
+struct EngineOptions {
+  int64_t max_batch = 8;   // sequences decoded together (cache slots)
+  int64_t max_length = 0;  // tokens one sequence may hold, prompt included; 0: the model's maximum length
+  int64_t vocab_size = 0;  // candidate ids: [0, vocab_size) (the rest is Megatron's vocabulary padding); 0: all
+  std::function<std::string(const std::vector<int64_t>&)> detokenize;  // for stop strings and result text
+};
+
+class Engine {
+ public:
+  Engine(GPTModel& model, EngineOptions options);
+
+  // Queues a request; its id for take_result. A UserError (nothing queued) for an empty prompt,
+  // an id outside the vocabulary, or prompt + max_new_tokens beyond max_length.
+  int64_t submit(GenerationRequest request);
+  // One step: the running requests each decode a token (one forward for all), then waiting
+  // requests take the free slots and are prefilled (choosing their first token).
+  void step();
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  // A finished request's result (taken once); nullopt while it runs or waits.
+  std::optional<GenerationResult> take_result(int64_t id);
+  // Submits all, steps until every one has finished, and returns their results in order.
+  std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests);
+
+  int64_t max_length() const { return cache_.capacity(); }
+  const KvCache& cache() const { return cache_; }
+
+ private:
+  struct Sequence {
+    int64_t id;
+    int64_t slot;
+    GenerationRequest request;
+    std::vector<int64_t> seen;  // prompt + continuation
+    GenerationResult result;
+    at::Generator generator;
+    bool text_final = false;  // result.text already cut before a stop string
+  };
+  // Chooses the sequence's next token from its logits [V]; true once it has finished.
+  bool advance(Sequence& sequence, const at::Tensor& logits);
+  void prefill(Sequence& sequence);
+  void finish(Sequence& sequence);  // its slot freed, its result kept for take_result
+
+  GPTModel& model_;
+  EngineOptions options_;
+  KvCache cache_;
+  std::vector<int64_t> free_slots_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::map<int64_t, GenerationResult> finished_;
+  int64_t next_id_ = 0;
+};
+
+// The model's maximum sequence length for generation: max_position_embeddings (learned
+// positions), else the larger of it and seq_length.
+int64_t model_max_length(const GPTModel& model);
+
+}  // namespace megatron

@@ -1,0 +1,91 @@
+#include "inference/generation_model.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_mapping.h"
+#include "core/config_json.h"
+#include "core/errors.h"
+#include "core/json_text.h"
+#include "model/gpt_model.h"
+#include "tokenizer/tokenizer.h"
+#include "train/arguments.h"
+
+namespace megatron {
+namespace {
+
+namespace fs = std::filesystem;
+
+// eos_token_id of an HF config file: an id, a list of ids, or absent / null.
+std::vector<int64_t> eos_ids_of(const std::string& path) {
+  const nlohmann::json config = parse_json_file(path);
+  std::vector<int64_t> ids;
+  if (!config.is_object() || !config.contains("eos_token_id") || config["eos_token_id"].is_null()) return ids;
+  const nlohmann::json& eos = config["eos_token_id"];
+  for (const nlohmann::json& id : eos.is_array() ? eos : nlohmann::json::array({eos})) {
+    if (!id.is_number_integer()) throw UserError(path + ": eos_token_id must be an integer or a list of integers, got " + eos.dump());
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+GenerationModel load_native_for_generation(const std::string& load_dir, const std::string& tokenizer_model, const at::Device& device) {
+  const std::string dir = latest_checkpoint_directory(load_dir);
+  if (dir.empty()) throw UserError("--load " + load_dir + ": no latest_checkpointed_iteration.txt; is this a checkpoint directory?");
+  const nlohmann::json state = read_checkpoint_state(dir);
+  const ModelConfig model_config = saved_model_config(dir, state);  // checked field by field
+  if (!state.contains("tokenizer")) {
+    throw UserError(dir + "/state.json records no tokenizer: it was saved by an older version, or is damaged");
+  }
+  DataConfig data;
+  try {
+    tokenizer_config_from_json(state["tokenizer"], data);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(dir + "/state.json: tokenizer: a field is missing or of the wrong type (" + e.what() + ")");
+  }
+  if (!tokenizer_model.empty()) data.tokenizer_model = tokenizer_model;
+  // The model's vocab_size is the tokenizer's ids: NullTokenizer's N plus EOD, TikTokenizer's all.
+  const int64_t vocab_flag = data.tokenizer_type == "NullTokenizer"  ? model_config.vocab_size - 1
+                             : data.tokenizer_type == "TikTokenizer" ? model_config.vocab_size
+                                                                     : 0;
+  GenerationModel g;
+  g.tokenizer = make_tokenizer(tokenizer_spec(data, vocab_flag));
+  g.model = std::make_shared<GPTModel>(model_config);
+  load_model_weights(dir, *g.model);
+  g.model->to(device);
+  if (auto eod = g.tokenizer->eod_id()) g.stop_ids.push_back(*eod);
+  g.vocab_size = model_config.vocab_size;
+  g.source = dir;
+  return g;
+}
+
+GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::string& tokenizer_model, const at::Device& device,
+                                       bool need_tokenizer) {
+  GenerationModel g;
+  const ModelConfig model_config = model_config_from_hf(hf_dir);
+  const std::string tokenizer_path = !tokenizer_model.empty() ? tokenizer_model : hf_dir;
+  const bool has_tokenizer = !tokenizer_model.empty() || fs::exists(fs::path(hf_dir) / "tokenizer.json");
+  if (has_tokenizer) {
+    g.tokenizer = make_tokenizer("HuggingFaceTokenizer", tokenizer_path, "", "", 0);
+  } else if (need_tokenizer) {
+    throw UserError("--load-hf " + hf_dir + ": no tokenizer.json there; pass --tokenizer-model with the model's tokenizer");
+  }
+  g.model = std::make_shared<GPTModel>(model_config);
+  load_hf_weights(hf_dir, *g.model);
+  g.model->to(device);
+  // HF generate's rule: generation_config.json's eos_token_id, else config.json's.
+  const fs::path generation_config = fs::path(hf_dir) / "generation_config.json";
+  if (fs::exists(generation_config)) g.stop_ids = eos_ids_of(generation_config.string());
+  if (g.stop_ids.empty()) g.stop_ids = eos_ids_of((fs::path(hf_dir) / "config.json").string());
+  if (g.stop_ids.empty() && g.tokenizer) {
+    if (auto eos = g.tokenizer->eos_id()) g.stop_ids.push_back(*eos);
+  }
+  g.vocab_size = model_config.vocab_size;
+  g.source = hf_dir;
+  return g;
+}
+
+}  // namespace megatron
