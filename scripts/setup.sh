@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing megatron.cpp needs on Debian 12, idempotently:
 # Debian packages (compiler, CMake, ccache, GoogleTest, Gloo headers, yaml-cpp, nlohmann-json,
-# PCRE2, utf8proc, SentencePiece, zlib)
+# PCRE2, utf8proc, SentencePiece, zlib, cpp-httplib)
 # and a Python venv holding the PyTorch wheel (LibTorch) plus the reference implementations
 # the tests compare against. The venv lives outside the checkout, keyed by requirements.txt,
 # so fresh clones on the same machine reuse it. Prints the venv path on its last line.
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 packages=(g++ cmake make ninja-build ccache git python3 python3-venv libgtest-dev libgmock-dev
           libgloo-dev libyaml-cpp-dev nlohmann-json3-dev pkg-config libpcre2-dev libutf8proc-dev
-          libsentencepiece-dev zlib1g-dev procps)
+          libsentencepiece-dev zlib1g-dev libcpp-httplib-dev procps)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run here, before a device call: gathers what the GPU machine lacks into the git-ignored .gpu/
-# (carried with the call): headers and static libraries of the Debian packages the build uses,
+# (carried with the call): headers and libraries of the Debian packages the build uses,
 # GoogleTest's sources, and the HF baseline script from ../shared.
 #   bash scripts/gpu/prepare.sh [BEFORE_COMMIT]
 set -euo pipefail
@@ -15,6 +15,14 @@ cp /usr/include/zlib.h /usr/include/zconf.h .gpu/deps/include/
 cp -L $lib/libsentencepiece.so.0 $lib/libsentencepiece_train.so.0 .gpu/deps/lib/
 ln -s libsentencepiece.so.0 .gpu/deps/lib/libsentencepiece.so
 ln -s libsentencepiece_train.so.0 .gpu/deps/lib/libsentencepiece_train.so
+# cpp-httplib (megatron serve) is a shared library built with OpenSSL, zlib and Brotli: its
+# header includes theirs, and it needs their shared libraries (Debian 12's, carried along).
+cp /usr/include/httplib.h .gpu/deps/include/
+cp -r /usr/include/openssl /usr/include/brotli .gpu/deps/include/
+cp /usr/include/x86_64-linux-gnu/openssl/*.h .gpu/deps/include/openssl/
+cp -L $lib/libcpp-httplib.so.0.11 $lib/libssl.so.3 $lib/libcrypto.so.3 $lib/libbrotlicommon.so.1 $lib/libbrotlidec.so.1 \
+      $lib/libbrotlienc.so.1 .gpu/deps/lib/
+ln -s libcpp-httplib.so.0.11 .gpu/deps/lib/libcpp-httplib.so
 cp -r /usr/src/googletest .gpu/deps/googletest
 cp ../shared/bench/hf_baseline.py .gpu/
 # With a commit: that commit's sources in .gpu/before, for `run.sh before-after`.

@@ -21,6 +21,7 @@ int train_as(const ModelFamily& family, const Args& args);
 int convert_as(const ModelFamily& family, const Args& args);
 int eval(const Args& args);  // a checkpoint's validation / test loss
 int generate(const Args& args);
+int serve(const Args& args);  // the OpenAI API over HTTP
 int convert(const Args& args);
 int preprocess(const Args& args);
 int version(const Args& args);

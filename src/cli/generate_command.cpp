@@ -1,77 +1,61 @@
 // `megatron generate (--load DIR | --load-hf DIR) --prompt TEXT [...]`: the model and tokenizer
 // of a checkpoint (inference/generation_model.h) continue each prompt through the engine.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
+#include <algorithm>
 #include <map>
-#include <thread>
 
 #include "cli/commands.h"
 #include "core/errors.h"
 #include "inference/engine.h"
-#include "inference/generation_model.h"
-#include "model/gpt_model.h"
+#include "cli/inference_flags.h"
 #include "tokenizer/tokenizer.h"
-#include "train/rank_resources.h"
 
 namespace megatron::cli {
 namespace {
 
-const char* kHelp =
-    "usage: megatron generate (--load DIR | --load-hf DIR) --prompt TEXT [--prompt TEXT ...] [flags]\n\n"
-    "Continues each TEXT with the model of a checkpoint: the latest one under --load (as train\n"
-    "--save wrote it, with the tokenizer it was trained with), or a Hugging Face model directory\n"
-    "(config.json, safetensors, tokenizer.json). Several prompts are generated together, as one\n"
-    "batch over a key/value cache; one prompt streams its continuation.\n\n"
-    "  --load DIR                   checkpoint directory (as given to train --save)\n"
-    "  --load-hf DIR                Hugging Face model directory\n"
-    "  --prompt TEXT                text to continue (repeat for a batch)\n"
-    "  --max-new-tokens N           tokens to generate (default 64; --out-seq-length is an alias)\n"
-    "  --greedy                     always take the most likely token\n"
-    "  --temperature T              sampling temperature (default 1.0; 0 is greedy)\n"
-    "  --top-k K                    sample among the K most likely tokens (default 0: all)\n"
-    "  --top-p P                    sample among the most likely tokens holding probability P (default 1.0)\n"
-    "  --min-p P                    drop tokens less likely than P x the most likely (default 0)\n"
-    "  --repetition-penalty R       divide the logits of tokens already seen by R (HF's rule; default 1)\n"
-    "  --stop TEXT                  stop when the continuation contains TEXT (repeatable; not printed)\n"
-    "  --seed S                     sampling seed (default 1234; prompt i uses S + i)\n"
-    "  --inference-max-batch-size N sequences decoded together (default 8)\n"
-    "  --tokenizer-model PATH       use this tokenizer instead of the checkpoint's\n"
-    "  --device auto|cpu|cuda       where to run (default auto)\n"
-    "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n";
-
-double number(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  // Finite and within 2^53: the integer flags are cast from it.
-  if (text.empty() || *end != '\0' || !std::isfinite(v) || std::fabs(v) > 9007199254740992.0) {
-    throw UserError(flag + ": expected a finite number, got '" + text + "'");
-  }
-  return v;
+std::string help() {
+  return std::string(
+             "usage: megatron generate (--load DIR | --load-hf DIR) --prompt TEXT [--prompt TEXT ...] [flags]\n\n"
+             "Continues each TEXT with the model of a checkpoint: the latest one under --load (as train\n"
+             "--save wrote it, with the tokenizer it was trained with), or a Hugging Face model directory.\n"
+             "Several prompts are generated together, as one batch over a key/value cache; one prompt\n"
+             "streams its continuation.\n\n") +
+         kInferenceModelFlagsHelp +
+         "  --prompt TEXT                text to continue (repeat for a batch)\n"
+         "  --max-new-tokens N           tokens to generate (default 64; --out-seq-length is an alias)\n"
+         "  --greedy                     always take the most likely token\n"
+         "  --temperature T              sampling temperature (default 1.0; 0 is greedy)\n"
+         "  --top-k K                    sample among the K most likely tokens (default 0: all)\n"
+         "  --top-p P                    sample among the most likely tokens holding probability P (default 1.0)\n"
+         "  --min-p P                    drop tokens less likely than P x the most likely (default 0)\n"
+         "  --repetition-penalty R       divide the logits of tokens already seen by R (HF's rule; default 1)\n"
+         "  --stop TEXT                  stop when the continuation contains TEXT (repeatable; not printed)\n"
+         "  --seed S                     sampling seed (default 1234; prompt i uses S + i)\n"
+         "  --inference-max-batch-size N sequences decoded together (default 8)\n";
 }
 
 }  // namespace
 
 int generate(const Args& args) {
   std::map<std::string, std::string> values;
+  InferenceModelFlags model_flags;
   std::vector<std::string> prompts, stops;
   bool greedy = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
+      std::fputs(help().c_str(), stdout);
       return 0;
     }
     if (a == "--greedy") {
       greedy = true;
       continue;
     }
-    static const char* known[] = {"--load", "--load-hf", "--prompt", "--max-new-tokens", "--out-seq-length", "--temperature",
-                                  "--top-k", "--top-p", "--min-p", "--repetition-penalty", "--stop", "--seed",
-                                  "--inference-max-batch-size", "--tokenizer-model", "--device", "--cpu-threads"};
+    if (take_inference_model_flag(args, i, model_flags)) continue;
+    static const char* known[] = {"--prompt", "--max-new-tokens", "--out-seq-length", "--temperature", "--top-k", "--top-p",
+                                  "--min-p", "--repetition-penalty", "--stop", "--seed", "--inference-max-batch-size"};
     if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
       throw UserError("unknown flag " + a + " for generate; see megatron generate --help");
     }
@@ -86,21 +70,18 @@ int generate(const Args& args) {
       values[a == "--out-seq-length" ? "--max-new-tokens" : a] = value;
     }
   }
-  if (values.count("--load") == values.count("--load-hf")) {
-    throw UserError("generate needs one of --load DIR (a checkpoint directory) and --load-hf DIR (a Hugging Face model)");
-  }
   if (prompts.empty()) throw UserError("generate needs --prompt TEXT");
 
   GenerationRequest request;
   SamplingOptions& o = request.sampling;
   o.greedy = greedy;
-  if (values.count("--max-new-tokens")) request.max_new_tokens = static_cast<int64_t>(number("--max-new-tokens", values["--max-new-tokens"]));
-  if (values.count("--temperature")) o.temperature = number("--temperature", values["--temperature"]);
-  if (values.count("--top-k")) o.top_k = static_cast<int64_t>(number("--top-k", values["--top-k"]));
-  if (values.count("--top-p")) o.top_p = number("--top-p", values["--top-p"]);
-  if (values.count("--min-p")) o.min_p = number("--min-p", values["--min-p"]);
-  if (values.count("--repetition-penalty")) o.repetition_penalty = number("--repetition-penalty", values["--repetition-penalty"]);
-  if (values.count("--seed")) o.seed = static_cast<uint64_t>(number("--seed", values["--seed"]));
+  if (values.count("--max-new-tokens")) request.max_new_tokens = static_cast<int64_t>(number_flag("--max-new-tokens", values["--max-new-tokens"]));
+  if (values.count("--temperature")) o.temperature = number_flag("--temperature", values["--temperature"]);
+  if (values.count("--top-k")) o.top_k = static_cast<int64_t>(number_flag("--top-k", values["--top-k"]));
+  if (values.count("--top-p")) o.top_p = number_flag("--top-p", values["--top-p"]);
+  if (values.count("--min-p")) o.min_p = number_flag("--min-p", values["--min-p"]);
+  if (values.count("--repetition-penalty")) o.repetition_penalty = number_flag("--repetition-penalty", values["--repetition-penalty"]);
+  if (values.count("--seed")) o.seed = static_cast<uint64_t>(number_flag("--seed", values["--seed"]));
   if (request.max_new_tokens < 1 || o.temperature < 0 || o.top_k < 0 || o.top_p <= 0 || o.top_p > 1 || o.min_p < 0 ||
       o.min_p > 1 || o.repetition_penalty <= 0) {
     throw UserError("generate: need --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1, "
@@ -108,24 +89,10 @@ int generate(const Args& args) {
   }
   EngineOptions engine_options;
   if (values.count("--inference-max-batch-size")) {
-    engine_options.max_batch = static_cast<int64_t>(number("--inference-max-batch-size", values["--inference-max-batch-size"]));
+    engine_options.max_batch = static_cast<int64_t>(number_flag("--inference-max-batch-size", values["--inference-max-batch-size"]));
     if (engine_options.max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
   }
-  const double threads_flag = values.count("--cpu-threads") ? number("--cpu-threads", values["--cpu-threads"])
-                                                            : double(std::max(1u, std::thread::hardware_concurrency()));
-  if (!(threads_flag >= 1 && threads_flag <= kMaxCpuThreads)) {
-    throw UserError("--cpu-threads must be from 1 to " + std::to_string(kMaxCpuThreads) + ", got " + values["--cpu-threads"]);
-  }
-  at::set_num_threads(static_cast<int>(threads_flag));
-
-  const std::string device_flag = values.count("--device") ? values["--device"] : "auto";
-  if (device_flag != "auto" && device_flag != "cpu" && device_flag != "cuda") throw UserError("--device: expected auto, cpu or cuda, got " + device_flag);
-  if (device_flag == "cuda" && !at::hasCUDA()) throw UserError("--device cuda: no CUDA device here; use --device cpu");
-  const at::Device device = (device_flag == "cuda" || (device_flag == "auto" && at::hasCUDA())) ? at::Device(at::kCUDA, 0)
-                                                                                                : at::Device(at::kCPU);
-  const std::string tokenizer_model = values.count("--tokenizer-model") ? values["--tokenizer-model"] : "";
-  const GenerationModel g = values.count("--load") ? load_native_for_generation(values["--load"], tokenizer_model, device)
-                                                   : load_hf_for_generation(values["--load-hf"], tokenizer_model, device);
+  const GenerationModel g = load_inference_model(model_flags);
   const Tokenizer& tokenizer = *g.tokenizer;
   engine_options.vocab_size = g.vocab_size;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };

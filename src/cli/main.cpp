@@ -25,6 +25,7 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"preprocess", {megatron::cli::preprocess, "turn JSONL into Megatron .bin/.idx datasets", ""}},
       {"convert", {megatron::cli::convert, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
       {"generate", {megatron::cli::generate, "sample text from a checkpoint", ""}},
+      {"serve", {megatron::cli::serve, "serve a checkpoint over HTTP with the OpenAI API", ""}},
       {"eval", {megatron::cli::eval, "evaluate a checkpoint on the validation and test splits", ""}},
       {"plan", {nullptr, "plan a parallel layout for a cluster", "the planner"}},
       {"version", {megatron::cli::version, "print the version and the LibTorch it runs on", ""}},

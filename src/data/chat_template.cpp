@@ -153,6 +153,21 @@ RenderedChat ChatTemplate::render(const std::vector<ChatMessage>& messages) cons
   return out;
 }
 
+std::vector<int64_t> ChatTemplate::generation_prompt(const std::vector<ChatMessage>& messages) const {
+  RenderedChat out = messages.empty() ? RenderedChat{} : render(messages);
+  if (kind_ == ChatTemplateKind::kLlama3) {
+    if (messages.empty()) emit_special(*bos_, false, &out);
+    emit_special(begin_, false, &out);
+    emit_text("assistant", false, &out);
+    emit_special(end_, false, &out);
+    emit_text("\n\n", false, &out);
+  } else {
+    emit_special(begin_, false, &out);
+    emit_text("assistant\n", false, &out);
+  }
+  return out.ids;
+}
+
 void ChatTemplate::render_chatml(const std::vector<ChatMessage>& messages, bool qwen3, RenderedChat* out) const {
   // Qwen3's template: the last user message that is not a tool response ends the "query"; only
   // assistant turns after it keep (or, when last, get an empty) think block.

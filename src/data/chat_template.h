@@ -72,6 +72,10 @@ class ChatTemplate {
   // Renders a conversation that passed validate_conversation. Thread-safe (const, no caches
   // filled lazily). Throws UserError when the tokenizer rejects a text.
   RenderedChat render(const std::vector<ChatMessage>& messages) const;
+  // The prompt a reply is generated from (serving): the conversation (any roles, the last turn
+  // need not be the assistant's) and the assistant's header after it, as apply_chat_template
+  // with add_generation_prompt=True renders it.
+  std::vector<int64_t> generation_prompt(const std::vector<ChatMessage>& messages) const;
 
  private:
   void emit_special(int64_t id, bool trained, RenderedChat* out) const;

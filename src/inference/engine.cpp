@@ -17,6 +17,16 @@ int64_t model_max_length(const GPTModel& model) {
   return std::max<int64_t>(c.seq_length, c.max_position_embeddings);
 }
 
+TokenLogprob token_logprob(const at::Tensor& log_probs, int64_t id, int64_t top) {
+  TokenLogprob out;
+  out.logprob = log_probs[id].item<double>();
+  if (top > 0) {
+    auto [values, ids] = log_probs.topk(std::min<int64_t>(top, log_probs.size(0)));
+    for (int64_t i = 0; i < values.size(0); ++i) out.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
+  }
+  return out;
+}
+
 Engine::Engine(GPTModel& model, EngineOptions options)
     : model_(model),
       options_(std::move(options)),
@@ -92,15 +102,27 @@ void Engine::step() {
 void Engine::prefill(Sequence& sequence) {
   const at::Device device = model_.word_embeddings.device();
   const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
-  KvCacheStep step(cache_, {sequence.slot}, static_cast<int64_t>(sequence.request.prompt.size()), device);
-  const at::Tensor tokens = at::tensor(sequence.request.prompt, at::kLong).view({1, -1}).to(device);  // [1, s]
-  const at::Tensor logits = model_.forward_cached(tokens, step)[0][0].narrow(0, 0, vocab);          // [V]
+  const GenerationRequest& r = sequence.request;
+  const int64_t s = static_cast<int64_t>(r.prompt.size());
+  KvCacheStep step(cache_, {sequence.slot}, s, device);
+  const at::Tensor tokens = at::tensor(r.prompt, at::kLong).view({1, -1}).to(device);  // [1, s]
+  // Every position's logits when the prompt's own log-probabilities are asked for, else the last's.
+  const at::Tensor logits = model_.forward_cached(tokens, step, !r.prompt_logprobs).select(1, 0).narrow(-1, 0, vocab);  // [s or 1, V]
   step.commit();
-  if (advance(sequence, logits)) finish(sequence);
+  if (r.prompt_logprobs) {
+    const at::Tensor log_probs = logits.narrow(0, 0, s - 1).to(at::kCPU, at::kFloat).log_softmax(-1);  // [s - 1, V]
+    for (int64_t i = 1; i < s; ++i) {
+      sequence.result.prompt_logprobs.push_back(token_logprob(log_probs[i - 1], r.prompt[size_t(i)], std::max<int64_t>(r.logprobs, 0)));
+    }
+  }
+  if (advance(sequence, logits[-1])) finish(sequence);
 }
 
 bool Engine::advance(Sequence& s, const at::Tensor& logits) {
   const int64_t next = sample_next_token(logits, s.request.sampling, s.generator, s.seen);
+  if (s.request.logprobs >= 0) {
+    s.result.logprobs.push_back(token_logprob(logits.to(at::kCPU, at::kFloat).log_softmax(-1), next, s.request.logprobs));
+  }
   s.seen.push_back(next);
   s.result.tokens.push_back(next);
   if (s.request.on_token) s.request.on_token(next);
@@ -136,6 +158,24 @@ void Engine::finish(Sequence& s) {
   free_slots_.push_back(s.slot);
   s.slot = -1;
   finished_[s.id] = std::move(s.result);
+}
+
+bool Engine::cancel(int64_t id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->id == id) {
+      waiting_.erase(it);
+      return true;
+    }
+  }
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if ((*it)->id == id) {
+      cache_.clear((*it)->slot);
+      free_slots_.push_back((*it)->slot);
+      running_.erase(it);
+      return true;
+    }
+  }
+  return false;
 }
 
 std::optional<GenerationResult> Engine::take_result(int64_t id) {

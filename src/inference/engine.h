@@ -41,12 +41,25 @@ struct GenerationRequest {
   std::vector<std::string> stop_strings;
   // Called with each new id as it is chosen (streaming).
   std::function<void(int64_t)> on_token;
+  // -1: no log-probabilities; n >= 0: each new token's, with the n most likely ids' (OpenAI's
+  // `logprobs`). With prompt_logprobs the prompt's tokens get them too (OpenAI's `echo`).
+  int64_t logprobs = -1;
+  bool prompt_logprobs = false;
+};
+
+// A token's log-probability under the model (its raw distribution over the real vocabulary,
+// before temperature and cuts, as vLLM reports by default) and the most likely ids' at its place.
+struct TokenLogprob {
+  double logprob = 0.0;
+  std::vector<std::pair<int64_t, double>> top;  // most likely first
 };
 
 struct GenerationResult {
   std::vector<int64_t> tokens;  // the continuation's ids (a stop id included)
   std::string finish_reason;    // "stop" (a stop id or string) or "length" (max_new_tokens, or the model's length)
   std::string text;             // the continuation decoded, cut before a stop string (with detokenize only)
+  std::vector<TokenLogprob> logprobs;         // per token of `tokens` (request.logprobs >= 0)
+  std::vector<TokenLogprob> prompt_logprobs;  // per prompt token after the first (request.prompt_logprobs)
 };
 
 struct EngineOptions {
@@ -67,6 +80,11 @@ class Engine {
   // requests take the free slots and are prefilled (choosing their first token).
   void step();
   bool idle() const { return running_.empty() && waiting_.empty(); }
+  int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t running() const { return static_cast<int64_t>(running_.size()); }
+  // Drops a waiting or running request (its slot freed, no result kept); false if it is not
+  // there (finished, or unknown).
+  bool cancel(int64_t id);
   // A finished request's result (taken once); nullopt while it runs or waits.
   std::optional<GenerationResult> take_result(int64_t id);
   // Submits all, steps until every one has finished, and returns their results in order.
@@ -85,7 +103,8 @@ class Engine {
     at::Generator generator;
     bool text_final = false;  // result.text already cut before a stop string
   };
-  // Chooses the sequence's next token from its logits [V]; true once it has finished.
+  // Chooses the sequence's next token from its logits [V] (the real vocabulary); true once it
+  // has finished.
   bool advance(Sequence& sequence, const at::Tensor& logits);
   void prefill(Sequence& sequence);
   void finish(Sequence& sequence);  // its slot freed, its result kept for take_result
@@ -103,5 +122,8 @@ class Engine {
 // The model's maximum sequence length for generation: max_position_embeddings (learned
 // positions), else the larger of it and seq_length.
 int64_t model_max_length(const GPTModel& model);
+
+// The log-probability of `id` under logits [V] and the `top` most likely ids'.
+TokenLogprob token_logprob(const at::Tensor& log_probs, int64_t id, int64_t top);
 
 }  // namespace megatron

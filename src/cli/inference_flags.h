@@ -1,0 +1,32 @@
+// The flags `megatron generate` and `megatron serve` share: which checkpoint (native or Hugging
+// Face), its tokenizer, and where the model runs.
+#pragma once
+
+#include <string>
+
+#include "cli/commands.h"
+#include "inference/generation_model.h"
+
+namespace megatron::cli {
+
+struct InferenceModelFlags {
+  std::string load;             // --load DIR
+  std::string load_hf;          // --load-hf DIR
+  std::string tokenizer_model;  // --tokenizer-model PATH
+  std::string device = "auto";  // --device auto|cpu|cuda
+  std::string cpu_threads;      // --cpu-threads N ("": one per core)
+};
+
+// The help lines of these flags.
+extern const char* kInferenceModelFlagsHelp;
+
+// When args[i] is one of these flags: takes it and its value (i moves past the value), true.
+bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags);
+
+// Checks the flags (exactly one of --load and --load-hf), sets the CPU threads, and loads.
+GenerationModel load_inference_model(const InferenceModelFlags& flags);
+
+// `text` as a finite number within 2^53 (the integer flags are cast from it); UserError naming `flag`.
+double number_flag(const std::string& flag, const std::string& text);
+
+}  // namespace megatron::cli
