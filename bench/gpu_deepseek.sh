@@ -21,20 +21,9 @@ source bench/lib.sh
 hf() { "$py" bench/hf_deepseek_baseline.py "$@" 2>&1 | grep -E "baseline|Error" | tail -3; }
 began=$(date +%s); elapsed() { echo "($(( $(date +%s) - began )) s)"; }
 # The most telling runs first, each line printed as it finishes, so a call cut short still reports them.
-# PRECISION_ONLY=1: at global batch 8 only, the default run against one at the baseline's
-# precision of optimizer state (gradients and Adam moments in bf16 through the precision-aware
-# optimizer, masters kept fp32: still more precise than HF's pure-bf16 AdamW), and HF compiled.
-if [ "${PRECISION_ONLY:-0}" = 1 ]; then
-  default=$(run_shape real_gbs8 8)
-  echo "megatron.cpp, global batch 8, real routing: tokens/s, TFLOP/s, max allocated MB = $default"
-  bf16_state=$(run_shape bf16_state_gbs8 8 --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 \
-               --exp-avg-sq-dtype bf16)
-  echo "megatron.cpp, global batch 8, real routing, bf16 gradients and moments: tokens/s, TFLOP/s, max allocated MB = $bf16_state"
-  hf_compiled=$(hf --compile --iters 10 --grad-accum 8); echo "$hf_compiled"
-  best=$(hf_tokens "$hf_compiled" 8)
-  echo "RATIO global batch 8, to HF compiled ($best tok/s): default $(ratio "$default" "$best"), bf16 gradients and moments $(ratio "$bf16_state" "$best")"
-  exit 0
-fi
+# PRECISION_ONLY=1: global batch 8 only, the default optimizer state against bf16 gradients and
+# moments, and HF compiled (bench/lib.sh's precision_only).
+if [ "${PRECISION_ONLY:-0}" = 1 ]; then precision_only; exit 0; fi
 declare -A real
 real[8]=$(run_shape real_gbs8 8); echo "megatron.cpp, global batch 8: tokens/s, TFLOP/s, max allocated MB = ${real[8]} $(elapsed)"
 hf_compiled=$(hf --compile --iters 10 --grad-accum 8 1); echo "$hf_compiled $(elapsed)"

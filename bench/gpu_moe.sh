@@ -28,20 +28,9 @@ megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
   per_token = L * (6 * (h * (q + 2 * kv) + q * h) + 6 * q * s + 18 * h * f * k) + 6 * h * V
   printf "%.0f", per_token * r / 1e12 }'; }
 
-# PRECISION_ONLY=1: at global batch 8 only, the default run against one at the baseline's
-# precision of optimizer state (gradients and Adam moments in bf16 through the precision-aware
-# optimizer, masters kept fp32: still more precise than HF's pure-bf16 AdamW), and HF compiled.
-if [ "${PRECISION_ONLY:-0}" = 1 ]; then
-  default=$(run_shape real_gbs8 8)
-  echo "megatron.cpp, global batch 8, real routing: tokens/s, TFLOP/s, max allocated MB = $default"
-  bf16_state=$(run_shape bf16_state_gbs8 8 --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 \
-               --exp-avg-sq-dtype bf16)
-  echo "megatron.cpp, global batch 8, real routing, bf16 gradients and moments: tokens/s, TFLOP/s, max allocated MB = $bf16_state"
-  hf_compiled=$(hf --compile --iters 10 --grad-accum 8); echo "$hf_compiled"
-  best=$(hf_tokens "$hf_compiled" 8)
-  echo "RATIO global batch 8, to HF compiled ($best tok/s): default $(ratio "$default" "$best"), bf16 gradients and moments $(ratio "$bf16_state" "$best")"
-  exit 0
-fi
+# PRECISION_ONLY=1: global batch 8 only, the default optimizer state against bf16 gradients and
+# moments, and HF compiled (bench/lib.sh's precision_only).
+if [ "${PRECISION_ONLY:-0}" = 1 ]; then precision_only; exit 0; fi
 declare -A real
 for gbs in 1 8; do
   real[$gbs]=$(run_shape "real_gbs$gbs" $gbs)

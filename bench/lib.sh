@@ -50,3 +50,18 @@ run_shape() {  # name global-batch flags... -> "tokens/s TFLOP/s max-allocated-M
 }
 hf_tokens() { grep "grad_accum=$2 " <<< "$1" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p'; }  # baseline lines, global batch -> tok/s
 ratio() { awk -v a="${1%% *}" -v b="$2" 'BEGIN { if (b > 0) printf "%.3fx", a / b; else printf "n/a" }'; }
+# At global batch 8: the caller's shape with its default optimizer state, then with the baseline's
+# precision of optimizer state or better (gradients and Adam moments in bf16 through the
+# precision-aware optimizer, masters kept fp32; HF's AdamW updates bf16 weights directly), and the
+# caller's `hf` baseline compiled; the ratios.
+precision_only() {
+  local default bf16_state hf_compiled best
+  default=$(run_shape real_gbs8 8)
+  echo "megatron.cpp, global batch 8, real routing: tokens/s, TFLOP/s, max allocated MB = $default"
+  bf16_state=$(run_shape bf16_state_gbs8 8 --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 \
+               --exp-avg-sq-dtype bf16)
+  echo "megatron.cpp, global batch 8, real routing, bf16 gradients and moments: tokens/s, TFLOP/s, max allocated MB = $bf16_state"
+  hf_compiled=$(hf --compile --iters 10 --grad-accum 8); echo "$hf_compiled"
+  best=$(hf_tokens "$hf_compiled" 8)
+  echo "RATIO global batch 8, to HF compiled ($best tok/s): default $(ratio "$default" "$best"), bf16 gradients and moments $(ratio "$bf16_state" "$best")"
+}
