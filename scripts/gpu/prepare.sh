@@ -25,6 +25,9 @@ cp -L $lib/libcpp-httplib.so.0.11 $lib/libssl.so.3 $lib/libcrypto.so.3 $lib/libb
 ln -s libcpp-httplib.so.0.11 .gpu/deps/lib/libcpp-httplib.so
 cp -r /usr/src/googletest .gpu/deps/googletest
 cp ../shared/bench/hf_baseline.py .gpu/
+# The Llama 2 tokenizer for the generation benchmark (bench/gpu_generate.sh).
+npm_dir=$(bash tests/fixtures/fetch_tokenizers.sh 2>/dev/null | tail -1)
+cp "$npm_dir/tokenizer-llama2/models/tokenizer.json" .gpu/tokenizer-llama2.json
 # With a commit: that commit's sources in .gpu/before, for `run.sh before-after`.
 if [ $# -ge 1 ]; then mkdir -p .gpu/before && git archive "$1" | tar -x -C .gpu/before; fi
 du -sh .gpu

@@ -10,7 +10,10 @@
 #include "core/errors.h"
 #include "inference/engine.h"
 #include "cli/inference_flags.h"
+#include "core/config.h"
+#include "model/gpt_model.h"
 #include "tokenizer/tokenizer.h"
+#include "train/profiler.h"
 
 namespace megatron::cli {
 namespace {
@@ -33,7 +36,11 @@ std::string help() {
          "  --repetition-penalty R       divide the logits of tokens already seen by R (HF's rule; default 1)\n"
          "  --stop TEXT                  stop when the continuation contains TEXT (repeatable; not printed)\n"
          "  --seed S                     sampling seed (default 1234; prompt i uses S + i)\n"
-         "  --inference-max-batch-size N sequences decoded together (default 8)\n";
+         "  --inference-max-batch-size N sequences decoded together (default 8)\n"
+         "  --ignore-eos                 generate --max-new-tokens tokens whatever comes (benchmarks)\n"
+         "  --profile                    profile engine steps 10 and 11 (the PyTorch profiler: a table of where\n"
+         "                               the time went, a Chrome trace in --tensorboard-dir, default the working directory)\n"
+         "  --tensorboard-dir DIR        where --profile writes its trace\n";
 }
 
 }  // namespace
@@ -42,20 +49,21 @@ int generate(const Args& args) {
   std::map<std::string, std::string> values;
   InferenceModelFlags model_flags;
   std::vector<std::string> prompts, stops;
-  bool greedy = false;
+  bool greedy = false, ignore_eos = false, profile = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
       std::fputs(help().c_str(), stdout);
       return 0;
     }
-    if (a == "--greedy") {
-      greedy = true;
+    if (a == "--greedy" || a == "--ignore-eos" || a == "--profile") {
+      (a == "--greedy" ? greedy : a == "--profile" ? profile : ignore_eos) = true;
       continue;
     }
     if (take_inference_model_flag(args, i, model_flags)) continue;
     static const char* known[] = {"--prompt", "--max-new-tokens", "--out-seq-length", "--temperature", "--top-k", "--top-p",
-                                  "--min-p", "--repetition-penalty", "--stop", "--seed", "--inference-max-batch-size"};
+                                  "--min-p", "--repetition-penalty", "--stop", "--seed", "--inference-max-batch-size",
+                                  "--tensorboard-dir"};
     if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
       throw UserError("unknown flag " + a + " for generate; see megatron generate --help");
     }
@@ -97,7 +105,7 @@ int generate(const Args& args) {
   engine_options.vocab_size = g.vocab_size;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, engine_options);
-  request.stop_ids = g.stop_ids;
+  if (!ignore_eos) request.stop_ids = g.stop_ids;
   request.stop_strings = stops;
 
   std::vector<GenerationRequest> requests;
@@ -107,6 +115,23 @@ int generate(const Args& args) {
     r.sampling.seed = o.seed + i;
     requests.push_back(std::move(r));
   }
+  // With --profile the engine is stepped here, inside Megatron's profiler window (steps 10, 11).
+  TrainConfig profile_window;
+  profile_window.profile = profile;
+  if (values.count("--tensorboard-dir")) profile_window.tensorboard_dir = values["--tensorboard-dir"];
+  StepProfiler profiler(profile_window, 0, g.model->word_embeddings.device());
+  auto run = [&](std::vector<GenerationRequest> all) {
+    std::vector<int64_t> ids;
+    for (auto& r : all) ids.push_back(engine.submit(std::move(r)));
+    for (int64_t step = 0; !engine.idle(); ++step) {
+      profiler.before_iteration(step);
+      engine.step();
+      profiler.after_iteration(step + 1);
+    }
+    std::vector<GenerationResult> results;
+    for (int64_t id : ids) results.push_back(*engine.take_result(id));
+    return results;
+  };
   std::fprintf(stderr, "> %s: %zu prompt(s), sampling %s\n", g.source.c_str(), prompts.size(),
                o.greedy || o.temperature == 0 ? "greedily" : "with temperature / top-k / top-p / min-p");
   if (prompts.size() == 1 && stops.empty()) {
@@ -124,15 +149,21 @@ int generate(const Args& args) {
         printed = text;
       }
     };
-    engine.generate(std::move(requests));
+    run(std::move(requests));
     std::fputs("\n", stdout);
-    return 0;
+  } else {
+    const std::vector<GenerationResult> results = run(std::move(requests));
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (prompts.size() > 1) std::printf("--- %zu (%s)\n", i + 1, results[i].finish_reason.c_str());
+      std::printf("%s%s\n", prompts[i].c_str(), results[i].text.c_str());
+    }
   }
-  const std::vector<GenerationResult> results = engine.generate(std::move(requests));
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (prompts.size() > 1) std::printf("--- %zu (%s)\n", i + 1, results[i].finish_reason.c_str());
-    std::printf("%s%s\n", prompts[i].c_str(), results[i].text.c_str());
-  }
+  const EngineStats& t = engine.stats();
+  std::fprintf(stderr, "> prefill: %lld tokens in %.1f ms (%.0f tokens/s); decode: %lld steps, %lld tokens in %.1f ms "
+               "(%.3f ms a step, %.0f tokens/s)\n", (long long)t.prefill_tokens, 1e3 * t.prefill_seconds,
+               t.prefill_tokens / std::max(t.prefill_seconds, 1e-9), (long long)t.decode_steps, (long long)t.decode_tokens,
+               1e3 * t.decode_seconds, 1e3 * t.decode_seconds / std::max<int64_t>(t.decode_steps, 1),
+               t.decode_tokens / std::max(t.decode_seconds, 1e-9));
   return 0;
 }
 

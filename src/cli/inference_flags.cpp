@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "model/gpt_model.h"
 #include "train/rank_resources.h"
 
 namespace megatron::cli {
@@ -17,7 +18,8 @@ const char* kInferenceModelFlagsHelp =
     "  --load-hf DIR                Hugging Face model directory (config.json, safetensors, tokenizer.json)\n"
     "  --tokenizer-model PATH       use this tokenizer instead of the checkpoint's\n"
     "  --device auto|cpu|cuda       where to run (default auto)\n"
-    "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n";
+    "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n"
+    "  --bf16                       run in bf16 (default fp32)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -29,6 +31,10 @@ double number_flag(const std::string& flag, const std::string& text) {
 }
 
 bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags) {
+  if (args[i] == "--bf16") {
+    flags.bf16 = true;
+    return true;
+  }
   std::string* target = args[i] == "--load"              ? &flags.load
                         : args[i] == "--load-hf"         ? &flags.load_hf
                         : args[i] == "--tokenizer-model" ? &flags.tokenizer_model
@@ -57,8 +63,10 @@ GenerationModel load_inference_model(const InferenceModelFlags& flags) {
   if (flags.device == "cuda" && !at::hasCUDA()) throw UserError("--device cuda: no CUDA device here; use --device cpu");
   const at::Device device = (flags.device == "cuda" || (flags.device == "auto" && at::hasCUDA())) ? at::Device(at::kCUDA, 0)
                                                                                                   : at::Device(at::kCPU);
-  return flags.load.empty() ? load_hf_for_generation(flags.load_hf, flags.tokenizer_model, device)
-                            : load_native_for_generation(flags.load, flags.tokenizer_model, device);
+  GenerationModel g = flags.load.empty() ? load_hf_for_generation(flags.load_hf, flags.tokenizer_model, device)
+                                         : load_native_for_generation(flags.load, flags.tokenizer_model, device);
+  if (flags.bf16) g.model->to(device, at::kBFloat16);
+  return g;
 }
 
 }  // namespace megatron::cli

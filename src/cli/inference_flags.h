@@ -15,6 +15,7 @@ struct InferenceModelFlags {
   std::string tokenizer_model;  // --tokenizer-model PATH
   std::string device = "auto";  // --device auto|cpu|cuda
   std::string cpu_threads;      // --cpu-threads N ("": one per core)
+  bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
 };
 
 // The help lines of these flags.

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/errors.h"
@@ -68,6 +69,7 @@ void Engine::step() {
   const at::Device device = model_.word_embeddings.device();
   const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
   if (!running_.empty()) {
+    const auto began = std::chrono::steady_clock::now();
     // One token for every running sequence, in one forward over the cache.
     std::vector<int64_t> slots, last;
     for (const auto& s : running_) {
@@ -88,13 +90,19 @@ void Engine::step() {
       }
     }
     running_ = std::move(still);
+    stats_.decode_steps += 1;
+    stats_.decode_tokens += static_cast<int64_t>(slots.size());
+    stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   }
   while (!waiting_.empty() && !free_slots_.empty()) {
     std::unique_ptr<Sequence> sequence = std::move(waiting_.front());
     waiting_.pop_front();
     sequence->slot = free_slots_.back();
     free_slots_.pop_back();
+    const auto began = std::chrono::steady_clock::now();
+    stats_.prefill_tokens += static_cast<int64_t>(sequence->request.prompt.size());
     prefill(*sequence);
+    stats_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     if (sequence->slot >= 0) running_.push_back(std::move(sequence));
   }
 }

@@ -62,6 +62,16 @@ struct GenerationResult {
   std::vector<TokenLogprob> prompt_logprobs;  // per prompt token after the first (request.prompt_logprobs)
 };
 
+// Where the time went (wall time, each forward's logits read back to the host, so a GPU step has
+// finished when it is counted).
+struct EngineStats {
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0;
+  int64_t decode_steps = 0;
+  int64_t decode_tokens = 0;  // one per running sequence per step
+  double decode_seconds = 0;
+};
+
 struct EngineOptions {
   int64_t max_batch = 8;   // sequences decoded together (cache slots)
   int64_t max_length = 0;  // tokens one sequence may hold, prompt included; 0: the model's maximum length
@@ -92,6 +102,7 @@ class Engine {
 
   int64_t max_length() const { return cache_.capacity(); }
   const KvCache& cache() const { return cache_; }
+  const EngineStats& stats() const { return stats_; }
 
  private:
   struct Sequence {
@@ -117,6 +128,7 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::map<int64_t, GenerationResult> finished_;
   int64_t next_id_ = 0;
+  EngineStats stats_;
 };
 
 // The model's maximum sequence length for generation: max_position_embeddings (learned

@@ -171,6 +171,13 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
                                  "--max-new-tokens", "6", "--device", "cpu"});
   ASSERT_EQ(gen.status, 0) << gen.output;
   EXPECT_NE(gen.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << gen.output;
+  // bf16, past EOS, with the engine's steps 10 and 11 profiled: the timing line and the table.
+  auto profiled = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--bf16",
+                                      "--ignore-eos", "--max-new-tokens", "14", "--profile", "--tensorboard-dir", dir.path(),
+                                      "--device", "cpu"});
+  ASSERT_EQ(profiled.status, 0) << profiled.output;
+  EXPECT_NE(profiled.output.find("decode: 13 steps, 13 tokens in"), std::string::npos) << profiled.output;
+  EXPECT_NE(profiled.output.find("> profile of iterations 10-11"), std::string::npos) << profiled.output;
   auto bad = test::run_megatron({"generate", "--load", dir / "nothing-here", "--prompt", "1"});
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.output.find("no latest_checkpointed_iteration.txt"), std::string::npos) << bad.output;

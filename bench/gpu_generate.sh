@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One H200: generation on the 1.1B reference shape (random weights, bf16; issue #23's figures)
+# against HF transformers' generate (static cache, eager and torch.compile) in the same call.
+#   bash bench/gpu_generate.sh MEGATRON_BINARY PYTHON TOKENIZER_JSON [OUT_DIR]
+# The model is a random HF Llama of the shape (save_pretrained) with the Llama 2 tokenizer, read by
+# `megatron generate --load-hf`. Ours: decode at batch 1 (ms a step: 256 new tokens), then 64
+# prompts decoded together (128 new tokens each): output tokens/s with and without the prefills.
+set -uo pipefail
+bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
+mkdir -p "$out"
+"$py" - "$out/model" "$tokenizer" <<'PY'
+import shutil, sys, torch, transformers
+config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
+                                  rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=2, bos_token_id=1)
+torch.manual_seed(0)
+transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(sys.argv[1])
+shutil.copy(sys.argv[2], f"{sys.argv[1]}/tokenizer.json")
+PY
+text=$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 12))
+if [ "${GENERATE_PROFILE:-0}" = 1 ]; then
+  # Where a decode step's time goes: engine steps 10 and 11 under the PyTorch profiler, batch 1 and 64.
+  (cd "$out" && "$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos --max-new-tokens 40 \
+     --profile --prompt "$text" 2>&1 | grep "^>" | head -40)
+  prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
+  (cd "$out" && "$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos --max-new-tokens 40 \
+     --inference-max-batch-size 64 --profile "${prompts[@]}" 2>&1 | grep "^>" | grep -v "^> [0-9]" | head -40)
+  exit 0
+fi
+echo "megatron.cpp batch 1: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+  --max-new-tokens 256 --prompt "$text" 2>&1 >/dev/null | grep '^> prefill')"
+prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
+echo "megatron.cpp batch 64: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+  --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
+"$py" bench/hf_generate_baseline.py "$out/model" "$text" 2>&1 | grep -E "baseline|Error"
+"$py" bench/hf_generate_baseline.py "$out/model" "$text" --compile 2>&1 | grep -E "baseline|Error"
