@@ -31,6 +31,7 @@ TokenLogprob token_logprob(const at::Tensor& log_probs, int64_t id, int64_t top)
 Engine::Engine(GPTModel& model, EngineOptions options)
     : model_(model),
       options_(std::move(options)),
+      vocab_(options_.vocab_size > 0 ? options_.vocab_size : model.config().padded_vocab_size),
       cache_(static_cast<int64_t>(model.layers.size()), std::max<int64_t>(1, options_.max_batch),
              options_.max_length > 0 ? options_.max_length : model_max_length(model)) {
   if (options_.max_batch < 1) throw UserError("generation: the batch of sequences must hold at least one, got " + std::to_string(options_.max_batch));
@@ -42,10 +43,9 @@ int64_t Engine::submit(GenerationRequest request) {
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
   if (prompt == 0) throw UserError("generation: the prompt is empty (nothing to continue)");
   if (request.max_new_tokens < 1) throw UserError("generation: max_new_tokens must be at least 1, got " + std::to_string(request.max_new_tokens));
-  const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
   for (int64_t id : request.prompt) {
-    if (id < 0 || id >= vocab) {
-      throw UserError("generation: prompt token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(vocab) + " ids)");
+    if (id < 0 || id >= vocab_) {
+      throw UserError("generation: prompt token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(vocab_) + " ids)");
     }
   }
   if (prompt + request.max_new_tokens > max_length()) {
@@ -67,7 +67,6 @@ int64_t Engine::submit(GenerationRequest request) {
 void Engine::step() {
   at::NoGradGuard no_grad;
   const at::Device device = model_.word_embeddings.device();
-  const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
   if (!running_.empty()) {
     const auto began = std::chrono::steady_clock::now();
     // One token for every running sequence, in one forward over the cache.
@@ -78,7 +77,7 @@ void Engine::step() {
     }
     KvCacheStep decode(cache_, slots, 1, device);
     const at::Tensor tokens = at::tensor(last, at::kLong).view({-1, 1}).to(device);     // [b, 1]
-    const at::Tensor logits = model_.forward_cached(tokens, decode)[0].narrow(1, 0, vocab);  // [b, V]
+    const at::Tensor logits = model_.forward_cached(tokens, decode)[0].narrow(1, 0, vocab_);  // [b, V]
     decode.commit();
     const at::Tensor rows = logits.to(at::kCPU, at::kFloat);
     std::vector<std::unique_ptr<Sequence>> still;
@@ -109,13 +108,12 @@ void Engine::step() {
 
 void Engine::prefill(Sequence& sequence) {
   const at::Device device = model_.word_embeddings.device();
-  const int64_t vocab = options_.vocab_size > 0 ? options_.vocab_size : model_.config().padded_vocab_size;
   const GenerationRequest& r = sequence.request;
   const int64_t s = static_cast<int64_t>(r.prompt.size());
   KvCacheStep step(cache_, {sequence.slot}, s, device);
   const at::Tensor tokens = at::tensor(r.prompt, at::kLong).view({1, -1}).to(device);  // [1, s]
   // Every position's logits when the prompt's own log-probabilities are asked for, else the last's.
-  const at::Tensor logits = model_.forward_cached(tokens, step, !r.prompt_logprobs).select(1, 0).narrow(-1, 0, vocab);  // [s or 1, V]
+  const at::Tensor logits = model_.forward_cached(tokens, step, !r.prompt_logprobs).select(1, 0).narrow(-1, 0, vocab_);  // [s or 1, V]
   step.commit();
   if (r.prompt_logprobs) {
     const at::Tensor log_probs = logits.narrow(0, 0, s - 1).to(at::kCPU, at::kFloat).log_softmax(-1);  // [s - 1, V]
@@ -162,10 +160,14 @@ bool Engine::advance(Sequence& s, const at::Tensor& logits) {
 
 void Engine::finish(Sequence& s) {
   if (options_.detokenize && !s.text_final) s.result.text = options_.detokenize(s.result.tokens);
-  cache_.clear(s.slot);
-  free_slots_.push_back(s.slot);
+  release_slot(s.slot);
   s.slot = -1;
   finished_[s.id] = std::move(s.result);
+}
+
+void Engine::release_slot(int64_t slot) {
+  cache_.clear(slot);
+  free_slots_.push_back(slot);
 }
 
 bool Engine::cancel(int64_t id) {
@@ -177,8 +179,7 @@ bool Engine::cancel(int64_t id) {
   }
   for (auto it = running_.begin(); it != running_.end(); ++it) {
     if ((*it)->id == id) {
-      cache_.clear((*it)->slot);
-      free_slots_.push_back((*it)->slot);
+      release_slot((*it)->slot);
       running_.erase(it);
       return true;
     }

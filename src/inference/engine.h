@@ -90,8 +90,6 @@ class Engine {
   // requests take the free slots and are prefilled (choosing their first token).
   void step();
   bool idle() const { return running_.empty() && waiting_.empty(); }
-  int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
-  int64_t running() const { return static_cast<int64_t>(running_.size()); }
   // Drops a waiting or running request (its slot freed, no result kept); false if it is not
   // there (finished, or unknown).
   bool cancel(int64_t id);
@@ -119,9 +117,11 @@ class Engine {
   bool advance(Sequence& sequence, const at::Tensor& logits);
   void prefill(Sequence& sequence);
   void finish(Sequence& sequence);  // its slot freed, its result kept for take_result
+  void release_slot(int64_t slot);   // the slot's cache rows dropped, the slot free for the next request
 
   GPTModel& model_;
   EngineOptions options_;
+  int64_t vocab_;  // candidate ids [0, vocab_): options_.vocab_size, else the whole output layer
   KvCache cache_;
   std::vector<int64_t> free_slots_;
   std::deque<std::unique_ptr<Sequence>> waiting_;

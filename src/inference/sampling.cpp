@@ -9,8 +9,9 @@ namespace megatron {
 
 int64_t sample_next_token(const at::Tensor& logits, const SamplingOptions& o, at::Generator& generator,
                           const std::vector<int64_t>& seen) {
-  at::Tensor l = logits.to(at::kCPU, at::kFloat).clone();  // [V]
+  at::Tensor l = logits.to(at::kCPU, at::kFloat);  // [V] (the caller's tensor when already CPU fp32)
   if (o.repetition_penalty != 1.0 && !seen.empty()) {
+    l = l.clone();  // penalised in place below: not the caller's logits
     // HF's RepetitionPenaltyLogitsProcessor: each id seen once or more, penalised once.
     std::set<int64_t> distinct;
     for (int64_t id : seen) {

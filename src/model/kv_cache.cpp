@@ -15,16 +15,6 @@ KvCache::KvCache(int64_t layers, int64_t slots, int64_t capacity)
   TORCH_CHECK(layers >= 0 && slots >= 1 && capacity >= 1, "KvCache: need slots >= 1 and capacity >= 1");
 }
 
-int64_t KvCache::bytes() const {
-  int64_t total = 0;
-  for (const auto& layer : parts_) {
-    for (const at::Tensor& t : layer) {
-      if (t.defined()) total += t.numel() * static_cast<int64_t>(t.element_size());
-    }
-  }
-  return total;
-}
-
 at::Tensor LayerKvCache::extend(size_t part, const at::Tensor& rows) const { return step->extend(layer, part, rows); }
 
 const at::Tensor& LayerKvCache::attention_mask() const { return step->attention_mask(); }

@@ -27,8 +27,6 @@ class KvCache {
   int64_t length(int64_t slot) const { return lengths_.at(static_cast<size_t>(slot)); }
   // The slot holds nothing any more (its rows are overwritten by the next sequence).
   void clear(int64_t slot) { lengths_.at(static_cast<size_t>(slot)) = 0; }
-  // Bytes of the cache tensors made so far.
-  int64_t bytes() const;
 
  private:
   friend class KvCacheStep;

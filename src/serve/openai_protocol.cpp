@@ -113,8 +113,9 @@ int64_t new_tokens(const json& j, const char* field, int64_t prompt, const Serve
   return n;
 }
 
-// A completions prompt: a text, a list of texts, a list of ids, or a list of id lists.
-std::vector<std::vector<int64_t>> prompt_ids(const json& p, const ServedModel& model, std::vector<std::string>& texts) {
+// A completions prompt: a text, a list of texts, a list of ids, or a list of id lists. With
+// `texts` (echo) each prompt's text too: id lists decoded.
+std::vector<std::vector<int64_t>> prompt_ids(const json& p, const ServedModel& model, std::vector<std::string>* texts) {
   auto ids_of = [&](const json& list) {
     std::vector<int64_t> ids;
     for (const json& id : list) {
@@ -123,11 +124,11 @@ std::vector<std::vector<int64_t>> prompt_ids(const json& p, const ServedModel& m
       }
       ids.push_back(id.get<int64_t>());
     }
-    texts.push_back(model.tokenizer->decode(ids));
+    if (texts) texts->push_back(model.tokenizer->decode(ids));
     return ids;
   };
   auto text_of = [&](const json& text) {
-    texts.push_back(text.get<std::string>());
+    if (texts) texts->push_back(text.get<std::string>());
     return model.tokenizer->encode(text.get<std::string>());
   };
   std::vector<std::vector<int64_t>> out;
@@ -198,7 +199,7 @@ ParsedRequest parse_completion_request(const std::string& body, const ServedMode
   base.logprobs = out.logprobs;
   base.prompt_logprobs = out.echo && out.logprobs >= 0;
   std::vector<std::string> texts;
-  const auto prompts = prompt_ids(j["prompt"], model, texts);
+  const auto prompts = prompt_ids(j["prompt"], model, out.echo ? &texts : nullptr);
   for (size_t p = 0; p < prompts.size(); ++p) {
     const int64_t tokens = new_tokens(j, "max_tokens", int64_t(prompts[p].size()), model, false);
     for (int64_t c = 0; c < n; ++c) {
@@ -207,8 +208,7 @@ ParsedRequest parse_completion_request(const std::string& body, const ServedMode
       r.max_new_tokens = tokens;
       r.sampling.seed = base.sampling.seed + uint64_t(c);
       out.choices.push_back(r);
-      out.prompts.push_back(prompts[p]);
-      out.prompt_texts.push_back(texts[p]);
+      if (out.echo) out.prompt_texts.push_back(texts[p]);
     }
   }
   return out;
@@ -266,8 +266,6 @@ ParsedRequest parse_chat_request(const std::string& body, const ServedModel& mod
     r.max_new_tokens = tokens;
     r.sampling.seed = base.sampling.seed + uint64_t(c);
     out.choices.push_back(r);
-    out.prompts.push_back(prompt);
-    out.prompt_texts.push_back("");
   }
   return out;
 }
@@ -279,7 +277,7 @@ json completion_response(const ParsedRequest& request, const std::vector<Generat
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerationResult& r = results[i];
     completion_tokens += int64_t(r.tokens.size());
-    if (i % size_t(request.n) == 0) prompt_tokens += int64_t(request.prompts[i].size());  // once per prompt, whatever n
+    if (i % size_t(request.n) == 0) prompt_tokens += int64_t(request.choices[i].prompt.size());  // once per prompt, whatever n
     json choice = {{"index", i}, {"finish_reason", r.finish_reason}};
     json logprobs = nullptr;
     if (request.chat) {
@@ -299,7 +297,7 @@ json completion_response(const ParsedRequest& request, const std::vector<Generat
         std::vector<int64_t> ids;
         std::vector<const TokenLogprob*> lp;
         if (request.echo) {
-          ids = request.prompts[i];
+          ids = request.choices[i].prompt;
           lp.push_back(nullptr);  // the first prompt token has no log-probability
           for (const TokenLogprob& p : r.prompt_logprobs) lp.push_back(&p);
         }

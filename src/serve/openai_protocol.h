@@ -39,8 +39,7 @@ struct ParsedRequest {
   int64_t n = 1;                // choices per prompt
   std::string model;            // as the client named it ("" when it did not)
   std::vector<GenerationRequest> choices;
-  std::vector<std::vector<int64_t>> prompts;  // per choice, the prompt's ids
-  std::vector<std::string> prompt_texts;      // per choice, the prompt as text (echo)
+  std::vector<std::string> prompt_texts;  // per choice, the prompt as text (completions with echo only)
 };
 
 // What parsing needs to know of the model being served.
