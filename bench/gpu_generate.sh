@@ -22,9 +22,11 @@ if [ "${GENERATE_PROFILE:-0}" = 1 ]; then
   # Where a decode step's time goes: engine steps 10 and 11 under the PyTorch profiler, batch 1 and 64.
   (cd "$out" && "$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos --max-new-tokens 40 \
      --profile --prompt "$text" 2>&1 | grep "^>" | head -40)
+  "$py" bench/trace_host_time.py "$out"/trace_rank0_iterations_10-11.json 2 30
   prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
   (cd "$out" && "$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos --max-new-tokens 40 \
      --inference-max-batch-size 64 --profile "${prompts[@]}" 2>&1 | grep "^>" | grep -v "^> [0-9]" | head -40)
+  "$py" bench/trace_host_time.py "$out"/trace_rank0_iterations_10-11.json 2 15
   exit 0
 fi
 echo "megatron.cpp batch 1: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \

@@ -1,6 +1,8 @@
 """HF transformers' generation on the 1.1B reference shape (random weights, bf16, one GPU), the
-baseline of bench/gpu_generate.sh: `generate` with a static cache and torch.compile (HF's fastest
-documented setting), greedy, EOS ignored.
+baseline of bench/gpu_generate.sh: `generate` with a static cache, greedy, EOS ignored. With
+--compile, generate compiles the decoding forward itself (transformers 4.48+ does so for a static
+cache on a GPU: torch.compile in "reduce-overhead" mode, CUDA graphs; HF's fastest documented
+setting; wrapping model.forward in torch.compile as well crashed); without, disable_compile=True.
 
   python hf_generate_baseline.py MODEL_DIR PROMPT_TEXT [--compile]
 
@@ -22,8 +24,7 @@ model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch
 model.generation_config.cache_implementation = "static"
 model.generation_config.eos_token_id = None
 model.generation_config.pad_token_id = 0
-if compile_:
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+model.generation_config.disable_compile = not compile_
 
 
 def timed(batch, new_tokens, repeats=3):
