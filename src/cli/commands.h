@@ -19,7 +19,8 @@ int train(const Args& args);
 // program that links megatron_cli and adds a family; tests/custom_family does).
 int train_as(const ModelFamily& family, const Args& args);
 int convert_as(const ModelFamily& family, const Args& args);
-int eval(const Args& args);  // a checkpoint's validation / test loss
+int eval(const Args& args);       // a checkpoint's validation / test loss; with --task, eval_task
+int eval_task(const Args& args);  // benchmark scores by lm-evaluation-harness's rules (eval_task_command.cpp)
 int generate(const Args& args);
 int serve(const Args& args);  // the OpenAI API over HTTP
 int convert(const Args& args);

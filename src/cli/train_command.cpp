@@ -2,6 +2,7 @@
 // eval builds the model and loads the weights as a run would, then scores the validation and
 // test splits instead of training (the first --eval-iters global batches of each, so every
 // checkpoint is measured on the same batches). Both run under `megatron launch`.
+#include <algorithm>
 #include <cstdio>
 
 #include "checkpoint/hf_mapping.h"
@@ -56,13 +57,16 @@ int train_as(const ModelFamily& family, const Args& args) {
 }
 
 int eval(const Args& args) {
+  if (std::find(args.begin(), args.end(), "--task") != args.end()) return eval_task(args);
   if (asks_for_help(args)) {
     std::fputs("usage: megatron eval --load DIR | --load-hf DIR [--config recipe.yaml] [train flags]\n\n"
                "Prints the validation and test loss (and perplexity) of a checkpoint over the first\n"
                "--eval-iters global batches of each split, in Megatron's validation format. It takes\n"
                "`megatron train`'s flags: give those the run trained with (model, data, --split,\n"
                "--train-iters, --eval-interval and the parallel layout), so that the splits are the\n"
-               "run's. Nothing is trained or saved.\n",
+               "run's. Nothing is trained or saved.\n\n"
+               "megatron eval --task FILE.jsonl --help: benchmark scores (MMLU, ARC, HellaSwag, C-Eval,\n"
+               "GSM8K, ...) by lm-evaluation-harness's rules.\n",
                stdout);
     return 0;
   }

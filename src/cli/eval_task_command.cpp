@@ -1,0 +1,186 @@
+// `megatron eval --task FILE.jsonl ...`: benchmark scores of a checkpoint by lm-evaluation-
+// harness's rules (eval/multiple_choice.h, eval/gsm8k.h) from local data, as `lm_eval --tasks`
+// scores a model: a summary table on stdout in lm-eval's layout and, with --results-json, its
+// results and per-document samples.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/inference_flags.h"
+#include "core/errors.h"
+#include "core/files.h"
+#include "eval/gsm8k.h"
+#include "eval/multiple_choice.h"
+#include "eval/task_data.h"
+#include "inference/engine.h"
+#include "inference/generation_model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megatron::cli {
+namespace {
+
+using json = nlohmann::json;
+
+const char* kHelp =
+    "usage: megatron eval --task FILE.jsonl [--task-format F] (--load DIR | --load-hf DIR) [flags]\n\n"
+    "Scores a checkpoint on a benchmark's local JSONL by lm-evaluation-harness's rules: multiple\n"
+    "choice by log-likelihood (acc, acc_norm), GSM8K by greedy generation and exact match\n"
+    "(strict-match, flexible-extract). Prints lm-eval's summary table. (Without --task, eval\n"
+    "reports validation and test loss with train's flags: megatron eval --help without --task.)\n\n"
+    "  --task FILE                  the documents, one JSON record a line\n"
+    "  --task-format F              multiple_choice ({question, choices, answer: index}; default),\n"
+    "                               mmlu, arc, hellaswag, ceval (the datasets' own records, lm-eval's\n"
+    "                               prompts), gsm8k ({question, answer})\n"
+    "  --task-name NAME             its name in the table and JSON (default: the file's name)\n"
+    "  --num-fewshot N              examples before each document (default 0), the first N of:\n"
+    "  --fewshot-file FILE          the few-shot split, same format (lm-eval's first_n sampler)\n"
+    "  --limit N                    score the first N documents only\n"
+    "  --max-new-tokens N           gsm8k: tokens generated at most (lm-eval's max_gen_toks, 256)\n"
+    "  --inference-max-batch-size N sequences in flight (default 8)\n"
+    "  --results-json PATH          write lm-eval's results layout and per-document samples\n";
+
+std::string table_number(double v) {
+  if (std::isnan(v)) return "   N/A";
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.4f", v);
+  return buffer;
+}
+
+void print_row(const std::string& task, int64_t shots, const std::string& filter, const std::string& metric, double value,
+               double stderr_value) {
+  std::printf("|%-16s|%6lld|%-16s|%-11s|%s|±  |%s|\n", task.c_str(), static_cast<long long>(shots), filter.c_str(),
+              metric.c_str(), table_number(value).c_str(), table_number(stderr_value).c_str());
+}
+
+json number_or_na(double v) { return std::isnan(v) ? json("N/A") : json(v); }
+
+}  // namespace
+
+int eval_task(const Args& args) {
+  InferenceModelFlags model_flags;
+  std::string task, format_name = "multiple_choice", task_name, fewshot_file, results_json;
+  int64_t num_fewshot = 0, limit = 0, max_new_tokens = 256, max_batch = 8;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      std::fputs(kInferenceModelFlagsHelp, stdout);
+      return 0;
+    }
+    if (take_inference_model_flag(args, i, model_flags)) continue;
+    static const char* known[] = {"--task", "--task-format", "--task-name", "--num-fewshot", "--fewshot-file", "--limit",
+                                  "--max-new-tokens", "--inference-max-batch-size", "--results-json"};
+    if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
+      throw UserError("unknown flag " + a + " for eval --task; see megatron eval --task FILE --help");
+    }
+    if (i + 1 >= args.size()) throw UserError(a + ": expects a value");
+    const std::string& v = args[++i];
+    auto count = [&](int64_t minimum) {
+      const double n = number_flag(a, v);
+      if (n != std::floor(n) || n < double(minimum)) throw UserError(a + ": expects a whole number >= " + std::to_string(minimum) + ", got " + v);
+      return static_cast<int64_t>(n);
+    };
+    if (a == "--task") task = v;
+    else if (a == "--task-format") format_name = v;
+    else if (a == "--task-name") task_name = v;
+    else if (a == "--fewshot-file") fewshot_file = v;
+    else if (a == "--results-json") results_json = v;
+    else if (a == "--num-fewshot") num_fewshot = count(0);
+    else if (a == "--limit") limit = count(1);
+    else if (a == "--max-new-tokens") max_new_tokens = count(1);
+    else max_batch = count(1);
+  }
+  const eval::TaskFormat format = eval::parse_task_format(format_name);
+  if (task_name.empty()) task_name = std::filesystem::path(task).stem().string();
+  if (num_fewshot > 0 && fewshot_file.empty()) {
+    throw UserError("--num-fewshot " + std::to_string(num_fewshot) + " needs --fewshot-file FILE (the examples: a dev or train split)");
+  }
+  const bool generative = format == eval::TaskFormat::Gsm8k;
+
+  // The data first: a malformed file fails before the model loads.
+  std::vector<eval::ChoiceDoc> choice_docs, choice_shots;
+  std::vector<eval::GenerationDoc> generation_docs, generation_shots;
+  if (generative) {
+    generation_docs = eval::read_generation_docs(task, limit);
+    if (num_fewshot > 0) generation_shots = eval::read_generation_docs(fewshot_file, num_fewshot);
+  } else {
+    choice_docs = eval::read_choice_docs(task, format, limit);
+    if (num_fewshot > 0) choice_shots = eval::read_choice_docs(fewshot_file, format, num_fewshot);
+  }
+  const size_t shots = generative ? generation_shots.size() : choice_shots.size();
+  if (int64_t(shots) < num_fewshot) {
+    throw UserError("--fewshot-file " + fewshot_file + " holds " + std::to_string(shots) + " examples, fewer than --num-fewshot " +
+                    std::to_string(num_fewshot));
+  }
+
+  const GenerationModel g = load_inference_model(model_flags);
+  EngineOptions options;
+  options.max_batch = max_batch;
+  options.vocab_size = g.vocab_size;
+  const Tokenizer& tokenizer = *g.tokenizer;
+  options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
+  Engine engine(*g.model, options);
+  const size_t documents = generative ? generation_docs.size() : choice_docs.size();
+  std::fprintf(stderr, "> %s: %zu documents of %s (%s), %lld-shot, model %s\n", task_name.c_str(), documents, task.c_str(),
+               format_name.c_str(), static_cast<long long>(num_fewshot), g.source.c_str());
+
+  json results = {{"alias", task_name}};
+  json samples = json::array();
+  std::printf("|%-16s|%6s|%-16s|%-11s|%6s|   |%6s|\n", "Tasks", "n-shot", "Filter", "Metric", "Value", "Stderr");
+  std::printf("|%s|%s|%s|%s|%s|---|%s|\n", std::string(16, '-').c_str(), std::string(6, '-').c_str(),
+              std::string(16, '-').c_str(), std::string(11, '-').c_str(), std::string(6, '-').c_str(), std::string(6, '-').c_str());
+  if (generative) {
+    const eval::GenerationTaskScore s = eval::score_gsm8k(engine, tokenizer, generation_docs, generation_shots, g.stop_ids, max_new_tokens);
+    print_row(task_name, num_fewshot, "strict-match", "exact_match", s.strict, s.strict_stderr);
+    print_row(task_name, num_fewshot, "flexible-extract", "exact_match", s.flexible, s.flexible_stderr);
+    results["exact_match,strict-match"] = s.strict;
+    results["exact_match_stderr,strict-match"] = number_or_na(s.strict_stderr);
+    results["exact_match,flexible-extract"] = s.flexible;
+    results["exact_match_stderr,flexible-extract"] = number_or_na(s.flexible_stderr);
+    for (size_t i = 0; i < s.per_doc.size(); ++i) {
+      const auto& d = s.per_doc[i];
+      samples.push_back({{"doc_id", i}, {"prompt", eval::gsm8k_prompt(generation_docs[i], generation_shots)},
+                         {"target", generation_docs[i].answer}, {"response", d.response},
+                         {"strict-match", d.strict}, {"flexible-extract", d.flexible},
+                         {"exact_match,strict-match", d.strict_correct ? 1.0 : 0.0},
+                         {"exact_match,flexible-extract", d.flexible_correct ? 1.0 : 0.0}});
+    }
+  } else {
+    const eval::ChoiceTaskScore s = eval::score_multiple_choice(engine, tokenizer, choice_docs, choice_shots);
+    print_row(task_name, num_fewshot, "none", "acc", s.acc, s.acc_stderr);
+    print_row(task_name, num_fewshot, "none", "acc_norm", s.acc_norm, s.acc_norm_stderr);
+    results["acc,none"] = s.acc;
+    results["acc_stderr,none"] = number_or_na(s.acc_stderr);
+    results["acc_norm,none"] = s.acc_norm;
+    results["acc_norm_stderr,none"] = number_or_na(s.acc_norm_stderr);
+    if (s.truncated > 0) {
+      std::fprintf(stderr, "> %lld of the %zu requests were longer than the model's %lld tokens: their contexts lost their oldest tokens\n",
+                   static_cast<long long>(s.truncated), documents, static_cast<long long>(engine.max_length()));
+    }
+    for (size_t i = 0; i < s.per_doc.size(); ++i) {
+      const auto& d = s.per_doc[i];
+      json lls = json::array(), greedy = json::array();
+      for (const auto& c : d.choices) lls.push_back(c.logprob), greedy.push_back(c.greedy);
+      samples.push_back({{"doc_id", i}, {"context", eval::choice_context(choice_docs[i], choice_shots)},
+                         {"choices", choice_docs[i].choices}, {"target", choice_docs[i].gold},
+                         {"loglikelihoods", lls}, {"is_greedy", greedy},
+                         {"acc", d.predicted == choice_docs[i].gold ? 1.0 : 0.0},
+                         {"acc_norm", d.predicted_norm == choice_docs[i].gold ? 1.0 : 0.0}});
+    }
+  }
+  if (!results_json.empty()) {
+    const json out = {{"results", {{task_name, results}}},
+                      {"n-shot", {{task_name, num_fewshot}}},
+                      {"n-samples", {{task_name, {{"original", documents}, {"effective", documents}}}}},
+                      {"config", {{"model", g.source}, {"task_file", task}, {"task_format", format_name}, {"fewshot_file", fewshot_file}}},
+                      {"samples", {{task_name, samples}}}};
+    write_file_atomic(results_json, out.dump(2) + "\n");
+    std::fprintf(stderr, "> results written to %s\n", results_json.c_str());
+  }
+  return 0;
+}
+
+}  // namespace megatron::cli

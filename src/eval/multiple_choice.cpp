@@ -1,0 +1,73 @@
+#include "eval/multiple_choice.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/errors.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megatron::eval {
+
+std::string choice_context(const ChoiceDoc& doc, const std::vector<ChoiceDoc>& shots) {
+  std::string context = doc.description;
+  for (const ChoiceDoc& shot : shots) context += shot.text + " " + shot.choices.at(size_t(shot.gold)) + "\n\n";
+  return context + doc.text;
+}
+
+int64_t utf8_length(const std::string& text) {
+  int64_t n = 0;
+  for (const char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+double mean_stderr(const std::vector<double>& values) {
+  const double n = static_cast<double>(values.size());
+  if (values.size() < 2) return std::numeric_limits<double>::quiet_NaN();
+  double mean = 0;
+  for (double v : values) mean += v / n;
+  double squares = 0;
+  for (double v : values) squares += (v - mean) * (v - mean);
+  return std::sqrt(squares / (n - 1)) / std::sqrt(n);
+}
+
+ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer, const std::vector<ChoiceDoc>& docs,
+                                      const std::vector<ChoiceDoc>& shots) {
+  std::vector<LoglikelihoodRequest> requests;
+  for (const ChoiceDoc& doc : docs) {
+    const std::string context = choice_context(doc, shots);
+    for (const std::string& choice : doc.choices) {
+      auto [context_ids, continuation_ids] = encode_pair(tokenizer, context, " " + choice);
+      if (context_ids.empty()) throw UserError("eval: a document's prompt encodes to no tokens: \"" + doc.text + "\"");
+      if (continuation_ids.empty()) throw UserError("eval: the choice \"" + choice + "\" encodes to no tokens");
+      requests.push_back({std::move(context_ids), std::move(continuation_ids)});
+    }
+  }
+  ChoiceTaskScore score;
+  const std::vector<Loglikelihood> lls = loglikelihoods(engine, requests, &score.truncated);
+  std::vector<double> acc, acc_norm;
+  size_t next = 0;
+  for (const ChoiceDoc& doc : docs) {
+    ChoiceDocScore d;
+    d.choices.assign(lls.begin() + static_cast<std::ptrdiff_t>(next), lls.begin() + static_cast<std::ptrdiff_t>(next + doc.choices.size()));
+    next += doc.choices.size();
+    double best = -INFINITY, best_norm = -INFINITY;
+    for (size_t c = 0; c < doc.choices.size(); ++c) {
+      const double ll = d.choices[c].logprob;
+      const double norm = ll / static_cast<double>(utf8_length(doc.choices[c]));
+      if (ll > best) best = ll, d.predicted = int64_t(c);
+      if (norm > best_norm) best_norm = norm, d.predicted_norm = int64_t(c);
+    }
+    acc.push_back(d.predicted == doc.gold ? 1.0 : 0.0);
+    acc_norm.push_back(d.predicted_norm == doc.gold ? 1.0 : 0.0);
+    score.per_doc.push_back(std::move(d));
+  }
+  score.docs = int64_t(docs.size());
+  for (size_t i = 0; i < docs.size(); ++i) score.acc += acc[i], score.acc_norm += acc_norm[i];
+  score.acc /= double(docs.size());  // summed, then divided: numpy's mean
+  score.acc_norm /= double(docs.size());
+  score.acc_stderr = mean_stderr(acc);
+  score.acc_norm_stderr = mean_stderr(acc_norm);
+  return score;
+}
+
+}  // namespace megatron::eval
