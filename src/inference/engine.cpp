@@ -152,6 +152,11 @@ bool Engine::advance(Sequence& s, const at::Tensor& logits) {
   if (s.request.on_token) s.request.on_token(next);
   const auto& stops = s.request.stop_ids;
   if (std::find(stops.begin(), stops.end(), next) != stops.end()) {
+    // The stop id stays in `tokens` but not in the text (as vLLM and OpenAI leave EOS out).
+    if (options_.detokenize) {
+      s.result.text = options_.detokenize(std::vector<int64_t>(s.result.tokens.begin(), s.result.tokens.end() - 1));
+      s.text_final = true;
+    }
     s.result.finish_reason = "stop";
     return true;
   }

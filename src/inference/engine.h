@@ -57,7 +57,7 @@ struct TokenLogprob {
 struct GenerationResult {
   std::vector<int64_t> tokens;  // the continuation's ids (a stop id included)
   std::string finish_reason;    // "stop" (a stop id or string) or "length" (max_new_tokens, or the model's length)
-  std::string text;             // the continuation decoded, cut before a stop string (with detokenize only)
+  std::string text;             // the continuation decoded, without a stop id, cut before a stop string (with detokenize only)
   std::vector<TokenLogprob> logprobs;         // per token of `tokens` (request.logprobs >= 0)
   std::vector<TokenLogprob> prompt_logprobs;  // per prompt token after the first (request.prompt_logprobs)
 };

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <optional>
@@ -318,7 +319,11 @@ void InferenceServer::stream_response(httplib::Response& res, const std::shared_
             continue;
           }
           all_closed = false;
-          const std::string text = model_.tokenizer->decode(tokens[i]);
+          // A stop id ends the sequence but is not text (the final text leaves it out too).
+          std::vector<int64_t> shown = tokens[i];
+          const std::vector<int64_t>& stop_ids = request.choices[i].stop_ids;
+          if (!shown.empty() && std::find(stop_ids.begin(), stop_ids.end(), shown.back()) != stop_ids.end()) shown.pop_back();
+          const std::string text = model_.tokenizer->decode(shown);
           if (ends_incomplete(text) || text.compare(0, sent.size(), sent) != 0) continue;
           // Not past a stop string already in the text (the engine has not reported it yet),
           // nor into what could begin one.

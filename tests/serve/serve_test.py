@@ -83,7 +83,15 @@ check(a.usage.completion_tokens == 8 and a.usage.prompt_tokens == len(tok(prompt
 ids = tok(prompt)["input_ids"]
 with torch.no_grad():
     greedy = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
-check(a.choices[0].text == tok.decode(greedy), "greedy text equals transformers' generate")
+eos_ids = hf.generation_config.eos_token_id
+eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
+
+
+def without_eos(ids):  # the text leaves out the id that ended the sequence, as OpenAI / vLLM do
+    return ids[:-1] if ids and ids[-1] in eos_ids else ids
+
+
+check(a.choices[0].text == tok.decode(without_eos(greedy)), "greedy text equals transformers' generate")
 s1 = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=1.0, seed=5)
 s2 = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=1.0, seed=5)
 check(s1.choices[0].text == s2.choices[0].text, "sampled completions repeat with the same seed")
@@ -122,7 +130,7 @@ rendered = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(render
 check(chat.usage.prompt_tokens == len(rendered), "chat: the prompt is apply_chat_template's (token count)")
 with torch.no_grad():
     greedy = hf.generate(torch.tensor([rendered]), max_new_tokens=6, do_sample=False)[0, len(rendered):].tolist()
-check(chat.choices[0].message.content == tok.decode(greedy, skip_special_tokens=False) and chat.choices[0].message.role == "assistant",
+check(chat.choices[0].message.content == tok.decode(without_eos(greedy), skip_special_tokens=False) and chat.choices[0].message.role == "assistant",
       "chat: the reply is transformers' greedy continuation of the rendered prompt")
 stream = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0, stream=True))
 check(stream[0].choices[0].delta.role == "assistant", "chat stream: the first chunk carries the role")
