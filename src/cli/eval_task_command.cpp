@@ -132,14 +132,16 @@ int eval_task(const Args& args) {
   std::printf("|%-16s|%6s|%-16s|%-11s|%6s|   |%6s|\n", "Tasks", "n-shot", "Filter", "Metric", "Value", "Stderr");
   std::printf("|%s|%s|%s|%s|%s|---|%s|\n", std::string(16, '-').c_str(), std::string(6, '-').c_str(),
               std::string(16, '-').c_str(), std::string(11, '-').c_str(), std::string(6, '-').c_str(), std::string(6, '-').c_str());
+  // A row of the table and its two entries in the results ("acc,none", "acc_stderr,none"), as lm-eval names them.
+  auto report = [&](const std::string& filter, const std::string& metric, double value, double stderr_value) {
+    print_row(task_name, num_fewshot, filter, metric, value, stderr_value);
+    results[metric + "," + filter] = value;
+    results[metric + "_stderr," + filter] = number_or_na(stderr_value);
+  };
   if (generative) {
     const eval::GenerationTaskScore s = eval::score_gsm8k(engine, tokenizer, generation_docs, generation_shots, g.stop_ids, max_new_tokens);
-    print_row(task_name, num_fewshot, "strict-match", "exact_match", s.strict, s.strict_stderr);
-    print_row(task_name, num_fewshot, "flexible-extract", "exact_match", s.flexible, s.flexible_stderr);
-    results["exact_match,strict-match"] = s.strict;
-    results["exact_match_stderr,strict-match"] = number_or_na(s.strict_stderr);
-    results["exact_match,flexible-extract"] = s.flexible;
-    results["exact_match_stderr,flexible-extract"] = number_or_na(s.flexible_stderr);
+    report("strict-match", "exact_match", s.strict, s.strict_stderr);
+    report("flexible-extract", "exact_match", s.flexible, s.flexible_stderr);
     for (size_t i = 0; i < s.per_doc.size(); ++i) {
       const auto& d = s.per_doc[i];
       samples.push_back({{"doc_id", i}, {"prompt", eval::gsm8k_prompt(generation_docs[i], generation_shots)},
@@ -150,15 +152,11 @@ int eval_task(const Args& args) {
     }
   } else {
     const eval::ChoiceTaskScore s = eval::score_multiple_choice(engine, tokenizer, choice_docs, choice_shots);
-    print_row(task_name, num_fewshot, "none", "acc", s.acc, s.acc_stderr);
-    print_row(task_name, num_fewshot, "none", "acc_norm", s.acc_norm, s.acc_norm_stderr);
-    results["acc,none"] = s.acc;
-    results["acc_stderr,none"] = number_or_na(s.acc_stderr);
-    results["acc_norm,none"] = s.acc_norm;
-    results["acc_norm_stderr,none"] = number_or_na(s.acc_norm_stderr);
+    report("none", "acc", s.acc, s.acc_stderr);
+    report("none", "acc_norm", s.acc_norm, s.acc_norm_stderr);
     if (s.truncated > 0) {
-      std::fprintf(stderr, "> %lld of the %zu requests were longer than the model's %lld tokens: their contexts lost their oldest tokens\n",
-                   static_cast<long long>(s.truncated), documents, static_cast<long long>(engine.max_length()));
+      std::fprintf(stderr, "> %lld (document, choice) requests were longer than the model's %lld tokens: their contexts lost their oldest tokens\n",
+                   static_cast<long long>(s.truncated), static_cast<long long>(engine.max_length()));
     }
     for (size_t i = 0; i < s.per_doc.size(); ++i) {
       const auto& d = s.per_doc[i];

@@ -160,7 +160,7 @@ bool Engine::advance(Sequence& s, const at::Tensor& logits) {
     s.result.finish_reason = "stop";
     return true;
   }
-  if (!s.request.stop_strings.empty()) {
+  if (!s.request.stop_strings.empty() && stop_string_in_tail(s)) {
     const std::string text = options_.detokenize(s.result.tokens);
     size_t first = std::string::npos;
     for (const std::string& stop : s.request.stop_strings) {
@@ -177,6 +177,22 @@ bool Engine::advance(Sequence& s, const at::Tensor& logits) {
       static_cast<int64_t>(s.seen.size()) >= cache_.capacity()) {
     s.result.finish_reason = "length";
     return true;
+  }
+  return false;
+}
+
+bool Engine::stop_string_in_tail(const Sequence& s) const {
+  // A stop string that appears with this token ends within its bytes, so it lies within the last
+  // (its length) bytes before them; every token is at least one byte, so that many tokens hold
+  // them, and 8 more absorb what decoding a tail alone can change at its start (a character
+  // split between tokens, SentencePiece's dropped leading space). The whole continuation is
+  // decoded only when the tail holds a stop string: a step costs the same however long it gets.
+  size_t longest = 0;
+  for (const std::string& stop : s.request.stop_strings) longest = std::max(longest, stop.size());
+  const size_t count = std::min(s.result.tokens.size(), longest + 8);
+  const std::string tail = options_.detokenize(std::vector<int64_t>(s.result.tokens.end() - static_cast<std::ptrdiff_t>(count), s.result.tokens.end()));
+  for (const std::string& stop : s.request.stop_strings) {
+    if (!stop.empty() && tail.find(stop) != std::string::npos) return true;
   }
   return false;
 }

@@ -116,6 +116,8 @@ class Engine {
   // has finished.
   bool advance(Sequence& sequence, const at::Tensor& logits);
   void prefill(Sequence& sequence);
+  // Whether a stop string shows in the decoded text of the sequence's last tokens.
+  bool stop_string_in_tail(const Sequence& s) const;
   void finish(Sequence& sequence);  // its slot freed, its result kept for take_result
   void release_slot(int64_t slot);   // the slot's cache rows dropped, the slot free for the next request
 

