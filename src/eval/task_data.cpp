@@ -17,7 +17,7 @@ using json = nlohmann::json;
 template <typename Visit>
 void for_each_record(const std::string& path, int64_t limit, Visit visit) {
   std::ifstream in(path);
-  if (!in) throw UserError("--task " + path + ": cannot read the file");
+  if (!in) throw UserError(path + ": cannot read the file");
   std::string line;
   int64_t number = 0, records = 0;
   while (std::getline(in, line)) {
@@ -35,7 +35,7 @@ void for_each_record(const std::string& path, int64_t limit, Visit visit) {
     visit(record, where);
     ++records;
   }
-  if (records == 0) throw UserError("--task " + path + ": no records");
+  if (records == 0) throw UserError(path + ": no records (one JSON object a line)");
 }
 
 const json& field(const json& record, const std::string& name, const std::string& where) {

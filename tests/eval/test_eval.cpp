@@ -76,10 +76,27 @@ TEST(EvalTask, MalformedRecordsNameTheFileLineAndField) {
   EXPECT_EQ(error_for("not json\n", F::MultipleChoice).rfind(path + " line 1: not a JSON record", 0), 0u);
   EXPECT_EQ(error_for("{\"question\": \"q\", \"A\": \"1\", \"B\": \"2\", \"C\": \"3\", \"D\": \"4\", \"answer\": \"E\"}\n", F::Ceval),
             path + " line 1: C-Eval's \"answer\" is one of A, B, C, D, got \"E\"");
-  EXPECT_EQ(error_for("", F::Mmlu), "--task " + path + ": no records");
+  EXPECT_EQ(error_for("", F::Mmlu), path + ": no records (one JSON object a line)");
   // The limit reads no further than it needs: a bad record after it is not reached.
   std::ofstream(path) << "{\"question\": \"q\", \"choices\": [\"a\"], \"answer\": 0}\nbroken\n";
   EXPECT_EQ(eval::read_choice_docs(path, F::MultipleChoice, 1).size(), 1u);
+}
+
+TEST(EvalTask, BadFlagsAreRefusedBeforeTheModelLoads) {
+  test::TempDir dir;
+  std::ofstream(dir / "t.jsonl") << "{\"question\": \"q\", \"choices\": [\"a\", \"b\"], \"answer\": 1}\n";
+  auto refused = [&](const std::vector<std::string>& flags, const std::string& message) {
+    std::vector<std::string> args = {"eval", "--task", dir / "t.jsonl", "--load-hf", dir / "no-model"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const auto r = test::run_megatron(args);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  };
+  refused({"--task-format", "squad"}, "--task-format: unknown format \"squad\"");
+  refused({"--num-fewshot", "2"}, "--num-fewshot 2 needs --fewshot-file FILE");
+  refused({"--num-fewshot", "2", "--fewshot-file", dir / "t.jsonl"}, "holds 1 examples, fewer than --num-fewshot 2");
+  refused({"--limit", "0"}, "--limit: expects a whole number >= 1, got 0");
+  refused({"--max-tokens", "3"}, "unknown flag --max-tokens for eval --task");
 }
 
 TEST(EvalTask, HellaswagPreprocessingIsLmEvals) {
