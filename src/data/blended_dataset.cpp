@@ -14,19 +14,14 @@
 
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/text.h"
 
 namespace megatron {
 namespace {
 
-std::string strip(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
 // Python's float(text) for the forms a weight takes; false where Python would raise.
 bool parse_python_float(const std::string& text, double* out) {
-  const std::string t = strip(text);
+  const std::string t = strip_whitespace(text);
   if (t.empty()) return false;
   char* end = nullptr;
   *out = std::strtod(t.c_str(), &end);
@@ -56,7 +51,7 @@ DataBlend parse_data_path(const std::vector<std::string>& data_path) {
       weights.push_back(w);
     }
     if (all_numbers) {
-      for (size_t i = 1; i < data_path.size(); i += 2) blend.prefixes.push_back(strip(data_path[i]));
+      for (size_t i = 1; i < data_path.size(); i += 2) blend.prefixes.push_back(strip_whitespace(data_path[i]));
       for (size_t i = 0; i < weights.size(); ++i) {
         if (!(weights[i] > 0) || !std::isfinite(weights[i])) {
           throw UserError("--data-path: weight '" + data_path[2 * i] + "' of " + blend.prefixes[i] +
@@ -67,7 +62,7 @@ DataBlend parse_data_path(const std::vector<std::string>& data_path) {
       return blend;
     }
   }
-  for (const auto& p : data_path) blend.prefixes.push_back(strip(p));
+  for (const auto& p : data_path) blend.prefixes.push_back(strip_whitespace(p));
   return blend;
 }
 

@@ -4,7 +4,8 @@
 #include <cctype>
 #include <regex>
 
-#include "eval/multiple_choice.h"
+#include "core/text.h"
+#include "eval/metrics.h"
 #include "inference/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -12,12 +13,6 @@ namespace megatron::eval {
 namespace {
 
 const char* kInvalid = "[invalid]";
-
-std::string strip(const std::string& s) {
-  const size_t first = s.find_first_not_of(" \t\n\r\f\v");
-  if (first == std::string::npos) return "";
-  return s.substr(first, s.find_last_not_of(" \t\n\r\f\v") - first + 1);
-}
 
 }  // namespace
 
@@ -31,7 +26,7 @@ std::string strict_match(const std::string& response) {
   static const std::regex pattern("#### (\\-?[0-9\\.\\,]+)");
   std::smatch m;
   if (!std::regex_search(response, m, pattern)) return kInvalid;
-  return strip(m[1].str());
+  return strip_whitespace(m[1].str());
 }
 
 std::string flexible_extract(const std::string& response) {
@@ -43,7 +38,7 @@ std::string flexible_extract(const std::string& response) {
     last = (*it)[1].matched && (*it)[1].length() > 0 ? (*it)[1].str() : (*it)[2].str();  // the first non-empty group
   }
   if (!found) return kInvalid;
-  return last.empty() ? kInvalid : strip(last);
+  return last.empty() ? kInvalid : strip_whitespace(last);
 }
 
 std::string exact_match_normalize(const std::string& text) {
@@ -95,9 +90,8 @@ GenerationTaskScore score_gsm8k(Engine& engine, const Tokenizer& tokenizer, cons
     score.per_doc.push_back(std::move(d));
   }
   score.docs = int64_t(docs.size());
-  for (size_t i = 0; i < docs.size(); ++i) score.strict += strict[i], score.flexible += flexible[i];
-  score.strict /= double(docs.size());
-  score.flexible /= double(docs.size());
+  score.strict = mean(strict);
+  score.flexible = mean(flexible);
   score.strict_stderr = mean_stderr(strict);
   score.flexible_stderr = mean_stderr(flexible);
   return score;

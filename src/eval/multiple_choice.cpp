@@ -20,16 +20,6 @@ int64_t utf8_length(const std::string& text) {
   return n;
 }
 
-double mean_stderr(const std::vector<double>& values) {
-  const double n = static_cast<double>(values.size());
-  if (values.size() < 2) return std::numeric_limits<double>::quiet_NaN();
-  double mean = 0;
-  for (double v : values) mean += v / n;
-  double squares = 0;
-  for (double v : values) squares += (v - mean) * (v - mean);
-  return std::sqrt(squares / (n - 1)) / std::sqrt(n);
-}
-
 ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer, const std::vector<ChoiceDoc>& docs,
                                       const std::vector<ChoiceDoc>& shots) {
   std::vector<LoglikelihoodRequest> requests;
@@ -62,9 +52,8 @@ ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer
     score.per_doc.push_back(std::move(d));
   }
   score.docs = int64_t(docs.size());
-  for (size_t i = 0; i < docs.size(); ++i) score.acc += acc[i], score.acc_norm += acc_norm[i];
-  score.acc /= double(docs.size());  // summed, then divided: numpy's mean
-  score.acc_norm /= double(docs.size());
+  score.acc = mean(acc);
+  score.acc_norm = mean(acc_norm);
   score.acc_stderr = mean_stderr(acc);
   score.acc_norm_stderr = mean_stderr(acc_norm);
   return score;

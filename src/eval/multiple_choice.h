@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "eval/loglikelihood.h"
+#include "eval/metrics.h"
 #include "eval/task_data.h"
 
 namespace megatron::eval {
@@ -35,8 +36,6 @@ struct ChoiceTaskScore {
 ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer, const std::vector<ChoiceDoc>& docs,
                                       const std::vector<ChoiceDoc>& shots);
 
-// lm-eval's standard error of a mean of per-document scores: sample standard deviation / sqrt(n).
-double mean_stderr(const std::vector<double>& values);
 // Characters (code points) of UTF-8 text: Python's len(str).
 int64_t utf8_length(const std::string& text);
 

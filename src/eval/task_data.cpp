@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "core/errors.h"
+#include "core/text.h"
 
 namespace megatron::eval {
 namespace {
@@ -78,12 +79,6 @@ int64_t index_field(const json& record, const std::string& name, int64_t choices
   return index;
 }
 
-std::string strip(const std::string& s) {
-  const size_t first = s.find_first_not_of(" \t\n\r\f\v");
-  if (first == std::string::npos) return "";
-  return s.substr(first, s.find_last_not_of(" \t\n\r\f\v") - first + 1);
-}
-
 // Python's str.capitalize for ASCII letters: the first upper case, the rest lower.
 std::string capitalize(std::string s) {
   for (size_t i = 0; i < s.size(); ++i) {
@@ -112,7 +107,7 @@ ChoiceDoc choice_doc(const json& r, TaskFormat format, const std::string& where)
     case TaskFormat::Mmlu: {
       const std::vector<std::string> options = text_list(field(r, "choices", where), "choices", where);
       if (options.size() != 4) throw UserError(where + ": MMLU's \"choices\" holds 4 answers, got " + std::to_string(options.size()));
-      doc.text = strip(text_field(r, "question", where));
+      doc.text = strip_whitespace(text_field(r, "question", where));
       for (size_t i = 0; i < 4; ++i) doc.text += "\n" + kLetters[i] + ". " + options[i];
       doc.text += "\nAnswer:";
       doc.choices = kLetters;
@@ -147,7 +142,7 @@ ChoiceDoc choice_doc(const json& r, TaskFormat format, const std::string& where)
       break;
     }
     case TaskFormat::Ceval: {
-      doc.text = strip(text_field(r, "question", where));
+      doc.text = strip_whitespace(text_field(r, "question", where));
       for (const std::string& letter : kLetters) doc.text += "\n" + letter + ". " + text_field(r, letter, where);
       doc.text += "\n答案：";
       doc.choices = kLetters;
@@ -186,7 +181,7 @@ std::string task_format_name(TaskFormat format) {
 }
 
 std::string hellaswag_preprocess(const std::string& text) {
-  std::string out = replace_all(strip(text), " [title]", ". ");
+  std::string out = replace_all(strip_whitespace(text), " [title]", ". ");
   static const std::regex bracketed("\\[.*?\\]");
   out = std::regex_replace(out, bracketed, "");
   // Python's str.replace("  ", " "): one pass, left to right, no overlaps.
