@@ -24,6 +24,7 @@
 # `recompute` (after `build`): the reference shape without / with selective / with full activation
 # recomputation: tokens/s, peak memory and activations at peak. `overlap`: the optimizer step serial
 # and overlapped with the next forward, alternated twice (`test-overlap`: the GPU tests first).
+# `generate-test`: the binary and the test program, the generation CUDA tests, then `generate`'s figures.
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
@@ -67,7 +68,8 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-targets=(); case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|generate) targets=(--target megatron) ;; esac
+targets=(); case $what in generate-test) targets=(--target megatron megatron_tests) ;; esac
+case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|generate) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
@@ -218,6 +220,11 @@ if [ "$what" = memory ]; then
 fi
 if [ "$what" = deepseek-short ]; then
   bash bench/gpu_deepseek_short.sh build-gpu/megatron "$py" "$out" 2>&1 | tee "$out/deepseek-short.log"
+fi
+if [ "$what" = generate-test ]; then
+  # The generation CUDA tests (GPU_TESTS narrows them), then the generation figures.
+  (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-GenerationCuda|CudaParity}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
+  bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
 fi
 if [ "$what" = generate ]; then
   # Issue #23's generation figures on the 1.1B shape against HF generate (bench/gpu_generate.sh).

@@ -96,6 +96,7 @@ int generate(const Args& args) {
                     "0 <= --min-p <= 1, --repetition-penalty > 0");
   }
   EngineOptions engine_options;
+  engine_options.cuda_graphs = !model_flags.enforce_eager;
   if (values.count("--inference-max-batch-size")) {
     engine_options.max_batch = static_cast<int64_t>(number_flag("--inference-max-batch-size", values["--inference-max-batch-size"]));
     if (engine_options.max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
@@ -160,10 +161,10 @@ int generate(const Args& args) {
   }
   const EngineStats& t = engine.stats();
   std::fprintf(stderr, "> prefill: %lld tokens in %.1f ms (%.0f tokens/s); decode: %lld steps, %lld tokens in %.1f ms "
-               "(%.3f ms a step, %.0f tokens/s)\n", (long long)t.prefill_tokens, 1e3 * t.prefill_seconds,
+               "(%.3f ms a step, %.0f tokens/s; %s)\n", (long long)t.prefill_tokens, 1e3 * t.prefill_seconds,
                t.prefill_tokens / std::max(t.prefill_seconds, 1e-9), (long long)t.decode_steps, (long long)t.decode_tokens,
                1e3 * t.decode_seconds, 1e3 * t.decode_seconds / std::max<int64_t>(t.decode_steps, 1),
-               t.decode_tokens / std::max(t.decode_seconds, 1e-9));
+               t.decode_tokens / std::max(t.decode_seconds, 1e-9), engine.decode_mode().c_str());
   return 0;
 }
 

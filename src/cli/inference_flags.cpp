@@ -19,7 +19,8 @@ const char* kInferenceModelFlagsHelp =
     "  --tokenizer-model PATH       use this tokenizer instead of the checkpoint's\n"
     "  --device auto|cpu|cuda       where to run (default auto)\n"
     "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n"
-    "  --bf16                       run in bf16 (default fp32)\n";
+    "  --bf16                       run in bf16 (default fp32)\n"
+    "  --enforce-eager              on a GPU, run decode steps eagerly instead of replaying them from CUDA graphs\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -31,8 +32,8 @@ double number_flag(const std::string& flag, const std::string& text) {
 }
 
 bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags) {
-  if (args[i] == "--bf16") {
-    flags.bf16 = true;
+  if (args[i] == "--bf16" || args[i] == "--enforce-eager") {
+    (args[i] == "--bf16" ? flags.bf16 : flags.enforce_eager) = true;
     return true;
   }
   std::string* target = args[i] == "--load"              ? &flags.load

@@ -16,6 +16,7 @@ struct InferenceModelFlags {
   std::string device = "auto";  // --device auto|cpu|cuda
   std::string cpu_threads;      // --cpu-threads N ("": one per core)
   bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
+  bool enforce_eager = false;   // --enforce-eager: no CUDA graphs for decode steps (EngineOptions::cuda_graphs)
 };
 
 // The help lines of these flags.

@@ -87,6 +87,7 @@ int serve(const Args& args) {
     }
   }
   EngineOptions engine_options;
+  engine_options.cuda_graphs = !model_flags.enforce_eager;
   engine_options.max_batch = int64_t(batch);
   engine_options.vocab_size = g.vocab_size;
   const Tokenizer& tokenizer = *g.tokenizer;
@@ -110,8 +111,9 @@ int serve(const Args& args) {
     std::fprintf(stderr, "> signal %d: answering the requests in flight, then stopping\n", signal);
     server->drain();
   }).detach();
-  std::fprintf(stderr, "> serving %s (%s) on http://%s:%d (max length %lld tokens, %lld sequences at once)\n",
-               served.name.c_str(), g.source.c_str(), host.c_str(), bound, (long long)served.max_length, (long long)batch);
+  std::fprintf(stderr, "> serving %s (%s) on http://%s:%d (max length %lld tokens, %lld sequences at once; decode steps: %s)\n",
+               served.name.c_str(), g.source.c_str(), host.c_str(), bound, (long long)served.max_length, (long long)batch,
+               engine.decode_mode().c_str());
   server->serve();
   std::fprintf(stderr, "> stopped\n");
   return 0;

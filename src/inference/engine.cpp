@@ -45,16 +45,33 @@ TokenLogprob token_logprob(const at::Tensor& log_probs, int64_t id, int64_t top)
   return out;
 }
 
+namespace {
+
+constexpr const char* kCudaGraphs = "CUDA graphs";
+
+std::string decode_mode_of(const GPTModel& model, const EngineOptions& options) {
+  if (!options.cuda_graphs) return "eager (--enforce-eager)";
+  const std::string why = decode_graphs_unsupported(model, model.word_embeddings.device());
+  return why.empty() ? kCudaGraphs : "eager (" + why + ")";
+}
+
+}  // namespace
+
 Engine::Engine(GPTModel& model, EngineOptions options)
     : model_(model),
       options_(std::move(options)),
       vocab_(options_.vocab_size > 0 ? options_.vocab_size : model.config().padded_vocab_size),
-      cache_(static_cast<int64_t>(model.layers.size()), std::max<int64_t>(1, options_.max_batch),
+      max_batch_(std::max<int64_t>(1, options_.max_batch)),
+      decode_mode_(decode_mode_of(model, options_)),
+      cache_(static_cast<int64_t>(model.layers.size()), max_batch_ + (decode_mode_ == kCudaGraphs ? 1 : 0),
              options_.max_length > 0 ? options_.max_length : model_max_length(model)) {
   if (options_.max_batch < 1) throw UserError("generation: the batch of sequences must hold at least one, got " + std::to_string(options_.max_batch));
-  for (int64_t slot = cache_.slots() - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  for (int64_t slot = max_batch_ - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   model_.eval();
+  if (cache_.slots() > max_batch_) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, cache_, /*scratch_slot=*/max_batch_, model_.word_embeddings.device());
 }
+
+Engine::~Engine() = default;
 
 int64_t Engine::submit(GenerationRequest request) {
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
@@ -93,14 +110,23 @@ void Engine::step() {
       slots.push_back(s->slot);
       last.push_back(s->seen.back());
     }
-    KvCacheStep decode(cache_, slots, 1, device);
-    const at::Tensor tokens = at::tensor(last, at::kLong).view({-1, 1}).to(device);     // [b, 1]
-    const at::Tensor logits = model_.forward_cached(tokens, decode)[0].narrow(1, 0, vocab_);  // [b, V]
-    decode.commit();
-    const at::Tensor rows = logits.to(at::kCPU, at::kFloat);
+    at::Tensor logits;  // [b, V]
+    if (decode_graphs_) {
+      logits = decode_graphs_->run(slots, last).narrow(1, 0, vocab_);
+    } else {
+      KvCacheStep decode(cache_, slots, 1, device);
+      const at::Tensor tokens = at::tensor(last, at::kLong).view({-1, 1}).to(device);  // [b, 1]
+      logits = model_.forward_cached(tokens, decode)[0].narrow(1, 0, vocab_);
+      decode.commit();
+    }
+    const bool argmax_only = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
+    // Either the batch's argmaxes [b] or its logits [b, V], on the host.
+    const at::Tensor rows = argmax_only ? logits.argmax(-1).to(at::kCPU) : logits.to(at::kCPU, at::kFloat);
+    const int64_t* argmaxes = argmax_only ? rows.data_ptr<int64_t>() : nullptr;
     std::vector<std::unique_ptr<Sequence>> still;
     for (size_t i = 0; i < running_.size(); ++i) {
-      if (advance(*running_[i], rows[static_cast<int64_t>(i)])) {
+      const bool finished = argmax_only ? accept(*running_[i], argmaxes[i], {}) : advance(*running_[i], rows[static_cast<int64_t>(i)]);
+      if (finished) {
         finish(*running_[i]);
       } else {
         still.push_back(std::move(running_[i]));
@@ -142,8 +168,16 @@ void Engine::prefill(Sequence& sequence) {
   if (advance(sequence, logits[-1])) finish(sequence);
 }
 
+bool Engine::argmax_is_enough(const Sequence& s) {
+  const SamplingOptions& o = s.request.sampling;
+  return (o.greedy || o.temperature <= 0.0) && o.repetition_penalty == 1.0 && s.request.logprobs < 0;
+}
+
 bool Engine::advance(Sequence& s, const at::Tensor& logits) {
-  const int64_t next = sample_next_token(logits, s.request.sampling, s.generator, s.seen);
+  return accept(s, sample_next_token(logits, s.request.sampling, s.generator, s.seen), logits);
+}
+
+bool Engine::accept(Sequence& s, int64_t next, const at::Tensor& logits) {
   if (s.request.logprobs >= 0) {
     s.result.logprobs.push_back(token_logprob(logits.to(at::kCPU, at::kFloat).log_softmax(-1), next, s.request.logprobs));
   }

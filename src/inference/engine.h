@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "inference/decode_graphs.h"
 #include "inference/sampling.h"
 #include "model/kv_cache.h"
 
@@ -77,11 +78,17 @@ struct EngineOptions {
   int64_t max_length = 0;  // tokens one sequence may hold, prompt included; 0: the model's maximum length
   int64_t vocab_size = 0;  // candidate ids: [0, vocab_size) (the rest is Megatron's vocabulary padding); 0: all
   std::function<std::string(const std::vector<int64_t>&)> detokenize;  // for stop strings and result text
+  // Decode steps replayed from CUDA graphs where the model and device allow (decode_graphs.h);
+  // false: every step runs eagerly (--enforce-eager).
+  bool cuda_graphs = true;
 };
 
 class Engine {
  public:
   Engine(GPTModel& model, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   // Queues a request; its id for take_result. A UserError (nothing queued) for an empty prompt,
   // an id outside the vocabulary, or prompt + max_new_tokens beyond max_length.
@@ -99,7 +106,10 @@ class Engine {
   std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests);
 
   int64_t max_length() const { return cache_.capacity(); }
-  const KvCache& cache() const { return cache_; }
+  // The sequences decoded together (the cache may hold one more slot: the decode graphs' scratch).
+  int64_t max_batch() const { return max_batch_; }
+  // How decode steps run: "CUDA graphs", or "eager" and why.
+  const std::string& decode_mode() const { return decode_mode_; }
   const EngineStats& stats() const { return stats_; }
 
  private:
@@ -115,6 +125,11 @@ class Engine {
   // Chooses the sequence's next token from its logits [V] (the real vocabulary); true once it
   // has finished.
   bool advance(Sequence& sequence, const at::Tensor& logits);
+  // Takes `next` as the sequence's next token; `logits` [V] are needed only for its log-probabilities.
+  bool accept(Sequence& sequence, int64_t next, const at::Tensor& logits);
+  // Greedy, unpenalised and without log-probabilities: the argmax is the whole choice, taken on the
+  // device for the batch at once instead of copying every row's logits to the host.
+  static bool argmax_is_enough(const Sequence& sequence);
   void prefill(Sequence& sequence);
   // Whether a stop string shows in the decoded text of the sequence's last tokens.
   bool stop_string_in_tail(const Sequence& s) const;
@@ -124,7 +139,10 @@ class Engine {
   GPTModel& model_;
   EngineOptions options_;
   int64_t vocab_;  // candidate ids [0, vocab_): options_.vocab_size, else the whole output layer
-  KvCache cache_;
+  int64_t max_batch_;
+  std::string decode_mode_;
+  KvCache cache_;  // max_batch_ slots, and the scratch slot of decode_graphs_ after them
+  std::unique_ptr<DecodeGraphs> decode_graphs_;
   std::vector<int64_t> free_slots_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;

@@ -92,8 +92,10 @@ at::Tensor SelfAttention::attend_heads(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& attention_mask, const LayerKvCache* cache) {
   const double dropout = is_training() ? attention_dropout_ : 0.0;
   if (cache != nullptr) {
-    // The new tokens' queries over every key and value of their sequences: [L, b, G/tp, d] each.
-    const at::Tensor out = core_attention_->forward(q, cache->extend(0, k), cache->extend(1, v), cache->attention_mask(), dropout);
+    // Read where the cache holds them when the backend can; else every key and value of the
+    // sequences gathered, [L, b, G/tp, d] each, under the cache's mask.
+    at::Tensor out = core_attention_->forward_over_cache(q, k, v, *cache);
+    if (!out.defined()) out = core_attention_->forward(q, cache->extend(0, k), cache->extend(1, v), cache->attention_mask(), dropout);
     return linear_proj->forward(out);
   }
   const at::Tensor out = attend(*core_attention_, q, k, v, attention_mask, dropout, recompute_core_attention_, tp_);

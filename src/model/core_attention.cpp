@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/cuda_device.h"
 #include "tensor_parallel/recompute.h"
 
 namespace megatron {
@@ -17,6 +18,28 @@ at::Tensor SdpaAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
         /*is_causal=*/!attention_mask.defined(), /*scale=*/softmax_scale_, /*enable_gqa=*/k.size(2) != heads);
   });                                                             // [b, H/tp, s, dv]
   return out.permute({2, 0, 1, 3}).reshape({s, b, heads * value_dim});  // [s, b, H*dv]
+}
+
+bool flash_attention_reads_cache(const at::Tensor& q, const at::Tensor& v) {
+  const int64_t d = q.size(-1);
+  return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
+         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) == d && d % 8 == 0 && d <= 256;
+}
+
+at::Tensor SdpaAttention::forward_over_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const LayerKvCache& cache) const {
+  if (!flash_attention_reads_cache(q, v)) return {};
+  const int64_t s = q.size(0), b = q.size(1), heads = q.size(2), d = q.size(3);
+  const at::Tensor k_store = cache.write(0, k).flatten(0, 1);  // [slots * capacity, G/tp, d]
+  const at::Tensor v_store = cache.write(1, v).flatten(0, 1);
+  KvCacheStep& step = *cache.step;
+  const at::Tensor rows = q.transpose(0, 1).reshape({b * s, heads, d});  // [b s, H/tp, d], sequence-major
+  // Causal alignment is bottom-right (the last query sees every key of its sequence): new token i
+  // of a sequence holding n rows after the step sees rows 0 ..= n - s + i, as the mask would say.
+  const at::Tensor out = std::get<0>(at::_flash_attention_forward(
+      rows, k_store, v_store, step.query_starts(), step.key_starts(), s, step.longest(), /*dropout_p=*/0.0,
+      /*is_causal=*/true, /*return_debug_mask=*/false, softmax_scale_, std::nullopt, std::nullopt, step.key_counts()));  // [b s, H/tp, d]
+  return out.view({b, s, heads * d}).transpose(0, 1).reshape({s, b, heads * d});                                           // [s, b, H/tp * d]
 }
 
 at::Tensor attend(const CoreAttention& core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -1,5 +1,7 @@
 // Core attention through at::scaled_dot_product_attention (cuDNN / flash backends on GPU, the
-// flash CPU kernel on CPU): causal, or under an explicit mask; GQA without repeating K/V.
+// flash CPU kernel on CPU): causal, or under an explicit mask; GQA without repeating K/V. In
+// generation on the GPU, flash attention's variable-length kernel over the key/value cache as it
+// lies (no gather, no mask).
 #pragma once
 
 #include <optional>
@@ -16,11 +18,18 @@ class SdpaAttention : public CoreAttention {
   // v may have another head dim than q and k (multi-latent attention): context [s, b, H/tp * dv].
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
                      double dropout) const override;
+  at::Tensor forward_over_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const LayerKvCache& cache) const override;
 
  private:
   tp::TensorParallel tp_;  // dropout inside the TP region draws from its generator
   std::optional<double> softmax_scale_;
 };
+
+// Whether flash attention's kernel can read a cache of these queries and values in place: CUDA
+// on compute capability 8.0 or newer, fp16 or bf16, one head dim for q and v, a multiple of 8 up
+// to 256.
+bool flash_attention_reads_cache(const at::Tensor& q, const at::Tensor& v);
 
 // core(q, k, v); with `recompute` (--recompute-granularity selective) its output and softmax
 // statistics are not kept: the backward runs it again from q, k and v (saved anyway).

@@ -19,8 +19,10 @@ at::Tensor LayerKvCache::extend(size_t part, const at::Tensor& rows) const { ret
 
 const at::Tensor& LayerKvCache::attention_mask() const { return step->attention_mask(); }
 
+at::Tensor LayerKvCache::write(size_t part, const at::Tensor& rows) const { return step->write(layer, part, rows); }
+
 KvCacheStep::KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new_tokens, const at::Device& device)
-    : cache_(cache), slots_(std::move(slots)), new_tokens_(new_tokens) {
+    : cache_(cache), slots_(std::move(slots)), assigned_(slots_.size()), new_tokens_(new_tokens) {
   TORCH_CHECK(!slots_.empty() && new_tokens_ >= 1, "KvCacheStep: need at least one sequence and one new token");
   TORCH_CHECK(std::set<int64_t>(slots_.begin(), slots_.end()).size() == slots_.size(), "KvCacheStep: a slot appears twice");
   const int64_t b = batch(), s = new_tokens_;
@@ -28,12 +30,8 @@ KvCacheStep::KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new
   bool all_empty = true;
   for (int64_t slot : slots_) {
     TORCH_CHECK(slot >= 0 && slot < cache_.slots(), "KvCacheStep: slot ", slot, " is not one of the cache's ", cache_.slots());
+    check_room(slot);
     const int64_t held = cache_.length(slot);
-    if (held + s > cache_.capacity()) {
-      throw UserError("generation: a sequence would hold " + std::to_string(held + s) + " tokens, more than the " +
-                      std::to_string(cache_.capacity()) + " the key/value cache keeps per sequence (the model's " +
-                      "maximum length); shorten the prompt or ask for fewer new tokens");
-    }
     lengths.push_back(held);
     all_empty = all_empty && held == 0;
     longest_ = std::max(longest_, held + s);
@@ -51,7 +49,73 @@ KvCacheStep::KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new
   }
 }
 
+void KvCacheStep::check_room(int64_t slot) const {
+  const int64_t held = cache_.length(slot);
+  if (held + new_tokens_ > cache_.capacity()) {
+    throw UserError("generation: a sequence would hold " + std::to_string(held + new_tokens_) + " tokens, more than the " +
+                    std::to_string(cache_.capacity()) + " the key/value cache keeps per sequence (the model's " +
+                    "maximum length); shorten the prompt or ask for fewer new tokens");
+  }
+}
+
+std::unique_ptr<KvCacheStep> KvCacheStep::fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device) {
+  return std::unique_ptr<KvCacheStep>(new KvCacheStep(Fixed{}, cache, batch, scratch_slot, device));
+}
+
+KvCacheStep::KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device)
+    : cache_(cache), slots_(static_cast<size_t>(batch), scratch_slot), new_tokens_(1), longest_(cache.capacity()),
+      scratch_slot_(scratch_slot) {
+  TORCH_CHECK(batch >= 1 && scratch_slot >= 0 && scratch_slot < cache.slots(), "KvCacheStep::fixed_decode: batch ", batch,
+              ", scratch slot ", scratch_slot, " of ", cache.slots());
+  const int64_t b = batch;
+  fixed_longs_ = at::zeros({2 * b}, at::TensorOptions().dtype(at::kLong).device(device));     // [slots (b) | held (b)]
+  fixed_ints_ = at::zeros({2 * b + 1}, at::TensorOptions().dtype(at::kInt).device(device));  // [key starts (b + 1) | key counts (b)]
+  slot_ids_ = fixed_longs_.narrow(0, 0, b);
+  position_ids_ = fixed_longs_.narrow(0, b, b).view({b, 1});  // one new token each, at the position after what it holds
+  row_slots_ = slot_ids_;
+  row_positions_ = fixed_longs_.narrow(0, b, b);
+  key_starts_ = fixed_ints_.narrow(0, 0, b + 1);
+  key_counts_ = fixed_ints_.narrow(0, b + 1, b);
+  query_starts_ = at::arange(b + 1, at::TensorOptions().dtype(at::kInt).device(device));
+  assign({});
+}
+
+void KvCacheStep::assign(const std::vector<int64_t>& slots) {
+  TORCH_CHECK(scratch_slot_ >= 0, "KvCacheStep::assign: only a fixed decode step is reassigned");
+  const int64_t b = batch();
+  TORCH_CHECK(static_cast<int64_t>(slots.size()) <= b, "KvCacheStep::assign: ", slots.size(), " sequences for a step of ", b);
+  TORCH_CHECK(std::set<int64_t>(slots.begin(), slots.end()).size() == slots.size(), "KvCacheStep::assign: a slot appears twice");
+  std::vector<int64_t> longs(static_cast<size_t>(2 * b));
+  std::vector<int32_t> ints(static_cast<size_t>(2 * b + 1));
+  for (int64_t i = 0; i < b; ++i) {
+    const bool real = i < static_cast<int64_t>(slots.size());
+    const int64_t slot = real ? slots[size_t(i)] : scratch_slot_;
+    TORCH_CHECK(slot >= 0 && slot < cache_.slots() && (slot != scratch_slot_ || !real), "KvCacheStep::assign: slot ", slot,
+                " (the scratch slot is ", scratch_slot_, ")");
+    if (real) check_room(slot);
+    const int64_t held = real ? cache_.length(slot) : 0;  // the scratch rows: row 0 written, row 0 read
+    slots_[size_t(i)] = slot;
+    longs[size_t(i)] = slot;
+    longs[size_t(b + i)] = held;
+    ints[size_t(i)] = static_cast<int32_t>(slot * cache_.capacity());
+    ints[size_t(b + 1 + i)] = static_cast<int32_t>(held + 1);
+  }
+  ints[size_t(b)] = static_cast<int32_t>(cache_.slots() * cache_.capacity());
+  fixed_longs_.copy_(at::tensor(longs, at::kLong));
+  fixed_ints_.copy_(at::tensor(ints, at::kInt));
+  assigned_ = slots.size();
+  committed_ = false;
+}
+
 at::Tensor KvCacheStep::extend(int64_t layer, size_t part, const at::Tensor& rows) {
+  TORCH_CHECK(scratch_slot_ < 0, "KvCacheStep: a fixed decode step needs attention that reads the cache in place");
+  const at::Tensor held = write(layer, part, rows).narrow(1, 0, longest_);  // [slots, L, ...]
+  // One sequence: a view of its slot; several: their slots gathered.
+  const at::Tensor mine = batch() == 1 ? held.narrow(0, slots_[0], 1) : held.index_select(0, slot_ids_);  // [b, L, ...]
+  return mine.transpose(0, 1);                                                                           // [L, b, ...]
+}
+
+at::Tensor KvCacheStep::write(int64_t layer, size_t part, const at::Tensor& rows) {
   TORCH_CHECK(!committed_, "KvCacheStep: written after commit()");
   TORCH_CHECK(rows.dim() >= 2 && rows.size(0) == new_tokens_ && rows.size(1) == batch(), "KvCacheStep: rows of shape ",
               rows.sizes(), " for ", new_tokens_, " new tokens of ", batch(), " sequences");
@@ -71,16 +135,43 @@ at::Tensor KvCacheStep::extend(int64_t layer, size_t part, const at::Tensor& row
   std::vector<int64_t> flat_shape = {b * s};
   flat_shape.insert(flat_shape.end(), rest.begin(), rest.end());
   store.index_put_({row_slots_, row_positions_}, rows.transpose(0, 1).reshape(flat_shape));
-  const at::Tensor held = store.narrow(1, 0, longest_);  // [slots, L, ...]
-  // One sequence: a view of its slot; several: their slots gathered.
-  const at::Tensor mine = b == 1 ? held.narrow(0, slots_[0], 1) : held.index_select(0, slot_ids_);  // [b, L, ...]
-  return mine.transpose(0, 1);                                                                         // [L, b, ...]
+  return store;
+}
+
+void KvCacheStep::make_varlen_offsets() {
+  const int64_t b = batch();
+  // One host tensor, one copy to the device: [query starts (b + 1) | key starts (b + 1) | key counts (b)].
+  std::vector<int32_t> offsets;
+  offsets.reserve(static_cast<size_t>(3 * b + 2));
+  for (int64_t i = 0; i <= b; ++i) offsets.push_back(static_cast<int32_t>(i * new_tokens_));
+  for (int64_t slot : slots_) offsets.push_back(static_cast<int32_t>(slot * cache_.capacity()));
+  offsets.push_back(static_cast<int32_t>(cache_.slots() * cache_.capacity()));
+  for (int64_t slot : slots_) offsets.push_back(static_cast<int32_t>(cache_.length(slot) + new_tokens_));
+  const at::Tensor all = at::tensor(offsets, at::kInt).to(slot_ids_.device());
+  query_starts_ = all.narrow(0, 0, b + 1);
+  key_starts_ = all.narrow(0, b + 1, b + 1);
+  key_counts_ = all.narrow(0, 2 * b + 2, b);
+}
+
+const at::Tensor& KvCacheStep::query_starts() {
+  if (!query_starts_.defined()) make_varlen_offsets();
+  return query_starts_;
+}
+
+const at::Tensor& KvCacheStep::key_starts() {
+  if (!key_starts_.defined()) make_varlen_offsets();
+  return key_starts_;
+}
+
+const at::Tensor& KvCacheStep::key_counts() {
+  if (!key_counts_.defined()) make_varlen_offsets();
+  return key_counts_;
 }
 
 void KvCacheStep::commit() {
   TORCH_CHECK(!committed_, "KvCacheStep: committed twice");
   committed_ = true;
-  for (int64_t slot : slots_) cache_.lengths_[static_cast<size_t>(slot)] += new_tokens_;
+  for (size_t i = 0; i < assigned_; ++i) cache_.lengths_[static_cast<size_t>(slots_[i])] += new_tokens_;
 }
 
 }  // namespace megatron

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace megatron {
@@ -48,6 +49,10 @@ struct LayerKvCache {
   // [b, 1, s, L] bool, true = may attend; undefined when plain causal attention is the same (one
   // sequence starting from nothing).
   const at::Tensor& attention_mask() const;
+  // For attention that reads the cache where it lies (no gather): writes this step's rows and
+  // returns the layer's whole store of `part`, [slots, capacity, ...]; see KvCacheStep for where
+  // each sequence's rows are in it.
+  at::Tensor write(size_t part, const at::Tensor& rows) const;
 };
 
 class KvCacheStep {
@@ -55,30 +60,58 @@ class KvCacheStep {
   // Sequences in `slots` (distinct), each adding `new_tokens` after what it holds; a UserError
   // when one would pass the cache's capacity.
   KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new_tokens, const at::Device& device);
+  // A decode step (one new token per sequence) of a fixed `batch`, for replay from a CUDA graph:
+  // its device tensors keep their addresses, assign() refills them before each replay, and it
+  // attends up to the cache's capacity with the real lengths read on the device, so attention
+  // must read the cache in place (extend() refuses). Rows past the sequences assigned decode the
+  // cache's `scratch_slot`, which no sequence may hold.
+  static std::unique_ptr<KvCacheStep> fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device);
+  // A fixed decode step's sequences for its next run: at most its batch, distinct; a UserError when
+  // one is full. Copies what it says to the device (on the current stream).
+  void assign(const std::vector<int64_t>& slots);
 
   LayerKvCache layer(int64_t index) { return {this, index}; }
   int64_t batch() const { return static_cast<int64_t>(slots_.size()); }
   int64_t new_tokens() const { return new_tokens_; }
   // [b, s] int64: the positions of the new tokens (the rows of RoPE they take).
   const at::Tensor& position_ids() const { return position_ids_; }
-  // The largest position any sequence reaches, plus one.
+  // The largest position any sequence reaches, plus one (a fixed step: the cache's capacity).
   int64_t longest() const { return longest_; }
   const at::Tensor& attention_mask() const { return attention_mask_; }
   at::Tensor extend(int64_t layer, size_t part, const at::Tensor& rows);
+  at::Tensor write(int64_t layer, size_t part, const at::Tensor& rows);
+  // Where the batch's rows are in a store flattened to [slots * capacity, ...], as variable-length
+  // attention kernels take them (int32 on the device, made at the first call):
+  // [b + 1] where each sequence's new tokens begin among the b * s query rows (sequence-major);
+  const at::Tensor& query_starts();
+  // [b + 1] where each sequence's rows begin in the store (slot * capacity; the last entry is the
+  // store's end, not a row count: key_counts() says how many rows each sequence has);
+  const at::Tensor& key_starts();
+  // [b] the rows each sequence holds once this step's are written.
+  const at::Tensor& key_counts();
   // The sequences hold their new tokens from now on: once, after the forward has run.
   void commit();
 
  private:
+  struct Fixed {};  // tells fixed_decode's constructor from the other (a braced slot list converts to int64_t)
+  KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device);
+  void check_room(int64_t slot) const;  // UserError when the slot cannot take new_tokens_ more
+
   KvCache& cache_;
-  std::vector<int64_t> slots_;
+  std::vector<int64_t> slots_;  // a fixed step: the assigned slots, then the scratch slot
+  size_t assigned_ = 0;         // the real sequences among slots_ (the first ones)
   int64_t new_tokens_;
   int64_t longest_ = 0;
+  int64_t scratch_slot_ = -1;   // >= 0: a fixed decode step
   bool committed_ = false;
+  at::Tensor fixed_longs_, fixed_ints_;  // a fixed step's device buffers, views of which are below
   at::Tensor slot_ids_;      // [b] int64 on the device
   at::Tensor row_slots_;     // [b s]: the slot of each new row
   at::Tensor row_positions_; // [b s]: its position in the slot
   at::Tensor position_ids_;  // [b, s]
   at::Tensor attention_mask_;
+  at::Tensor query_starts_, key_starts_, key_counts_;  // made by make_varlen_offsets()
+  void make_varlen_offsets();
 };
 
 }  // namespace megatron

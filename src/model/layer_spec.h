@@ -46,6 +46,14 @@ class CoreAttention {
   // attention_mask: [b, 1, s, s] bool (true = may attend) or undefined for causal attention.
   virtual at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& attention_mask, double dropout) const = 0;
+  // Generation: the step's new tokens over their sequences' cached keys and values, read where the
+  // cache holds them. q: [s, b, H/tp, d]; k, v: [s, b, G/tp, d], the new rows, which this writes
+  // into the cache -> [s, b, H/tp * d]. Undefined, with nothing written, where the backend cannot:
+  // the caller then gathers the rows (LayerKvCache::extend) and calls forward().
+  virtual at::Tensor forward_over_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const LayerKvCache& cache) const {
+    return {};
+  }
 };
 
 // A part on the residual stream: takes hidden states already normalised with the norm in front

@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -53,10 +55,15 @@ bool ends_incomplete(const std::string& text) {  // a decoded partial character 
 
 InferenceServer::InferenceServer(Engine& engine, ServedModel model, ServerOptions options)
     : engine_(engine), model_(std::move(model)), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
-  const int threads = options_.threads > 0 ? options_.threads : int(engine_.cache().slots() + options_.max_queue + 4);
+  const int threads = options_.threads > 0 ? options_.threads : int(engine_.max_batch() + options_.max_queue + 4);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http_->set_payload_max_length(16u << 20);
   http_->set_read_timeout(std::chrono::seconds(30));
+  // Remember the listening socket: bind() widens its backlog.
+  http_->set_socket_options([this](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd_ = fd;
+  });
   routes();
 }
 
@@ -75,6 +82,11 @@ int InferenceServer::bind() {
     throw UserError("serve: cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
                     " (in use, or not an address of this machine); choose another --port or --host");
   }
+  // cpp-httplib 0.11 listens with a backlog of 5: when more clients connect at once than its
+  // accept loop takes in (a busy machine), Linux drops their SYNs, so connects stall for seconds,
+  // or resets them (CI saw a request of 64 concurrent clients reset). listen() again on a
+  // listening socket only changes its backlog.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
   engine_thread_ = std::thread([this] { engine_loop(); });
   return port;
 }
@@ -93,7 +105,7 @@ void InferenceServer::finish_request() {
 std::shared_ptr<Ticket> InferenceServer::enqueue(ParsedRequest request) {
   if (draining_) throw ApiError(503, "the server is shutting down", "", "service_unavailable");
   const int64_t n = int64_t(request.choices.size());
-  const int64_t limit = engine_.cache().slots() + options_.max_queue;
+  const int64_t limit = engine_.max_batch() + options_.max_queue;
   if (queued_choices_.fetch_add(n) + n > limit) {
     queued_choices_ -= n;
     throw ApiError(503, "the server is busy: " + std::to_string(limit) + " sequences are generating or waiting; retry later", "",

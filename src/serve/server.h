@@ -65,6 +65,7 @@ class InferenceServer {
   ServedModel model_;
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
+  int listen_fd_ = -1;  // the socket httplib binds (its backlog widened in bind())
   std::thread engine_thread_;
 
   std::mutex mutex_;  // guards inbox_, active_, stopping_

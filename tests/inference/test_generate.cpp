@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "inference/engine.h"
 #include "inference/sampling.h"
+#include "model/kv_cache.h"
 #include "model/gpt_model.h"
 #include "support/model_configs.h"
 #include "support/user_error.h"
@@ -109,7 +110,7 @@ TEST(Engine, SampledTokensDependOnTheSeedOnly) {
   EXPECT_EQ(alone[0].finish_reason, "length");
   const auto other_seed = engine.generate({sampled({3, 4, 5}, 12)});
   EXPECT_NE(other_seed[0].tokens, alone[0].tokens) << "a different seed drew the same 10 tokens";
-  EXPECT_EQ(engine.cache().slots(), 4);
+  EXPECT_EQ(engine.max_batch(), 4);
   EXPECT_TRUE(engine.idle());
 }
 
@@ -159,6 +160,36 @@ TEST(Engine, RequestsBeyondTheModelAreRefusedAndNothingIsQueued) {
   // The longest request that fits runs to the model's length.
   const auto full = engine.generate({sampled(std::vector<int64_t>(40, 1), 1, 8)});
   EXPECT_EQ(full[0].tokens.size(), 8u);
+}
+
+// The fixed decode step of the CUDA graphs (KvCacheStep::fixed_decode): what it writes to its
+// device tensors for the sequences assigned, the scratch slot on the rows past them, only the
+// assigned slots grown on commit, and what it refuses.
+TEST(KvCacheStep, FixedDecodeStepAssignsSlotsAndPadsWithTheScratchSlot) {
+  KvCache cache(/*layers=*/1, /*slots=*/4, /*capacity=*/8);
+  auto step = KvCacheStep::fixed_decode(cache, /*batch=*/3, /*scratch_slot=*/3, at::kCPU);
+  KvCacheStep prefill(cache, {2}, 5, at::kCPU);
+  prefill.commit();
+  step->assign({2, 0});  // holding 5 and 0 rows
+  auto values = [](const at::Tensor& t) {
+    const at::Tensor l = t.to(at::kLong).contiguous().view({-1});
+    return std::vector<int64_t>(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + l.numel());
+  };
+  EXPECT_EQ(step->longest(), 8);
+  EXPECT_EQ(values(step->position_ids()), std::vector<int64_t>({5, 0, 0}));
+  EXPECT_EQ(values(step->key_starts()), std::vector<int64_t>({16, 0, 24, 32}));  // slot x capacity, the scratch slot's, the store's end
+  EXPECT_EQ(values(step->key_counts()), std::vector<int64_t>({6, 1, 1}));
+  EXPECT_EQ(values(step->query_starts()), std::vector<int64_t>({0, 1, 2, 3}));
+  step->commit();
+  EXPECT_EQ(cache.length(2), 6);
+  EXPECT_EQ(cache.length(0), 1);
+  EXPECT_EQ(cache.length(3), 0) << "the scratch slot holds nothing";
+  EXPECT_THROW(step->extend(0, 0, at::zeros({1, 3, 2})), c10::Error) << "a fixed step reads the cache in place only";
+  EXPECT_THROW(step->assign({3}), c10::Error) << "the scratch slot is no sequence's";
+  EXPECT_THROW(step->assign({0, 1, 2, 0}), c10::Error) << "more sequences than the step's batch";
+  KvCacheStep fill(cache, {2}, 2, at::kCPU);
+  fill.commit();  // slot 2 holds all 8 rows
+  EXPECT_NE(test::user_error_of([&] { step->assign({2}); }).find("more than the 8 the key/value cache keeps per sequence"), std::string::npos);
 }
 
 TEST(Generate, TrainedTinyModelContinuesARun) {

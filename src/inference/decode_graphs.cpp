@@ -1,0 +1,145 @@
+#include "inference/decode_graphs.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "core/errors.h"
+#include "model/core_attention.h"
+#include "model/gpt_model.h"
+#include "model/kv_cache.h"
+
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#endif
+
+namespace megatron {
+
+std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& device) {
+#ifndef MEGATRON_WITH_CUDA_KERNELS
+  return "this build has no CUDA support";
+#endif
+  if (!device.is_cuda()) return "the model runs on " + device.str();
+  const ModelConfig& c = model.config();
+  if (c.num_experts > 0) return "a mixture of experts counts its tokens per expert on the host";
+  if (c.multi_latent_attention) return "multi-latent attention gathers its cache";
+  const int64_t head_dim = c.head_dim() > 0 ? c.head_dim() : c.hidden_size / c.num_attention_heads;
+  const at::Tensor probe = at::empty({1, 1, 1, head_dim}, model.word_embeddings.options());
+  if (!flash_attention_reads_cache(probe, probe)) {
+    return "attention gathers its cache here (flash attention reads it in place in bf16 or fp16, head dims a multiple of 8 up to "
+           "256, on compute capability 8.0 or newer)";
+  }
+  return "";
+}
+
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+
+namespace {
+
+// One batch size's graph and the tensors it reads and writes (their addresses are in it).
+struct Graph {
+  std::unique_ptr<KvCacheStep> step;
+  at::Tensor tokens;  // [b, 1] int64: the step's input, copied in before each replay
+  at::Tensor logits;  // [b, V/tp]: its output, rewritten by each replay
+  at::cuda::CUDAGraph graph;
+};
+
+}  // namespace
+
+struct DecodeGraphs::State {
+  State(GPTModel& m, KvCache& c, int64_t scratch, const c10::Device& d)
+      : model(m), cache(c), scratch_slot(scratch), device(d), pool(at::cuda::graph_pool_handle()) {}
+  GPTModel& model;
+  KvCache& cache;
+  int64_t scratch_slot;
+  c10::Device device;
+  at::cuda::MempoolId_t pool;  // shared: the graphs never run at once
+  std::vector<std::pair<int64_t, std::unique_ptr<Graph>>> graphs;  // by batch size
+
+  Graph& capture(int64_t batch);
+};
+
+Graph& DecodeGraphs::State::capture(int64_t batch) {
+  auto g = std::make_unique<Graph>();
+  g->step = KvCacheStep::fixed_decode(cache, batch, scratch_slot, device);  // every row on the scratch slot
+  g->tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
+  // Capture needs a stream other than the default one; replays run on the caller's stream. The
+  // eager run first makes what capture must not (cuBLAS's workspace for the stream, RoPE tables
+  // of the cache's length); it writes the scratch slot's first row only.
+  c10::cuda::device_synchronize();
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    model.forward_cached(g->tokens, *g->step);
+    side.synchronize();
+    g->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    try {
+      g->logits = model.forward_cached(g->tokens, *g->step)[0];  // [b, V/tp]
+      g->graph.capture_end();
+    } catch (const std::exception& e) {
+      try {
+        g->graph.capture_end();  // leaves the stream usable; the capture is invalid anyway
+      } catch (...) {
+      }
+      throw std::runtime_error(std::string("capturing a decode step of ") + std::to_string(batch) +
+                               " sequences as a CUDA graph failed (run with --enforce-eager to decode eagerly): " + e.what());
+    }
+    side.synchronize();
+  }
+  graphs.emplace_back(batch, std::move(g));
+  return *graphs.back().second;
+}
+
+DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot, const c10::Device& device) {
+  const std::string why = decode_graphs_unsupported(model, device);
+  if (!why.empty()) throw UserError("CUDA graphs for decoding: " + why + "; run with --enforce-eager");
+  TORCH_CHECK(scratch_slot >= 0 && scratch_slot < cache.slots() && cache.slots() >= 2, "DecodeGraphs: scratch slot ", scratch_slot,
+              " of ", cache.slots());
+  state_ = std::make_unique<State>(model, cache, scratch_slot, device);
+}
+
+DecodeGraphs::~DecodeGraphs() = default;
+
+size_t DecodeGraphs::captured() const { return state_->graphs.size(); }
+
+at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(slots.size()), most = state_->cache.slots() - 1;  // all but the scratch slot
+  TORCH_CHECK(n >= 1 && n <= most && tokens.size() == slots.size(), "DecodeGraphs::run: ", n, " sequences, ", tokens.size(),
+              " tokens, ", most, " slots");
+  int64_t batch = 1;
+  while (batch < n) batch *= 2;
+  batch = std::min(batch, most);
+  Graph* g = nullptr;
+  for (auto& [b, graph] : state_->graphs) {
+    if (b == batch) g = graph.get();
+  }
+  if (g == nullptr) g = &state_->capture(batch);
+  std::vector<int64_t> padded = tokens;
+  padded.resize(static_cast<size_t>(batch), 0);
+  g->tokens.copy_(at::tensor(padded, at::kLong).view({batch, 1}));
+  g->step->assign(slots);
+  g->graph.replay();
+  g->step->commit();
+  return g->logits.narrow(0, 0, n);
+}
+
+#else  // a build without CUDA
+
+struct DecodeGraphs::State {};
+
+DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache&, int64_t, const c10::Device& device) {
+  throw UserError("CUDA graphs for decoding: " + decode_graphs_unsupported(model, device) + "; run with --enforce-eager");
+}
+DecodeGraphs::~DecodeGraphs() = default;
+size_t DecodeGraphs::captured() const { return 0; }
+at::Tensor DecodeGraphs::run(const std::vector<int64_t>&, const std::vector<int64_t>&) { return {}; }
+
+#endif
+
+}  // namespace megatron

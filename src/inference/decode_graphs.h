@@ -1,0 +1,55 @@
+// Decode steps (one new token for each running sequence) replayed from CUDA graphs. At batch 1 a
+// step's few hundred kernels take longer to launch than to run (measured on the 1.1B shape: 624
+// launches, 10.6 ms a step, 1.4 ms of it kernels); a graph replay launches them all at once.
+//
+// One graph per batch size of 1, 2, 4, ... up to the engine's slots, captured at its first use:
+// a step of b sequences replays the smallest that holds b, its other rows decoding the cache's
+// scratch slot. What makes a step replayable: fixed shapes (the graph's batch; attention reads up
+// to the cache's capacity, the real lengths on the device: KvCacheStep::fixed_decode), inputs
+// copied into tensors that keep their addresses, and nothing in the step waiting for the host.
+// Where a model's step cannot be captured (a mixture of experts counts its tokens per expert on
+// the host; attention that gathers the cache), decode_graphs_unsupported() says why and the
+// engine runs its steps eagerly.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
+
+namespace megatron {
+
+class GPTModel;
+class KvCache;
+
+// Why the model's decode steps cannot be replayed from CUDA graphs on `device`; empty when they can.
+std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& device);
+
+class DecodeGraphs {
+ public:
+  // `scratch_slot`: a slot of `cache` that no sequence holds. Throws UserError unless this is a
+  // CUDA build and decode_graphs_unsupported() is empty.
+  DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot, const c10::Device& device);
+  ~DecodeGraphs();
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  // One decode step: sequence i (in `slots`, distinct, at most the cache's slots but the scratch)
+  // takes `tokens[i]` as its next token. Returns the logits [b, V/tp] on the device (the graph's
+  // tensor: read it before the next run); the cache holds the new tokens from now on.
+  at::Tensor run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens);
+  // Graphs captured so far (a batch size each).
+  size_t captured() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace megatron

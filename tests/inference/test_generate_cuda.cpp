@@ -1,0 +1,154 @@
+// Generation on the GPU (run by scripts/gpu/run.sh; without a CUDA device these tests report a
+// skip, never a pass). In bf16 on CUDA, attention reads the key/value cache where it lies (flash
+// attention's variable-length kernel, SdpaAttention::forward_over_cache): every cached step's
+// logits against a full forward of the same model over the whole sequence, with sequences of
+// different lengths in slots given out of order and a step of several new tokens. And decode
+// steps replayed from CUDA graphs against the same steps run eagerly.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "inference/engine.h"
+#include "inference/generation_model.h"
+#include "model/core_attention.h"
+#include "model/gpt_model.h"
+#include "model/kv_cache.h"
+#include "support/hf_fixtures.h"
+#include "support/test_support.h"
+
+namespace megatron {
+namespace {
+
+using Ids = std::vector<int64_t>;
+
+Ids prompt_of(int64_t length, int64_t start, int64_t vocab) {
+  Ids p;
+  for (int64_t i = 0; i < length; ++i) p.push_back((start + 37 * i) % vocab);
+  return p;
+}
+
+// Rounding alone (fp16, a few layers) stays well below this; a sequence that sees one wrong key
+// goes well above it (checked below on the fixture itself).
+constexpr double kTolerance = 5e-3;
+
+// max |a - b| over the last position's logits, relative to the largest logit.
+double relative_gap(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.to(at::kFloat), y = b.to(at::kFloat);
+  return (x - y).abs().max().item<double>() / y.abs().max().item<double>();
+}
+
+class GenerationCuda : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForward) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::NoGradGuard no_grad;
+  test::TempDir dir;
+  test::make_hf_model(dir.path(), GetParam());
+  const at::Device gpu(at::kCUDA, 0);
+  GenerationModel g = load_hf_for_generation(dir.path(), "", gpu, /*need_tokenizer=*/false);
+  GPTModel& model = *g.model;
+  model.to(gpu, at::kHalf);  // fp16 (flash attention's other dtype): 3 more mantissa bits than bf16, a tighter check
+  model.eval();
+  {
+    const int64_t d = 24;  // what the check looks at: the device, the dtype, the head dims
+    const at::Tensor q = at::zeros({1, 1, 2, d}, at::TensorOptions().device(gpu).dtype(at::kHalf));
+    ASSERT_TRUE(flash_attention_reads_cache(q, q)) << "an sm80+ GPU in fp16: the in-place path must be the one tested";
+    EXPECT_TRUE(flash_attention_reads_cache(q.to(at::kBFloat16), q.to(at::kBFloat16)));
+    EXPECT_FALSE(flash_attention_reads_cache(q.to(at::kFloat), q.to(at::kFloat))) << "fp32 gathers";
+  }
+
+  // Slots 2 and 0 of 3 (given out of order), prompts of 9 and 4 tokens; then slot 2 takes a
+  // three-token chunk after its prompt (a step of several new tokens over a cache that holds
+  // some), then both decode together for six steps.
+  const int64_t capacity = 48;
+  KvCache in_place(static_cast<int64_t>(model.layers.size()), 3, capacity);
+  std::vector<int64_t> slots = {2, 0};
+  std::vector<Ids> sequences = {prompt_of(9, 5, g.vocab_size), prompt_of(4, 11, g.vocab_size)};
+  Ids next(2);
+  auto full_last = [&](const Ids& sequence) {
+    return model.forward(at::tensor(sequence, at::kLong).view({1, -1}).to(gpu))[-1][0];  // [V]
+  };
+  for (size_t j = 0; j < 2; ++j) {
+    KvCacheStep prefill(in_place, {slots[j]}, static_cast<int64_t>(sequences[j].size()), gpu);
+    const at::Tensor logits = model.forward_cached(at::tensor(sequences[j], at::kLong).view({1, -1}).to(gpu), prefill)[0][0];
+    prefill.commit();
+    EXPECT_LE(relative_gap(logits, full_last(sequences[j])), kTolerance) << GetParam() << ": prefill of sequence " << j;
+    next[j] = logits.narrow(0, 0, g.vocab_size).argmax().item<int64_t>();
+  }
+  {
+    const Ids chunk = {next[0], 3, 7};
+    KvCacheStep step(in_place, {slots[0]}, 3, gpu);
+    const at::Tensor logits =
+        model.forward_cached(at::tensor(chunk, at::kLong).view({1, -1}).to(gpu), step, /*last_position_only=*/false).select(1, 0);  // [3, V]
+    step.commit();
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      sequences[0].push_back(chunk[i]);
+      EXPECT_LE(relative_gap(logits[int64_t(i)], full_last(sequences[0])), kTolerance) << GetParam() << ": chunk position " << i;
+    }
+    next[0] = logits[-1].narrow(0, 0, g.vocab_size).argmax().item<int64_t>();
+  }
+  for (int step = 0; step < 6; ++step) {
+    KvCacheStep decode(in_place, slots, 1, gpu);
+    const at::Tensor logits = model.forward_cached(at::tensor(next, at::kLong).view({2, 1}).to(gpu), decode)[0];  // [2, V]
+    decode.commit();
+    for (size_t j = 0; j < 2; ++j) {
+      sequences[j].push_back(next[j]);
+      const at::Tensor want = full_last(sequences[j]);
+      if (step == 0) {
+        // The check can tell: the same sequence with its first token changed lands far outside it.
+        Ids altered = sequences[j];
+        altered[0] = (altered[0] + 1) % g.vocab_size;
+        ASSERT_GT(relative_gap(full_last(altered), want), 4 * kTolerance) << GetParam() << ": the fixture cannot tell a wrong key";
+      }
+      EXPECT_LE(relative_gap(logits[int64_t(j)], want), kTolerance) << GetParam() << ": sequence " << j << ", step " << step;
+      next[j] = logits[int64_t(j)].narrow(0, 0, g.vocab_size).argmax().item<int64_t>();
+    }
+  }
+  EXPECT_EQ(in_place.length(2), 9 + 3 + 6);
+  EXPECT_EQ(in_place.length(0), 4 + 6);
+}
+
+// Decode steps replayed from CUDA graphs against the same steps run eagerly: five prompts through
+// three slots (graphs of 1, 2 and 3 sequences, sequences joining as others finish), greedy, each
+// token's log-probability reported. The tokens are equal and the log-probabilities within rounding.
+TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::NoGradGuard no_grad;
+  test::TempDir dir;
+  test::make_hf_model(dir.path(), GetParam());
+  const at::Device gpu(at::kCUDA, 0);
+  GenerationModel g = load_hf_for_generation(dir.path(), "", gpu, /*need_tokenizer=*/false);
+  g.model->to(gpu, at::kBFloat16);
+  auto run = [&](bool graphs) {
+    EngineOptions options;
+    options.max_batch = 3;
+    options.vocab_size = g.vocab_size;
+    options.cuda_graphs = graphs;
+    Engine engine(*g.model, options);
+    EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager (--enforce-eager)");
+    std::vector<GenerationRequest> requests;
+    for (int64_t i = 0; i < 5; ++i) {
+      GenerationRequest r;
+      r.prompt = prompt_of(3 + 2 * i, 7 * i + 1, g.vocab_size);
+      r.max_new_tokens = 4 + 3 * i;  // finishing at different steps: the batch shrinks and refills
+      r.sampling.greedy = true;
+      r.logprobs = 0;
+      requests.push_back(r);
+    }
+    return engine.generate(requests);
+  };
+  const std::vector<GenerationResult> eager = run(false), replayed = run(true);
+  ASSERT_EQ(eager.size(), replayed.size());
+  for (size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_EQ(replayed[i].tokens, eager[i].tokens) << GetParam() << ": request " << i;
+    ASSERT_EQ(replayed[i].logprobs.size(), eager[i].logprobs.size());
+    for (size_t t = 0; t < eager[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(replayed[i].logprobs[t].logprob, eager[i].logprobs[t].logprob, 0.02) << GetParam() << ": request " << i << ", token " << t;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GenerationCuda, ::testing::Values("llama3", "qwen3"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace megatron
