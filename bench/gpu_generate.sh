@@ -31,8 +31,12 @@ if [ "${GENERATE_PROFILE:-0}" = 1 ]; then
 fi
 echo "megatron.cpp batch 1: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
   --max-new-tokens 256 --prompt "$text" 2>&1 >/dev/null | grep '^> prefill')"
+echo "megatron.cpp batch 1, --enforce-eager: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+  --max-new-tokens 256 --enforce-eager --prompt "$text" 2>&1 >/dev/null | grep '^> prefill')"
 prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
 echo "megatron.cpp batch 64: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
   --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
+echo "megatron.cpp batch 64, --enforce-eager: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+  --max-new-tokens 128 --inference-max-batch-size 64 --enforce-eager "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
 "$py" bench/hf_generate_baseline.py "$out/model" "$text" 2>&1 | grep -E "baseline|Error"
 "$py" bench/hf_generate_baseline.py "$out/model" "$text" --compile 2>&1 | grep -E "baseline|Error"
