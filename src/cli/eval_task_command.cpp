@@ -118,7 +118,7 @@ int eval_task(const Args& args) {
 
   const GenerationModel g = load_inference_model(model_flags);
   EngineOptions options;
-  options.cuda_graphs = !model_flags.enforce_eager;
+  options.cuda_graphs = decode_cuda_graphs(model_flags);
   options.max_batch = max_batch;
   options.vocab_size = g.vocab_size;
   const Tokenizer& tokenizer = *g.tokenizer;

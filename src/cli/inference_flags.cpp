@@ -20,7 +20,8 @@ const char* kInferenceModelFlagsHelp =
     "  --device auto|cpu|cuda       where to run (default auto)\n"
     "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n"
     "  --bf16                       run in bf16 (default fp32)\n"
-    "  --enforce-eager              on a GPU, run decode steps eagerly instead of replaying them from CUDA graphs\n";
+    "  --cuda-graph-impl none|local on a GPU, local: replay decode steps from CUDA graphs, attention reading the\n"
+    "                               KV cache in place (default none; --enable-cuda-graph: local)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -32,8 +33,12 @@ double number_flag(const std::string& flag, const std::string& text) {
 }
 
 bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags) {
-  if (args[i] == "--bf16" || args[i] == "--enforce-eager") {
-    (args[i] == "--bf16" ? flags.bf16 : flags.enforce_eager) = true;
+  if (args[i] == "--bf16") {
+    flags.bf16 = true;
+    return true;
+  }
+  if (args[i] == "--enable-cuda-graph") {
+    flags.cuda_graph_impl = "local";
     return true;
   }
   std::string* target = args[i] == "--load"              ? &flags.load
@@ -41,6 +46,7 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
                         : args[i] == "--tokenizer-model" ? &flags.tokenizer_model
                         : args[i] == "--device"          ? &flags.device
                         : args[i] == "--cpu-threads"     ? &flags.cpu_threads
+                        : args[i] == "--cuda-graph-impl" ? &flags.cuda_graph_impl
                                                          : nullptr;
   if (target == nullptr) return false;
   if (i + 1 >= args.size()) throw UserError(args[i] + ": expects a value");
@@ -48,7 +54,15 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
   return true;
 }
 
+bool decode_cuda_graphs(const InferenceModelFlags& flags) {
+  if (flags.cuda_graph_impl != "none" && flags.cuda_graph_impl != "local") {
+    throw UserError("--cuda-graph-impl: expected none or local, got " + flags.cuda_graph_impl);
+  }
+  return flags.cuda_graph_impl == "local";
+}
+
 GenerationModel load_inference_model(const InferenceModelFlags& flags) {
+  decode_cuda_graphs(flags);  // a bad value is refused before the model loads
   if (flags.load.empty() == flags.load_hf.empty()) {
     throw UserError("need one of --load DIR (a checkpoint directory) and --load-hf DIR (a Hugging Face model)");
   }

@@ -16,8 +16,11 @@ struct InferenceModelFlags {
   std::string device = "auto";  // --device auto|cpu|cuda
   std::string cpu_threads;      // --cpu-threads N ("": one per core)
   bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
-  bool enforce_eager = false;   // --enforce-eager: no CUDA graphs for decode steps (EngineOptions::cuda_graphs)
+  std::string cuda_graph_impl = "none";  // --cuda-graph-impl none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
 };
+
+// --cuda-graph-impl local: decode steps replayed from CUDA graphs; UserError for a value but none and local.
+bool decode_cuda_graphs(const InferenceModelFlags& flags);
 
 // The help lines of these flags.
 extern const char* kInferenceModelFlagsHelp;

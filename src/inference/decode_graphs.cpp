@@ -22,10 +22,10 @@
 namespace megatron {
 
 std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& device) {
+  if (!device.is_cuda()) return "the model runs on " + device.str();
 #ifndef MEGATRON_WITH_CUDA_KERNELS
   return "this build has no CUDA support";
 #endif
-  if (!device.is_cuda()) return "the model runs on " + device.str();
   const ModelConfig& c = model.config();
   if (c.num_experts > 0) return "a mixture of experts counts its tokens per expert on the host";
   if (c.multi_latent_attention) return "multi-latent attention gathers its cache";
@@ -87,8 +87,7 @@ Graph& DecodeGraphs::State::capture(int64_t batch) {
         g->graph.capture_end();  // leaves the stream usable; the capture is invalid anyway
       } catch (...) {
       }
-      throw std::runtime_error(std::string("capturing a decode step of ") + std::to_string(batch) +
-                               " sequences as a CUDA graph failed (run with --enforce-eager to decode eagerly): " + e.what());
+      throw std::runtime_error(std::string("capturing a decode step of ") + std::to_string(batch) + " sequences failed: " + e.what());
     }
     side.synchronize();
   }
@@ -98,7 +97,7 @@ Graph& DecodeGraphs::State::capture(int64_t batch) {
 
 DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot, const c10::Device& device) {
   const std::string why = decode_graphs_unsupported(model, device);
-  if (!why.empty()) throw UserError("CUDA graphs for decoding: " + why + "; run with --enforce-eager");
+  if (!why.empty()) throw UserError("CUDA graphs for decoding: " + why + "; run without --cuda-graph-impl local");
   TORCH_CHECK(scratch_slot >= 0 && scratch_slot < cache.slots() && cache.slots() >= 2, "DecodeGraphs: scratch slot ", scratch_slot,
               " of ", cache.slots());
   state_ = std::make_unique<State>(model, cache, scratch_slot, device);
@@ -119,7 +118,14 @@ at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vecto
   for (auto& [b, graph] : state_->graphs) {
     if (b == batch) g = graph.get();
   }
-  if (g == nullptr) g = &state_->capture(batch);
+  if (g == nullptr) {
+    try {
+      g = &state_->capture(batch);
+    } catch (const std::exception& e) {
+      failure_ = e.what();  // nothing was written but the scratch slot: the caller runs the step eagerly
+      return {};
+    }
+  }
   std::vector<int64_t> padded = tokens;
   padded.resize(static_cast<size_t>(batch), 0);
   g->tokens.copy_(at::tensor(padded, at::kLong).view({batch, 1}));
@@ -134,7 +140,7 @@ at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vecto
 struct DecodeGraphs::State {};
 
 DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache&, int64_t, const c10::Device& device) {
-  throw UserError("CUDA graphs for decoding: " + decode_graphs_unsupported(model, device) + "; run with --enforce-eager");
+  throw UserError("CUDA graphs for decoding: " + decode_graphs_unsupported(model, device) + "; run without --cuda-graph-impl local");
 }
 DecodeGraphs::~DecodeGraphs() = default;
 size_t DecodeGraphs::captured() const { return 0; }

@@ -9,7 +9,8 @@
 // copied into tensors that keep their addresses, and nothing in the step waiting for the host.
 // Where a model's step cannot be captured (a mixture of experts counts its tokens per expert on
 // the host; attention that gathers the cache), decode_graphs_unsupported() says why and the
-// engine runs its steps eagerly.
+// engine runs its steps eagerly; so it does, with a warning, when a capture fails.
+// Off by default (EngineOptions::cuda_graphs, --cuda-graph-impl local) until a GPU run has measured it.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -42,14 +43,17 @@ class DecodeGraphs {
 
   // One decode step: sequence i (in `slots`, distinct, at most the cache's slots but the scratch)
   // takes `tokens[i]` as its next token. Returns the logits [b, V/tp] on the device (the graph's
-  // tensor: read it before the next run); the cache holds the new tokens from now on.
+  // tensor: read it before the next run); the cache holds the new tokens from now on. Undefined,
+  // with nothing done, when the step could not be captured: failure() says why.
   at::Tensor run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens);
+  const std::string& failure() const { return failure_; }
   // Graphs captured so far (a batch size each).
   size_t captured() const;
 
  private:
   struct State;
   std::unique_ptr<State> state_;
+  std::string failure_;
 };
 
 }  // namespace megatron

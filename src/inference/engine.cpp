@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 
 #include "core/errors.h"
@@ -50,7 +51,7 @@ namespace {
 constexpr const char* kCudaGraphs = "CUDA graphs";
 
 std::string decode_mode_of(const GPTModel& model, const EngineOptions& options) {
-  if (!options.cuda_graphs) return "eager (--enforce-eager)";
+  if (!options.cuda_graphs) return "eager";
   const std::string why = decode_graphs_unsupported(model, model.word_embeddings.device());
   return why.empty() ? kCudaGraphs : "eager (" + why + ")";
 }
@@ -112,9 +113,18 @@ void Engine::step() {
     }
     at::Tensor logits;  // [b, V]
     if (decode_graphs_) {
-      logits = decode_graphs_->run(slots, last).narrow(1, 0, vocab_);
-    } else {
+      logits = decode_graphs_->run(slots, last);
+      if (logits.defined()) {
+        logits = logits.narrow(1, 0, vocab_);
+      } else {
+        decode_mode_ = "eager (" + decode_graphs_->failure() + ")";
+        std::fprintf(stderr, "warning: decode steps run eagerly from now on: %s\n", decode_graphs_->failure().c_str());
+        decode_graphs_.reset();
+      }
+    }
+    if (!logits.defined()) {
       KvCacheStep decode(cache_, slots, 1, device);
+      if (options_.cuda_graphs) decode.allow_reading_in_place();
       const at::Tensor tokens = at::tensor(last, at::kLong).view({-1, 1}).to(device);  // [b, 1]
       logits = model_.forward_cached(tokens, decode)[0].narrow(1, 0, vocab_);
       decode.commit();
@@ -155,6 +165,7 @@ void Engine::prefill(Sequence& sequence) {
   const GenerationRequest& r = sequence.request;
   const int64_t s = static_cast<int64_t>(r.prompt.size());
   KvCacheStep step(cache_, {sequence.slot}, s, device);
+  if (options_.cuda_graphs) step.allow_reading_in_place();
   const at::Tensor tokens = at::tensor(r.prompt, at::kLong).view({1, -1}).to(device);  // [1, s]
   // Every position's logits when the prompt's own log-probabilities are asked for, else the last's.
   const at::Tensor logits = model_.forward_cached(tokens, step, !r.prompt_logprobs).select(1, 0).narrow(-1, 0, vocab_);  // [s or 1, V]

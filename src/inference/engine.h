@@ -78,9 +78,10 @@ struct EngineOptions {
   int64_t max_length = 0;  // tokens one sequence may hold, prompt included; 0: the model's maximum length
   int64_t vocab_size = 0;  // candidate ids: [0, vocab_size) (the rest is Megatron's vocabulary padding); 0: all
   std::function<std::string(const std::vector<int64_t>&)> detokenize;  // for stop strings and result text
-  // Decode steps replayed from CUDA graphs where the model and device allow (decode_graphs.h);
-  // false: every step runs eagerly (--enforce-eager).
-  bool cuda_graphs = true;
+  // On a GPU: decode steps replayed from CUDA graphs where the model allows (decode_graphs.h), and
+  // attention reading the key/value cache in place (SdpaAttention::forward_over_cache) in every
+  // step. Off by default until measured on a GPU (--cuda-graph-impl local).
+  bool cuda_graphs = false;
 };
 
 class Engine {

@@ -28,7 +28,7 @@ bool flash_attention_reads_cache(const at::Tensor& q, const at::Tensor& v) {
 
 at::Tensor SdpaAttention::forward_over_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const LayerKvCache& cache) const {
-  if (!flash_attention_reads_cache(q, v)) return {};
+  if (!cache.step->reads_in_place() || !flash_attention_reads_cache(q, v)) return {};
   const int64_t s = q.size(0), b = q.size(1), heads = q.size(2), d = q.size(3);
   const at::Tensor k_store = cache.write(0, k).flatten(0, 1);  // [slots * capacity, G/tp, d]
   const at::Tensor v_store = cache.write(1, v).flatten(0, 1);

@@ -64,7 +64,7 @@ std::unique_ptr<KvCacheStep> KvCacheStep::fixed_decode(KvCache& cache, int64_t b
 
 KvCacheStep::KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device)
     : cache_(cache), slots_(static_cast<size_t>(batch), scratch_slot), new_tokens_(1), longest_(cache.capacity()),
-      scratch_slot_(scratch_slot) {
+      scratch_slot_(scratch_slot), in_place_(true) {
   TORCH_CHECK(batch >= 1 && scratch_slot >= 0 && scratch_slot < cache.slots(), "KvCacheStep::fixed_decode: batch ", batch,
               ", scratch slot ", scratch_slot, " of ", cache.slots());
   const int64_t b = batch;

@@ -71,6 +71,10 @@ class KvCacheStep {
   void assign(const std::vector<int64_t>& slots);
 
   LayerKvCache layer(int64_t index) { return {this, index}; }
+  // Attention may read this step's cache in place (CoreAttention::forward_over_cache) rather than
+  // gathering it: the engine's choice (EngineOptions::cuda_graphs); always so for a fixed step.
+  void allow_reading_in_place() { in_place_ = true; }
+  bool reads_in_place() const { return in_place_; }
   int64_t batch() const { return static_cast<int64_t>(slots_.size()); }
   int64_t new_tokens() const { return new_tokens_; }
   // [b, s] int64: the positions of the new tokens (the rows of RoPE they take).
@@ -104,6 +108,7 @@ class KvCacheStep {
   int64_t longest_ = 0;
   int64_t scratch_slot_ = -1;   // >= 0: a fixed decode step
   bool committed_ = false;
+  bool in_place_ = false;
   at::Tensor fixed_longs_, fixed_ints_;  // a fixed step's device buffers, views of which are below
   at::Tensor slot_ids_;      // [b] int64 on the device
   at::Tensor row_slots_;     // [b s]: the slot of each new row

@@ -203,11 +203,16 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   ASSERT_EQ(gen.status, 0) << gen.output;
   EXPECT_NE(gen.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << gen.output;
   // bf16, past EOS, with the engine's steps 10 and 11 profiled: the timing line and the table.
+  // CUDA graphs asked for on the CPU: the steps run eagerly and the line says why.
   auto profiled = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--bf16",
                                       "--ignore-eos", "--max-new-tokens", "14", "--profile", "--tensorboard-dir", dir.path(),
-                                      "--device", "cpu"});
+                                      "--device", "cpu", "--cuda-graph-impl", "local"});
   ASSERT_EQ(profiled.status, 0) << profiled.output;
   EXPECT_NE(profiled.output.find("decode: 13 steps, 13 tokens in"), std::string::npos) << profiled.output;
+  EXPECT_NE(profiled.output.find("tokens/s; eager (the model runs on cpu))"), std::string::npos) << profiled.output;
+  auto bad_graphs = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "1", "--cuda-graph-impl", "full"});
+  EXPECT_EQ(bad_graphs.status, 2);
+  EXPECT_NE(bad_graphs.output.find("--cuda-graph-impl: expected none or local, got full"), std::string::npos) << bad_graphs.output;
   EXPECT_NE(profiled.output.find("> profile of iterations 10-11"), std::string::npos) << profiled.output;
   auto bad = test::run_megatron({"generate", "--load", dir / "nothing-here", "--prompt", "1"});
   EXPECT_EQ(bad.status, 2);

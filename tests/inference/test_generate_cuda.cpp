@@ -1,9 +1,9 @@
 // Generation on the GPU (run by scripts/gpu/run.sh; without a CUDA device these tests report a
-// skip, never a pass). In bf16 on CUDA, attention reads the key/value cache where it lies (flash
-// attention's variable-length kernel, SdpaAttention::forward_over_cache): every cached step's
-// logits against a full forward of the same model over the whole sequence, with sequences of
-// different lengths in slots given out of order and a step of several new tokens. And decode
-// steps replayed from CUDA graphs against the same steps run eagerly.
+// skip, never a pass). With attention reading the key/value cache where it lies (flash
+// attention's variable-length kernel, SdpaAttention::forward_over_cache), every cached step's
+// logits against a full forward of the same model over the whole sequence and against the
+// gathered cache, with sequences of different lengths in slots given out of order and a step of
+// several new tokens; and the engine's decode steps replayed from CUDA graphs against eager steps.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -38,7 +38,7 @@ double relative_gap(const at::Tensor& a, const at::Tensor& b) {
 
 class GenerationCuda : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForward) {
+TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForwardAndTheGatheredCache) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::NoGradGuard no_grad;
   test::TempDir dir;
@@ -58,53 +58,62 @@ TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForward) {
 
   // Slots 2 and 0 of 3 (given out of order), prompts of 9 and 4 tokens; then slot 2 takes a
   // three-token chunk after its prompt (a step of several new tokens over a cache that holds
-  // some), then both decode together for six steps.
-  const int64_t capacity = 48;
-  KvCache in_place(static_cast<int64_t>(model.layers.size()), 3, capacity);
-  std::vector<int64_t> slots = {2, 0};
-  std::vector<Ids> sequences = {prompt_of(9, 5, g.vocab_size), prompt_of(4, 11, g.vocab_size)};
-  Ids next(2);
-  auto full_last = [&](const Ids& sequence) {
-    return model.forward(at::tensor(sequence, at::kLong).view({1, -1}).to(gpu))[-1][0];  // [V]
-  };
-  for (size_t j = 0; j < 2; ++j) {
-    KvCacheStep prefill(in_place, {slots[j]}, static_cast<int64_t>(sequences[j].size()), gpu);
-    const at::Tensor logits = model.forward_cached(at::tensor(sequences[j], at::kLong).view({1, -1}).to(gpu), prefill)[0][0];
-    prefill.commit();
-    EXPECT_LE(relative_gap(logits, full_last(sequences[j])), kTolerance) << GetParam() << ": prefill of sequence " << j;
-    next[j] = logits.narrow(0, 0, g.vocab_size).argmax().item<int64_t>();
-  }
-  {
-    const Ids chunk = {next[0], 3, 7};
-    KvCacheStep step(in_place, {slots[0]}, 3, gpu);
-    const at::Tensor logits =
-        model.forward_cached(at::tensor(chunk, at::kLong).view({1, -1}).to(gpu), step, /*last_position_only=*/false).select(1, 0);  // [3, V]
-    step.commit();
+  // some); then both decode together for six steps. The tokens are fixed (not chosen from the
+  // logits), so both runs see the same sequences. Returns each checked position's logits [V] and
+  // the whole sequence up to it.
+  const std::vector<int64_t> slots = {2, 0};
+  auto run = [&](bool in_place) {
+    KvCache cache(static_cast<int64_t>(model.layers.size()), 3, 48);
+    std::vector<Ids> sequences = {prompt_of(9, 5, g.vocab_size), prompt_of(4, 11, g.vocab_size)};
+    std::vector<std::pair<at::Tensor, Ids>> checked;
+    auto forward = [&](std::vector<int64_t> step_slots, const std::vector<Ids>& tokens) {
+      const int64_t s = static_cast<int64_t>(tokens[0].size());
+      KvCacheStep step(cache, std::move(step_slots), s, gpu);
+      if (in_place) step.allow_reading_in_place();
+      Ids flat;
+      for (const Ids& t : tokens) flat.insert(flat.end(), t.begin(), t.end());
+      const at::Tensor tokens_tensor = at::tensor(flat, at::kLong).view({static_cast<int64_t>(tokens.size()), s}).to(gpu);
+      const at::Tensor logits = model.forward_cached(tokens_tensor, step, /*last_position_only=*/false);  // [s, b, V]
+      step.commit();
+      return logits;
+    };
+    for (size_t j = 0; j < 2; ++j) {
+      const at::Tensor logits = forward({slots[j]}, {sequences[j]});
+      checked.emplace_back(logits[-1][0], sequences[j]);
+    }
+    const Ids chunk = {17, 3, 7};
+    const at::Tensor chunk_logits = forward({slots[0]}, {chunk});  // [3, 1, V]
     for (size_t i = 0; i < chunk.size(); ++i) {
       sequences[0].push_back(chunk[i]);
-      EXPECT_LE(relative_gap(logits[int64_t(i)], full_last(sequences[0])), kTolerance) << GetParam() << ": chunk position " << i;
+      checked.emplace_back(chunk_logits[int64_t(i)][0], sequences[0]);
     }
-    next[0] = logits[-1].narrow(0, 0, g.vocab_size).argmax().item<int64_t>();
-  }
-  for (int step = 0; step < 6; ++step) {
-    KvCacheStep decode(in_place, slots, 1, gpu);
-    const at::Tensor logits = model.forward_cached(at::tensor(next, at::kLong).view({2, 1}).to(gpu), decode)[0];  // [2, V]
-    decode.commit();
-    for (size_t j = 0; j < 2; ++j) {
-      sequences[j].push_back(next[j]);
-      const at::Tensor want = full_last(sequences[j]);
-      if (step == 0) {
-        // The check can tell: the same sequence with its first token changed lands far outside it.
-        Ids altered = sequences[j];
-        altered[0] = (altered[0] + 1) % g.vocab_size;
-        ASSERT_GT(relative_gap(full_last(altered), want), 4 * kTolerance) << GetParam() << ": the fixture cannot tell a wrong key";
+    for (int step = 0; step < 6; ++step) {
+      const std::vector<Ids> next = {{(13 * step + 2) % g.vocab_size}, {(29 * step + 5) % g.vocab_size}};
+      const at::Tensor logits = forward(slots, next);  // [1, 2, V]
+      for (size_t j = 0; j < 2; ++j) {
+        sequences[j].push_back(next[j][0]);
+        checked.emplace_back(logits[0][int64_t(j)], sequences[j]);
       }
-      EXPECT_LE(relative_gap(logits[int64_t(j)], want), kTolerance) << GetParam() << ": sequence " << j << ", step " << step;
-      next[j] = logits[int64_t(j)].narrow(0, 0, g.vocab_size).argmax().item<int64_t>();
+    }
+    EXPECT_EQ(cache.length(2), 9 + 3 + 6);
+    EXPECT_EQ(cache.length(0), 4 + 6);
+    return checked;
+  };
+  const auto in_place = run(true), gathered = run(false);
+  ASSERT_EQ(in_place.size(), gathered.size());
+  for (size_t i = 0; i < in_place.size(); ++i) {
+    const Ids& sequence = in_place[i].second;
+    const at::Tensor want = model.forward(at::tensor(sequence, at::kLong).view({1, -1}).to(gpu))[-1][0];  // [V]
+    EXPECT_LE(relative_gap(in_place[i].first, want), kTolerance) << GetParam() << ": position " << i << " against a full forward";
+    EXPECT_LE(relative_gap(in_place[i].first, gathered[i].first), kTolerance) << GetParam() << ": position " << i << " against the gathered cache";
+    if (i == 0) {
+      // The check can tell: the same sequence with its first token changed lands far outside it.
+      Ids altered = sequence;
+      altered[0] = (altered[0] + 1) % g.vocab_size;
+      const at::Tensor other = model.forward(at::tensor(altered, at::kLong).view({1, -1}).to(gpu))[-1][0];
+      ASSERT_GT(relative_gap(other, want), 4 * kTolerance) << GetParam() << ": the fixture cannot tell a wrong key";
     }
   }
-  EXPECT_EQ(in_place.length(2), 9 + 3 + 6);
-  EXPECT_EQ(in_place.length(0), 4 + 6);
 }
 
 // Decode steps replayed from CUDA graphs against the same steps run eagerly: five prompts through
@@ -124,7 +133,7 @@ TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
     options.vocab_size = g.vocab_size;
     options.cuda_graphs = graphs;
     Engine engine(*g.model, options);
-    EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager (--enforce-eager)");
+    EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager");
     std::vector<GenerationRequest> requests;
     for (int64_t i = 0; i < 5; ++i) {
       GenerationRequest r;
