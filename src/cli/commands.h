@@ -27,7 +27,8 @@ int convert(const Args& args);
 int preprocess(const Args& args);
 int version(const Args& args);
 int launch(const Args& args);
-// Around a program's subcommand (report_errors.cpp): stdout line-buffered and a heartbeat
+// Around a program's subcommand (report_errors.cpp): SIGPIPE ignored (a peer gone is an error to
+// report, not a signal to die of), stdout line-buffered and a heartbeat
 // (distributed/heartbeat.h) when `megatron launch` started this process, and run() with user
 // errors printed as "error: ..." (exit status 2), a failed collective with a peer as "error: ..."
 // (1), and internal ones as "internal error: ..." (1).

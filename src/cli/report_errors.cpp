@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <gloo/common/error.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,6 +14,12 @@
 namespace megatron::cli {
 
 void set_up_under_launch() {
+  // Gloo writes to its peers' sockets with writev, which raises SIGPIPE once a peer has gone: a
+  // rank sending when its peer was killed died of the signal instead of reporting the failed
+  // collective and the peer's address (a CI run of TwoNodes missed that report; it depends on
+  // whether the rank is sending or receiving at the time). Ignored, the write fails with EPIPE,
+  // which Gloo throws as an IoException, reported below.
+  std::signal(SIGPIPE, SIG_IGN);
   // Under `megatron launch` stdout is a pipe, which stdio would block-buffer: lines would
   // arrive late and be lost when a rank is stopped.
   if (std::getenv("MEGATRON_LINE_BUFFERED") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);

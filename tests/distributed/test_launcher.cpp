@@ -412,5 +412,14 @@ TEST(Torchrun, RanksJoinTheAgentsStoreAndTakeItsThreadCount) {
   }
 }
 
+// A megatron program writing to a pipe whose reader has gone gets EPIPE, not SIGPIPE: Gloo writes
+// to its peers' sockets the same way, and a rank sending when a peer was killed died of the
+// signal instead of reporting the failed collective (report_errors.cpp).
+TEST(Launch, ProgramsOutliveAClosedPipe) {
+  const auto r = test::run_command("bash -c '" + test::megatron_binary() +
+                                   " _print-env --lines 200000 | head -1 > /dev/null; echo status=${PIPESTATUS[0]}'");
+  EXPECT_NE(r.output.find("status=0"), std::string::npos) << r.output << "(141: killed by SIGPIPE)";
+}
+
 }  // namespace
 }  // namespace megatron::test
