@@ -61,7 +61,8 @@ nlohmann::json read_checkpoint_state(const std::string& iteration_dir);
 // The model `state` (read_checkpoint_state(iteration_dir)) records, checked field by field
 // (hf_config_check.h): UserError naming state.json when missing, mistyped or impossible.
 ModelConfig saved_model_config(const std::string& iteration_dir, const nlohmann::json& state);
-// The model weights of an iteration directory, shapes checked.
+// The model weights of an iteration directory, shapes checked. A model split over tensor-parallel
+// ranks gets its rank's shards, resharded from the saved layout (each rank reads its own).
 void load_model_weights(const std::string& iteration_dir, GPTModel& model,
                         const dist::ParallelState& ps = dist::ParallelState::single());
 

@@ -91,9 +91,25 @@ ModelConfig saved_model_config(const std::string& dir, const nlohmann::json& sta
 }
 
 void load_model_weights(const std::string& dir, GPTModel& model, const dist::ParallelState& ps) {
-  SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));
-  weights.verify_checksum();
-  load_parameters(weights, chunk_parameters({&model}));
+  const tp::TensorParallel& tensor_parallel = model.tensor_parallel();
+  if (tensor_parallel.size() == 1 && tensor_parallel.expert_group.size() == 1) {
+    SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));
+    weights.verify_checksum();
+    load_parameters(weights, chunk_parameters({&model}));
+    return;
+  }
+  // Split over ranks: this rank's shards, cut from whatever layout the checkpoint was saved in.
+  at::NoGradGuard no_grad;
+  const tp::ParamTable table = chunk_table({&model});
+  ShardedCheckpointReader reader(dir, read_checkpoint_state(dir), table);
+  for (auto& [name, param] : chunk_parameters({&model})) {
+    const dist::Group& split = tensor_parallel.split_group(table.at(name));
+    const at::Tensor value = reader.model(name, model.config().padded_vocab_size, split.rank(), split.size());
+    if (!value.sizes().equals(param.sizes())) {
+      throw UserError(dir + ": parameter '" + name + "' resharded to " + c10::str(value.sizes()) + ", the model expects " + c10::str(param.sizes()));
+    }
+    param.copy_(value);
+  }
 }
 
 namespace {

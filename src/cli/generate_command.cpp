@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "model/gpt_model.h"
 #include "tokenizer/tokenizer.h"
+#include "distributed/world.h"
 #include "train/profiler.h"
 
 namespace megatron::cli {
@@ -101,7 +102,7 @@ int generate(const Args& args) {
     engine_options.max_batch = static_cast<int64_t>(number_flag("--inference-max-batch-size", values["--inference-max-batch-size"]));
     if (engine_options.max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
   }
-  const GenerationModel g = load_inference_model(model_flags);
+  const GenerationModel g = load_inference_model(model_flags, "generate", /*tp_supported=*/true);
   const Tokenizer& tokenizer = *g.tokenizer;
   engine_options.vocab_size = g.vocab_size;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
@@ -120,7 +121,9 @@ int generate(const Args& args) {
   TrainConfig profile_window;
   profile_window.profile = profile;
   if (values.count("--tensorboard-dir")) profile_window.tensorboard_dir = values["--tensorboard-dir"];
-  StepProfiler profiler(profile_window, 0, g.model->word_embeddings.device());
+  StepProfiler profiler(profile_window, g.parallel.rank, g.model->word_embeddings.device());
+  // Under tensor parallelism every rank generates the same text; the first prints it.
+  const bool prints = g.parallel.rank == 0;
   auto run = [&](std::vector<GenerationRequest> all) {
     std::vector<int64_t> ids;
     for (auto& r : all) ids.push_back(engine.submit(std::move(r)));
@@ -133,9 +136,14 @@ int generate(const Args& args) {
     for (int64_t id : ids) results.push_back(*engine.take_result(id));
     return results;
   };
-  std::fprintf(stderr, "> %s: %zu prompt(s), sampling %s\n", g.source.c_str(), prompts.size(),
-               o.greedy || o.temperature == 0 ? "greedily" : "with temperature / top-k / top-p / min-p");
-  if (prompts.size() == 1 && stops.empty()) {
+  if (prints) {
+    std::fprintf(stderr, "> %s: %zu prompt(s), sampling %s%s\n", g.source.c_str(), prompts.size(),
+                 o.greedy || o.temperature == 0 ? "greedily" : "with temperature / top-k / top-p / min-p",
+                 g.parallel.tp.size() > 1 ? (", the model split over " + std::to_string(g.parallel.tp.size()) + " tensor-parallel ranks").c_str() : "");
+  }
+  if (!prints) {
+    run(std::move(requests));
+  } else if (prompts.size() == 1 && stops.empty()) {
     // Stream: decode prompt + continuation each time and print what is new, so that tokenizers
     // that drop a leading space (SentencePiece) and characters split across tokens come out right.
     std::fputs(prompts[0].c_str(), stdout);
@@ -159,6 +167,8 @@ int generate(const Args& args) {
       std::printf("%s%s\n", prompts[i].c_str(), results[i].text.c_str());
     }
   }
+  if (g.world) g.world->shutdown();
+  if (!prints) return 0;
   const EngineStats& t = engine.stats();
   std::fprintf(stderr, "> prefill: %lld tokens in %.1f ms (%.0f tokens/s); decode: %lld steps, %lld tokens in %.1f ms "
                "(%.3f ms a step, %.0f tokens/s; %s)\n", (long long)t.prefill_tokens, 1e3 * t.prefill_seconds,

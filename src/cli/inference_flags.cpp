@@ -3,11 +3,14 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
 
 #include "core/errors.h"
+#include "distributed/launch_env.h"
+#include "distributed/world.h"
 #include "model/gpt_model.h"
 #include "train/rank_resources.h"
 
@@ -20,6 +23,7 @@ const char* kInferenceModelFlagsHelp =
     "  --device auto|cpu|cuda       where to run (default auto)\n"
     "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n"
     "  --bf16                       run in bf16 (default fp32)\n"
+    "  --tensor-model-parallel-size N  split the model over N ranks (run under `megatron launch --nproc-per-node N`)\n"
     "  --cuda-graph-impl none|local on a GPU, local: replay decode steps from CUDA graphs, attention reading the\n"
     "                               KV cache in place (default none; --enable-cuda-graph: local)\n";
 
@@ -47,6 +51,7 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
                         : args[i] == "--device"          ? &flags.device
                         : args[i] == "--cpu-threads"     ? &flags.cpu_threads
                         : args[i] == "--cuda-graph-impl" ? &flags.cuda_graph_impl
+                        : args[i] == "--tensor-model-parallel-size" ? &flags.tensor_parallel
                                                          : nullptr;
   if (target == nullptr) return false;
   if (i + 1 >= args.size()) throw UserError(args[i] + ": expects a value");
@@ -61,8 +66,20 @@ bool decode_cuda_graphs(const InferenceModelFlags& flags) {
   return flags.cuda_graph_impl == "local";
 }
 
-GenerationModel load_inference_model(const InferenceModelFlags& flags) {
+GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command, bool tp_supported) {
   decode_cuda_graphs(flags);  // a bad value is refused before the model loads
+  const double tp = flags.tensor_parallel.empty() ? 1.0 : number_flag("--tensor-model-parallel-size", flags.tensor_parallel);
+  if (tp < 1 || tp != std::floor(tp)) throw UserError("--tensor-model-parallel-size must be a whole number >= 1, got " + flags.tensor_parallel);
+  if (tp > 1 && !tp_supported) {
+    throw UserError(command + ": --tensor-model-parallel-size " + flags.tensor_parallel + " is not supported yet (generate is); run it on one rank");
+  }
+  const dist::LaunchEnv env = dist::launch_env_from_environment();
+  if (env.world_size != static_cast<int>(tp)) {
+    throw UserError(tp > 1 ? "--tensor-model-parallel-size " + flags.tensor_parallel + " needs as many ranks: run `megatron launch --nproc-per-node " +
+                                 flags.tensor_parallel + " " + command + " ...` (this process is one of " + std::to_string(env.world_size) + ")"
+                           : command + " runs on one rank, or splits the model over all " + std::to_string(env.world_size) +
+                                 " ranks of the job with --tensor-model-parallel-size " + std::to_string(env.world_size));
+  }
   if (flags.load.empty() == flags.load_hf.empty()) {
     throw UserError("need one of --load DIR (a checkpoint directory) and --load-hf DIR (a Hugging Face model)");
   }
@@ -76,10 +93,20 @@ GenerationModel load_inference_model(const InferenceModelFlags& flags) {
     throw UserError("--device: expected auto, cpu or cuda, got " + flags.device);
   }
   if (flags.device == "cuda" && !at::hasCUDA()) throw UserError("--device cuda: no CUDA device here; use --device cpu");
-  const at::Device device = (flags.device == "cuda" || (flags.device == "auto" && at::hasCUDA())) ? at::Device(at::kCUDA, 0)
-                                                                                                  : at::Device(at::kCPU);
-  GenerationModel g = flags.load.empty() ? load_hf_for_generation(flags.load_hf, flags.tokenizer_model, device)
-                                         : load_native_for_generation(flags.load, flags.tokenizer_model, device);
+  const bool cuda = flags.device == "cuda" || (flags.device == "auto" && at::hasCUDA());
+  const at::Device device = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank)) : at::Device(at::kCPU);
+  std::shared_ptr<dist::World> world;
+  dist::ParallelState ps = dist::ParallelState::single();
+  if (env.world_size > 1) {
+    world = std::make_shared<dist::World>(dist::World::connect(env, cuda ? "nccl" : "gloo", std::chrono::minutes(10)));
+    ParallelConfig layout;
+    layout.tensor_model_parallel_size = env.world_size;
+    ps = dist::ParallelState::build(*world, layout);
+  }
+  GenerationModel g = flags.load.empty() ? load_hf_for_generation(flags.load_hf, flags.tokenizer_model, device, true, ps)
+                                         : load_native_for_generation(flags.load, flags.tokenizer_model, device, ps);
+  g.world = world;
+  g.parallel = ps;
   if (flags.bf16) g.model->to(device, at::kBFloat16);
   return g;
 }

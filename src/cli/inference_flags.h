@@ -16,6 +16,7 @@ struct InferenceModelFlags {
   std::string device = "auto";  // --device auto|cpu|cuda
   std::string cpu_threads;      // --cpu-threads N ("": one per core)
   bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
+  std::string tensor_parallel;  // --tensor-model-parallel-size N ("": 1); N ranks of `megatron launch`
   std::string cuda_graph_impl = "none";  // --cuda-graph-impl none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
 };
 
@@ -28,8 +29,10 @@ extern const char* kInferenceModelFlagsHelp;
 // When args[i] is one of these flags: takes it and its value (i moves past the value), true.
 bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags);
 
-// Checks the flags (exactly one of --load and --load-hf), sets the CPU threads, and loads.
-GenerationModel load_inference_model(const InferenceModelFlags& flags);
+// Checks the flags (exactly one of --load and --load-hf), sets the CPU threads, joins the other
+// ranks under tensor parallelism (`command` names the subcommand in errors; `tp_supported`: false
+// refuses more than one rank), and loads.
+GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command, bool tp_supported);
 
 // `text` as a finite number within 2^53 (the integer flags are cast from it); UserError naming `flag`.
 double number_flag(const std::string& flag, const std::string& text);

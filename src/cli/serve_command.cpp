@@ -76,7 +76,7 @@ int serve(const Args& args) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  const GenerationModel g = load_inference_model(model_flags);
+  const GenerationModel g = load_inference_model(model_flags, "serve", /*tp_supported=*/false);
   std::unique_ptr<ChatTemplate> chat_template;
   if (chat != "none") {
     try {

@@ -28,6 +28,7 @@ std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& 
 #endif
   const ModelConfig& c = model.config();
   if (c.num_experts > 0) return "a mixture of experts counts its tokens per expert on the host";
+  if (model.tensor_parallel().size() > 1) return "not yet under tensor parallelism";
   if (c.multi_latent_attention) return "multi-latent attention gathers its cache";
   const int64_t head_dim = c.head_dim() > 0 ? c.head_dim() : c.hidden_size / c.num_attention_heads;
   const at::Tensor probe = at::empty({1, 1, 1, head_dim}, model.word_embeddings.options());

@@ -10,6 +10,7 @@
 
 #include "core/errors.h"
 #include "model/gpt_model.h"
+#include "tensor_parallel/mappings.h"
 
 namespace megatron {
 namespace {
@@ -126,7 +127,7 @@ void Engine::step() {
       KvCacheStep decode(cache_, slots, 1, device);
       if (options_.cuda_graphs) decode.allow_reading_in_place();
       const at::Tensor tokens = at::tensor(last, at::kLong).view({-1, 1}).to(device);  // [b, 1]
-      logits = model_.forward_cached(tokens, decode)[0].narrow(1, 0, vocab_);
+      logits = whole_vocabulary(model_.forward_cached(tokens, decode))[0].narrow(1, 0, vocab_);
       decode.commit();
     }
     const bool argmax_only = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
@@ -168,7 +169,8 @@ void Engine::prefill(Sequence& sequence) {
   if (options_.cuda_graphs) step.allow_reading_in_place();
   const at::Tensor tokens = at::tensor(r.prompt, at::kLong).view({1, -1}).to(device);  // [1, s]
   // Every position's logits when the prompt's own log-probabilities are asked for, else the last's.
-  const at::Tensor logits = model_.forward_cached(tokens, step, !r.prompt_logprobs).select(1, 0).narrow(-1, 0, vocab_);  // [s or 1, V]
+  const at::Tensor logits =
+      whole_vocabulary(model_.forward_cached(tokens, step, !r.prompt_logprobs)).select(1, 0).narrow(-1, 0, vocab_);  // [s or 1, V]
   step.commit();
   if (r.prompt_logprobs) {
     const at::Tensor log_probs = logits.narrow(0, 0, s - 1).to(at::kCPU, at::kFloat).log_softmax(-1);  // [s - 1, V]
@@ -177,6 +179,13 @@ void Engine::prefill(Sequence& sequence) {
     }
   }
   if (advance(sequence, logits[-1])) finish(sequence);
+}
+
+at::Tensor Engine::whole_vocabulary(const at::Tensor& logits) const {
+  // Every TP rank gathers the same whole rows, so each draws the same tokens from its own copy of
+  // the sequence's generator: the ranks stay in step without sending tokens around.
+  const dist::Group& tp = model_.tensor_parallel().group;
+  return tp.size() > 1 ? tp::gather_from_tp(logits, tp) : logits;
 }
 
 bool Engine::argmax_is_enough(const Sequence& s) {

@@ -9,7 +9,8 @@
 //   while (!engine.idle()) engine.step();
 //   GenerationResult r = engine.take_result(id);
 //
-// The engine is driven from one thread; the model runs whole on this process (no TP / PP yet).
+// The engine is driven from one thread. Under tensor parallelism every TP rank runs the same
+// engine on the same requests, in step (the logits gathered whole on each); no PP yet.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -131,6 +132,8 @@ class Engine {
   // Greedy, unpenalised and without log-probabilities: the argmax is the whole choice, taken on the
   // device for the batch at once instead of copying every row's logits to the host.
   static bool argmax_is_enough(const Sequence& sequence);
+  // [..., V/tp] -> [..., V]: under tensor parallelism the vocabulary slices of every TP rank.
+  at::Tensor whole_vocabulary(const at::Tensor& logits) const;
   void prefill(Sequence& sequence);
   // Whether a stop string shows in the decoded text of the sequence's last tokens.
   bool stop_string_in_tail(const Sequence& s) const;

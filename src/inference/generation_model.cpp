@@ -30,13 +30,26 @@ std::vector<int64_t> eos_ids_of(const std::string& path) {
   return ids;
 }
 
+tp::TensorParallel tensor_parallel_of(const dist::ParallelState& ps) {
+  tp::TensorParallel t{ps.tp, /*sequence_parallel=*/false, nullptr};
+  t.experts = ps.ep;
+  t.expert_group = ps.expert_tp;
+  t.data = ps.dp;
+  return t;
+}
+
 }  // namespace
 
-GenerationModel load_native_for_generation(const std::string& load_dir, const std::string& tokenizer_model, const at::Device& device) {
+GenerationModel load_native_for_generation(const std::string& load_dir, const std::string& tokenizer_model, const at::Device& device,
+                                           const dist::ParallelState& ps) {
   const std::string dir = latest_checkpoint_directory(load_dir);
   if (dir.empty()) throw UserError("--load " + load_dir + ": no latest_checkpointed_iteration.txt; is this a checkpoint directory?");
   const nlohmann::json state = read_checkpoint_state(dir);
-  const ModelConfig model_config = saved_model_config(dir, state);  // checked field by field
+  ModelConfig model_config = saved_model_config(dir, state);  // checked field by field
+  // The output layer's rows split over the TP ranks (resharding pads them; a multiple of the saved
+  // TP size already, with Megatron's padding, whenever the sizes divide).
+  const int tp_size = ps.tp.size();
+  model_config.padded_vocab_size = (model_config.padded_vocab_size + tp_size - 1) / tp_size * tp_size;
   if (!state.contains("tokenizer")) {
     throw UserError(dir + "/state.json records no tokenizer: it was saved by an older version, or is damaged");
   }
@@ -53,8 +66,8 @@ GenerationModel load_native_for_generation(const std::string& load_dir, const st
                                                                      : 0;
   GenerationModel g;
   g.tokenizer = make_tokenizer(tokenizer_spec(data, vocab_flag));
-  g.model = std::make_shared<GPTModel>(model_config);
-  load_model_weights(dir, *g.model);
+  g.model = std::make_shared<GPTModel>(model_config, tensor_parallel_of(ps));
+  load_model_weights(dir, *g.model, ps);
   g.model->to(device);
   if (auto eod = g.tokenizer->eod_id()) g.stop_ids.push_back(*eod);
   g.vocab_size = model_config.vocab_size;
@@ -63,9 +76,13 @@ GenerationModel load_native_for_generation(const std::string& load_dir, const st
 }
 
 GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::string& tokenizer_model, const at::Device& device,
-                                       bool need_tokenizer) {
+                                       bool need_tokenizer, const dist::ParallelState& ps) {
   GenerationModel g;
-  const ModelConfig model_config = model_config_from_hf(hf_dir);
+  ModelConfig model_config = model_config_from_hf(hf_dir);
+  // The output layer splits its rows over the TP ranks: padded as Megatron pads (the padding
+  // rows' logits are never candidates: vocab_size below).
+  const int tp_size = ps.tp.size();
+  model_config.padded_vocab_size = (model_config.padded_vocab_size + tp_size - 1) / tp_size * tp_size;
   const std::string tokenizer_path = !tokenizer_model.empty() ? tokenizer_model : hf_dir;
   const bool has_tokenizer = !tokenizer_model.empty() || fs::exists(fs::path(hf_dir) / "tokenizer.json");
   if (has_tokenizer) {
@@ -73,7 +90,7 @@ GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::str
   } else if (need_tokenizer) {
     throw UserError("--load-hf " + hf_dir + ": no tokenizer.json there; pass --tokenizer-model with the model's tokenizer");
   }
-  g.model = std::make_shared<GPTModel>(model_config);
+  g.model = std::make_shared<GPTModel>(model_config, tensor_parallel_of(ps));
   load_hf_weights(hf_dir, *g.model);
   g.model->to(device);
   // HF generate's rule: generation_config.json's eos_token_id, else config.json's.

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "distributed/parallel_state.h"
+
 namespace megatron {
 
 class GPTModel;
@@ -21,16 +23,24 @@ struct GenerationModel {
   std::vector<int64_t> stop_ids;  // EOS: generation_config.json's / config.json's for HF, else the tokenizer's
   int64_t vocab_size = 0;         // candidate ids [0, vocab_size)
   std::string source;             // the directory read, for messages
+  // Under tensor parallelism: the job's ranks (kept alive with the model, whose layers hold its
+  // groups) and their groups; one process otherwise.
+  std::shared_ptr<dist::World> world;
+  dist::ParallelState parallel = dist::ParallelState::single();
 };
 
 // A native checkpoint directory (as train --save wrote it: the latest iteration, its model and
-// tokenizer records). `tokenizer_model` (optional) replaces the recorded tokenizer file.
-GenerationModel load_native_for_generation(const std::string& load_dir, const std::string& tokenizer_model, const at::Device& device);
+// tokenizer records). `tokenizer_model` (optional) replaces the recorded tokenizer file. Under
+// tensor parallelism (`ps.tp` of more than one rank) this rank's shard, resharded from whatever
+// layout the checkpoint was saved in.
+GenerationModel load_native_for_generation(const std::string& load_dir, const std::string& tokenizer_model, const at::Device& device,
+                                           const dist::ParallelState& ps = dist::ParallelState::single());
 
 // A Hugging Face model directory (config.json, safetensors, tokenizer.json); `tokenizer_model`
 // (optional) is another HF tokenizer file or directory. A directory without any tokenizer is a
-// UserError unless `need_tokenizer` is false (token ids in, token ids out).
+// UserError unless `need_tokenizer` is false (token ids in, token ids out). Under tensor
+// parallelism this rank's shard (the vocabulary padded to a multiple of the TP size).
 GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::string& tokenizer_model, const at::Device& device,
-                                       bool need_tokenizer = true);
+                                       bool need_tokenizer = true, const dist::ParallelState& ps = dist::ParallelState::single());
 
 }  // namespace megatron

