@@ -12,6 +12,7 @@
 #include "cli/inference_flags.h"
 #include "core/errors.h"
 #include "core/files.h"
+#include "distributed/world.h"
 #include "eval/gsm8k.h"
 #include "eval/multiple_choice.h"
 #include "eval/task_data.h"
@@ -116,7 +117,7 @@ int eval_task(const Args& args) {
                     std::to_string(num_fewshot));
   }
 
-  const GenerationModel g = load_inference_model(model_flags, "eval", /*tp_supported=*/false);
+  const GenerationModel g = load_inference_model(model_flags, "eval", /*tp_supported=*/true);
   EngineOptions options;
   options.cuda_graphs = decode_cuda_graphs(model_flags);
   options.max_batch = max_batch;
@@ -125,17 +126,22 @@ int eval_task(const Args& args) {
   options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, options);
   const size_t documents = generative ? generation_docs.size() : choice_docs.size();
-  std::fprintf(stderr, "> %s: %zu documents of %s (%s), %lld-shot, model %s\n", task_name.c_str(), documents, task.c_str(),
-               format_name.c_str(), static_cast<long long>(num_fewshot), g.source.c_str());
+  // Under tensor parallelism every rank scores the same documents alike; the first reports.
+  const bool reports = g.parallel.rank == 0;
+  if (reports) {
+    std::fprintf(stderr, "> %s: %zu documents of %s (%s), %lld-shot, model %s%s\n", task_name.c_str(), documents, task.c_str(),
+                 format_name.c_str(), static_cast<long long>(num_fewshot), g.source.c_str(),
+                 g.parallel.tp.size() > 1 ? (", split over " + std::to_string(g.parallel.tp.size()) + " tensor-parallel ranks").c_str() : "");
+    std::printf("|%-16s|%6s|%-16s|%-11s|%6s|   |%6s|\n", "Tasks", "n-shot", "Filter", "Metric", "Value", "Stderr");
+    std::printf("|%s|%s|%s|%s|%s|---|%s|\n", std::string(16, '-').c_str(), std::string(6, '-').c_str(),
+                std::string(16, '-').c_str(), std::string(11, '-').c_str(), std::string(6, '-').c_str(), std::string(6, '-').c_str());
+  }
 
   json results = {{"alias", task_name}};
   json samples = json::array();
-  std::printf("|%-16s|%6s|%-16s|%-11s|%6s|   |%6s|\n", "Tasks", "n-shot", "Filter", "Metric", "Value", "Stderr");
-  std::printf("|%s|%s|%s|%s|%s|---|%s|\n", std::string(16, '-').c_str(), std::string(6, '-').c_str(),
-              std::string(16, '-').c_str(), std::string(11, '-').c_str(), std::string(6, '-').c_str(), std::string(6, '-').c_str());
   // A row of the table and its two entries in the results ("acc,none", "acc_stderr,none"), as lm-eval names them.
   auto report = [&](const std::string& filter, const std::string& metric, double value, double stderr_value) {
-    print_row(task_name, num_fewshot, filter, metric, value, stderr_value);
+    if (reports) print_row(task_name, num_fewshot, filter, metric, value, stderr_value);
     results[metric + "," + filter] = value;
     results[metric + "_stderr," + filter] = number_or_na(stderr_value);
   };
@@ -155,7 +161,7 @@ int eval_task(const Args& args) {
     const eval::ChoiceTaskScore s = eval::score_multiple_choice(engine, tokenizer, choice_docs, choice_shots);
     report("none", "acc", s.acc, s.acc_stderr);
     report("none", "acc_norm", s.acc_norm, s.acc_norm_stderr);
-    if (s.truncated > 0) {
+    if (s.truncated > 0 && reports) {
       std::fprintf(stderr, "> %lld (document, choice) requests were longer than the model's %lld tokens: their contexts lost their oldest tokens\n",
                    static_cast<long long>(s.truncated), static_cast<long long>(engine.max_length()));
     }
@@ -170,7 +176,8 @@ int eval_task(const Args& args) {
                          {"acc_norm", d.predicted_norm == choice_docs[i].gold ? 1.0 : 0.0}});
     }
   }
-  if (!results_json.empty()) {
+  if (g.world) g.world->shutdown();
+  if (!results_json.empty() && reports) {
     const json out = {{"results", {{task_name, results}}},
                       {"n-shot", {{task_name, num_fewshot}}},
                       {"n-samples", {{task_name, {{"original", documents}, {"effective", documents}}}}},

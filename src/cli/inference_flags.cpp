@@ -71,7 +71,7 @@ GenerationModel load_inference_model(const InferenceModelFlags& flags, const std
   const double tp = flags.tensor_parallel.empty() ? 1.0 : number_flag("--tensor-model-parallel-size", flags.tensor_parallel);
   if (tp < 1 || tp != std::floor(tp)) throw UserError("--tensor-model-parallel-size must be a whole number >= 1, got " + flags.tensor_parallel);
   if (tp > 1 && !tp_supported) {
-    throw UserError(command + ": --tensor-model-parallel-size " + flags.tensor_parallel + " is not supported yet (generate is); run it on one rank");
+    throw UserError(command + ": --tensor-model-parallel-size " + flags.tensor_parallel + " is not supported yet (generate and eval are); run it on one rank");
   }
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   if (env.world_size != static_cast<int>(tp)) {

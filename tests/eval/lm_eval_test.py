@@ -12,7 +12,9 @@
      for character, and acc / acc_norm are equal;
   3. GSM8K-style generate-until (lm-eval's gsm8k prompt, stop strings and filters, 2-shot, 12 new
      tokens): our responses and extracted answers equal `lm_eval --model hf`'s for every
-     document, and the exact-match scores too.
+     document, and the exact-match scores too;
+  4. the multiple-choice task again with the model split over two tensor-parallel ranks
+     (`megatron launch`): the same scores, log-likelihoods within 1e-5.
 Prints "all checks passed" at the end; any mismatch raises.
 """
 import json
@@ -98,9 +100,9 @@ generation_kwargs:
 tasks = TaskManager(include_path=f"{work}/tasks")
 
 
-def ours(task, fmt, dev, shots, extra=()):
-    out = f"{work}/{task}.json"
-    subprocess.run([binary, "eval", "--task", f"{work}/{task}.jsonl", "--task-format", fmt, "--task-name", task,
+def ours(task, fmt, dev, shots, extra=(), launch=(), out=None):
+    out = out or f"{work}/{task}.json"
+    subprocess.run([binary, *launch, "eval", "--task", f"{work}/{task}.jsonl", "--task-format", fmt, "--task-name", task,
                     "--num-fewshot", str(shots), "--fewshot-file", f"{work}/{dev}.jsonl", "--load-hf", model_dir,
                     "--device", "cpu", "--results-json", out, *extra], check=True)
     return json.load(open(out))
@@ -230,4 +232,12 @@ for metric in ("exact_match,strict-match", "exact_match,flexible-extract"):
     assert hf_gsm[metric] == gsm_results[metric], f"{metric}: lm-eval {hf_gsm[metric]}, megatron eval {gsm_results[metric]}"
 print(f"gsm8k: responses equal lm_eval hf's for {len(gsm_samples)} documents; exact match strict "
       f"{gsm_results['exact_match,strict-match']:.4f} flexible {gsm_results['exact_match,flexible-extract']:.4f}", flush=True)
+# 4. The model split over two tensor-parallel ranks scores what one rank scores.
+split = ours("mc_test", "multiple_choice", "mc_dev", 1, ["--tensor-model-parallel-size", "2"],
+             launch=["launch", "--nproc-per-node", "2", "--master-port", "0"], out=f"{work}/mc_test_tp2.json")
+for metric in ("acc,none", "acc_norm,none"):
+    assert split["results"]["mc_test"][metric] == mc["results"]["mc_test"][metric], (metric, split["results"], mc["results"])
+for one, two in zip(mc["samples"]["mc_test"], split["samples"]["mc_test"], strict=True):
+    assert max(abs(a - b) for a, b in zip(one["loglikelihoods"], two["loglikelihoods"], strict=True)) < 1e-5, (one, two)
+print("multiple choice over two tensor-parallel ranks: the scores and log-likelihoods of one rank", flush=True)
 print("all checks passed")
