@@ -38,16 +38,23 @@ double relative_gap(const at::Tensor& a, const at::Tensor& b) {
 
 class GenerationCuda : public ::testing::TestWithParam<std::string> {};
 
+// The fixture `variant` on the first GPU in `dtype`.
+GenerationModel gpu_model(const test::TempDir& dir, const std::string& variant, at::ScalarType dtype) {
+  test::make_hf_model(dir.path(), variant);
+  GenerationModel g = load_hf_for_generation(dir.path(), "", at::Device(at::kCUDA, 0), /*need_tokenizer=*/false);
+  g.model->to(at::Device(at::kCUDA, 0), dtype);
+  g.model->eval();
+  return g;
+}
+
 TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForwardAndTheGatheredCache) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::NoGradGuard no_grad;
   test::TempDir dir;
-  test::make_hf_model(dir.path(), GetParam());
-  const at::Device gpu(at::kCUDA, 0);
-  GenerationModel g = load_hf_for_generation(dir.path(), "", gpu, /*need_tokenizer=*/false);
+  // fp16 (flash attention's other dtype): 3 more mantissa bits than bf16, a tighter check.
+  GenerationModel g = gpu_model(dir, GetParam(), at::kHalf);
   GPTModel& model = *g.model;
-  model.to(gpu, at::kHalf);  // fp16 (flash attention's other dtype): 3 more mantissa bits than bf16, a tighter check
-  model.eval();
+  const at::Device gpu(at::kCUDA, 0);
   {
     const int64_t d = 24;  // what the check looks at: the device, the dtype, the head dims
     const at::Tensor q = at::zeros({1, 1, 2, d}, at::TensorOptions().device(gpu).dtype(at::kHalf));
@@ -123,10 +130,7 @@ TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::NoGradGuard no_grad;
   test::TempDir dir;
-  test::make_hf_model(dir.path(), GetParam());
-  const at::Device gpu(at::kCUDA, 0);
-  GenerationModel g = load_hf_for_generation(dir.path(), "", gpu, /*need_tokenizer=*/false);
-  g.model->to(gpu, at::kBFloat16);
+  const GenerationModel g = gpu_model(dir, GetParam(), at::kBFloat16);
   auto run = [&](bool graphs) {
     EngineOptions options;
     options.max_batch = 3;
