@@ -117,7 +117,7 @@ int eval_task(const Args& args) {
                     std::to_string(num_fewshot));
   }
 
-  const GenerationModel g = load_inference_model(model_flags, "eval", /*tp_supported=*/true);
+  const GenerationModel g = load_inference_model(model_flags, "eval");
   EngineOptions options;
   options.cuda_graphs = decode_cuda_graphs(model_flags);
   options.max_batch = max_batch;

@@ -102,7 +102,7 @@ int generate(const Args& args) {
     engine_options.max_batch = static_cast<int64_t>(number_flag("--inference-max-batch-size", values["--inference-max-batch-size"]));
     if (engine_options.max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
   }
-  const GenerationModel g = load_inference_model(model_flags, "generate", /*tp_supported=*/true);
+  const GenerationModel g = load_inference_model(model_flags, "generate");
   const Tokenizer& tokenizer = *g.tokenizer;
   engine_options.vocab_size = g.vocab_size;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };

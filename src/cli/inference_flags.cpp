@@ -66,13 +66,10 @@ bool decode_cuda_graphs(const InferenceModelFlags& flags) {
   return flags.cuda_graph_impl == "local";
 }
 
-GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command, bool tp_supported) {
+GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command) {
   decode_cuda_graphs(flags);  // a bad value is refused before the model loads
   const double tp = flags.tensor_parallel.empty() ? 1.0 : number_flag("--tensor-model-parallel-size", flags.tensor_parallel);
   if (tp < 1 || tp != std::floor(tp)) throw UserError("--tensor-model-parallel-size must be a whole number >= 1, got " + flags.tensor_parallel);
-  if (tp > 1 && !tp_supported) {
-    throw UserError(command + ": --tensor-model-parallel-size " + flags.tensor_parallel + " is not supported yet (generate and eval are); run it on one rank");
-  }
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   if (env.world_size != static_cast<int>(tp)) {
     throw UserError(tp > 1 ? "--tensor-model-parallel-size " + flags.tensor_parallel + " needs as many ranks: run `megatron launch --nproc-per-node " +

@@ -30,9 +30,8 @@ extern const char* kInferenceModelFlagsHelp;
 bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags);
 
 // Checks the flags (exactly one of --load and --load-hf), sets the CPU threads, joins the other
-// ranks under tensor parallelism (`command` names the subcommand in errors; `tp_supported`: false
-// refuses more than one rank), and loads.
-GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command, bool tp_supported);
+// ranks under tensor parallelism (`command` names the subcommand in errors), and loads.
+GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command);
 
 // `text` as a finite number within 2^53 (the integer flags are cast from it); UserError naming `flag`.
 double number_flag(const std::string& flag, const std::string& text);

@@ -12,7 +12,10 @@
 #include "cli/inference_flags.h"
 #include "core/errors.h"
 #include "data/chat_template.h"
+#include "distributed/world.h"
 #include "inference/engine.h"
+#include "inference/leading_engine.h"
+#include "model/gpt_model.h"
 #include "serve/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -76,7 +79,7 @@ int serve(const Args& args) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  const GenerationModel g = load_inference_model(model_flags, "serve", /*tp_supported=*/false);
+  const GenerationModel g = load_inference_model(model_flags, "serve");
   std::unique_ptr<ChatTemplate> chat_template;
   if (chat != "none") {
     try {
@@ -93,6 +96,15 @@ int serve(const Args& args) {
   const Tokenizer& tokenizer = *g.tokenizer;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, engine_options);
+  const c10::Device device = g.model->word_embeddings.device();
+  if (g.parallel.rank != 0) {
+    // The other tensor-parallel ranks: their engines do what the first rank's server asks of its
+    // own (leading_engine.h); stop signals are the first rank's to act on (they stay blocked here).
+    follow_leading_engine(engine, g.parallel.tp, device);
+    if (g.world) g.world->shutdown();
+    return 0;
+  }
+  LeadingEngine lead(engine, g.parallel.tp, device);
 
   serve::ServedModel served{name.empty() ? std::filesystem::path(g.source).filename().string() : name,
                             g.tokenizer.get(), chat_template.get(), g.stop_ids, engine.max_length(), g.vocab_size};
@@ -103,7 +115,7 @@ int serve(const Args& args) {
   options.max_queue = int64_t(queue);
   // Shared with the signal thread, which may outlive this function (it waits for a signal that
   // need never come).
-  auto server = std::make_shared<serve::InferenceServer>(engine, served, options);
+  auto server = std::make_shared<serve::InferenceServer>(lead, served, options);
   const int bound = server->bind();
   std::thread([server, stop_signals] {
     int signal = 0;
@@ -111,10 +123,13 @@ int serve(const Args& args) {
     std::fprintf(stderr, "> signal %d: answering the requests in flight, then stopping\n", signal);
     server->drain();
   }).detach();
-  std::fprintf(stderr, "> serving %s (%s) on http://%s:%d (max length %lld tokens, %lld sequences at once; decode steps: %s)\n",
+  std::fprintf(stderr, "> serving %s (%s) on http://%s:%d (max length %lld tokens, %lld sequences at once; decode steps: %s%s)\n",
                served.name.c_str(), g.source.c_str(), host.c_str(), bound, (long long)served.max_length, (long long)batch,
-               engine.decode_mode().c_str());
+               engine.decode_mode().c_str(),
+               g.parallel.tp.size() > 1 ? ("; the model split over " + std::to_string(g.parallel.tp.size()) + " tensor-parallel ranks").c_str() : "");
   server->serve();
+  server->stop_engine();
+  if (g.world) g.world->shutdown();
   std::fprintf(stderr, "> stopped\n");
   return 0;
 }

@@ -1,11 +1,13 @@
 #include "distributed/heartbeat.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -44,6 +46,12 @@ void start_heartbeat_from_environment() {
     return;
   }
   std::thread([socket] {
+    // Signals are for the rank's own threads: a process-directed SIGTERM delivered to this one
+    // would take its default action (exit) even where the rank waits for it with sigwait, as
+    // `megatron serve` does to drain before stopping.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
     do {
       std::this_thread::sleep_for(std::chrono::duration<double>(kHeartbeatIntervalSeconds));
     } while (beat(socket));

@@ -104,6 +104,8 @@ class Engine {
   bool cancel(int64_t id);
   // A finished request's result (taken once); nullopt while it runs or waits.
   std::optional<GenerationResult> take_result(int64_t id);
+  // Drops every finished result not taken (a follower rank of leading_engine.h never reads them).
+  void discard_results() { finished_.clear(); }
   // Submits all, steps until every one has finished, and returns their results in order.
   std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests);
 

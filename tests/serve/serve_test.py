@@ -8,8 +8,10 @@ tokenizer=...). Checks, each printed as it passes: the models list and health; c
 (greedy repeatable, seeds, n, echo + logprobs equal to transformers' log-softmax, stop strings);
 streaming equal to the whole answer; chat rendered as transformers' apply_chat_template renders it,
 streamed too; 4xx answers that say why; a client leaving mid-stream; 64 concurrent clients sending
-320 requests, each answered or refused with a status; SIGTERM answering the stream in flight and
-exiting 0. Exits 1 listing the failures.
+320 requests, each answered or refused with a status; 128 connections opened while the server
+cannot accept, each answered; SIGTERM answering the stream in flight and exiting 0; and the model
+split over two tensor-parallel ranks (`megatron launch`) answering as one rank does, also after an
+idle spell, both ranks stopping on SIGTERM. Exits 1 listing the failures.
 """
 import concurrent.futures
 import http.client
@@ -36,8 +38,8 @@ def check(condition, what):
         failures.append(what)
 
 
-def start(*extra):
-    proc = subprocess.Popen([binary, "serve", "--load-hf", model_dir, "--port", "0", "--cpu-threads", "1",
+def start(*extra, launch=()):
+    proc = subprocess.Popen([binary, *launch, "serve", "--load-hf", model_dir, "--port", "0", "--cpu-threads", "1",
                              "--served-model-name", "tiny", *extra], stderr=subprocess.PIPE, text=True)
     lines = []
     while True:
@@ -247,6 +249,35 @@ except subprocess.TimeoutExpired:
     proc.kill()
     code = "hung"
 check(code == 0 and any("stopped" in line for line in log), f"SIGTERM: the server exits 0 (got {code})")
+
+# --- the model split over two tensor-parallel ranks (`megatron launch`; the first rank serves, the
+# other's engine follows it): the text of one rank, greedy and sampled, also for requests at once
+# and after an idle spell longer than the followers' keep-alive; SIGTERM stops both ranks
+# (--kill-timeout: the launcher's grace after forwarding SIGTERM must cover the drain, which waits
+# for the client's idle keep-alive connections too)
+proc, port, log = start("--tensor-model-parallel-size", "2",
+                        launch=["launch", "--nproc-per-node", "2", "--master-port", "0", "--kill-timeout", "120"])
+split = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+check(any("split over 2 tensor-parallel ranks" in line for line in log), "two ranks: the banner says the model is split")
+greedy_split = split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+check(greedy_split.choices[0].text == a.choices[0].text, "two ranks: the greedy text of one rank")
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    sampled = list(pool.map(lambda _: split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=1.0,
+                                                               seed=5).choices[0].text, range(4)))
+check(sampled == [s1.choices[0].text] * 4, "two ranks: four sampled requests at once, each the text of one rank")
+time.sleep(11)  # idle past the keep-alive the leader sends every 10 s
+again = split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+check(again.choices[0].text == a.choices[0].text, "two ranks: answers after an idle spell")
+proc.send_signal(signal.SIGTERM)
+try:
+    code = proc.wait(timeout=120)
+except subprocess.TimeoutExpired:
+    proc.kill()
+    code = "hung"
+time.sleep(0.5)  # the reader thread takes the last lines
+stopped = any("[rank 0] > stopped" in line for line in log) and not any("SIGKILL" in line or "launch: rank" in line for line in log)
+check(code == 128 + signal.SIGTERM and stopped,  # the launcher's status after a signal, as a shell's
+      f"two ranks: SIGTERM stops both, the first after answering, the other after it (status {code})")
 
 if failures:
     print("\n".join(["", "server log:"] + log[-20:]))

@@ -1,5 +1,5 @@
 // `megatron serve` with real clients (tests/serve/serve_test.py: the openai package, raw HTTP,
-// 64 concurrent clients, SIGTERM) on a random Qwen3 model that carries the real Qwen3 tokenizer;
+// 64 concurrent clients, SIGTERM, two tensor-parallel ranks) on a random Qwen3 model that carries the real Qwen3 tokenizer;
 // and the protocol's answers to bad requests, without sockets.
 #include <gtest/gtest.h>
 
