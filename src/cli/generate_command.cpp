@@ -170,8 +170,8 @@ int generate(const Args& args) {
   if (g.world) g.world->shutdown();
   if (!prints) return 0;
   const EngineStats& t = engine.stats();
-  std::fprintf(stderr, "> prefill: %lld tokens in %.1f ms (%.0f tokens/s); decode: %lld steps, %lld tokens in %.1f ms "
-               "(%.3f ms a step, %.0f tokens/s; %s)\n", (long long)t.prefill_tokens, 1e3 * t.prefill_seconds,
+  std::fprintf(stderr, "> prefill: %lld tokens in %lld forwards, %.1f ms (%.0f tokens/s); decode: %lld steps, %lld tokens in %.1f ms "
+               "(%.3f ms a step, %.0f tokens/s; %s)\n", (long long)t.prefill_tokens, (long long)t.prefills, 1e3 * t.prefill_seconds,
                t.prefill_tokens / std::max(t.prefill_seconds, 1e-9), (long long)t.decode_steps, (long long)t.decode_tokens,
                1e3 * t.decode_seconds, 1e3 * t.decode_seconds / std::max<int64_t>(t.decode_steps, 1),
                t.decode_tokens / std::max(t.decode_seconds, 1e-9), engine.decode_mode().c_str());

@@ -149,36 +149,56 @@ void Engine::step() {
     stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   }
   while (!waiting_.empty() && !free_slots_.empty()) {
-    std::unique_ptr<Sequence> sequence = std::move(waiting_.front());
-    waiting_.pop_front();
-    sequence->slot = free_slots_.back();
-    free_slots_.pop_back();
+    // The first waiting request, and those right behind it whose prompts have its length, share
+    // one forward (first come, first served), up to the free slots and kPrefillTokens.
+    const size_t length = waiting_.front()->request.prompt.size();
+    std::vector<std::unique_ptr<Sequence>> group;
+    while (!waiting_.empty() && !free_slots_.empty() && waiting_.front()->request.prompt.size() == length &&
+           (group.empty() || (group.size() + 1) * length <= kPrefillTokens)) {
+      group.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      group.back()->slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
     const auto began = std::chrono::steady_clock::now();
-    stats_.prefill_tokens += static_cast<int64_t>(sequence->request.prompt.size());
-    prefill(*sequence);
+    stats_.prefill_tokens += static_cast<int64_t>(length * group.size());
+    stats_.prefills += 1;
+    prefill(group);
     stats_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    if (sequence->slot >= 0) running_.push_back(std::move(sequence));
+    for (auto& sequence : group) {
+      if (sequence->slot >= 0) running_.push_back(std::move(sequence));
+    }
   }
 }
 
-void Engine::prefill(Sequence& sequence) {
+void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {
   const at::Device device = model_.word_embeddings.device();
-  const GenerationRequest& r = sequence.request;
-  const int64_t s = static_cast<int64_t>(r.prompt.size());
-  KvCacheStep step(cache_, {sequence.slot}, s, device);
-  if (options_.cuda_graphs) step.allow_reading_in_place();
-  const at::Tensor tokens = at::tensor(r.prompt, at::kLong).view({1, -1}).to(device);  // [1, s]
-  // Every position's logits when the prompt's own log-probabilities are asked for, else the last's.
-  const at::Tensor logits =
-      whole_vocabulary(model_.forward_cached(tokens, step, !r.prompt_logprobs)).select(1, 0).narrow(-1, 0, vocab_);  // [s or 1, V]
-  step.commit();
-  if (r.prompt_logprobs) {
-    const at::Tensor log_probs = logits.narrow(0, 0, s - 1).to(at::kCPU, at::kFloat).log_softmax(-1);  // [s - 1, V]
-    for (int64_t i = 1; i < s; ++i) {
-      sequence.result.prompt_logprobs.push_back(token_logprob(log_probs[i - 1], r.prompt[size_t(i)], std::max<int64_t>(r.logprobs, 0)));
-    }
+  const int64_t b = static_cast<int64_t>(group.size()), s = static_cast<int64_t>(group[0]->request.prompt.size());
+  std::vector<int64_t> slots, ids;
+  bool every_position = false;
+  for (const auto& sequence : group) {
+    slots.push_back(sequence->slot);
+    ids.insert(ids.end(), sequence->request.prompt.begin(), sequence->request.prompt.end());
+    every_position = every_position || sequence->request.prompt_logprobs;
   }
-  if (advance(sequence, logits[-1])) finish(sequence);
+  KvCacheStep step(cache_, slots, s, device);
+  if (options_.cuda_graphs) step.allow_reading_in_place();
+  const at::Tensor tokens = at::tensor(ids, at::kLong).view({b, s}).to(device);  // [b, s]
+  // Every position's logits when a prompt's own log-probabilities are asked for, else the last's.
+  const at::Tensor logits = whole_vocabulary(model_.forward_cached(tokens, step, !every_position)).narrow(-1, 0, vocab_);  // [s or 1, b, V]
+  step.commit();
+  for (int64_t j = 0; j < b; ++j) {
+    Sequence& sequence = *group[size_t(j)];
+    const GenerationRequest& r = sequence.request;
+    const at::Tensor mine = logits.select(1, j);  // [s or 1, V]
+    if (r.prompt_logprobs) {
+      const at::Tensor log_probs = mine.narrow(0, 0, s - 1).to(at::kCPU, at::kFloat).log_softmax(-1);  // [s - 1, V]
+      for (int64_t i = 1; i < s; ++i) {
+        sequence.result.prompt_logprobs.push_back(token_logprob(log_probs[i - 1], r.prompt[size_t(i)], std::max<int64_t>(r.logprobs, 0)));
+      }
+    }
+    if (advance(sequence, mine[-1])) finish(sequence);
+  }
 }
 
 at::Tensor Engine::whole_vocabulary(const at::Tensor& logits) const {

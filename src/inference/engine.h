@@ -1,8 +1,9 @@
 // The generation engine: requests of any length share one forward per step over a key/value
 // cache (model/kv_cache.h). A request is prefilled when it gets a slot (its whole prompt in one
-// forward), then decoded one token a step together with every other running request; requests
-// that arrive while others run join at the next step, and a finished request's slot goes to the
-// next one waiting (continuous batching).
+// forward, shared with the requests right behind it whose prompts have its length), then
+// decoded one token a step together with every other running request; requests that arrive
+// while others run join at the next step, and a finished request's slot goes to the next one
+// waiting (continuous batching).
 //
 //   Engine engine(model, {.max_batch = 8, .vocab_size = V});
 //   const int64_t id = engine.submit(request);
@@ -68,6 +69,7 @@ struct GenerationResult {
 // finished when it is counted).
 struct EngineStats {
   int64_t prefill_tokens = 0;
+  int64_t prefills = 0;  // prefill forwards (prompts of one length waiting together share one)
   double prefill_seconds = 0;
   int64_t decode_steps = 0;
   int64_t decode_tokens = 0;  // one per running sequence per step
@@ -136,7 +138,11 @@ class Engine {
   static bool argmax_is_enough(const Sequence& sequence);
   // [..., V/tp] -> [..., V]: under tensor parallelism the vocabulary slices of every TP rank.
   at::Tensor whole_vocabulary(const at::Tensor& logits) const;
-  void prefill(Sequence& sequence);
+  // Prompts of one length (a group of waiting requests) in one forward, each choosing its first token.
+  void prefill(const std::vector<std::unique_ptr<Sequence>>& group);
+  // The tokens one prefill forward takes at most when it holds several prompts (one prompt alone
+  // may be longer): their activations live at once.
+  static constexpr size_t kPrefillTokens = 8192;
   // Whether a stop string shows in the decoded text of the sequence's last tokens.
   bool stop_string_in_tail(const Sequence& s) const;
   void finish(Sequence& sequence);  // its slot freed, its result kept for take_result

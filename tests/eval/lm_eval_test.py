@@ -6,7 +6,8 @@
      `megatron eval`, by `lm_eval` with `--model local-completions` talking to `megatron serve`
      (the engine behind an HTTP server, lm-eval's own client and tokenizer), and by `lm_eval
      --model hf` (transformers' forward: an independent reference). acc and acc_norm must be
-     equal; the per-choice log-likelihoods equal the server's to 1e-9 and HF's to 1e-4;
+     equal; the per-choice log-likelihoods equal the server's to 1e-5 (eval prefills prompts of one
+     length together, the server one by one) and HF's to 1e-4;
   2. the datasets' own record formats (MMLU, ARC, HellaSwag, C-Eval) read with lm-eval's own task
      definitions (their data files swapped for local ones): our prompts equal lm-eval's, character
      for character, and acc / acc_norm are equal;
@@ -144,7 +145,9 @@ for ours_doc, local_doc, hf_doc in zip(mc_samples, local_samples, hf_samples, st
     lls = ours_doc["loglikelihoods"]
     local_lls = [float(r[0]) for r in local_doc["filtered_resps"]]
     hf_lls = [float(r[0]) for r in hf_doc["filtered_resps"]]
-    assert max(abs(a - b) for a, b in zip(lls, local_lls, strict=True)) < 1e-9, (lls, local_lls)
+    # The same engine, but `megatron eval` prefills requests of one length together and the server
+    # gets them one by one: other GEMM shapes, fp32 rounding apart.
+    assert max(abs(a - b) for a, b in zip(lls, local_lls, strict=True)) < 1e-5, (lls, local_lls)
     assert max(abs(a - b) for a, b in zip(lls, hf_lls, strict=True)) < 1e-4, (lls, hf_lls)
     gaps = sorted(lls)
     assert len(lls) < 2 or gaps[-1] - gaps[-2] > 1e-3, f"a near tie makes the comparison fragile: {lls}"

@@ -116,6 +116,34 @@ TEST(Engine, SampledTokensDependOnTheSeedOnly) {
   EXPECT_TRUE(engine.idle());
 }
 
+// Prompts of one length waiting together share one prefill forward (only consecutive ones: first
+// come, first served): each continues, and reports its prompt's log-probabilities, as alone.
+TEST(Engine, PromptsOfOneLengthArePrefilledTogetherAsAlone) {
+  const auto model = tiny_model();
+  auto with_logprobs = [](GenerationRequest r) {
+    r.prompt_logprobs = true;
+    r.logprobs = 1;
+    return r;
+  };
+  const std::vector<GenerationRequest> requests = {sampled({3, 4, 5}, 11), with_logprobs(sampled({7, 1, 2}, 12)),
+                                                   sampled({9, 9, 9}, 13), sampled({1, 2}, 14), sampled({6, 5, 4}, 15)};
+  Engine together(*model, {.max_batch = 4, .vocab_size = 64});
+  const auto grouped = together.generate(requests);
+  // [3 prompts of 3] [the one of 2] in the first step; the last waits for a slot, prefilled alone.
+  EXPECT_EQ(together.stats().prefills, 3);
+  EXPECT_EQ(together.stats().prefill_tokens, 3 * 3 + 2 + 3);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Engine alone_engine(*model, {.max_batch = 1, .vocab_size = 64});
+    const auto alone = alone_engine.generate({requests[i]});
+    EXPECT_EQ(grouped[i].tokens, alone[0].tokens) << "request " << i;
+    ASSERT_EQ(grouped[i].prompt_logprobs.size(), alone[0].prompt_logprobs.size()) << "request " << i;
+    for (size_t t = 0; t < alone[0].prompt_logprobs.size(); ++t) {
+      EXPECT_NEAR(grouped[i].prompt_logprobs[t].logprob, alone[0].prompt_logprobs[t].logprob, 1e-5) << "request " << i << ", token " << t;
+    }
+  }
+  EXPECT_EQ(grouped[1].prompt_logprobs.size(), 2u);
+}
+
 TEST(Engine, StopIdsStopStringsAndStreaming) {
   const auto model = tiny_model();
   // Each id decodes as one letter: the continuation's text is its ids as letters.
