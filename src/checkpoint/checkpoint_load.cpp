@@ -90,6 +90,26 @@ ModelConfig saved_model_config(const std::string& dir, const nlohmann::json& sta
   return m;
 }
 
+namespace {
+
+// Each rank reads its own shards only (experts: of its expert-TP split), checked against the
+// model's parameters. `rows`: the padded vocabulary the embedding and output layer take.
+void copy_resharded_weights(const std::string& dir, ShardedCheckpointReader& reader, const tp::ParamTable& table,
+                            const std::vector<GPTModel*>& chunks, int64_t rows) {
+  const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
+  for (auto& [name, param] : chunk_parameters(chunks)) {
+    const dist::Group& split = tensor_parallel.split_group(table.at(name));
+    const at::Tensor value = reader.model(name, rows, split.rank(), split.size());
+    if (!value.sizes().equals(param.sizes())) {
+      throw UserError(dir + ": parameter '" + name + "' resharded to " + c10::str(value.sizes()) + ", the model expects " +
+                      c10::str(param.sizes()));
+    }
+    param.copy_(value);
+  }
+}
+
+}  // namespace
+
 void load_model_weights(const std::string& dir, GPTModel& model, const dist::ParallelState& ps) {
   const tp::TensorParallel& tensor_parallel = model.tensor_parallel();
   if (tensor_parallel.size() == 1 && tensor_parallel.expert_group.size() == 1) {
@@ -102,14 +122,7 @@ void load_model_weights(const std::string& dir, GPTModel& model, const dist::Par
   at::NoGradGuard no_grad;
   const tp::ParamTable table = chunk_table({&model});
   ShardedCheckpointReader reader(dir, read_checkpoint_state(dir), table);
-  for (auto& [name, param] : chunk_parameters({&model})) {
-    const dist::Group& split = tensor_parallel.split_group(table.at(name));
-    const at::Tensor value = reader.model(name, model.config().padded_vocab_size, split.rank(), split.size());
-    if (!value.sizes().equals(param.sizes())) {
-      throw UserError(dir + ": parameter '" + name + "' resharded to " + c10::str(value.sizes()) + ", the model expects " + c10::str(param.sizes()));
-    }
-    param.copy_(value);
-  }
+  copy_resharded_weights(dir, reader, table, {&model}, model.config().padded_vocab_size);
 }
 
 namespace {
@@ -150,16 +163,7 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
   ShardedCheckpointReader reader(dir, state, table);
   const int64_t rows = config.model.padded_vocab_size;
   const tp::TensorParallel& tensor_parallel = chunks.at(0)->tensor_parallel();
-  // Each rank reads its own shards only (experts: of its expert-TP split).
-  for (auto& [name, param] : chunk_parameters(chunks)) {
-    const dist::Group& split = tensor_parallel.split_group(table.at(name));
-    const at::Tensor value = reader.model(name, rows, split.rank(), split.size());
-    if (!value.sizes().equals(param.sizes())) {
-      throw UserError(dir + ": parameter '" + name + "' resharded to " + c10::str(value.sizes()) + ", the model expects " +
-                      c10::str(param.sizes()));
-    }
-    param.copy_(value);
-  }
+  copy_resharded_weights(dir, reader, table, chunks, rows);
   const bool weights_only = config.train.finetune || config.train.no_load_optim;
   if (weights_only) {
     if (optimizer != nullptr) optimizer->reset_from_model();

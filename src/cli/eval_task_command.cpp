@@ -131,7 +131,7 @@ int eval_task(const Args& args) {
   if (reports) {
     std::fprintf(stderr, "> %s: %zu documents of %s (%s), %lld-shot, model %s%s\n", task_name.c_str(), documents, task.c_str(),
                  format_name.c_str(), static_cast<long long>(num_fewshot), g.source.c_str(),
-                 g.parallel.tp.size() > 1 ? (", split over " + std::to_string(g.parallel.tp.size()) + " tensor-parallel ranks").c_str() : "");
+                 tensor_parallel_note(g, ", ").c_str());
     std::printf("|%-16s|%6s|%-16s|%-11s|%6s|   |%6s|\n", "Tasks", "n-shot", "Filter", "Metric", "Value", "Stderr");
     std::printf("|%s|%s|%s|%s|%s|---|%s|\n", std::string(16, '-').c_str(), std::string(6, '-').c_str(),
                 std::string(16, '-').c_str(), std::string(11, '-').c_str(), std::string(6, '-').c_str(), std::string(6, '-').c_str());

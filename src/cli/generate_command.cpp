@@ -139,7 +139,7 @@ int generate(const Args& args) {
   if (prints) {
     std::fprintf(stderr, "> %s: %zu prompt(s), sampling %s%s\n", g.source.c_str(), prompts.size(),
                  o.greedy || o.temperature == 0 ? "greedily" : "with temperature / top-k / top-p / min-p",
-                 g.parallel.tp.size() > 1 ? (", the model split over " + std::to_string(g.parallel.tp.size()) + " tensor-parallel ranks").c_str() : "");
+                 tensor_parallel_note(g, ", ").c_str());
   }
   if (!prints) {
     run(std::move(requests));

@@ -59,6 +59,11 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
   return true;
 }
 
+std::string tensor_parallel_note(const GenerationModel& g, const std::string& separator) {
+  const int n = g.parallel.tp.size();
+  return n > 1 ? separator + "the model split over " + std::to_string(n) + " tensor-parallel ranks" : "";
+}
+
 bool decode_cuda_graphs(const InferenceModelFlags& flags) {
   if (flags.cuda_graph_impl != "none" && flags.cuda_graph_impl != "local") {
     throw UserError("--cuda-graph-impl: expected none or local, got " + flags.cuda_graph_impl);

@@ -33,6 +33,10 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
 // ranks under tensor parallelism (`command` names the subcommand in errors), and loads.
 GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command);
 
+// Under tensor parallelism `separator` + "the model split over N tensor-parallel ranks" (for the
+// subcommands' banners); "" on one rank.
+std::string tensor_parallel_note(const GenerationModel& g, const std::string& separator);
+
 // `text` as a finite number within 2^53 (the integer flags are cast from it); UserError naming `flag`.
 double number_flag(const std::string& flag, const std::string& text);
 

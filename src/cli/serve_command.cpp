@@ -126,7 +126,7 @@ int serve(const Args& args) {
   std::fprintf(stderr, "> serving %s (%s) on http://%s:%d (max length %lld tokens, %lld sequences at once; decode steps: %s%s)\n",
                served.name.c_str(), g.source.c_str(), host.c_str(), bound, (long long)served.max_length, (long long)batch,
                engine.decode_mode().c_str(),
-               g.parallel.tp.size() > 1 ? ("; the model split over " + std::to_string(g.parallel.tp.size()) + " tensor-parallel ranks").c_str() : "");
+               tensor_parallel_note(g, "; ").c_str());
   server->serve();
   server->stop_engine();
   if (g.world) g.world->shutdown();

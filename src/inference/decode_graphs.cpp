@@ -106,8 +106,6 @@ DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-size_t DecodeGraphs::captured() const { return state_->graphs.size(); }
-
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens) {
   const int64_t n = static_cast<int64_t>(slots.size()), most = state_->cache.slots() - 1;  // all but the scratch slot
   TORCH_CHECK(n >= 1 && n <= most && tokens.size() == slots.size(), "DecodeGraphs::run: ", n, " sequences, ", tokens.size(),
@@ -144,7 +142,6 @@ DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache&, int64_t, const c10::Device
   throw UserError("CUDA graphs for decoding: " + decode_graphs_unsupported(model, device) + "; run without --cuda-graph-impl local");
 }
 DecodeGraphs::~DecodeGraphs() = default;
-size_t DecodeGraphs::captured() const { return 0; }
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>&, const std::vector<int64_t>&) { return {}; }
 
 #endif

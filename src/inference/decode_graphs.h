@@ -47,8 +47,6 @@ class DecodeGraphs {
   // with nothing done, when the step could not be captured: failure() says why.
   at::Tensor run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens);
   const std::string& failure() const { return failure_; }
-  // Graphs captured so far (a batch size each).
-  size_t captured() const;
 
  private:
   struct State;

@@ -30,8 +30,16 @@ std::vector<int64_t> eos_ids_of(const std::string& path) {
   return ids;
 }
 
+// The output layer's rows split over the TP ranks: the padded vocabulary rounded up to a multiple
+// of their number (loading pads the new rows; their logits are never candidates: vocab_size).
+int padded_for_tensor_parallel(int padded_vocab_size, const dist::ParallelState& ps) {
+  const int tp_size = ps.tp.size();
+  return (padded_vocab_size + tp_size - 1) / tp_size * tp_size;
+}
+
 tp::TensorParallel tensor_parallel_of(const dist::ParallelState& ps) {
-  tp::TensorParallel t{ps.tp, /*sequence_parallel=*/false, nullptr};
+  tp::TensorParallel t;  // no sequence parallelism, no dropout generator: generation
+  t.group = ps.tp;
   t.experts = ps.ep;
   t.expert_group = ps.expert_tp;
   t.data = ps.dp;
@@ -46,10 +54,7 @@ GenerationModel load_native_for_generation(const std::string& load_dir, const st
   if (dir.empty()) throw UserError("--load " + load_dir + ": no latest_checkpointed_iteration.txt; is this a checkpoint directory?");
   const nlohmann::json state = read_checkpoint_state(dir);
   ModelConfig model_config = saved_model_config(dir, state);  // checked field by field
-  // The output layer's rows split over the TP ranks (resharding pads them; a multiple of the saved
-  // TP size already, with Megatron's padding, whenever the sizes divide).
-  const int tp_size = ps.tp.size();
-  model_config.padded_vocab_size = (model_config.padded_vocab_size + tp_size - 1) / tp_size * tp_size;
+  model_config.padded_vocab_size = padded_for_tensor_parallel(model_config.padded_vocab_size, ps);
   if (!state.contains("tokenizer")) {
     throw UserError(dir + "/state.json records no tokenizer: it was saved by an older version, or is damaged");
   }
@@ -79,10 +84,7 @@ GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::str
                                        bool need_tokenizer, const dist::ParallelState& ps) {
   GenerationModel g;
   ModelConfig model_config = model_config_from_hf(hf_dir);
-  // The output layer splits its rows over the TP ranks: padded as Megatron pads (the padding
-  // rows' logits are never candidates: vocab_size below).
-  const int tp_size = ps.tp.size();
-  model_config.padded_vocab_size = (model_config.padded_vocab_size + tp_size - 1) / tp_size * tp_size;
+  model_config.padded_vocab_size = padded_for_tensor_parallel(model_config.padded_vocab_size, ps);
   const std::string tokenizer_path = !tokenizer_model.empty() ? tokenizer_model : hf_dir;
   const bool has_tokenizer = !tokenizer_model.empty() || fs::exists(fs::path(hf_dir) / "tokenizer.json");
   if (has_tokenizer) {

@@ -90,10 +90,11 @@ void LeadingEngine::finish() {
 
 void LeadingEngine::send(bool step, bool stop) {
   if (tp_.size() == 1) return;
-  json message = {{"calls", json::array()}, {"step", step}, {"stop", stop}};
-  for (const std::string& call : record_) message["calls"].push_back(json::parse(call));
+  // The recorded calls are JSON already: joined into the message as they are.
+  std::string calls;
+  for (const std::string& call : record_) calls += (calls.empty() ? "" : ",") + call;
   record_.clear();
-  broadcast_text(tp_, device_, message.dump());
+  broadcast_text(tp_, device_, "{\"calls\":[" + calls + "],\"step\":" + (step ? "true" : "false") + ",\"stop\":" + (stop ? "true" : "false") + "}");
 }
 
 void follow_leading_engine(Engine& engine, const dist::Group& tp, const c10::Device& device) {
