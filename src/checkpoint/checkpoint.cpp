@@ -124,7 +124,7 @@ std::string checkpoint_file(const std::string& kind, const dist::ParallelState& 
     return name;
   }
   const bool per_dp = kind == "optimizer" && distributed_optimizer;
-  return checkpoint_part_name(kind, ps.tp.rank(), ps.pp.rank(), per_dp ? ps.dp.rank() : -1);
+  return checkpoint_part_name(kind, ps.tp.rank(), ps.pp.rank(), per_dp ? ps.dp_cp.rank() : -1);
 }
 
 std::string iteration_directory(const std::string& save_dir, int64_t iteration) {
@@ -184,7 +184,7 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
   const std::map<std::string, std::string> expert_metadata = {{"format", "megatron.cpp"},
                                                               {"tensor_parallel_rank", std::to_string(ps.expert_tp.rank())},
                                                               {"tensor_parallel_size", std::to_string(ps.expert_tp.size())}};
-  if (ps.dp.rank() == 0) {
+  if (ps.dp_cp.rank() == 0) {  // one writer among the replicas (context-parallel ones too)
     CheckpointSnapshot::File f{checkpoint_file("model", ps, distributed_optimizer), {}, model_metadata};
     for (const auto& [name, param] : chunk_parameters(chunks)) {
       if (!expert_files || !is_expert(name)) f.tensors.push_back({name, host("model/" + name, param)});
@@ -199,14 +199,14 @@ CheckpointSnapshot snapshot_checkpoint(const std::string& save_dir, const Traini
     snap.files.push_back(std::move(f));
   }
   // The FP8 delayed recipe's amax histories and scales: the same on every TP and DP rank.
-  if (ps.tp.rank() == 0 && ps.dp.rank() == 0) {
+  if (ps.tp.rank() == 0 && ps.dp_cp.rank() == 0) {
     std::vector<SafetensorsEntry> fp8 = fp8_state_tensors(chunks);
     if (!fp8.empty()) snap.files.push_back({fp8_state_file(ps.pp.rank()), std::move(fp8), {{"format", "megatron.cpp"}}});
   }
   const std::vector<NamedTensor> optimizer_state = config.train.no_save_optim ? std::vector<NamedTensor>() : optimizer.state();
   // The distributed optimizer's files are per DP rank already and hold this rank's shards of both.
   const bool expert_optimizer_files = expert_files && !distributed_optimizer && !config.train.no_save_optim;
-  if (!config.train.no_save_optim && (ps.dp.rank() == 0 || distributed_optimizer)) {
+  if (!config.train.no_save_optim && (ps.dp_cp.rank() == 0 || distributed_optimizer)) {
     CheckpointSnapshot::File f{checkpoint_file("optimizer", ps, distributed_optimizer), {}, optimizer.state_offsets()};
     for (const auto& t : optimizer_state) {
       if (!expert_optimizer_files || !of_expert(t.name)) f.tensors.push_back({t.name, host("optimizer/" + t.name, t.tensor)});

@@ -56,7 +56,8 @@ nlohmann::json layout_summary(const ParallelConfig& p, int tp, int pp, int dp) {
 }
 
 nlohmann::json layout_summary(const Config& c, const dist::ParallelState& ps) {
-  return layout_summary(c.parallel, ps.tp.size(), ps.pp.size(), ps.dp.size());
+  // Context-parallel ranks are replicas of the parameters: their optimizer shards count as DP ranks.
+  return layout_summary(c.parallel, ps.tp.size(), ps.pp.size(), ps.dp_cp.size());
 }
 
 std::vector<std::pair<std::string, at::Tensor>> chunk_parameters(const std::vector<GPTModel*>& chunks) {

@@ -75,7 +75,7 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
     at::Tensor full;
     if (expert < 0) {
       // Dense: DP replica 0 gathers it over TP on its stage; TP rank 0 passes it to stage 0.
-      if (ps.dp.rank() != 0) return {};
+      if (ps.dp_cp.rank() != 0) return {};
       if (ps.pp.rank() == owner) full = tp::gather_full(local().first.detach(), local().second.split, ps.tp).contiguous();
       if (owner != 0 && ps.tp.rank() == 0 && (ps.pp.rank() == owner || ps.pp.rank() == 0)) {
         full = pass(full, ps.pp, owner, 0, device, arriving);
@@ -112,7 +112,7 @@ void export_hf_from_ranks(const std::vector<GPTModel*>& chunks, const Config& c,
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("exported the model to %s (Hugging Face safetensors, %.2f s)\n", c.train.save_hf.c_str(), seconds);
     std::fflush(stdout);
-  } else if (ps.dp.rank() == 0 || ps.expert_dp.rank() == 0) {
+  } else if (ps.dp_cp.rank() == 0 || ps.expert_dp.rank() == 0) {
     // The other ranks of the first replica take part in every gather and transfer rank 0 makes.
     for (const auto& name : whole_model.names()) full_tensor(name);
   }

@@ -84,6 +84,10 @@ struct ModelConfig {
   // Multi-token prediction (DeepSeek-V3, --mtp-num-layers; model/mtp): depths after the decoder,
   // each predicting one more token ahead; the objective adds scaling / D x their losses' sum.
   int mtp_num_layers = 0;
+  // --cp-comm-type under context parallelism: p2p (ring), all_gather or a2a (Ulysses); one for
+  // every layer, or one per layer (Megatron's list form).
+  std::vector<std::string> cp_comm_type = {"p2p"};
+  const std::string& cp_comm_type_of(int layer) const { return cp_comm_type.size() == 1 ? cp_comm_type[0] : cp_comm_type.at(size_t(layer)); }
   double mtp_loss_scaling_factor = 0.1;
 
   bool untie_embeddings_and_output_weights = false;

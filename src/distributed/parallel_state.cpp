@@ -78,7 +78,8 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
     ps.expert_dp = mine_in_experts({"dp"});
   }
   ps.pp = mine({"pp"});
-  ps.dp_cp = mine({"dp", "cp"});
+  // Without context parallelism the same ranks as dp: no second communicator for them.
+  ps.dp_cp = c.context_parallel_size > 1 ? mine({"dp", "cp"}) : ps.dp;
   ps.model_parallel = mine({"tp", "pp"});
   // Each pipeline group's first and last rank; every rank creates all of them in the same order.
   for (const auto& stages : layout_groups(order, {"pp"})) {

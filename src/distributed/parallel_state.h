@@ -17,8 +17,8 @@ struct ParallelState {
   int world_size = 1;
   Group world;
   Group tp;              // tensor (and sequence) parallel peers
-  Group cp;              // context parallel
-  Group dp;              // data-parallel replicas: gradients are averaged here
+  Group cp;              // context parallel: each holds 2 of the sequence's 2 x cp chunks
+  Group dp;              // data-parallel replicas: each reads its own samples
   // Expert parallelism (MoE layers) lays the same ranks out a second time, in Megatron's order
   // etp-ep-edp-pp: `ep` holds the ranks with the other experts (carved out of dp, so its
   // members hold different data), `expert_tp` the ranks splitting each expert (= tp), and
@@ -28,7 +28,10 @@ struct ParallelState {
   Group expert_tp;
   Group expert_dp;
   Group pp;              // pipeline stages
-  Group dp_cp;           // gradient reduction group (dp x cp), as Megatron
+  // The replicas of this rank's (dense) parameters, dp x cp: gradients are averaged and the
+  // distributed optimizer's state sharded here, as Megatron's data-parallel group "with context
+  // parallel". The dp group itself when cp is 1.
+  Group dp_cp;
   Group model_parallel;  // tp x pp: one full model; norms and losses are reduced here
   // The first and last pipeline stage (same tp/dp position): tied embedding and output weights
   // have their gradients summed here. Trivial without a pipeline and on the middle stages.

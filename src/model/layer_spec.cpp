@@ -1,6 +1,7 @@
 #include "model/layer_spec.h"
 
 #include "model/attention.h"
+#include "model/context_parallel_attention.h"
 #include "model/core_attention.h"
 #include "model/mla.h"
 #include "model/mlp.h"
@@ -13,14 +14,19 @@ LayerSpec gpt_layer_spec(const ModelConfig& config) {
   if (config.multi_latent_attention) {
     // Megatron's MLA spec: its own softmax scale (YaRN's mscale squared), the input norm a module
     // of the layer.
-    spec.core_attention = [](const PartContext& ctx) {
-      return std::make_shared<SdpaAttention>(ctx.tp, MultiLatentAttention::softmax_scale(ctx.config));
+    spec.core_attention = [](const PartContext& ctx) -> std::shared_ptr<CoreAttention> {
+      const double scale = MultiLatentAttention::softmax_scale(ctx.config);
+      if (ctx.tp.context.size() > 1) return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer), scale);
+      return std::make_shared<SdpaAttention>(ctx.tp, scale);
     };
     spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {
       return std::make_shared<MultiLatentAttention>(ctx, std::move(core));
     };
   } else {
-    spec.core_attention = [](const PartContext& ctx) { return std::make_shared<SdpaAttention>(ctx.tp); };
+    spec.core_attention = [](const PartContext& ctx) -> std::shared_ptr<CoreAttention> {
+      if (ctx.tp.context.size() > 1) return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer));
+      return std::make_shared<SdpaAttention>(ctx.tp);
+    };
     spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {
       return std::make_shared<SelfAttention>(ctx, std::move(core));
     };

@@ -2,7 +2,7 @@
 // is built from parts behind small interfaces, and one function per family picks the parts.
 //
 //   attention block   normed hidden -> attention output (self-attention, or multi-latent attention)
-//   core attention    q, k, v -> context (SDPA today; ring attention next)
+//   core attention    q, k, v -> context (SDPA; across context-parallel ranks: ring, all-gather or a2a)
 //   feed-forward      normed hidden -> MLP output (the dense MLP, or MoE: src/moe)
 //
 // The layer owns the pre-norms and the residual stream. Where a norm's parameters live is the

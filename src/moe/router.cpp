@@ -83,7 +83,12 @@ at::Tensor TopKRouter::take_tracked() {
 at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tensor& logits, int64_t batch) {
   const ModelConfig& c = config_;
   const int64_t E = c.num_experts, k = c.moe_router_topk, T = logits.size(0);
-  const int tp = tp_.size(), dp = tp_.data.size();
+  // Counted over the sequence's shards: TP ranks' (sequence parallel) and CP ranks' chunks.
+  const int tp = tp_.size(), cp = tp_.context.size(), dp = tp_.data.size();
+  auto count_over_sequence = [&](at::Tensor& counts) {
+    if (tp > 1) tp_.group.all_reduce(counts);
+    if (cp > 1) tp_.context.all_reduce(counts);
+  };
   at::Tensor scores, routed;  // [T, E]: the scores and top-k of the losses, over all experts whatever the routing did
   int slot = 0;
   for (const BalancingLoss& kind : balancing_losses()) {
@@ -99,15 +104,21 @@ at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tenso
     if (kind.type == "seq_aux_loss") {
       // Per sequence, as [s, b * E] columns (each sequence's experts apart), averaged over them.
       const at::Tensor seq_scores = scores.reshape({T / batch, batch * E}), seq_routed = routed.reshape({T / batch, batch * E});
-      at::Tensor counts = seq_routed.sum(0);  // over the sequence shards of every TP rank
-      if (tp > 1) tp_.group.all_reduce(counts);
-      loss = switch_load_balancing_loss(seq_scores, counts, (T / batch) * tp, int(k), int(E), coeff) / double(batch);
+      at::Tensor counts = seq_routed.sum(0);
+      count_over_sequence(counts);
+      loss = switch_load_balancing_loss(seq_scores, counts, (T / batch) * tp * cp, int(k), int(E), coeff) / double(batch);
+      shown = double(cp);  // each CP rank's share of the sequences' loss: the log line averages over CP
     } else {
-      at::Tensor counts = routed.sum(0);  // [E] over every TP rank's shard
-      if (tp > 1) tp_.group.all_reduce(counts);
+      at::Tensor counts = routed.sum(0);  // [E]
       int64_t total = T * tp;
-      if (kind.type == "global_aux_loss") {
-        // Over every data-parallel replica too, averaged over the step's micro-batches so far.
+      if (tp > 1) tp_.group.all_reduce(counts);
+      if (kind.type != "global_aux_loss") {
+        if (cp > 1) tp_.context.all_reduce(counts);
+        total *= cp;
+        shown = double(cp);  // each CP rank's share: the log line averages over CP
+      } else {
+        // Over every data-parallel (and context-parallel) replica too, averaged over the step's
+        // micro-batches so far.
         if (dp > 1) tp_.data.all_reduce(counts);
         global_counts_ = global_counts_.defined() ? global_counts_ + counts : counts;
         counts = global_counts_ / double(++global_micro_batches_);
@@ -129,13 +140,14 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
   at::Tensor logits = logits_of(tokens);  // [T, E]
   if (c.moe_router_force_load_balancing) logits = at::randn_like(logits);  // balanced on average (benchmarks)
   const bool losses = is_training() && at::GradMode::is_enabled();
-  const int tp = tp_.size();
+  const int tp = tp_.size(), cp = tp_.context.size();
   if (losses && c.moe_z_loss_coeff > 0) {
-    // Each TP rank's mean over its own tokens: the coefficient is shared out over TP.
-    const at::Tensor z = z_loss(logits, c.moe_z_loss_coeff / tp);
+    // Each TP and CP rank's mean over its own tokens: the coefficient is shared out over both
+    // (TP ranks' gradients are summed; CP ranks' averaged, with the losses scaled up by CP).
+    const at::Tensor z = z_loss(logits, c.moe_z_loss_coeff / (tp * cp));
     logits = attach_loss(logits, z, loss_scale_, fp16_loss_scale_);
-    // mean logsumexp^2 / tp (summed over TP: the mean); z_loss is tracked last
-    track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff);
+    // mean logsumexp^2 / tp (summed over TP, averaged over CP: the mean); z_loss is tracked last
+    track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff * cp);
   }
 
   auto [probs, indices] = choose(logits);  // [T, k]

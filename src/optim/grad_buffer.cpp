@@ -19,7 +19,7 @@ struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
 
 ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<NamedTensor>& named, const dist::ParallelState& ps,
                                        const GradBufferOptions& options)
-    : ps_(ps), options_(options), reduce_group_(options.grad_group == tp::GradGroup::DataParallel ? ps.dp : ps.expert_dp) {
+    : ps_(ps), options_(options), reduce_group_(options.grad_group == tp::GradGroup::DataParallel ? ps.dp_cp : ps.expert_dp) {
   TORCH_CHECK(!named.empty(), "ParamAndGradBuffer: no parameters");
   const int dp = reduce_group_.size();
   const at::TensorOptions param_options = named[0].tensor.options();

@@ -52,7 +52,7 @@ struct GradBufferOptions {
   bool grad_reduce_in_bf16 = false;
   // The group the buffer's gradients are averaged over (and, with the distributed optimizer,
   // sharded across), as Megatron's DDP keeps dense and expert-parallel buffers apart: dense
-  // parameters over ps.dp, expert parameters over ps.expert_dp. Every parameter in the buffer
+  // parameters over ps.dp_cp, expert parameters over ps.expert_dp. Every parameter in the buffer
   // must name this group in its ParamInfo.
   tp::GradGroup grad_group = tp::GradGroup::DataParallel;
 };
@@ -116,7 +116,7 @@ class ParamAndGradBuffer {
   std::vector<BufferedParam>& params() { return params_; }
   const std::vector<BufferedParam>& params() const { return params_; }
   const dist::ParallelState& parallel_state() const { return ps_; }
-  const dist::Group& reduce_group() const { return reduce_group_; }  // ps.dp or ps.expert_dp
+  const dist::Group& reduce_group() const { return reduce_group_; }  // ps.dp_cp or ps.expert_dp
   bool distributed_optimizer() const { return options_.distributed_optimizer; }
   size_t num_buckets() const { return buckets_.size(); }
 

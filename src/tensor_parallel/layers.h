@@ -30,8 +30,13 @@ struct TensorParallel {
   // the MoE layer gathers its tokens over them. With --expert-tensor-parallel-size = TP the TP
   // group itself; a group of one: experts whole.
   dist::Group expert_group;
-  // The data-parallel replicas (global_aux_loss counts experts over the whole batch).
+  // The replicas of the dense parameters, data x context parallel (ParallelState::dp_cp):
+  // global_aux_loss counts experts over the whole batch, FP8 amaxes and expert-bias counts are
+  // reduced over them.
   dist::Group data;
+  // The context-parallel peers (ParallelState::cp): each holds 2 of the sequence's 2 x CP chunks;
+  // core attention exchanges keys and values with them, the routers' load counts sum over them.
+  dist::Group context;
   int size() const { return group.size(); }
   int rank() const { return group.rank(); }
   // The group a parameter's ShardSpec splits it over: expert_group for experts, else group.

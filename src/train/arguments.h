@@ -19,6 +19,10 @@ Config parse_train_arguments(const std::vector<std::string>& args);
 // settings. `world_size` is the number of ranks taking part (1 for a single process).
 void finalize_config(Config& config, int world_size);
 
+// --context-parallel-size and --cp-comm-type against the model and the other flags (finalize_config
+// calls it once the layout is known).
+void check_context_parallel(const Config& config);
+
 // Vocabulary size (ids the embedding needs) and end-of-document id of the configured tokenizer.
 struct TokenizerInfo {
   int64_t vocab_size;

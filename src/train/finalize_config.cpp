@@ -378,10 +378,7 @@ void finalize_config(Config& c, int world_size) {
   p.data_parallel_size = world_size / model_parallel;
   if (p.sequence_parallel && p.tensor_model_parallel_size == 1) p.sequence_parallel = false;  // as Megatron
   pipeline::check_pipeline_layout(p, m.num_layers);
-  if (p.context_parallel_size > 1) {
-    throw UserError("--context-parallel-size " + std::to_string(p.context_parallel_size) +
-                    ": context parallelism is not implemented yet; use tensor (with --sequence-parallel) and data parallelism");
-  }
+  check_context_parallel(c);
   if (m.num_experts > 0 && m.moe_router_pre_softmax && m.moe_router_score_function == "sigmoid") {
     // Pai's DeepSeek-V3 script gives both; Megatron's topk routing reads pre-softmax for softmax only.
     c.flag_notices.push_back("--moe-router-pre-softmax has no effect with --moe-router-score-function sigmoid (as in Megatron)");

@@ -23,7 +23,7 @@ GradBuffers make_grad_buffers(const std::vector<GPTModel*>& chunks, const Config
     }
   }
   GradBufferOptions options;
-  options.bucket_size = p.ddp_bucket_size > 0 ? p.ddp_bucket_size : std::max<int64_t>(40000000, 1000000LL * ps.dp.size());
+  options.bucket_size = p.ddp_bucket_size > 0 ? p.ddp_bucket_size : std::max<int64_t>(40000000, 1000000LL * ps.dp_cp.size());
   options.overlap_grad_reduce = p.overlap_grad_reduce;
   options.distributed_optimizer = p.use_distributed_optimizer;
   options.overlap_param_gather = p.overlap_param_gather && p.use_distributed_optimizer;

@@ -73,7 +73,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"classes-fraction", Arity::One, "1.0", nullptr, Fate::Ignored, kOtherScript, Origin::MegatronLm},
     {"config-logger-dir", Arity::One, "", nullptr, Fate::Ignored, kLogging, Origin::MegatronLm},
     {"convert-checkpoint-from-megatron-to-transformers", Arity::None, "false", "true", Fate::Ignored, kOtherScript, Origin::Pai},
-    {"cp-comm-type", Arity::OneOrMore, "p2p", nullptr, Fate::NotYet, "context parallelism is issue #22", Origin::MegatronLm},
     {"cpu-offloading-retain-pinned-cpu-buffers", Arity::None, "false", "true", Fate::NotYet, nullptr, Origin::MegatronLm},
     {"create-all-gather-group", Arity::None, "false", "true", Fate::Ignored, kCommunication, Origin::MegatronLm},
     {"cross-entropy-fusion-impl", Arity::One, "native", nullptr, Fate::Ignored, kKernel, Origin::MegatronLm},

@@ -22,6 +22,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export_ranks.h"
 #include "checkpoint/hf_mapping.h"
+#include "context_parallel/chunks.h"
 #include "core/activation_offload.h"
 #include "core/errors.h"
 #include "core/memory.h"
@@ -105,6 +106,13 @@ class Trainer {
   // losses on every stage) -> summed over the stages and averaged over DP replicas, on every
   // rank, fp64 on the device, the same shape.
   at::Tensor global_loss(const at::Tensor& sums);
+  // Samples [first, first + micro-batch) of `source` as this rank trains on them: under context
+  // parallelism its two chunks of each sequence.
+  Batch rank_batch(const SampleSource& source, int64_t first) const;
+  // The loss a micro-batch enters backward with (its mean over `tokens` loss tokens, divided by
+  // the micro-batch count): under context parallelism each rank's share of the mean over every
+  // CP rank's tokens, times CP (the gradients are averaged over CP).
+  at::Tensor backward_loss(const MicroBatchLoss& result, int64_t micro_batches, bool per_token) const;
   void report_memory();
   std::vector<GPTModel*> chunks() const;
   std::vector<ParamAndGradBuffer*> buffers() const { return buffers_.all(); }  // dense, then MoE experts'
@@ -185,7 +193,8 @@ int Trainer::run() {
   tp::TensorParallel tensor_parallel{ps_.tp, p.sequence_parallel, nullptr};
   tensor_parallel.experts = ps_.ep;
   tensor_parallel.expert_group = ps_.expert_tp;
-  tensor_parallel.data = ps_.dp;
+  tensor_parallel.data = ps_.dp_cp;
+  tensor_parallel.context = ps_.cp;
   if (ps_.tp.size() > 1) {
     tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
   }
@@ -248,8 +257,7 @@ int Trainer::run() {
   }
   train_batches_ = std::make_unique<BatchPrefetcher>(
       [this, dp_offset](int64_t first) {
-        Batch b = make_batch(*train_data_, first + dp_offset, t_.micro_batch_size, c_.model.seq_length,
-                             c_.model.vocab_size, ltor_);
+        Batch b = rank_batch(*train_data_, first + dp_offset);
         return device_.is_cuda() ? pinned(b) : b;  // prepared on the prefetcher's thread
       },
       dp_block);
@@ -264,8 +272,11 @@ int Trainer::run() {
                                                         " x expert parallel " + std::to_string(ps_.ep.size()) + " x expert data " +
                                                         std::to_string(ps_.expert_dp.size())
                                                   : "";
-    std::printf("> parallel layout: tensor %d x pipeline %d%s x data %d%s%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),
-                virtual_stages.c_str(), ps_.dp.size(), p.sequence_parallel ? ", sequence parallel" : "",
+    const std::string context = ps_.cp.size() > 1 ? " x context " + std::to_string(ps_.cp.size()) + " (" +
+                                                        (m.cp_comm_type.size() == 1 ? m.cp_comm_type[0] : "per layer") + ")"
+                                                  : "";
+    std::printf("> parallel layout: tensor %d x pipeline %d%s%s x data %d%s%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),
+                virtual_stages.c_str(), context.c_str(), ps_.dp.size(), p.sequence_parallel ? ", sequence parallel" : "",
                 p.use_distributed_optimizer ? ", distributed optimizer" : "", experts.c_str(), backend.c_str());
     std::fputs(moe::describe_moe(m).c_str(), stdout);
     std::printf("> model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d (padded %d), seq %d\n",
@@ -413,13 +424,14 @@ void Trainer::check_weight_hash() {
               static_cast<long long>(progress_.iteration), static_cast<unsigned long long>(hash), ps_.tp.rank(), ps_.dp.rank());
   std::fflush(stdout);
   at::Tensor mine = at::full({1}, static_cast<int64_t>(hash), at::TensorOptions().dtype(at::kLong).device(device_));
-  at::Tensor all = at::empty({ps_.dp.size()}, mine.options());
-  ps_.dp.all_gather(all, mine);
+  // Context-parallel ranks hold replicas too.
+  at::Tensor all = at::empty({ps_.dp_cp.size()}, mine.options());
+  ps_.dp_cp.all_gather(all, mine);
   const at::Tensor all_cpu = all.cpu();
-  for (int r = 0; r < ps_.dp.size(); ++r) {
+  for (int r = 0; r < ps_.dp_cp.size(); ++r) {
     if (all_cpu[r].item<int64_t>() != static_cast<int64_t>(hash)) {
       throw std::runtime_error("iteration " + std::to_string(progress_.iteration) + ": weights differ between data-parallel rank " +
-                               std::to_string(ps_.dp.rank()) + " and " + std::to_string(r));
+                               std::to_string(ps_.dp_cp.rank()) + " and " + std::to_string(r));
     }
   }
 }
@@ -499,13 +511,33 @@ at::Tensor Trainer::global_loss(const at::Tensor& sums) {
   at::Tensor v = sums.to(at::kDouble).reshape({-1}).contiguous();
   // Summed over the stages: only the last has the loss and the family's terms (the others hold
   // zeros there, so the sum is exact), while MoE router losses come from every stage's layers.
-  // Then averaged over DP, on every stage.
+  // Then averaged over DP (and CP: each CP rank has its chunks' losses and tokens), on every stage.
   if (ps_.pp.size() > 1) ps_.pp.all_reduce(v);
-  if (ps_.dp.size() > 1) {
-    ps_.dp.all_reduce(v);
-    v.div_(ps_.dp.size());
+  if (ps_.dp_cp.size() > 1) {
+    ps_.dp_cp.all_reduce(v);
+    v.div_(ps_.dp_cp.size());
   }
   return v.reshape(sums.sizes());
+}
+
+Batch Trainer::rank_batch(const SampleSource& source, int64_t first) const {
+  Batch b = make_batch(source, first, t_.micro_batch_size, c_.model.seq_length, c_.model.vocab_size, ltor_);
+  return ps_.cp.size() > 1 ? cp::rank_batch(b, ps_.cp.size(), ps_.cp.rank()) : b;
+}
+
+at::Tensor Trainer::backward_loss(const MicroBatchLoss& result, int64_t micro_batches, bool per_token) const {
+  if (per_token) return result.loss * result.tokens;  // summed; divided by the global batch's tokens with the gradients
+  const int cp = ps_.cp.size();
+  if (cp == 1) return result.loss / double(micro_batches);
+  if (!result.tokens.defined()) {
+    throw UserError("--context-parallel-size " + std::to_string(cp) +
+                    ": the family's loss function counts no loss tokens, so the CP ranks' shares of its mean are unknown");
+  }
+  // Megatron's loss under CP: sum_rank / tokens_all x CP, so that the average over CP is the mean.
+  const at::Tensor tokens = result.tokens.detach().to(at::kFloat);
+  at::Tensor all = tokens.reshape({1}).clone();
+  ps_.cp.all_reduce(all);
+  return result.loss * (tokens * double(cp) / all.squeeze(0).clamp_min(1.0)) / double(micro_batches);
 }
 
 at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch, bool forward_only) {
@@ -517,7 +549,9 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   // Per token, as Megatron: the router losses unscaled here, divided with the gradients.
   // --fp16: the losses enter backward multiplied by the loss scale.
   const at::Tensor loss_scale = scaler_ && !forward_only ? scaler_->scale() : at::Tensor();
-  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(per_token ? 1.0 : 1.0 / double(micro_batches), loss_scale);
+  // Under CP the gradients are averaged over CP ranks holding parts of one sequence: CP times.
+  const double moe_scale = per_token ? 1.0 : double(ps_.cp.size()) / double(micro_batches);
+  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(moe_scale, loss_scale);
   std::map<int64_t, Batch> batches;  // each micro-batch is loaded once, whichever chunks use it
   pipeline::StageFunctions f;
   f.forward = [&](int chunk, int64_t k, const at::Tensor& input) -> at::Tensor {
@@ -529,7 +563,7 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
     TORCH_CHECK(result.terms.size() == loss_terms_.size(), "the loss function returned ", result.terms.size(),
                 " terms, its family declares ", loss_terms_.size());
     TORCH_CHECK(!per_token || result.tokens.defined(), "--calculate-per-token-loss: the loss function returned no token count");
-    at::Tensor loss = per_token ? result.loss * result.tokens : result.loss / double(micro_batches);
+    const at::Tensor loss = backward_loss(result, micro_batches, per_token);
     // [0] the loss summed over the tokens, [last] the tokens: the reported loss is their ratio.
     // A loss function that counts no tokens weighs its micro-batches alike.
     if (result.tokens.defined()) {
@@ -564,7 +598,8 @@ at::Tensor Trainer::forward_backward(int64_t micro_batches, const BatchFn& batch
   o.chunks = static_cast<int>(chunks_.size());
   o.forward_only = forward_only;
   const bool sp = c_.parallel.sequence_parallel;
-  o.activation_shape = {sp ? m.seq_length / ps_.tp.size() : m.seq_length, t_.micro_batch_size, m.hidden_size};
+  const int64_t rank_tokens = m.seq_length / ps_.cp.size();  // this rank's two chunks
+  o.activation_shape = {sp ? rank_tokens / ps_.tp.size() : rank_tokens, t_.micro_batch_size, m.hidden_size};
   o.activation_options = at::TensorOptions().device(device_).dtype(params_dtype(t_));
   const pipeline::ScheduleStats stats = pipeline::forward_backward(f, o, ps_.pp);
   if (!forward_only) max_in_flight_ = std::max(max_in_flight_, stats.max_in_flight);
@@ -608,9 +643,9 @@ double Trainer::evaluate(SampleSource& source, int64_t& consumed) {
   at::Tensor total = at::zeros({2}, at::TensorOptions().device(device_).dtype(at::kDouble));
   for (int64_t i = 0; i < t_.eval_iters; ++i) {
     const int64_t base = consumed + int64_t(t_.micro_batch_size) * ps_.dp.rank();
-    const at::Tensor sums = forward_backward(micro_batches, [&](int64_t k) {
-      return make_batch(source, base + k * dp_block, t_.micro_batch_size, m.seq_length, m.vocab_size, ltor_);
-    }, /*forward_only=*/true).to(at::kDouble);
+    const at::Tensor sums =
+        forward_backward(micro_batches, [&](int64_t k) { return rank_batch(source, base + k * dp_block); }, /*forward_only=*/true)
+            .to(at::kDouble);
     total[0] += sums[0];
     total[1] += sums[sums.size(0) - 1];
     consumed += micro_batches * dp_block;

@@ -84,17 +84,15 @@ TEST(MegatronFlags, IgnoredFlagsAreAcceptedWithANotice) {
 }
 
 TEST(MegatronFlags, UnimplementedFlagsPassOnlyWithMegatronsDefault) {
-  // Megatron's defaults (--cp-comm-type p2p, --activation-offload-fraction 1, --fp4-recipe nvfp4)
-  // and the values that are what megatron.cpp does (Pai's --dataset MMAP, --train-mode pretrain).
-  Config c = parse_train_arguments({"--cp-comm-type", "p2p", "--activation-offload-fraction", "1.0", "--fp4-recipe", "nvfp4",
+  // Megatron's defaults (--activation-offload-fraction 1, --fp4-recipe nvfp4) and the values that
+  // are what megatron.cpp does (Pai's --dataset MMAP, --train-mode pretrain).
+  Config c = parse_train_arguments({"--activation-offload-fraction", "1.0", "--fp4-recipe", "nvfp4",
                                     "--dataset", "MMAP", "--train-mode", "pretrain"});
-  ASSERT_EQ(c.flag_notices.size(), 5u);
-  EXPECT_NE(c.flag_notices[0].find("--cp-comm-type changes nothing"), std::string::npos) << c.flag_notices[0];
-  EXPECT_NE(c.flag_notices[3].find("--dataset (a Pai-Megatron-Patch flag) changes nothing"), std::string::npos) << c.flag_notices[3];
+  ASSERT_EQ(c.flag_notices.size(), 4u);
+  EXPECT_NE(c.flag_notices[0].find("--activation-offload-fraction changes nothing"), std::string::npos) << c.flag_notices[0];
+  EXPECT_NE(c.flag_notices[2].find("--dataset (a Pai-Megatron-Patch flag) changes nothing"), std::string::npos) << c.flag_notices[2];
 
   EXPECT_NE(parse_error({"--activation-offload-fraction", "0.5"}).find("--activation-offload-fraction is not implemented yet"),
-            std::string::npos);
-  EXPECT_NE(parse_error({"--cp-comm-type", "a2a"}).find("--cp-comm-type is not implemented yet: context parallelism is issue #22"),
             std::string::npos);
   EXPECT_NE(parse_error({"--checkpoint-activations"}).find("--checkpoint-activations is not implemented yet: use --recompute-granularity full"),
             std::string::npos);

@@ -1,7 +1,8 @@
 // Parallel equivalence, the core test of the distributed layer: a tiny fp32 model trained for
 // 20 steps as real processes over Gloo (`megatron launch`) under TP=2, TP=2 + SP, DP=2,
-// DP=2 + distributed optimizer, TP=2 x DP=2, and pipelines (PP=2, PP=4, uneven, interleaved,
-// PP x TP, PP x DP with the distributed optimizer) reproduces the single-process losses,
+// DP=2 + distributed optimizer, TP=2 x DP=2, pipelines (PP=2, PP=4, uneven, interleaved,
+// PP x TP, PP x DP with the distributed optimizer) and context parallelism (CP=2 and CP=4 with
+// each exchange, CP x TP + SP, CP x PP, CP x DP with the distributed optimizer) reproduces the single-process losses,
 // validation losses and final parameters (TP shards and pipeline stages reassembled from the
 // per-rank checkpoint files) to 1e-5 relative, and the weights stay identical across
 // data-parallel replicas.
@@ -269,6 +270,38 @@ TEST_F(ParallelEquivalence, TensorParallel2PipelineParallel2DataParallel2Distrib
                          "--cross-entropy-loss-fusion"});
 }
 
+// Context parallelism: each rank holds 2 of 2 x CP sequence chunks (an early and a late one) and
+// its attention sees every rank's keys by ring exchange (p2p), all-gather, or heads traded for
+// the sequence (a2a; on 4 ranks the 2 key/value groups are copied per query head first).
+TEST_F(ParallelEquivalence, ContextParallel2EachExchange) {
+  for (const char* type : {"p2p", "all_gather", "a2a"}) {
+    SCOPED_TRACE(type);
+    check("llama", 2, 1, {"--context-parallel-size", "2", "--cp-comm-type", type});
+  }
+}
+
+TEST_F(ParallelEquivalence, ContextParallel4EachExchange) {
+  for (const char* type : {"p2p", "all_gather", "a2a"}) {
+    SCOPED_TRACE(type);
+    check("llama", 4, 1, {"--context-parallel-size", "4", "--cp-comm-type", type});
+  }
+}
+
+TEST_F(ParallelEquivalence, ContextParallel2TensorParallel2SequenceParallel) {
+  check("llama", 4, 2, {"--context-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"});
+}
+
+// Learned absolute positions read the true positions of each rank's chunks.
+TEST_F(ParallelEquivalence, ContextParallel2PipelineParallel2Tied) {
+  check("gpt4", 4, 1, {"--context-parallel-size", "2", "--pipeline-model-parallel-size", "2"});
+}
+
+// The distributed optimizer shards over DP x CP (4 shards) and gradients are averaged there.
+TEST_F(ParallelEquivalence, ContextParallel2DataParallel2DistributedOptimizer) {
+  check("llama", 4, 1, {"--context-parallel-size", "2", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                        "--ddp-bucket-size", "4000"});
+}
+
 // Resharding on load: a checkpoint saved at iteration 10 under one layout resumes under another
 // (optimizer state included) and the last 10 losses equal the uninterrupted single-process run's.
 // Pipeline stages are joined by parameter name and split again for the new stages.
@@ -291,6 +324,9 @@ TEST_F(ParallelEquivalence, CheckpointsReshardToAnyLayout) {
       {"tp2pp2_zero1_to_single", 4,
        {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}, 1, {}},
       {"pp2dp2_zero1_to_dp2", 4, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}, 2, {}},
+      // CP is not part of the saved layout: its ranks' optimizer shards are read as DP shards.
+      {"cp2tp2_sp_zero1_to_single", 4,
+       {"--context-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"}, 1, {}},
       {"single_to_pp2_uneven_tp2", 1, {}, 4,
        {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "1"}},
   };

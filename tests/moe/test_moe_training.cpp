@@ -97,6 +97,9 @@ TEST(MoeTraining, ExpertParallelLayoutsReproduceOneProcess) {
       // ranks holding different data), and expert TP 1 under TP=2 + SP (EP spans the TP ranks).
       {"ep2_etp2", {4, {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2",
                         "--moe-token-dispatcher-type", "alltoall"}}},
+      // Context parallelism beside EP: the routers' load counts and z-loss span both CP ranks'
+      // chunks of each sequence.
+      {"cp2_ep2", {2, {"--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}}},
       {"ep2_etp1_tp2_sp", {2, {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1",
                                "--tensor-model-parallel-size", "2", "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall"}}},
   };

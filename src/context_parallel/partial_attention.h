@@ -1,0 +1,48 @@
+// Attention of some queries over one block of keys, with the log-sum-exp of each query's scores,
+// so that blocks seen one after another merge into the attention over all of them (ring
+// attention's arithmetic). Layout as SDPA's: q [b, H, sq, d], k [b, G, sk, d], v [b, G, sk, dv]
+// (G key/value heads shared by H / G query heads each, no copies).
+//
+// The backward of a block takes the merged output and log-sum-exp, not the block's own: with
+// P = exp(S - lse_merged) the block's share of the softmax and D = rowsum(dout * out_merged),
+// dS = P * (dout v^T - D) is exactly the block's part of the whole attention's gradient.
+//
+// On CUDA in fp16 / bf16 the blocks run flash attention's kernels (no mask, head dim % 8,
+// <= 256); elsewhere, and under a mask, explicit fp32 arithmetic.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace megatron::cp {
+
+struct PartialAttention {
+  at::Tensor out;  // [b, H, sq, dv] fp32
+  at::Tensor lse;  // [b, H, sq] fp32; -inf where a query saw no key
+};
+
+// An empty accumulator for `rows` queries: out zeros, lse -inf.
+PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t value_dim, const at::TensorOptions& options);
+
+// causal: square block on the diagonal (key j visible to query i when j <= i). mask: [b, 1, sq, sk]
+// bool, true = may attend, or undefined.
+PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                              const at::Tensor& mask, double scale);
+
+struct BlockGrads {
+  at::Tensor dq;  // [b, H, sq, d] fp32
+  at::Tensor dk;  // [b, G, sk, d] fp32
+  at::Tensor dv;  // [b, G, sk, dv] fp32
+};
+
+// dout, out: [b, H, sq, dv] (the merged output's gradient and the merged output, q's dtype);
+// lse: [b, H, sq] merged.
+BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& out, const at::Tensor& lse, bool causal, const at::Tensor& mask,
+                                 double scale);
+
+// Folds `part` (rows [first_row, first_row + its rows) of `into`) into `into`, in place.
+void merge_into(PartialAttention& into, const PartialAttention& part, int64_t first_row);
+
+}  // namespace megatron::cp

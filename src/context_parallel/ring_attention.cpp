@@ -1,0 +1,171 @@
+#include "context_parallel/ring_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+#include "context_parallel/chunks.h"
+#include "context_parallel/partial_attention.h"
+#include "tensor_parallel/group_capsule.h"
+
+namespace megatron::cp {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What step `step` attends: the owner of the keys then held, which query rows, which key rows.
+struct RingBlock {
+  int owner;
+  int64_t first_query, queries;
+  int64_t first_key, keys;
+  bool causal;
+};
+
+RingBlock block_at(int step, int rank, int cp, int64_t c) {
+  const int owner = (rank - step + cp) % cp;
+  if (owner == rank) return {owner, 0, 2 * c, 0, 2 * c, true};
+  if (owner < rank) return {owner, 0, 2 * c, 0, c, false};
+  return {owner, c, c, 0, 2 * c, false};
+}
+
+// The mask's part for a block: this rank's query rows over the owner's key rows.
+at::Tensor block_mask(const at::Tensor& mask, const RingBlock& blk, int cp) {
+  if (!mask.defined()) return mask;
+  return rank_rows(mask, 3, cp, blk.owner).narrow(2, blk.first_query, blk.queries).narrow(3, blk.first_key, blk.keys);
+}
+
+// Sends `out` to the next rank and receives `in` from the previous one, posted in an order that
+// pairs up around the ring (even ranks send first): no deadlock on NCCL, where with two ranks
+// both directions share one peer.
+std::vector<dist::Work> pass_on(const dist::Group& g, const at::Tensor& out, at::Tensor& in) {
+  const int next = (g.rank() + 1) % g.size(), prev = (g.rank() - 1 + g.size()) % g.size();
+  std::vector<dist::Work> works;
+  if (g.rank() % 2 == 0) {
+    works.push_back(g.send_async(out, next));
+    works.push_back(g.recv_async(in, prev));
+  } else {
+    works.push_back(g.recv_async(in, prev));
+    works.push_back(g.send_async(out, next));
+  }
+  return works;
+}
+
+void wait_all(std::vector<dist::Work>& works) {
+  for (auto& w : works) w.wait();
+  works.clear();
+}
+
+// k and v of one rank in one flat buffer, so one message carries both.
+struct KeyValues {
+  std::vector<int64_t> k_shape, v_shape;
+  at::Tensor pack(const at::Tensor& k, const at::Tensor& v) const { return at::cat({k.reshape(-1), v.reshape(-1)}); }
+  at::Tensor k(const at::Tensor& flat) const { return flat.narrow(0, 0, numel(k_shape)).view(k_shape); }
+  at::Tensor v(const at::Tensor& flat) const { return flat.narrow(0, numel(k_shape), numel(v_shape)).view(v_shape); }
+  static int64_t numel(const std::vector<int64_t>& s) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    return n;
+  }
+};
+
+// What the ring takes besides q, k and v. The mask travels in here, not as an argument of its
+// own: autograd records every tensor argument's metadata and an undefined one has none.
+struct RingSettings {
+  at::Tensor mask;
+  double scale;
+  dist::Group group;
+};
+
+struct RingAttention : torch::autograd::Function<RingAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const RingSettings& settings) {
+    const at::Tensor& mask = settings.mask;
+    const double scale = settings.scale;
+    const dist::Group& g = settings.group;
+    const int cp = g.size(), rank = g.rank();
+    const int64_t b = q.size(0), heads = q.size(1), c = q.size(2) / 2;
+    const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
+    PartialAttention acc = empty_partial(b, heads, 2 * c, v.size(3), q.options());
+    at::Tensor held = layout.pack(k, v), arriving;
+    std::vector<dist::Work> in_flight;
+    for (int step = 0; step < cp; ++step) {
+      if (step + 1 < cp) {
+        arriving = at::empty_like(held);
+        in_flight = pass_on(g, held, arriving);
+      }
+      const RingBlock blk = block_at(step, rank, cp, c);
+      const PartialAttention part =
+          attend_block(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
+                       layout.v(held).narrow(2, blk.first_key, blk.keys), blk.causal, block_mask(mask, blk, cp), scale);
+      merge_into(acc, part, blk.first_query);
+      if (step + 1 < cp) {
+        wait_all(in_flight);
+        held = arriving;
+      }
+    }
+    const at::Tensor out = acc.out.to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, acc.lse});
+    if (mask.defined()) ctx->saved_data["mask"] = mask;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["group"] = tp::to_ivalue(g);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor mask = ctx->saved_data.count("mask") ? ctx->saved_data["mask"].toTensor() : at::Tensor();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const dist::Group g = tp::group_of(ctx->saved_data["group"]);
+    const int cp = g.size(), rank = g.rank();
+    const int64_t c = q.size(2) / 2;
+    const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
+    const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor held = layout.pack(k, v), arriving;
+    // The key/value gradient of the block held, summed over the ranks it has visited (fp32).
+    at::Tensor held_grad = at::zeros({held.numel()}, held.options().dtype(at::kFloat)), arriving_grad;
+    std::vector<dist::Work> in_flight, grad_flight;
+    for (int step = 0; step < cp; ++step) {
+      if (step + 1 < cp) {
+        arriving = at::empty_like(held);
+        in_flight = pass_on(g, held, arriving);
+      }
+      const RingBlock blk = block_at(step, rank, cp, c);
+      const BlockGrads part = attend_block_backward(
+          dout.narrow(2, blk.first_query, blk.queries), q.narrow(2, blk.first_query, blk.queries),
+          layout.k(held).narrow(2, blk.first_key, blk.keys), layout.v(held).narrow(2, blk.first_key, blk.keys),
+          out.narrow(2, blk.first_query, blk.queries), lse.narrow(2, blk.first_query, blk.queries), blk.causal,
+          block_mask(mask, blk, cp), scale);
+      dq.narrow(2, blk.first_query, blk.queries).add_(part.dq);
+      layout.k(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dk);
+      layout.v(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dv);
+      if (cp > 1) {
+        // On to the next rank, which holds this block next step; from the previous rank, the
+        // gradient of the block arriving (after the last step: of this rank's own block).
+        arriving_grad = at::empty_like(held_grad);
+        grad_flight = pass_on(g, held_grad, arriving_grad);
+        wait_all(grad_flight);
+        held_grad = arriving_grad;
+      }
+      if (step + 1 < cp) {
+        wait_all(in_flight);
+        held = arriving;
+      }
+    }
+    return {dq.to(q.scalar_type()), layout.k(held_grad).to(k.scalar_type()), layout.v(held_grad).to(v.scalar_type()),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                          double scale, const dist::Group& cp) {
+  return RingAttention::apply(q, k, v, RingSettings{mask, scale, cp});
+}
+
+}  // namespace megatron::cp

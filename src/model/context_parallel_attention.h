@@ -1,0 +1,40 @@
+// Core attention across context-parallel ranks (--context-parallel-size > 1): each rank holds
+// two of the sequence's 2·CP chunks (context_parallel/chunks.h) and attends its queries over the
+// keys of the whole sequence, by one of Megatron's --cp-comm-type:
+//   p2p         ring attention: key/value blocks passed rank to rank, overlapped with the
+//               partial attention, merged by log-sum-exp (context_parallel/ring_attention.h)
+//   all_gather  keys and values gathered from every rank first (as Llama 3 trained), then one
+//               attention of the local queries under a mask of their true positions
+//   a2a         Ulysses: an all-to-all trades the heads for the sequence (each rank attends the
+//               whole sequence over H / CP heads), and another trades them back
+// Under packed documents (an attention mask) each rank's queries see only their document's keys.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "model/layer_spec.h"
+
+namespace megatron {
+
+class ContextParallelAttention : public CoreAttention {
+ public:
+  // softmax_scale: the scores' factor; unset: 1 / sqrt(the query head dim).
+  ContextParallelAttention(const tp::TensorParallel& tp, std::string comm_type, std::optional<double> softmax_scale = std::nullopt);
+  // q [2c, b, H/tp, d], k [2c, b, G/tp, d], v [2c, b, G/tp, dv]: this rank's rows. attention_mask:
+  // [b, 1, S, S] over the whole sequence, or undefined (causal). -> [2c, b, H/tp * dv].
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
+                     double dropout) const override;
+
+ private:
+  at::Tensor ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
+  at::Tensor gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
+  at::Tensor ulysses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
+  double scale_for(const at::Tensor& q) const;
+
+  dist::Group cp_;
+  std::string comm_type_;
+  std::optional<double> softmax_scale_;
+};
+
+}  // namespace megatron
