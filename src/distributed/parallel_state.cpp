@@ -52,6 +52,8 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   ps.tp = mine({"tp"});
   ps.cp = mine({"cp"});
   ps.dp = mine({"dp"});
+  // Without context parallelism the same ranks as dp: no second communicator for them.
+  ps.dp_cp = c.context_parallel_size > 1 ? mine({"dp", "cp"}) : ps.dp;
   // The expert layout over the same ranks (MoE): expert TP x EP x expert DP x PP.
   const int etp = c.expert_tensor_parallel_size > 0 ? c.expert_tensor_parallel_size : c.tensor_model_parallel_size;
   const int ep = c.expert_model_parallel_size;
@@ -71,15 +73,13 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   if (ep == 1 && etp == c.tensor_model_parallel_size) {
     ps.ep = Group();
     ps.expert_tp = ps.tp;
-    ps.expert_dp = ps.dp;
+    ps.expert_dp = ps.dp_cp;  // the expert layout's "dp" spans the CP ranks too
   } else {
     ps.ep = mine_in_experts({"ep"});
     ps.expert_tp = etp == c.tensor_model_parallel_size ? ps.tp : mine_in_experts({"tp"});
     ps.expert_dp = mine_in_experts({"dp"});
   }
   ps.pp = mine({"pp"});
-  // Without context parallelism the same ranks as dp: no second communicator for them.
-  ps.dp_cp = c.context_parallel_size > 1 ? mine({"dp", "cp"}) : ps.dp;
   ps.model_parallel = mine({"tp", "pp"});
   // Each pipeline group's first and last rank; every rank creates all of them in the same order.
   for (const auto& stages : layout_groups(order, {"pp"})) {

@@ -69,6 +69,8 @@ void TopKRouter::track(int slot, const at::Tensor& value) {
   if (!tracked_.defined()) {
     tracked_ = at::zeros({tracked_count_}, value.options().dtype(at::kFloat));
   }
+  // Under the loss scale: 1 / micro-batches, and under context parallelism CP times each CP
+  // rank's share, so the log line's average over CP is the whole sequence's value.
   tracked_.select(0, slot).add_(value.detach().to(at::kFloat) * loss_scale_);
 }
 
@@ -107,7 +109,6 @@ at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tenso
       at::Tensor counts = seq_routed.sum(0);
       count_over_sequence(counts);
       loss = switch_load_balancing_loss(seq_scores, counts, (T / batch) * tp * cp, int(k), int(E), coeff) / double(batch);
-      shown = double(cp);  // each CP rank's share of the sequences' loss: the log line averages over CP
     } else {
       at::Tensor counts = routed.sum(0);  // [E]
       int64_t total = T * tp;
@@ -115,7 +116,6 @@ at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tenso
       if (kind.type != "global_aux_loss") {
         if (cp > 1) tp_.context.all_reduce(counts);
         total *= cp;
-        shown = double(cp);  // each CP rank's share: the log line averages over CP
       } else {
         // Over every data-parallel (and context-parallel) replica too, averaged over the step's
         // micro-batches so far.
@@ -124,7 +124,8 @@ at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tenso
         counts = global_counts_ / double(++global_micro_batches_);
         total *= dp;
         // Each rank's share of the batch's loss: the log line averages over DP, Megatron sums.
-        shown = double(dp);
+        // (CP ranks' shares are tracked CP times already, under the loss scale.)
+        shown = double(dp / cp);
       }
       loss = switch_load_balancing_loss(scores, counts, total, int(k), int(E), coeff);
     }
@@ -146,8 +147,9 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
     // (TP ranks' gradients are summed; CP ranks' averaged, with the losses scaled up by CP).
     const at::Tensor z = z_loss(logits, c.moe_z_loss_coeff / (tp * cp));
     logits = attach_loss(logits, z, loss_scale_, fp16_loss_scale_);
-    // mean logsumexp^2 / tp (summed over TP, averaged over CP: the mean); z_loss is tracked last
-    track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff * cp);
+    // mean logsumexp^2 / (tp cp), summed over TP, tracked under the loss scale (CP times) and
+    // averaged over CP: the mean; z_loss is tracked last
+    track(int(tracked_count_) - 1, z / c.moe_z_loss_coeff);
   }
 
   auto [probs, indices] = choose(logits);  // [T, k]

@@ -141,7 +141,7 @@ void ParamAndGradBuffer::launch(Bucket& b) {
   at::Tensor grads = grad_data.narrow(0, b.begin, b.end - b.begin);
   // An expert's gradient sums the tokens that reached it: those of every expert-parallel rank and
   // expert-TP rank. Megatron scales expert gradients as dense ones, by 1 / (dense DP size), and
-  // sums them over expert DP; since etp x ep x expert-dp = tp x dp (one stage's ranks, CP 1) that
+  // sums them over expert DP; since etp x ep x expert-dp = tp x dp x cp (one stage's ranks) that
   // is the mean over expert DP times tp / (ep x etp): 1/ep with expert TP = TP, and e.g. 2 under
   // TP=2 with expert TP 1 and no EP (each TP rank's experts saw half of the sequence).
   const double expert_scale = options_.grad_group == tp::GradGroup::ExpertDataParallel

@@ -56,21 +56,24 @@ std::vector<std::string> model_flags(const std::string& model) {
 
 struct TrainingRun {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // Adam hides gradients off by a constant factor; their norm does not
   std::vector<double> validation_losses;
   std::string output;
   std::string save_dir;
 };
 
-std::vector<double> jsonl_losses(const std::string& path) {
+std::vector<double> jsonl_series(const std::string& path, const std::string& key) {
   std::ifstream in(path);
   std::vector<double> losses;
-  std::regex pattern(R"("lm_loss": ([0-9.eE+-]+))");
+  std::regex pattern("\"" + key + R"(": ([0-9.eE+-]+))");
   for (std::string line; std::getline(in, line);) {
     std::smatch m;
     if (std::regex_search(line, m, pattern)) losses.push_back(std::stod(m[1]));
   }
   return losses;
 }
+
+std::vector<double> jsonl_losses(const std::string& path) { return jsonl_series(path, "lm_loss"); }
 
 TrainingRun train(const test::TempDir& dir, const std::string& name, const std::string& model, int nproc,
           const std::vector<std::string>& layout) {
@@ -88,6 +91,7 @@ TrainingRun train(const test::TempDir& dir, const std::string& name, const std::
   run.output = result.output;
   EXPECT_EQ(result.status, 0) << name << "\n" << result.output;
   run.losses = jsonl_losses(dir / (name + ".jsonl"));
+  run.grad_norms = jsonl_series(dir / (name + ".jsonl"), "grad_norm");
   std::regex validation(R"(validation loss at iteration \d+ \| lm loss value: ([0-9.eE+-]+))");
   for (auto it = std::sregex_iterator(run.output.begin(), run.output.end(), validation); it != std::sregex_iterator(); ++it) {
     run.validation_losses.push_back(std::stod((*it)[1]));
@@ -145,14 +149,21 @@ class ParallelEquivalence : public ::testing::Test {
     return dir;
   }
 
-  void check(const std::string& model, int nproc, int tp, const std::vector<std::string>& layout) {
+  // name: the run's files in this test's directory (one per run of a test).
+  void check(const std::string& model, int nproc, int tp, const std::vector<std::string>& layout,
+             const std::string& name = "parallel") {
     const TrainingRun& single = reference(model);
     ASSERT_EQ(single.losses.size(), size_t(kSteps)) << single.output;
-    TrainingRun run = train(dir_, "parallel", model, nproc, layout);
+    TrainingRun run = train(dir_, name, model, nproc, layout);
     ASSERT_EQ(run.losses.size(), size_t(kSteps)) << run.output;
     for (int i = 0; i < kSteps; ++i) {
       EXPECT_LE(std::abs(run.losses[i] - single.losses[i]), kTolerance * std::abs(single.losses[i]))
           << "iteration " << i + 1 << ": " << run.losses[i] << " vs single-process " << single.losses[i];
+    }
+    ASSERT_EQ(run.grad_norms.size(), size_t(kSteps)) << run.output;
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_LE(std::abs(run.grad_norms[i] - single.grad_norms[i]), 1e-4 * single.grad_norms[i])
+          << "iteration " << i + 1 << ": grad norm " << run.grad_norms[i] << " vs single-process " << single.grad_norms[i];
     }
     ASSERT_EQ(run.validation_losses.size(), single.validation_losses.size()) << run.output;
     for (size_t i = 0; i < single.validation_losses.size(); ++i) {
@@ -276,14 +287,14 @@ TEST_F(ParallelEquivalence, TensorParallel2PipelineParallel2DataParallel2Distrib
 TEST_F(ParallelEquivalence, ContextParallel2EachExchange) {
   for (const char* type : {"p2p", "all_gather", "a2a"}) {
     SCOPED_TRACE(type);
-    check("llama", 2, 1, {"--context-parallel-size", "2", "--cp-comm-type", type});
+    check("llama", 2, 1, {"--context-parallel-size", "2", "--cp-comm-type", type}, type);
   }
 }
 
 TEST_F(ParallelEquivalence, ContextParallel4EachExchange) {
   for (const char* type : {"p2p", "all_gather", "a2a"}) {
     SCOPED_TRACE(type);
-    check("llama", 4, 1, {"--context-parallel-size", "4", "--cp-comm-type", type});
+    check("llama", 4, 1, {"--context-parallel-size", "4", "--cp-comm-type", type}, type);
   }
 }
 

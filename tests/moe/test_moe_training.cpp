@@ -34,7 +34,10 @@ std::vector<std::string> moe_flags(int steps) {
 }
 
 // The per-iteration values read from --metrics-jsonl.
-const char* const kSeries[] = {"lm_loss", "load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss"};
+// The gradient norm too: Adam's steps hardly change when a group of gradients is off by a
+// constant factor (an expert's gradient averaged over the wrong ranks), the norm does.
+const char* const kSeries[] = {"lm_loss", "load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss",
+                               "grad_norm"};
 
 struct MoeRun {
   std::map<std::string, std::vector<double>> series;  // each of kSeries the run logged, per iteration
@@ -170,7 +173,7 @@ TEST(MoeTraining, CheckpointReshardsAcrossExpertLayouts) {
 
 // Megatron's global balancing loss (expert counts over the whole data-parallel batch, averaged
 // over the step's micro-batches), here beside the per-sequence one with a coefficient each:
-// TP=2 + SP and PP=2 keep the batch and reproduce one process. Under DP=2 (here EP=2) the batch's
+// TP=2 + SP, PP=2 and CP=2 keep the batch and reproduce one process. Under DP=2 (here EP=2) the batch's
 // micro-batches pair up differently, so the value is close to, not equal to, one process's.
 TEST(MoeTraining, GlobalAuxLossAcrossLayouts) {
   test::TempDir dir;
@@ -187,6 +190,7 @@ TEST(MoeTraining, GlobalAuxLossAcrossLayouts) {
   EXPECT_NE(single.output.find("global_load_balancing_loss: "), std::string::npos) << single.output;
   expect_same(single, train(dir, "tp2_sp", 2, with({"--tensor-model-parallel-size", "2", "--sequence-parallel"}), 8), "TP=2 + SP");
   expect_same(single, train(dir, "pp2", 2, with({"--pipeline-model-parallel-size", "2"}), 8), "PP=2");
+  expect_same(single, train(dir, "cp2", 2, with({"--context-parallel-size", "2"}), 8), "CP=2");
   const MoeRun ep2 = train(dir, "ep2", 2, with({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}), 8);
   const double one = single.series.at("global_load_balancing_loss")[0], two = ep2.series.at("global_load_balancing_loss")[0];
   EXPECT_NEAR(two, one, 0.1 * one) << "the DP=2 value is the whole batch's, as one process's";
