@@ -24,6 +24,10 @@
 # `recompute` (after `build`): the reference shape without / with selective / with full activation
 # recomputation: tokens/s, peak memory and activations at peak. `overlap`: the optimizer step serial
 # and overlapped with the next forward, alternated twice (`test-overlap`: the GPU tests first).
+# `context-parallel`: the binary, the test program and the ring-attention bench; the CP CUDA tests
+# (flash blocks against the arithmetic), then bench/gpu_context_parallel.sh: issue #22's ring
+# blocks against one fused attention at seq 32k-128k, and the 1.1B shape at seq 32k and 64k
+# against HF + torch.compile.
 # `generate-test`: the binary and the test program, the generation CUDA tests, then `generate`'s figures.
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
@@ -69,6 +73,7 @@ cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
 targets=(); case $what in generate-test) targets=(--target megatron megatron_tests) ;; esac
+case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
 case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|generate) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
@@ -220,6 +225,10 @@ if [ "$what" = memory ]; then
 fi
 if [ "$what" = deepseek-short ]; then
   bash bench/gpu_deepseek_short.sh build-gpu/megatron "$py" "$out" 2>&1 | tee "$out/deepseek-short.log"
+fi
+if [ "$what" = context-parallel ]; then
+  (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-ContextParallelCuda}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
+  bash bench/gpu_context_parallel.sh build-gpu "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/context-parallel.log"
 fi
 if [ "$what" = generate-test ]; then
   # The generation CUDA tests (GPU_TESTS narrows them), then the generation figures.

@@ -11,25 +11,17 @@
 
 namespace megatron::cp {
 
+RingBlock ring_block(int step, int rank, int cp, int64_t c) {
+  const int owner = (rank - step + cp) % cp;
+  if (owner == rank) return {owner, 0, 2 * c, 0, 2 * c, true};
+  if (owner < rank) return {owner, 0, 2 * c, 0, c, false};  // its late chunk lies after both of mine
+  return {owner, c, c, 0, 2 * c, false};                     // only my late chunk sees its chunks
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// What step `step` attends: the owner of the keys then held, which query rows, which key rows.
-struct RingBlock {
-  int owner;
-  int64_t first_query, queries;
-  int64_t first_key, keys;
-  bool causal;
-};
-
-RingBlock block_at(int step, int rank, int cp, int64_t c) {
-  const int owner = (rank - step + cp) % cp;
-  if (owner == rank) return {owner, 0, 2 * c, 0, 2 * c, true};
-  if (owner < rank) return {owner, 0, 2 * c, 0, c, false};
-  return {owner, c, c, 0, 2 * c, false};
-}
 
 // The mask's part for a block: this rank's query rows over the owner's key rows.
 at::Tensor block_mask(const at::Tensor& mask, const RingBlock& blk, int cp) {
@@ -96,7 +88,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         arriving = at::empty_like(held);
         in_flight = pass_on(g, held, arriving);
       }
-      const RingBlock blk = block_at(step, rank, cp, c);
+      const RingBlock blk = ring_block(step, rank, cp, c);
       const PartialAttention part =
           attend_block(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
                        layout.v(held).narrow(2, blk.first_key, blk.keys), blk.causal, block_mask(mask, blk, cp), scale);
@@ -134,7 +126,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         arriving = at::empty_like(held);
         in_flight = pass_on(g, held, arriving);
       }
-      const RingBlock blk = block_at(step, rank, cp, c);
+      const RingBlock blk = ring_block(step, rank, cp, c);
       const BlockGrads part = attend_block_backward(
           dout.narrow(2, blk.first_query, blk.queries), q.narrow(2, blk.first_query, blk.queries),
           layout.k(held).narrow(2, blk.first_key, blk.keys), layout.v(held).narrow(2, blk.first_key, blk.keys),

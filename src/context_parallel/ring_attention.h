@@ -15,6 +15,16 @@
 
 namespace megatron::cp {
 
+// What step `step` of rank `rank`'s ring attends, with chunks of c tokens: the owner of the keys
+// then held, which of this rank's query rows and which of the owner's key rows.
+struct RingBlock {
+  int owner;
+  int64_t first_query, queries;
+  int64_t first_key, keys;
+  bool causal;
+};
+RingBlock ring_block(int step, int rank, int cp, int64_t c);
+
 // q [b, H, 2c, d], k [b, G, 2c, d], v [b, G, 2c, dv]: this rank's rows (chunks.h). mask: [b, 1, 2c, S]
 // bool (true = may attend; this rank's query rows over every key in sequence order, e.g. packed
 // documents) or undefined for causal attention. -> [b, H, 2c, dv] in q's dtype; differentiable

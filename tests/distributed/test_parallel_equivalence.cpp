@@ -289,6 +289,8 @@ TEST_F(ParallelEquivalence, ContextParallel2EachExchange) {
     SCOPED_TRACE(type);
     check("llama", 2, 1, {"--context-parallel-size", "2", "--cp-comm-type", type}, type);
   }
+  // Megatron's list form: one type per layer.
+  check("llama", 2, 1, {"--context-parallel-size", "2", "--cp-comm-type", "a2a", "p2p"}, "per_layer");
 }
 
 TEST_F(ParallelEquivalence, ContextParallel4EachExchange) {
@@ -305,6 +307,8 @@ TEST_F(ParallelEquivalence, ContextParallel2TensorParallel2SequenceParallel) {
 // Learned absolute positions read the true positions of each rank's chunks.
 TEST_F(ParallelEquivalence, ContextParallel2PipelineParallel2Tied) {
   check("gpt4", 4, 1, {"--context-parallel-size", "2", "--pipeline-model-parallel-size", "2"});
+  check("gpt4", 4, 1, {"--context-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                       "--num-virtual-stages-per-pipeline-rank", "2"}, "interleaved");
 }
 
 // The distributed optimizer shards over DP x CP (4 shards) and gradients are averaged there.
@@ -395,13 +399,17 @@ TEST(DataParallelReplicas, WeightsIdenticalAfterTraining) {
 }
 
 // Recomputation across processes: under TP=2 + SP with dropout on (the model-parallel generator
-// draws the attention masks, the sequence-parallel hidden masks), and under PP=2 (block), the
+// draws the attention masks, the sequence-parallel hidden masks), under PP=2 (block) and under
+// CP=2 (selective and full: the exchanges run again in the backward), the
 // losses are bitwise those of the same layout keeping its activations.
 TEST(ParallelRecompute, EqualsKeepingActivations) {
   test::TempDir dir;
   const std::vector<std::string> tp2 = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-dropout", "0.1",
                                         "--attention-dropout", "0.1", "--train-iters", "6", "--eval-interval", "0"};
   const std::vector<std::string> pp2 = {"--pipeline-model-parallel-size", "2", "--hidden-dropout", "0.1", "--train-iters", "6",
+                                        "--eval-interval", "0"};
+  // Recomputing core attention under CP runs the ring again in the backward.
+  const std::vector<std::string> cp2 = {"--context-parallel-size", "2", "--hidden-dropout", "0.1", "--train-iters", "6",
                                         "--eval-interval", "0"};
   struct Case {
     std::string name, model;
@@ -415,6 +423,9 @@ TEST(ParallelRecompute, EqualsKeepingActivations) {
       {"tp_selective", "llama", &tp2, {"--recompute-activations"}, "> activation recomputation: selective (core attention)"},
       {"pp_block", "llama4", &pp2, {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"},
        "the first 1 layer(s) of each model chunk"},
+      {"cp_selective", "llama", &cp2, {"--recompute-activations"}, "> activation recomputation: selective (core attention)"},
+      {"cp_full", "llama", &cp2, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"},
+       "> activation recomputation: full, groups of 1 layer(s)"},
   };
   std::map<const std::vector<std::string>*, TrainingRun> plain;  // per layout, keeping activations
   for (const Case& c : cases) {

@@ -1,0 +1,105 @@
+// Issue #22's attention figure on one GPU: the work of ring attention (--cp-comm-type p2p) for a
+// sequence of S tokens split over CP ranks, i.e. every rank's blocks (partial attention over chunk
+// pairs plus the log-sum-exp merge, forward and backward from the merged statistics), run one
+// after another, against one fused causal attention (SDPA, flash) over the same S tokens, forward
+// and backward. Communication is not in it: on one GPU there is none to time; the ratio says what
+// cutting attention into the ring's blocks costs.
+//   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10]
+// prints one table row per (S, CP).
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cmath>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "context_parallel/partial_attention.h"
+#include "context_parallel/ring_attention.h"
+
+namespace {
+
+using namespace megatron;
+
+// Without CUDA headers: the bench builds wherever the library does, and runs where CUDA is.
+void synchronize() { c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeDevice(0); }
+
+double seconds_per_call(const std::function<void()>& f, int iters) {
+  f();  // warm-up (kernel selection, allocator)
+  synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) f();
+  synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+}
+
+// Every rank's ring steps for one sequence: forward blocks merged, then their backward.
+void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, int cp, double scale) {
+  const int64_t seq = q.size(2), c = seq / (2 * cp);
+  auto rows = [&](const at::Tensor& x, int rank) {  // a rank's chunks i and 2cp-1-i
+    return at::cat({x.narrow(2, rank * c, c), x.narrow(2, (2 * cp - 1 - rank) * c, c)}, 2);
+  };
+  for (int rank = 0; rank < cp; ++rank) {
+    const at::Tensor mq = rows(q, rank), mdout = rows(dout, rank);
+    cp::PartialAttention acc = cp::empty_partial(q.size(0), q.size(1), 2 * c, v.size(3), q.options());
+    for (int step = 0; step < cp; ++step) {
+      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
+      cp::merge_into(acc, cp::attend_block(mq.narrow(2, blk.first_query, blk.queries), bk, bv, blk.causal, at::Tensor(), scale),
+                     blk.first_query);
+    }
+    const at::Tensor out = acc.out.to(q.scalar_type());
+    for (int step = 0; step < cp; ++step) {
+      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
+      cp::attend_block_backward(mdout.narrow(2, blk.first_query, blk.queries), mq.narrow(2, blk.first_query, blk.queries), bk, bv,
+                                out.narrow(2, blk.first_query, blk.queries), acc.lse.narrow(2, blk.first_query, blk.queries),
+                                blk.causal, at::Tensor(), scale);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t heads = 32, groups = 4, dim = 64;
+  int iters = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int64_t value = std::atoll(argv[i + 1]);
+    if (flag == "--heads") heads = value;
+    else if (flag == "--groups") groups = value;
+    else if (flag == "--dim") dim = value;
+    else if (flag == "--iters") iters = int(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!at::hasCUDA()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  const double scale = 1.0 / std::sqrt(double(dim));
+  std::printf("| sequence | CP | fused attention fwd+bwd (ms) | ring blocks fwd+bwd, all ranks (ms) | ratio |\n|---|---|---|---|---|\n");
+  for (int64_t seq : {32768, 65536, 131072}) {
+    const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    at::manual_seed(0);
+    const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
+                     v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);
+    const double fused = seconds_per_call([&] {
+      const at::Tensor rq = q.detach().requires_grad_(), rk = k.detach().requires_grad_(), rv = v.detach().requires_grad_();
+      at::scaled_dot_product_attention(rq, rk, rv, std::nullopt, 0.0, /*is_causal=*/true, scale, /*enable_gqa=*/true).backward(dout);
+    }, iters);
+    for (int cp : {2, 4, 8}) {
+      const double ring = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale); }, iters);
+      std::printf("| %lld | %d | %.2f | %.2f | %.3f |\n", static_cast<long long>(seq), cp, fused * 1e3, ring * 1e3, ring / fused);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
