@@ -8,33 +8,16 @@
 #include <ATen/ATen.h>
 
 #include <functional>
-#include <thread>
 
 #include "context_parallel/chunks.h"
 #include "context_parallel/partial_attention.h"
 #include "distributed/world.h"
 #include "model/context_parallel_attention.h"
 #include "model/core_attention.h"
-#include "support/free_port.h"
+#include "support/gloo_ranks.h"
 
 namespace megatron {
 namespace {
-
-void on_ranks(int world, const std::function<void(int, const dist::Group&)>& body) {
-  const int port = test::free_port();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      dist::LaunchEnv env;
-      env.rank = rank;
-      env.world_size = world;
-      env.master_port = port;
-      dist::World w = dist::World::connect(env, "gloo", std::chrono::seconds(30));
-      body(rank, w.everyone());
-    });
-  }
-  for (auto& t : threads) t.join();
-}
 
 // Documents of 5, 11, 3 and the rest of the sequence: [b, 1, S, S], causal inside each.
 at::Tensor packed_documents_mask(int64_t b, int64_t seq) {
@@ -70,7 +53,7 @@ void check_against_whole_sequence(const Case& c) {
   const at::Tensor want = SdpaAttention(alone).forward(rq, rk, rv, mask, 0.0);
   want.backward(upstream);
 
-  on_ranks(c.ranks, [&](int rank, const dist::Group& g) {
+  test::on_gloo_ranks(c.ranks, [&](int rank, const dist::Group& g) {
     tp::TensorParallel tp;
     tp.context = g;
     const ContextParallelAttention attention(tp, c.comm_type);

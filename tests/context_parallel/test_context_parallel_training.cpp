@@ -13,23 +13,10 @@
 namespace megatron {
 namespace {
 
-std::vector<double> jsonl_losses(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<double> losses;
-  const std::regex pattern(R"("lm_loss": ([0-9.eE+-]+))");
-  for (std::string line; std::getline(in, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, pattern)) losses.push_back(std::stod(m[1]));
-  }
-  return losses;
-}
-
 TEST(ContextParallelTraining, PackedConversationsOfUnevenLengthsTrainAsOneProcess) {
   test::TempDir dir;
-  auto fetched = test::run_command("bash " + test::shell_quote(test::source_dir() + "/tests/fixtures/fetch_tokenizers.sh") +
-                                   " 2>/dev/null | tail -1");
-  ASSERT_EQ(fetched.status, 0) << fetched.output;
-  const std::string tokenizer = fetched.output.substr(0, fetched.output.find('\n')) + "/tokenizer-qwen3/models";
+  const std::string tokenizer = test::tokenizer_models("qwen3");
+  ASSERT_FALSE(tokenizer.empty()) << "tests/fixtures/fetch_tokenizers.sh failed";
   {
     std::ofstream out(dir / "chat.jsonl");
     for (int i = 0; i < 40; ++i) {
@@ -58,7 +45,7 @@ TEST(ContextParallelTraining, PackedConversationsOfUnevenLengthsTrainAsOneProces
     args.insert(args.end(), layout.begin(), layout.end());
     auto run = test::run_megatron(args);
     EXPECT_EQ(run.status, 0) << name << "\n" << run.output;
-    return std::make_pair(jsonl_losses(dir / (name + ".jsonl")), run.output);
+    return std::make_pair(test::jsonl_series(dir / (name + ".jsonl")), run.output);
   };
   const auto [single, single_output] = train("single", {});
   ASSERT_EQ(single.size(), 20u) << single_output;

@@ -62,19 +62,6 @@ struct TrainingRun {
   std::string save_dir;
 };
 
-std::vector<double> jsonl_series(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  std::vector<double> losses;
-  std::regex pattern("\"" + key + R"(": ([0-9.eE+-]+))");
-  for (std::string line; std::getline(in, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, pattern)) losses.push_back(std::stod(m[1]));
-  }
-  return losses;
-}
-
-std::vector<double> jsonl_losses(const std::string& path) { return jsonl_series(path, "lm_loss"); }
-
 TrainingRun train(const test::TempDir& dir, const std::string& name, const std::string& model, int nproc,
           const std::vector<std::string>& layout) {
   std::vector<std::string> args;
@@ -90,8 +77,8 @@ TrainingRun train(const test::TempDir& dir, const std::string& name, const std::
   auto result = test::run_megatron(args);
   run.output = result.output;
   EXPECT_EQ(result.status, 0) << name << "\n" << result.output;
-  run.losses = jsonl_losses(dir / (name + ".jsonl"));
-  run.grad_norms = jsonl_series(dir / (name + ".jsonl"), "grad_norm");
+  run.losses = test::jsonl_series(dir / (name + ".jsonl"));
+  run.grad_norms = test::jsonl_series(dir / (name + ".jsonl"), "grad_norm");
   std::regex validation(R"(validation loss at iteration \d+ \| lm loss value: ([0-9.eE+-]+))");
   for (auto it = std::sregex_iterator(run.output.begin(), run.output.end(), validation); it != std::sregex_iterator(); ++it) {
     run.validation_losses.push_back(std::stod((*it)[1]));
@@ -361,7 +348,7 @@ TEST_F(ParallelEquivalence, CheckpointsReshardToAnyLayout) {
     auto second = test::run_megatron(args(c.load_nproc, c.load_layout, {"--load", dir / "ckpt", "--metrics-jsonl", dir / "rest.jsonl"}));
     ASSERT_EQ(second.status, 0) << c.name << "\n" << second.output;
     EXPECT_NE(second.output.find("resharded to"), std::string::npos) << c.name << "\n" << second.output;
-    const auto rest = jsonl_losses(dir / "rest.jsonl");
+    const auto rest = test::jsonl_series(dir / "rest.jsonl");
     ASSERT_EQ(rest.size(), size_t(kSteps - 10)) << c.name << "\n" << second.output;
     for (int i = 0; i < kSteps - 10; ++i) {
       EXPECT_LE(std::abs(rest[i] - single.losses[10 + i]), kTolerance * std::abs(single.losses[10 + i]))

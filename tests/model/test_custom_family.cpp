@@ -34,17 +34,6 @@ std::vector<std::string> train_flags(int iterations) {
           "--eval-interval", "1000", "--cpu-threads", "1", "--device", "cpu", "--seed", "11"};
 }
 
-std::vector<double> jsonl_losses(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<double> losses;
-  const std::regex pattern(R"("lm_loss": ([0-9.eE+-]+))");
-  for (std::string line; std::getline(in, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, pattern)) losses.push_back(std::stod(m[1]));
-  }
-  return losses;
-}
-
 // Trains (optionally under `launch`); the per-iteration losses go to <name>.jsonl, the output
 // into `output` when given.
 void train(const test::TempDir& dir, const std::string& name, int iterations, const std::vector<std::string>& extra,
@@ -79,7 +68,7 @@ TEST(CustomFamily, TrainsUnderTensorSequenceAndPipelineParallelismReshardsAndRou
   // One process, 4 iterations, then 2 more from its checkpoint.
   train(dir, "single", 4, {"--save", dir / "single"});
   train(dir, "single", 6, {"--load", dir / "single", "--save", dir / "single"});
-  const std::vector<double> single = jsonl_losses(dir / "single.jsonl");
+  const std::vector<double> single = test::jsonl_series(dir / "single.jsonl");
   ASSERT_EQ(single.size(), 6u);
 
   // TP=2 with sequence parallelism x PP=2: the same 4 losses.
@@ -97,7 +86,7 @@ TEST(CustomFamily, TrainsUnderTensorSequenceAndPipelineParallelismReshardsAndRou
   EXPECT_EQ(lines, 4) << log;
   const std::string saved = latest_checkpoint_directory(dir / "parallel");
   ASSERT_TRUE(std::ifstream(saved + "/model_tp01_pp001.safetensors").good()) << "not a TP=2 x PP=2 checkpoint";
-  const std::vector<double> parallel = jsonl_losses(dir / "parallel.jsonl");
+  const std::vector<double> parallel = test::jsonl_series(dir / "parallel.jsonl");
   expect_close(parallel, {single.begin(), single.begin() + 4}, "TP=2 + SP x PP=2");
   // The expert-free custom weights are split over TP by their own description: column rows, row columns.
   const auto tp0 = tensors_of(saved + "/model_tp00_pp000.safetensors");
@@ -107,7 +96,7 @@ TEST(CustomFamily, TrainsUnderTensorSequenceAndPipelineParallelismReshardsAndRou
 
   // Resharded into one process, model and optimizer state: iterations 5 and 6 as the single run's.
   train(dir, "resharded", 6, {"--load", dir / "parallel", "--save", dir / "resharded"});
-  const std::vector<double> resharded = jsonl_losses(dir / "resharded.jsonl");
+  const std::vector<double> resharded = test::jsonl_series(dir / "resharded.jsonl");
   expect_close(resharded, {single.begin() + 4, single.end()}, "resharded to one process");
 
   // To HF through the family's own table and back: the same tensors, bitwise.

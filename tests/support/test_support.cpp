@@ -102,6 +102,24 @@ std::vector<std::string> file_lines(const std::string& path) {
   return lines;
 }
 
+std::vector<double> jsonl_series(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::vector<double> values;
+  const std::regex pattern("\"" + key + R"(": ([0-9.eE+-]+|NaN|nan|Infinity|-Infinity))");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, pattern)) values.push_back(std::stod(m[1]));
+  }
+  return values;
+}
+
+std::string tokenizer_models(const std::string& name) {
+  const CommandResult fetched =
+      run_command("bash " + shell_quote(source_dir() + "/tests/fixtures/fetch_tokenizers.sh") + " 2>/dev/null | tail -1");
+  if (fetched.status != 0 || fetched.output.empty()) return "";
+  return fetched.output.substr(0, fetched.output.find('\n')) + "/tokenizer-" + name + "/models";
+}
+
 double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want) {
   double largest = 0;
   for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) largest = std::max(largest, std::abs(got[i] - want[i]) / std::abs(want[i]));

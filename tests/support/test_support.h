@@ -38,6 +38,14 @@ std::vector<double> logged_losses(const std::string& output, int64_t interval = 
 // are from another's.
 double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want);
 
+// One key's value on each line of a --metrics-jsonl file ("lm_loss", "grad_norm", ...), in order;
+// lines without the key are passed over.
+std::vector<double> jsonl_series(const std::string& path, const std::string& key = "lm_loss");
+
+// The directory of a real tokenizer the fixtures fetch (tests/fixtures/fetch_tokenizers.sh):
+// `name` as "qwen3" -> .../tokenizer-qwen3/models. Empty if the fetch failed.
+std::string tokenizer_models(const std::string& name);
+
 // The lines of a text file (none if it cannot be read).
 std::vector<std::string> file_lines(const std::string& path);
 

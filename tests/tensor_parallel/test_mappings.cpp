@@ -6,10 +6,9 @@
 #include <ATen/ATen.h>
 
 #include <functional>
-#include <thread>
 
 #include "distributed/world.h"
-#include "support/free_port.h"
+#include "support/gloo_ranks.h"
 #include "tensor_parallel/cross_entropy.h"
 #include "tensor_parallel/layers.h"
 #include "tensor_parallel/mappings.h"
@@ -17,30 +16,12 @@
 namespace megatron {
 namespace {
 
-// Runs body(rank, group) on `world` threads joined in one Gloo group; failures inside a thread
-// are recorded by gtest as usual.
-void on_ranks(int world, const std::function<void(int, const dist::Group&)>& body) {
-  const int port = test::free_port();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      dist::LaunchEnv env;
-      env.rank = rank;
-      env.world_size = world;
-      env.master_port = port;
-      dist::World w = dist::World::connect(env, "gloo", std::chrono::seconds(30));
-      body(rank, w.everyone());
-    });
-  }
-  for (auto& t : threads) t.join();
-}
-
 TEST(TensorParallelMappings, SequenceGatherAndReduceScatterAreConjugate) {
   const at::Tensor full = at::randn({8, 3, 5}, at::kDouble);                       // [s, b, h]
   std::vector<at::Tensor> upstream = {at::randn({8, 3, 5}, at::kDouble), at::randn({8, 3, 5}, at::kDouble)};
   std::vector<at::Tensor> partial = {at::randn({8, 3, 5}, at::kDouble), at::randn({8, 3, 5}, at::kDouble)};
   std::vector<at::Tensor> shard_grads = {at::randn({4, 3, 5}, at::kDouble), at::randn({4, 3, 5}, at::kDouble)};
-  on_ranks(2, [&](int rank, const dist::Group& g) {
+  test::on_gloo_ranks(2, [&](int rank, const dist::Group& g) {
     // gather_from_sp: forward concatenates shards; backward sums every rank's gradient and keeps this rank's rows.
     at::Tensor shard = full.chunk(2, 0)[rank].clone().requires_grad_();
     at::Tensor gathered = tp::gather_from_sp(shard, g);
@@ -88,7 +69,7 @@ TEST(TensorParallelMappings, VocabParallelCrossEntropyEqualsFullSoftmax) {
   at::Tensor expected = at::cross_entropy_loss(full.view({s * b, v}), targets.view({s * b}), {}, at::Reduction::None)
                             .view({s, b});
   expected.backward(upstream);
-  on_ranks(2, [&](int rank, const dist::Group& g) {
+  test::on_gloo_ranks(2, [&](int rank, const dist::Group& g) {
     at::Tensor local = logits.chunk(2, -1)[rank].clone().requires_grad_();  // ids [5 * rank, 5 * rank + 5)
     at::Tensor loss = tp::vocab_parallel_cross_entropy(local.to(at::kFloat), targets, g);
     EXPECT_TRUE(at::allclose(loss.to(at::kDouble), expected.detach(), 1e-5, 1e-6)) << loss << expected;
@@ -100,7 +81,7 @@ TEST(TensorParallelMappings, VocabParallelCrossEntropyEqualsFullSoftmax) {
 TEST(TensorParallelMappings, VocabParallelEmbeddingEqualsLookup) {
   const at::Tensor table = at::randn({10, 4}, at::kDouble);
   const at::Tensor tokens = at::randint(0, 10, {5, 3}, at::kLong);
-  on_ranks(2, [&](int rank, const dist::Group& g) {
+  test::on_gloo_ranks(2, [&](int rank, const dist::Group& g) {
     tp::TensorParallel tp{g, false};
     at::Tensor e = tp::vocab_parallel_embedding(table.chunk(2, 0)[rank], tokens, tp);
     EXPECT_TRUE(at::equal(e, at::embedding(table, tokens)));
@@ -118,7 +99,7 @@ namespace {
 TEST(TensorParallelMappings, AllToAllExchangesRowsBothWays) {
   // Rank r sends splits[r][q] rows to rank q; row values name their sender and position.
   const std::vector<std::vector<int64_t>> splits = {{1, 3}, {2, 0}};
-  on_ranks(2, [&](int rank, const dist::Group& g) {
+  test::on_gloo_ranks(2, [&](int rank, const dist::Group& g) {
     const std::vector<int64_t>& in_splits = splits[size_t(rank)];
     const std::vector<int64_t> out_splits = {splits[0][size_t(rank)], splits[1][size_t(rank)]};
     const int64_t rows = in_splits[0] + in_splits[1];

@@ -49,14 +49,6 @@ std::vector<std::string> from_hf(const std::string& dir, std::vector<std::string
   return args;
 }
 
-// The exact "lm_loss" of each iteration a --metrics-jsonl file holds.
-std::vector<double> jsonl_losses(const std::string& path) {
-  std::vector<double> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("lm_loss").get<double>());
-  return out;
-}
-
 std::string read_file_text(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -79,7 +71,7 @@ TEST(MegatronModelFlags, LayerNorm1pTrainsAsTheShiftedGammaAndExportsTheScale) {
   run("plain", {});
   run("one_p", {"--apply-layernorm-1p"});
   // d(1 + w)/dw = 1 and norms have no weight decay: the same updates, up to rounding.
-  expect_close(jsonl_losses(dir / "one_p.jsonl"), jsonl_losses(dir / "plain.jsonl"), 1e-5, "--apply-layernorm-1p");
+  expect_close(test::jsonl_series(dir / "one_p.jsonl"), test::jsonl_series(dir / "plain.jsonl"), 1e-5, "--apply-layernorm-1p");
 
   const SafetensorsFile plain(dir / "plain/iter_0000003/model.safetensors"), one_p(dir / "one_p/iter_0000003/model.safetensors");
   int norms = 0;
@@ -101,7 +93,7 @@ TEST(MegatronModelFlags, LayerNorm1pTrainsAsTheShiftedGammaAndExportsTheScale) {
   ASSERT_EQ(one_p_from_hf.status, 0) << one_p_from_hf.output;
   auto plain_from_hf = test::run_megatron(from_hf(dir / "plain_hf", {"--train-iters", "1", "--metrics-jsonl", dir / "from_hf.jsonl"}));
   ASSERT_EQ(plain_from_hf.status, 0) << plain_from_hf.output;
-  expect_close(jsonl_losses(dir / "from_hf_1p.jsonl"), jsonl_losses(dir / "from_hf.jsonl"), 1e-6, "1p model from HF");
+  expect_close(test::jsonl_series(dir / "from_hf_1p.jsonl"), test::jsonl_series(dir / "from_hf.jsonl"), 1e-6, "1p model from HF");
 }
 
 TEST(MegatronModelFlags, PerTokenLossIsMegatronsNormalisationOnUnevenMasks) {
@@ -113,7 +105,7 @@ TEST(MegatronModelFlags, PerTokenLossIsMegatronsNormalisationOnUnevenMasks) {
     flags.insert(flags.end(), extra.begin(), extra.end());
     auto r = test::run_megatron(tiny(flags));
     EXPECT_EQ(r.status, 0) << r.output;
-    return jsonl_losses(dir / (name + ".jsonl"));
+    return test::jsonl_series(dir / (name + ".jsonl"));
   };
   const std::vector<double> one_micro_batch = losses("one", {"--micro-batch-size", "4"});
   const std::vector<double> per_token = losses("per_token", {"--micro-batch-size", "1", "--calculate-per-token-loss"});
@@ -130,7 +122,7 @@ TEST(MegatronModelFlags, PerTokenLossIsMegatronsNormalisationOnUnevenMasks) {
   args.insert(args.begin(), {"launch", "--nproc-per-node", "2", "--master-port", "0"});
   auto dp2 = test::run_megatron(args);
   ASSERT_EQ(dp2.status, 0) << dp2.output;
-  expect_close(jsonl_losses(dir / "dp2.jsonl"), one_micro_batch, 2e-6, "per-token loss over 2 data-parallel ranks");
+  expect_close(test::jsonl_series(dir / "dp2.jsonl"), one_micro_batch, 2e-6, "per-token loss over 2 data-parallel ranks");
   // At the start every token's loss is about ln(vocab), whatever the weighting; the iterations
   // after diverge.
   EXPECT_GT(std::abs(mean_of_means[2] - one_micro_batch[2]), 1e-4 * one_micro_batch[2])
@@ -143,7 +135,7 @@ TEST(MegatronModelFlags, DecoupledLearningRateDrivesTheEmbeddingAndOutputLayerOn
     extra.insert(extra.end(), {"--metrics-jsonl", dir / (name + ".jsonl")});
     auto r = test::run_megatron(tiny(extra));
     EXPECT_EQ(r.status, 0) << r.output;
-    return jsonl_losses(dir / (name + ".jsonl"));
+    return test::jsonl_series(dir / (name + ".jsonl"));
   };
   // Frozen at a decoupled rate of zero: after 1 and after 2 steps the same embedding and output
   // layer, while the other weights moved.

@@ -64,13 +64,6 @@ std::vector<Line> log_lines(const std::string& output) {
 
 using test::file_lines;
 
-// The exact losses of --metrics-jsonl.
-std::vector<double> jsonl_losses(const std::string& path) {
-  std::vector<double> out;
-  for (const std::string& line : file_lines(path)) out.push_back(std::stod(line.substr(line.find("\"lm_loss\": ") + 11)));
-  return out;
-}
-
 TEST(Fp16Training, OverflowsAreSkippedTheScaleBacksOffAndTrainingGoesOn) {
   const auto r = test::run_megatron(tiny({"--fp16", "--train-iters", "40", "--lr-warmup-iters", "2"}));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -125,7 +118,7 @@ TEST(Fp16Training, FollowsFp32AtLeastAsCloselyAsBf16) {
     extra.insert(extra.end(), {"--train-iters", "20", "--metrics-jsonl", dir / (name + ".jsonl")});
     const auto r = test::run_megatron(tiny(extra));
     EXPECT_EQ(r.status, 0) << r.output;
-    return jsonl_losses(dir / (name + ".jsonl"));
+    return test::jsonl_series(dir / (name + ".jsonl"));
   };
   const std::vector<double> fp32 = run("fp32", {}), bf16 = run("bf16", {"--bf16"});
   const std::vector<double> fp16 = run("fp16", {"--fp16", "--initial-loss-scale", "4096"});
@@ -218,7 +211,7 @@ TEST(Fp16Training, TensorAndDataParallelReproduceOneProcess) {
   };
   const std::string single = run({}, with(growing, {"--metrics-jsonl", dir / "single.jsonl"}));
   const std::string parallel = run(launch4, with(with(growing, layout), {"--metrics-jsonl", dir / "parallel.jsonl"}));
-  const std::vector<double> want = jsonl_losses(dir / "single.jsonl"), got = jsonl_losses(dir / "parallel.jsonl");
+  const std::vector<double> want = test::jsonl_series(dir / "single.jsonl"), got = test::jsonl_series(dir / "parallel.jsonl");
   ASSERT_EQ(want.size(), 12u) << single;
   ASSERT_EQ(got.size(), 12u) << parallel;
   const double difference = test::largest_relative_difference(got, want);
@@ -258,7 +251,7 @@ TEST(PrecisionAwareOptimizer, Bf16MomentsCheckpointResumeAndReshard) {
   const std::string plain = run({"--bf16", "--train-iters", "12", "--metrics-jsonl", dir / "plain.jsonl"});
   const std::string low = run(with({"--bf16", "--train-iters", "12", "--metrics-jsonl", dir / "low.jsonl"}, bf16_moments));
   EXPECT_NE(low.find("bf16 (fp32 master weights as bf16 + 16-bit remainders, Adam moments bf16/bf16)"), std::string::npos) << low;
-  const std::vector<double> fp32_moments = jsonl_losses(dir / "plain.jsonl"), bf16_losses = jsonl_losses(dir / "low.jsonl");
+  const std::vector<double> fp32_moments = test::jsonl_series(dir / "plain.jsonl"), bf16_losses = test::jsonl_series(dir / "low.jsonl");
   ASSERT_EQ(bf16_losses.size(), 12u);
   const double difference = test::largest_relative_difference(bf16_losses, fp32_moments);
   std::printf("bf16 against fp32 Adam moments, 12 steps: largest relative loss difference %.3e\n", difference);
@@ -284,7 +277,7 @@ TEST(PrecisionAwareOptimizer, Bf16MomentsCheckpointResumeAndReshard) {
   run(with({"--train-iters", "8", "--exit-interval", "4", "--save", dir / "dp2ckpt", "--use-distributed-optimizer"}, bf16_moments),
       launch2);
   run(with({"--train-iters", "8", "--load", dir / "dp2ckpt", "--metrics-jsonl", dir / "one.jsonl"}, bf16_moments));
-  const std::vector<double> two = jsonl_losses(dir / "dp2.jsonl"), one = jsonl_losses(dir / "one.jsonl");
+  const std::vector<double> two = test::jsonl_series(dir / "dp2.jsonl"), one = test::jsonl_series(dir / "one.jsonl");
   ASSERT_EQ(two.size(), 8u);
   ASSERT_EQ(one.size(), 4u);
   const double resharded = test::largest_relative_difference(one, std::vector<double>(two.begin() + 4, two.end()));

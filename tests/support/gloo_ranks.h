@@ -1,0 +1,32 @@
+// Runs a body on `world` ranks as threads of the test process, joined in one real Gloo group
+// (rendezvous on a free local port): collectives tested without launching processes. Failures
+// inside a thread are recorded by gtest as usual.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "distributed/world.h"
+#include "support/free_port.h"
+
+namespace megatron::test {
+
+inline void on_gloo_ranks(int world, const std::function<void(int rank, const dist::Group& everyone)>& body) {
+  const int port = free_port();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      dist::LaunchEnv env;
+      env.rank = rank;
+      env.world_size = world;
+      env.master_port = port;
+      dist::World w = dist::World::connect(env, "gloo", std::chrono::seconds(30));
+      body(rank, w.everyone());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace megatron::test
