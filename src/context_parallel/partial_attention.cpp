@@ -54,12 +54,11 @@ PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at
         /*dropout_p=*/0.0, causal, /*return_debug_mask=*/false, scale);
     return {out.transpose(1, 2).to(at::kFloat), lse};
   }
-  const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2), groups = k.size(1);
+  const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2);
   const at::Tensor scores = block_scores(q, k, causal, mask, scale);  // [b, G, H/G, sq, sk]
   const at::Tensor lse = at::logsumexp(scores, -1, /*keepdim=*/true);
   const at::Tensor out = at::matmul(probabilities(scores, lse), v.to(at::kFloat).unsqueeze(2));  // [b, G, H/G, sq, dv]
   return {out.reshape({b, heads, sq, v.size(3)}), lse.reshape({b, heads, sq})};
-  (void)groups;
 }
 
 BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

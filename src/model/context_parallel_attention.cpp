@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "context_parallel/blockwise_attention.h"
 #include "context_parallel/chunks.h"
 #include "context_parallel/ring_attention.h"
 #include "tensor_parallel/mappings.h"
@@ -42,18 +43,22 @@ at::Tensor ContextParallelAttention::ring(const at::Tensor& q, const at::Tensor&
 at::Tensor ContextParallelAttention::gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               const at::Tensor& mask) const {
   const int cp = cp_.size();
-  const int64_t rows = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3), seq = rows * cp;
+  const int64_t rows = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
   // [S, b, G/tp, d] in sequence order; backward: each rank's rows' gradients summed back to it.
   const at::Tensor all_k = cp::rows_in_sequence_order(tp::gather_from_sp(k.contiguous(), cp_), 0, cp);
   const at::Tensor all_v = cp::rows_in_sequence_order(tp::gather_from_sp(v.contiguous(), cp_), 0, cp);
-  // Causal by true position: query p sees keys 0..p.
-  const at::Tensor positions = cp::rank_positions(seq, cp, cp_.rank(), q.options());                      // [2c]
-  at::Tensor visible = at::arange(seq, positions.options()).unsqueeze(0) <= positions.unsqueeze(1);  // [2c, S]
-  visible = visible.view({1, 1, rows, seq});
-  if (mask.defined()) visible = visible.logical_and(cp::rank_rows(mask, 2, cp, cp_.rank()));  // [b, 1, 2c, S]
-  const at::Tensor out = at::scaled_dot_product_attention(q.permute({1, 2, 0, 3}), all_k.permute({1, 2, 0, 3}),
-                                                          all_v.permute({1, 2, 0, 3}), visible, 0.0, /*is_causal=*/false,
-                                                          scale_for(q), /*enable_gqa=*/k.size(2) != heads);  // [b, H/tp, 2c, dv]
+  // Causal by true position, block by block: each of this rank's chunks sees the keys before it
+  // fully and its own chunk causally (no mask: flash kernels on CUDA).
+  const int64_t c = rows / 2;
+  std::vector<cp::KeyBlock> blocks;
+  for (const int64_t chunk : {int64_t(cp_.rank()), int64_t(2 * cp - 1 - cp_.rank())}) {
+    const int64_t first_query = chunk == cp_.rank() ? 0 : c;
+    if (chunk > 0) blocks.push_back({first_query, c, 0, chunk * c, false});
+    blocks.push_back({first_query, c, chunk * c, c, true});
+  }
+  const at::Tensor mine = mask.defined() ? cp::rank_rows(mask, 2, cp, cp_.rank()) : mask;  // [b, 1, 2c, S]
+  const at::Tensor out = cp::blockwise_attention(q.permute({1, 2, 0, 3}), all_k.permute({1, 2, 0, 3}), all_v.permute({1, 2, 0, 3}),
+                                                 blocks, mine, scale_for(q));  // [b, H/tp, 2c, dv]
   return out.permute({2, 0, 1, 3}).reshape({rows, b, heads * value_dim});
 }
 

@@ -3,8 +3,9 @@
 // keys of the whole sequence, by one of Megatron's --cp-comm-type:
 //   p2p         ring attention: key/value blocks passed rank to rank, overlapped with the
 //               partial attention, merged by log-sum-exp (context_parallel/ring_attention.h)
-//   all_gather  keys and values gathered from every rank first (as Llama 3 trained), then one
-//               attention of the local queries under a mask of their true positions
+//   all_gather  keys and values gathered from every rank first (as Llama 3 trained), then the
+//               local queries' attention block by block: each chunk over the keys before it, and
+//               its own chunk causally (context_parallel/blockwise_attention.h)
 //   a2a         Ulysses: an all-to-all trades the heads for the sequence (each rank attends the
 //               whole sequence over H / CP heads), and another trades them back
 // Under packed documents (an attention mask) each rank's queries see only their document's keys.

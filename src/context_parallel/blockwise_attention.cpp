@@ -1,0 +1,75 @@
+#include "context_parallel/blockwise_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "context_parallel/partial_attention.h"
+
+namespace megatron::cp {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Besides q, k and v (autograd records every tensor argument's metadata; an undefined mask has none).
+struct BlockSettings {
+  std::vector<KeyBlock> blocks;
+  at::Tensor mask;
+  double scale;
+};
+
+at::Tensor block_mask(const at::Tensor& mask, const KeyBlock& blk) {
+  return mask.defined() ? mask.narrow(2, blk.first_query, blk.queries).narrow(3, blk.first_key, blk.keys) : mask;
+}
+
+struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const BlockSettings& s) {
+    PartialAttention acc = empty_partial(q.size(0), q.size(1), q.size(2), v.size(3), q.options());
+    for (const KeyBlock& blk : s.blocks) {
+      merge_into(acc, attend_block(q.narrow(2, blk.first_query, blk.queries), k.narrow(2, blk.first_key, blk.keys),
+                                   v.narrow(2, blk.first_key, blk.keys), blk.causal, block_mask(s.mask, blk), s.scale),
+                 blk.first_query);
+    }
+    const at::Tensor out = acc.out.to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, acc.lse});
+    if (s.mask.defined()) ctx->saved_data["mask"] = s.mask;
+    ctx->saved_data["scale"] = s.scale;
+    std::vector<int64_t> flat;  // five numbers a block
+    for (const KeyBlock& blk : s.blocks) flat.insert(flat.end(), {blk.first_query, blk.queries, blk.first_key, blk.keys, blk.causal});
+    ctx->saved_data["blocks"] = flat;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor mask = ctx->saved_data.count("mask") ? ctx->saved_data["mask"].toTensor() : at::Tensor();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const std::vector<int64_t> flat = ctx->saved_data["blocks"].toIntVector();
+    const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(at::kFloat)), dv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
+    for (size_t i = 0; i + 4 < flat.size(); i += 5) {
+      const KeyBlock blk{flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4] != 0};
+      const BlockGrads g = attend_block_backward(
+          dout.narrow(2, blk.first_query, blk.queries), q.narrow(2, blk.first_query, blk.queries),
+          k.narrow(2, blk.first_key, blk.keys), v.narrow(2, blk.first_key, blk.keys), out.narrow(2, blk.first_query, blk.queries),
+          lse.narrow(2, blk.first_query, blk.queries), blk.causal, block_mask(mask, blk), scale);
+      dq.narrow(2, blk.first_query, blk.queries).add_(g.dq);
+      dk.narrow(2, blk.first_key, blk.keys).add_(g.dk);
+      dv.narrow(2, blk.first_key, blk.keys).add_(g.dv);
+    }
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::vector<KeyBlock>& blocks,
+                               const at::Tensor& mask, double scale) {
+  return BlockwiseAttention::apply(q, k, v, BlockSettings{blocks, mask, scale});
+}
+
+}  // namespace megatron::cp
