@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "context_parallel/partial_attention.h"
+#include "context_parallel/saved_attention.h"
 
 namespace megatron::cp {
 
@@ -33,9 +34,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
                  blk.first_query);
     }
     const at::Tensor out = acc.out.to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, acc.lse});
-    if (s.mask.defined()) ctx->saved_data["mask"] = s.mask;
-    ctx->saved_data["scale"] = s.scale;
+    SavedAttention{q, k, v, out, acc.lse, s.mask, s.scale}.save(ctx);
     std::vector<int64_t> flat;  // five numbers a block
     for (const KeyBlock& blk : s.blocks) flat.insert(flat.end(), {blk.first_query, blk.queries, blk.first_key, blk.keys, blk.causal});
     ctx->saved_data["blocks"] = flat;
@@ -43,10 +42,9 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const at::Tensor mask = ctx->saved_data.count("mask") ? ctx->saved_data["mask"].toTensor() : at::Tensor();
-    const double scale = ctx->saved_data["scale"].toDouble();
+    const SavedAttention s = SavedAttention::load(ctx);
+    const at::Tensor &q = s.q, &k = s.k, &v = s.v, &out = s.out, &lse = s.lse, &mask = s.mask;
+    const double scale = s.scale;
     const std::vector<int64_t> flat = ctx->saved_data["blocks"].toIntVector();
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));

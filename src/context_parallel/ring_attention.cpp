@@ -7,6 +7,7 @@
 
 #include "context_parallel/chunks.h"
 #include "context_parallel/partial_attention.h"
+#include "context_parallel/saved_attention.h"
 #include "tensor_parallel/group_capsule.h"
 
 namespace megatron::cp {
@@ -99,18 +100,15 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       }
     }
     const at::Tensor out = acc.out.to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, acc.lse});
-    if (mask.defined()) ctx->saved_data["mask"] = mask;
-    ctx->saved_data["scale"] = scale;
+    SavedAttention{q, k, v, out, acc.lse, mask, scale}.save(ctx);
     ctx->saved_data["group"] = tp::to_ivalue(g);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const at::Tensor mask = ctx->saved_data.count("mask") ? ctx->saved_data["mask"].toTensor() : at::Tensor();
-    const double scale = ctx->saved_data["scale"].toDouble();
+    const SavedAttention s = SavedAttention::load(ctx);
+    const at::Tensor &q = s.q, &k = s.k, &v = s.v, &out = s.out, &lse = s.lse, &mask = s.mask;
+    const double scale = s.scale;
     const dist::Group g = tp::group_of(ctx->saved_data["group"]);
     const int cp = g.size(), rank = g.rank();
     const int64_t c = q.size(2) / 2;
