@@ -299,9 +299,12 @@ TEST_F(ParallelEquivalence, ContextParallel2PipelineParallel2Tied) {
 }
 
 // The distributed optimizer shards over DP x CP (4 shards) and gradients are averaged there.
+// Per-token loss: the gradients summed over every CP rank's tokens, divided by their count (every
+// micro-batch of mock data has as many loss tokens, so it equals the default).
 TEST_F(ParallelEquivalence, ContextParallel2DataParallel2DistributedOptimizer) {
   check("llama", 4, 1, {"--context-parallel-size", "2", "--use-distributed-optimizer", "--overlap-grad-reduce",
                         "--ddp-bucket-size", "4000"});
+  check("llama", 2, 1, {"--context-parallel-size", "2", "--calculate-per-token-loss"}, "per_token");
 }
 
 // Resharding on load: a checkpoint saved at iteration 10 under one layout resumes under another
