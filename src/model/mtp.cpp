@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "context_parallel/chunks.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron {
@@ -15,7 +16,18 @@ at::Tensor shift_left(const at::Tensor& x, int64_t k) {
   return at::cat({x.narrow(1, k, s - k), at::zeros({x.size(0), k}, x.options())}, 1);
 }
 
+// The extra field of a batch holding `what` shifted left by k under context parallelism.
+std::string shifted_field(const char* what, int64_t k) { return std::string("mtp ") + what + " shifted " + std::to_string(k); }
+
 }  // namespace
+
+void add_context_parallel_shifts(Batch& rank_batch, const Batch& whole, int depths, int cp, int rank) {
+  for (int k = 1; k <= depths; ++k) {
+    rank_batch.extra[shifted_field("tokens", k)] = cp::rank_rows(shift_left(whole.tokens, k), 1, cp, rank);
+    rank_batch.extra[shifted_field("labels", k)] = cp::rank_rows(shift_left(whole.labels, k), 1, cp, rank);
+    rank_batch.extra[shifted_field("loss mask", k)] = cp::rank_rows(shift_left(whole.loss_mask, k), 1, cp, rank);
+  }
+}
 
 MtpLayer::MtpLayer(const ModelConfig& c, const tp::TensorParallel& tp, const LayerSpec& spec, at::Device device) : tp_(tp) {
   enorm = register_module("enorm", std::make_shared<NormModule>(c, tp, device));
@@ -39,7 +51,7 @@ at::Tensor MtpLayer::forward(const at::Tensor& hidden, const at::Tensor& embedde
 
 MultiTokenPrediction::MultiTokenPrediction(const ModelConfig& c, const tp::TensorParallel& tp, const LayerSpec& spec,
                                            at::Device device)
-    : scaling_factor_(c.mtp_loss_scaling_factor) {
+    : scaling_factor_(c.mtp_loss_scaling_factor), context_(tp.context) {
   auto holder = register_module("layers", std::make_shared<tp::DescribedModule>());
   for (int k = 0; k < c.mtp_num_layers; ++k) {
     layers.push_back(holder->register_module(std::to_string(k), std::make_shared<MtpLayer>(c, tp, spec, device)));
@@ -50,11 +62,18 @@ at::Tensor MultiTokenPrediction::loss(const at::Tensor& hidden, const Batch& bat
   const int64_t depths = int64_t(layers.size());
   at::Tensor h = hidden, total;
   std::vector<at::Tensor> depth_means;
+  // x shifted left by k: this rank's rows cut from the whole batch's under CP, else shifted here.
+  auto shifted = [&](const char* what, const at::Tensor& x, int64_t k) {
+    const auto it = batch.extra.find(shifted_field(what, k));
+    return it != batch.extra.end() ? it->second : shift_left(x, k);
+  };
   for (int64_t k = 1; k <= depths; ++k) {
-    h = layers[size_t(k - 1)]->forward(h, parts.embed(shift_left(batch.tokens, k)), parts.rope, parts.attention_mask);
-    const at::Tensor mask = shift_left(batch.loss_mask, k).to(at::kFloat);                              // [b, s]
-    const at::Tensor losses = parts.token_losses(parts.logits(h), shift_left(batch.labels, k));       // [b, s]
-    const at::Tensor mean = (losses * mask.to(losses.device())).sum() / mask.sum().clamp_min(1.0).to(losses.device());
+    h = layers[size_t(k - 1)]->forward(h, parts.embed(shifted("tokens", batch.tokens, k)), parts.rope, parts.attention_mask);
+    const at::Tensor mask = shifted("loss mask", batch.loss_mask, k).to(at::kFloat);                        // [b, s]
+    const at::Tensor losses = parts.token_losses(parts.logits(h), shifted("labels", batch.labels, k));      // [b, s]
+    at::Tensor tokens = mask.sum().reshape({1});
+    if (context_.size() > 1) context_.all_reduce(tokens);  // every CP rank's share of the mean (scaled by CP with the loss)
+    const at::Tensor mean = (losses * mask.to(losses.device())).sum() / tokens.squeeze(0).clamp_min(1.0).to(losses.device());
     depth_means.push_back(mean.detach().to(at::kFloat));
     total = total.defined() ? total + mean : mean;
   }

@@ -11,6 +11,11 @@
 // The embedding and output layer are the model's: on the last pipeline stage a copy of the word
 // embedding, kept equal as a tied one is. Parameters: mtp.layers.{k-1}.{enorm, hnorm, eh_proj,
 // transformer_layer, final_layernorm} (Megatron's checkpoint names).
+//
+// Under context parallelism a rank holds two chunks of the sequence, and the tokens k positions
+// ahead of a chunk's last ones lie in the next chunk, on another rank: the shifted tokens, labels
+// and loss masks are cut from the whole micro-batch instead (add_context_parallel_shifts), and
+// each depth's mean is over the tokens of every CP rank.
 #pragma once
 
 #include <functional>
@@ -65,9 +70,15 @@ class MultiTokenPrediction : public tp::DescribedModule {
 
  private:
   double scaling_factor_;
+  dist::Group context_;  // the CP peers: a depth's mean counts their loss tokens too
   double tracked_scale_ = 1.0;
   at::Tensor tracked_;  // [D]
 };
+
+// Context parallelism: rank `rank`'s rows of the whole micro-batch's tokens, labels and loss mask
+// shifted left by k = 1 .. depths, as extra fields of its batch that MultiTokenPrediction::loss
+// reads instead of shifting the rank's own rows.
+void add_context_parallel_shifts(Batch& rank_batch, const Batch& whole, int depths, int cp, int rank);
 
 // "mtp_1 loss", ... for a model with --mtp-num-layers (none without).
 std::vector<std::string> mtp_loss_names(const ModelConfig& config);

@@ -48,11 +48,6 @@ void check_context_parallel(const Config& c) {
                     ": context-parallel attention has no dropout; give --attention-dropout 0 with --context-parallel-size " +
                     std::to_string(cp));
   }
-  if (m.mtp_num_layers > 0) {
-    throw UserError("--mtp-num-layers with --context-parallel-size " + std::to_string(cp) +
-                    ": multi-token prediction shifts tokens across the sequence chunks, which is not implemented; "
-                    "use --context-parallel-size 1");
-  }
 }
 
 }  // namespace megatron

@@ -522,7 +522,10 @@ at::Tensor Trainer::global_loss(const at::Tensor& sums) {
 
 Batch Trainer::rank_batch(const SampleSource& source, int64_t first) const {
   Batch b = make_batch(source, first, t_.micro_batch_size, c_.model.seq_length, c_.model.vocab_size, ltor_);
-  return ps_.cp.size() > 1 ? cp::rank_batch(b, ps_.cp.size(), ps_.cp.rank()) : b;
+  if (ps_.cp.size() == 1) return b;
+  Batch mine = cp::rank_batch(b, ps_.cp.size(), ps_.cp.rank());
+  if (c_.model.mtp_num_layers > 0) add_context_parallel_shifts(mine, b, c_.model.mtp_num_layers, ps_.cp.size(), ps_.cp.rank());
+  return mine;
 }
 
 at::Tensor Trainer::backward_loss(const MicroBatchLoss& result, int64_t micro_batches, bool per_token) const {
@@ -633,7 +636,6 @@ void Trainer::report_memory() {
 
 
 double Trainer::evaluate(SampleSource& source, int64_t& consumed) {
-  const ModelConfig& m = c_.model;
   for (auto& chunk : chunks_) chunk->eval();
   at::NoGradGuard no_grad;
   const int64_t dp_block = int64_t(t_.micro_batch_size) * ps_.dp.size();

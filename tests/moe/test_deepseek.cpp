@@ -142,6 +142,9 @@ TEST(DeepSeekTraining, LayoutsReproduceOneProcessWithTheExpertBiasUpdating) {
       {"tp2_sp", {2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}}},
       {"ep2", {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}}},
       {"pp2", {2, {"--pipeline-model-parallel-size", "2"}}},
+      // MLA's own value head dim in the ring's blocks; the MTP depth's shifted tokens and labels
+      // cut from the whole sequence, its mean over both CP ranks' tokens.
+      {"cp2", {2, {"--context-parallel-size", "2"}}},
       {"ep2_dp2_distopt", {4, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}}},
   };
   for (const auto& [name, layout] : layouts) {
