@@ -34,5 +34,16 @@ TEST(Recipes, Llama3And8BShapes) {
   EXPECT_EQ(c.model.normalization, "RMSNorm");
 }
 
+// The long-context recipe under the layout its comment gives: 16 ranks, CP=8 x TP=2 + SP.
+TEST(Recipes, LongContextSplitsOverContextParallelRanks) {
+  Config c = parse_train_arguments({"--config", test::source_dir() + "/examples/llama3.1-8b-128k.yaml", "--mock-data",
+                                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255", "--context-parallel-size", "8",
+                                    "--cp-comm-type", "p2p", "--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  finalize_config(c, 16);
+  EXPECT_EQ(c.model.seq_length, 131072);
+  EXPECT_EQ(c.parallel.data_parallel_size, 1);
+  EXPECT_EQ(c.model.attention_dropout, 0.0);
+}
+
 }  // namespace
 }  // namespace megatron
