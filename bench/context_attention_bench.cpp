@@ -18,6 +18,7 @@
 #include <functional>
 #include <string>
 
+#include "context_parallel/chunks.h"
 #include "context_parallel/partial_attention.h"
 #include "context_parallel/ring_attention.h"
 
@@ -39,10 +40,8 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
 
 // Every rank's ring steps for one sequence: forward blocks merged, then their backward.
 void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, int cp, double scale) {
-  const int64_t seq = q.size(2), c = seq / (2 * cp);
-  auto rows = [&](const at::Tensor& x, int rank) {  // a rank's chunks i and 2cp-1-i
-    return at::cat({x.narrow(2, rank * c, c), x.narrow(2, (2 * cp - 1 - rank) * c, c)}, 2);
-  };
+  const int64_t c = q.size(2) / (2 * cp);
+  auto rows = [&](const at::Tensor& x, int rank) { return cp::rank_rows(x, 2, cp, rank); };  // chunks i and 2cp-1-i
   for (int rank = 0; rank < cp; ++rank) {
     const at::Tensor mq = rows(q, rank), mdout = rows(dout, rank);
     cp::PartialAttention acc = cp::empty_partial(q.size(0), q.size(1), 2 * c, v.size(3), q.options());

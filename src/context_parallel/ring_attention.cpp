@@ -1,6 +1,7 @@
 #include "context_parallel/ring_attention.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <vector>
@@ -55,12 +56,9 @@ void wait_all(std::vector<dist::Work>& works) {
 struct KeyValues {
   std::vector<int64_t> k_shape, v_shape;
   at::Tensor pack(const at::Tensor& k, const at::Tensor& v) const { return at::cat({k.reshape(-1), v.reshape(-1)}); }
-  at::Tensor k(const at::Tensor& flat) const { return flat.narrow(0, 0, numel(k_shape)).view(k_shape); }
-  at::Tensor v(const at::Tensor& flat) const { return flat.narrow(0, numel(k_shape), numel(v_shape)).view(v_shape); }
-  static int64_t numel(const std::vector<int64_t>& s) {
-    int64_t n = 1;
-    for (int64_t d : s) n *= d;
-    return n;
+  at::Tensor k(const at::Tensor& flat) const { return flat.narrow(0, 0, c10::multiply_integers(k_shape)).view(k_shape); }
+  at::Tensor v(const at::Tensor& flat) const {
+    return flat.narrow(0, c10::multiply_integers(k_shape), c10::multiply_integers(v_shape)).view(v_shape);
   }
 };
 

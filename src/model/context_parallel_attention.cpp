@@ -13,7 +13,7 @@ namespace megatron {
 
 ContextParallelAttention::ContextParallelAttention(const tp::TensorParallel& tp, std::string comm_type,
                                                    std::optional<double> softmax_scale)
-    : cp_(tp.context), comm_type_(std::move(comm_type)), softmax_scale_(softmax_scale) {
+    : cp_(tp.context), comm_type_(std::move(comm_type)), softmax_scale_(softmax_scale), whole_sequence_(tp, softmax_scale) {
   TORCH_CHECK(comm_type_ == "p2p" || comm_type_ == "all_gather" || comm_type_ == "a2a", "--cp-comm-type ", comm_type_,
               ": expected p2p, all_gather or a2a");
 }
@@ -98,12 +98,10 @@ at::Tensor ContextParallelAttention::ulysses(const at::Tensor& q, const at::Tens
     keys = k.unsqueeze(3).expand({rows, b, groups, per_group, k.size(3)}).reshape({rows, b, heads, k.size(3)});
     values = v.unsqueeze(3).expand({rows, b, groups, per_group, value_dim}).reshape({rows, b, heads, value_dim});
   }
-  const at::Tensor q_all = heads_for_sequence(q, cp_), k_all = heads_for_sequence(keys, cp_), v_all = heads_for_sequence(values, cp_);
-  const at::Tensor out = at::scaled_dot_product_attention(
-      q_all.permute({1, 2, 0, 3}), k_all.permute({1, 2, 0, 3}), v_all.permute({1, 2, 0, 3}),
-      mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0, /*is_causal=*/!mask.defined(), scale_for(q),
-      /*enable_gqa=*/k_all.size(2) != q_all.size(2));  // [b, H/(tp cp), S, dv]
-  return sequence_for_heads(out.permute({2, 0, 1, 3}), cp_).reshape({rows, b, heads * value_dim});
+  const at::Tensor q_all = heads_for_sequence(q, cp_);                                   // [S, b, H/(tp cp), d]
+  const at::Tensor out = whole_sequence_.forward(q_all, heads_for_sequence(keys, cp_), heads_for_sequence(values, cp_), mask,
+                                                 0.0);                                      // [S, b, H/(tp cp) * dv]
+  return sequence_for_heads(out.view({out.size(0), b, q_all.size(2), value_dim}), cp_).reshape({rows, b, heads * value_dim});
 }
 
 }  // namespace megatron

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "model/core_attention.h"
 #include "model/layer_spec.h"
 
 namespace megatron {
@@ -36,6 +37,7 @@ class ContextParallelAttention : public CoreAttention {
   dist::Group cp_;
   std::string comm_type_;
   std::optional<double> softmax_scale_;
+  SdpaAttention whole_sequence_;  // a2a: each rank's heads over the whole sequence
 };
 
 }  // namespace megatron

@@ -112,13 +112,13 @@ at::Tensor TopKRouter::attach_balancing_losses(at::Tensor probs, const at::Tenso
     } else {
       at::Tensor counts = routed.sum(0);  // [E]
       int64_t total = T * tp;
-      if (tp > 1) tp_.group.all_reduce(counts);
       if (kind.type != "global_aux_loss") {
-        if (cp > 1) tp_.context.all_reduce(counts);
+        count_over_sequence(counts);
         total *= cp;
       } else {
-        // Over every data-parallel (and context-parallel) replica too, averaged over the step's
-        // micro-batches so far.
+        // Over every TP rank, then every data-parallel (and context-parallel) replica, averaged
+        // over the step's micro-batches so far.
+        if (tp > 1) tp_.group.all_reduce(counts);
         if (dp > 1) tp_.data.all_reduce(counts);
         global_counts_ = global_counts_.defined() ? global_counts_ + counts : counts;
         counts = global_counts_ / double(++global_micro_batches_);
