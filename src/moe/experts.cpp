@@ -38,6 +38,11 @@ GroupedExperts::GroupedExperts(const PartContext& ctx, int first_expert, int cou
     down.grad_group = tp::GradGroup::ExpertDataParallel;
     fc2[size_t(e - first_expert)] = linear_fc2->add_parameter("weight" + std::to_string(e), at::empty({h, f}, on), down);
   }
+  if (ctx.fp8) {
+    const std::string layer = "layer " + std::to_string(ctx.layer + 1) + " experts' ";
+    fp8_fc1_ = std::make_unique<Fp8GroupedLinear>(ctx.fp8, layer + "linear_fc1");
+    fp8_fc2_ = std::make_unique<Fp8GroupedLinear>(ctx.fp8, layer + "linear_fc2");
+  }
 }
 
 namespace {
@@ -59,6 +64,12 @@ void GroupedExperts::discard_activation(const at::Tensor& act, const at::Tensor&
 
 at::Tensor GroupedExperts::forward(const at::Tensor& rows, const at::Tensor& counts) const {
   TORCH_CHECK(counts.numel() == int64_t(fc1.size()), "GroupedExperts: ", counts.numel(), " row counts for ", fc1.size(), " experts");
+  if (fp8_fc1_) {
+    const at::Tensor lengths = counts.to(at::kLong);
+    return mlp(rows, lengths.cumsum(0).to(at::kInt),
+               [&](const at::Tensor& x, const at::Tensor& ends) { return fp8_fc1_->forward(x, lengths, ends, fc1); },
+               [&](const at::Tensor& x, const at::Tensor& ends) { return fp8_fc2_->forward(x, lengths, ends, fc2); });
+  }
   if (grouped_gemm_ && rows.is_cuda()) return grouped(rows, counts);
   const at::Tensor host = counts.to(at::kCPU, at::kLong).contiguous();
   std::vector<at::Tensor> outputs;
@@ -117,16 +128,21 @@ struct GroupedLinear : torch::autograd::Function<GroupedLinear> {
 
 }  // namespace
 
-at::Tensor GroupedExperts::grouped(const at::Tensor& rows, const at::Tensor& counts) const {
-  // One kernel over all experts: offs holds where each expert's rows end, computed on the
-  // device (no wait for the host).
-  const at::Tensor offs = counts.cumsum(0).to(at::kInt);
-  // As a TensorList, so autograd takes each weight for an input of its own.
-  const at::Tensor up = GroupedLinear::apply(rows, offs, at::TensorList(fc1));  // [N, 2f/tp]
-  const at::Tensor act = activation(up).contiguous();                            // [N, f/tp]
-  const at::Tensor out = GroupedLinear::apply(act, offs, at::TensorList(fc2));   // [N, h]
+at::Tensor GroupedExperts::mlp(const at::Tensor& rows, const at::Tensor& ends, const GroupedGemm& linear1,
+                               const GroupedGemm& linear2) const {
+  const at::Tensor up = linear1(rows, ends);            // [N, 2f/tp]
+  const at::Tensor act = activation(up).contiguous();  // [N, f/tp]
+  const at::Tensor out = linear2(act, ends);            // [N, h]
   discard_activation(act, out, up);
   return out;
+}
+
+at::Tensor GroupedExperts::grouped(const at::Tensor& rows, const at::Tensor& counts) const {
+  // One kernel over all experts: the ends of each expert's rows, computed on the device (no wait
+  // for the host). The weights as a TensorList, so autograd takes each for an input of its own.
+  return mlp(rows, counts.cumsum(0).to(at::kInt),
+             [&](const at::Tensor& x, const at::Tensor& ends) { return GroupedLinear::apply(x, ends, at::TensorList(fc1)); },
+             [&](const at::Tensor& x, const at::Tensor& ends) { return GroupedLinear::apply(x, ends, at::TensorList(fc2)); });
 }
 
 }  // namespace megatron::moe

@@ -121,8 +121,9 @@ void finalize_fp8(Config& c) {
     }
   }
   if (m.num_experts > 0) {
-    c.flag_notices.push_back("--fp8-format: the MoE layers' experts keep bf16 GEMMs (FP8 grouped GEMMs are not built yet); "
-                             "attention, dense MLPs and shared experts run in FP8");
+    c.flag_notices.push_back("--fp8-format: the MoE layers' experts run FP8 grouped GEMMs scaled per row (per token, per "
+                             "weight row; the only scaling of the grouped FP8 GEMM), e4m3 for their gradients too, "
+                             "whatever --fp8-recipe and --fp8-format say; attention, dense MLPs and shared experts follow the recipe");
   }
 }
 

@@ -56,6 +56,19 @@ std::string check_fp8_device(const ModelConfig& m, const at::Device& device) {
     throw UserError("--fp8-format: this GPU cannot run FP8 GEMMs (" + why.substr(0, why.find('\n')) +
                     "); FP8 needs compute capability 8.9 or 9.0 (Ada, Hopper). Train with --bf16 instead");
   }
+  if (m.num_experts > 0) {
+    // The experts' grouped FP8 GEMM (fp8/grouped.h) has kernels for Hopper only, not for Ada.
+    try {
+      const at::TensorOptions on = at::TensorOptions().device(device);
+      const at::Tensor a = at::zeros({16, 16}, on).to(at::kFloat8_e4m3fn), b = at::zeros({1, 16, 16}, on).to(at::kFloat8_e4m3fn);
+      at::_scaled_grouped_mm(a, b.transpose(1, 2), at::ones({16}, on), at::ones({1, 16}, on),
+                             at::full({1}, 16, on.dtype(at::kInt)), std::nullopt, std::nullopt, at::kBFloat16);
+    } catch (const c10::Error& e) {
+      const std::string why = e.what_without_backtrace();
+      throw UserError("--fp8-format with --num-experts: this GPU cannot run the experts' FP8 grouped GEMMs (" +
+                      why.substr(0, why.find('\n')) + "); they need compute capability 9.0 (Hopper). Train with --bf16 instead");
+    }
+  }
   return "";
 }
 

@@ -1,14 +1,17 @@
 // The FP8 path on an FP8-capable GPU (scripts/gpu/run.sh fp8 runs these; elsewhere they report a
 // skip): the fused cast(-transpose) kernel bit for bit against the ATen composite, and the FP8
 // GEMMs of every recipe (cuBLAS through at::_scaled_mm; blockwise scales where this build's
-// cuBLAS takes them) against GEMMs of the dequantized operands, and the layer against its CPU run.
+// cuBLAS takes them) against GEMMs of the dequantized operands, and the layer against its CPU run;
+// the MoE experts' grouped FP8 GEMMs (at::_scaled_grouped_mm) and casts against their CPU path.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
+#include "fp8/grouped.h"
 #include "fp8/quantize.h"
 #include "fp8/recipe.h"
 #include "kernels/ops.h"
+#include "moe/experts.h"
 #include "tensor_parallel/fp8_linear.h"
 
 namespace megatron {
@@ -129,6 +132,93 @@ TEST(Fp8Cuda, LayerOnTheGpuMatchesItsCpuRun) {
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_LE(largest(gpu[i] - cpu[i]), 2e-3 * largest(cpu[i])) << recipe << " " << names[i];
     }
+  }
+}
+
+// The experts' operands: the same bytes and scales on both devices (power-of-two scales: the
+// products are exact, one rounding in the cast), and torch's grouped FP8 GEMM against the GEMMs of
+// the dequantized operands that the CPU runs, with experts of 0, 1 and unaligned row counts.
+TEST(Fp8Cuda, GroupedCastsAndGemmsEqualTheCpuPath) {
+  REQUIRE_FP8_GPU();
+  at::manual_seed(5);
+  const std::vector<int64_t> sizes = {37, 0, 128, 5, 1, 64, 0, 300};
+  int64_t n = 0;
+  for (int64_t s : sizes) n += s;
+  const int64_t groups = int64_t(sizes.size()), in = 256, out = 384;
+  const at::Tensor counts = at::tensor(sizes, at::kLong), ends = counts.cumsum(0).to(at::kInt);
+  const at::Tensor x = at::randn({n, in}).to(at::kBFloat16), w = (at::randn({groups, out, in}) * 0.05).to(at::kBFloat16);
+  const at::Tensor dy = at::randn({n, out}).to(at::kBFloat16);
+  auto same = [](const fp8::Quantized& a, const fp8::Quantized& b, const char* what) {
+    EXPECT_TRUE(at::equal(a.data.cpu().view(at::kByte), b.data.cpu().view(at::kByte))) << what;
+    EXPECT_TRUE(at::equal(a.scale_inv.cpu(), b.scale_inv.cpu())) << what;
+  };
+  const fp8::Quantized qx = fp8::cast_rows(x), qw = fp8::cast_rows(w);
+  same(fp8::cast_rows(x.to(kGpu)), qx, "rows of x");
+  same(fp8::cast_rows(w.to(kGpu)), qw, "rows of the weights");
+  const fp8::GroupColumns cx = fp8::cast_group_columns(x, counts), cdy = fp8::cast_group_columns(dy, counts);
+  const fp8::GroupColumns gx = fp8::cast_group_columns(x.to(kGpu), counts.to(kGpu));
+  same(gx.q, cx.q, "columns of x per expert");
+  EXPECT_TRUE(at::equal(gx.ends.cpu(), cx.ends));
+  auto to_gpu = [](const fp8::Quantized& q) { return fp8::Quantized{q.data.to(kGpu), q.scale_inv.to(kGpu)}; };
+  auto columns_to_gpu = [&](const fp8::GroupColumns& g) { return fp8::GroupColumns{to_gpu(g.q), g.ends.to(kGpu)}; };
+  const at::Tensor y_cpu = fp8::grouped_mm_rows(qx, qw, ends, true);
+  const at::Tensor y_gpu = fp8::grouped_mm_rows(to_gpu(qx), to_gpu(qw), ends.to(kGpu), true).cpu();
+  EXPECT_LE(largest(y_gpu.to(at::kFloat) - y_cpu.to(at::kFloat)), 1e-2 * largest(y_cpu.to(at::kFloat))) << "forward";
+  const at::Tensor dw_cpu = fp8::grouped_mm_groups(cdy, cx);
+  const at::Tensor dw_gpu = fp8::grouped_mm_groups(columns_to_gpu(cdy), columns_to_gpu(cx)).cpu();
+  for (int64_t e = 0; e < groups; ++e) {
+    const at::Tensor a = dw_gpu[e].to(at::kFloat), b = dw_cpu[e].to(at::kFloat);
+    if (sizes[size_t(e)] == 0) {
+      EXPECT_TRUE(at::equal(a, at::zeros_like(a))) << "expert " << e << " has no rows";
+    } else {
+      EXPECT_LE(largest(a - b), 1e-2 * largest(b)) << "weight gradient of expert " << e;
+    }
+  }
+}
+
+TEST(Fp8Cuda, Fp8ExpertsOnTheGpuMatchTheirCpuRun) {
+  REQUIRE_FP8_GPU();
+  ModelConfig c;
+  c.hidden_size = 256;
+  c.ffn_hidden_size = 512;
+  c.num_layers = 1;
+  c.swiglu = true;
+  c.num_experts = 8;
+  c.moe_ffn_hidden_size = 128;
+  c.moe_router_topk = 2;
+  c.moe_layers = {1};
+  c.fp8 = "hybrid";
+  const tp::TensorParallel tp;
+  const std::vector<int64_t> sizes = {37, 0, 128, 5, 0, 64, 1, 300};
+  int64_t n = 0;
+  for (int64_t s : sizes) n += s;
+  at::manual_seed(6);
+  const at::Tensor x = at::randn({n, 256}).to(at::kBFloat16), dy = at::randn({n, 256}).to(at::kBFloat16);
+  auto run = [&](const at::Device& device) {
+    moe::GroupedExperts experts(PartContext{c, tp, device, false, 0, std::make_shared<fp8::Fp8Context>(fp8::options_for(c))}, 0,
+                                c.num_experts);
+    at::manual_seed(7);
+    {
+      at::NoGradGuard no_grad;
+      for (size_t e = 0; e < experts.fc1.size(); ++e) {
+        experts.fc1[e].copy_(at::randn(experts.fc1[e].sizes()) * 0.05), experts.fc2[e].copy_(at::randn(experts.fc2[e].sizes()) * 0.05);
+      }
+    }
+    experts.to(at::kBFloat16);
+    const at::Tensor in = x.to(device).requires_grad_(true);
+    const at::Tensor y = experts.forward(in, at::tensor(sizes, at::kLong).to(device));
+    y.backward(dy.to(device));
+    std::vector<at::Tensor> r = {y.detach().cpu().to(at::kFloat), in.grad().cpu().to(at::kFloat)};
+    for (size_t e = 0; e < experts.fc1.size(); ++e) {
+      r.push_back(experts.fc1[e].grad().cpu().to(at::kFloat));
+      r.push_back(experts.fc2[e].grad().cpu().to(at::kFloat));
+    }
+    return r;
+  };
+  const auto cpu = run(at::kCPU), gpu = run(kGpu);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    // The same FP8 operands: only summation order, fast accumulation and bf16 outputs differ.
+    EXPECT_LE(largest(gpu[i] - cpu[i]), 2e-2 * std::max(largest(cpu[i]), 1e-30)) << "result " << i;
   }
 }
 
