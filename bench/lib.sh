@@ -65,3 +65,18 @@ precision_only() {
   best=$(hf_tokens "$hf_compiled" 8)
   echo "RATIO global batch 8, to HF compiled ($best tok/s): default $(ratio "$default" "$best"), bf16 gradients and moments $(ratio "$bf16_state" "$best")"
 }
+# At global batch 8: the caller's shape in bf16 and with FP8 GEMMs (--fp8-format hybrid, tensorwise
+# recipe for attention and shared experts; the experts' grouped GEMMs row-wise, fp8/grouped.h),
+# each with bf16 gradients and moments as well: the FP8 speed-up on our own bf16 in the same call.
+fp8_only() {
+  local bf16 fp8 bf16_state fp8_state
+  local fp8_flags=(--fp8-format hybrid --fp8-recipe tensorwise)
+  local state=(--use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)
+  bf16=$(run_shape bf16_gbs8 8); echo "megatron.cpp, global batch 8, bf16: tokens/s, TFLOP/s, max allocated MB = $bf16"
+  fp8=$(run_shape fp8_gbs8 8 "${fp8_flags[@]}"); echo "megatron.cpp, global batch 8, FP8: tokens/s, TFLOP/s, max allocated MB = $fp8"
+  bf16_state=$(run_shape bf16_state_gbs8 8 "${state[@]}")
+  echo "megatron.cpp, global batch 8, bf16, bf16 gradients and moments: tokens/s, TFLOP/s, max allocated MB = $bf16_state"
+  fp8_state=$(run_shape fp8_state_gbs8 8 "${fp8_flags[@]}" "${state[@]}")
+  echo "megatron.cpp, global batch 8, FP8, bf16 gradients and moments: tokens/s, TFLOP/s, max allocated MB = $fp8_state"
+  echo "RATIO FP8 / bf16: $(ratio "$fp8" "${bf16%% *}") (default state), $(ratio "$fp8_state" "${bf16_state%% *}") (bf16 gradients and moments)"
+}

@@ -32,6 +32,8 @@
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
+# `moe-fp8` (the megatron binary only): both MoE shapes at global batch 8 in bf16 and in FP8 (issue #24's
+# FP8 grouped GEMMs for the experts), each with default and bf16 optimizer state (FP8_ONLY).
 # `moe-test`: the whole build and the MoE and other CUDA tests. `moe` (the megatron binary only):
 # bench/gpu_moe.sh: the Qwen3-30B-A3B layer shape (6 layers) against HF transformers' Qwen3-MoE
 # (grouped_mm experts, eager and torch.compile) at global batches 1 and 8, real routing and
@@ -74,7 +76,7 @@ cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -
   || { tail -40 "$out/configure.log"; exit 1; }
 targets=(); case $what in generate-test) targets=(--target megatron megatron_tests) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
-case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|generate) targets=(--target megatron) ;; esac
+case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
@@ -243,6 +245,11 @@ if [ "$what" = moe-precision ]; then
   # Both MoE shapes at global batch 8: default optimizer state, bf16 gradients and moments, HF compiled.
   PRECISION_ONLY=1 bash bench/gpu_moe.sh build-gpu/megatron "$py" /tmp/moe 2>&1 | tee "$out/moe-precision.log"
   PRECISION_ONLY=1 bash bench/gpu_deepseek.sh build-gpu/megatron "$py" /tmp/deepseek 2>&1 | tee "$out/deepseek-precision.log"
+fi
+if [ "$what" = moe-fp8 ]; then
+  # Both MoE shapes at global batch 8 in bf16 and with FP8 GEMMs (the experts' grouped FP8 GEMMs).
+  FP8_ONLY=1 bash bench/gpu_moe.sh build-gpu/megatron "$py" /tmp/moe 2>&1 | tee "$out/moe-fp8.log"
+  FP8_ONLY=1 bash bench/gpu_deepseek.sh build-gpu/megatron "$py" /tmp/deepseek 2>&1 | tee "$out/deepseek-fp8.log"
 fi
 if [ "$what" = moe ]; then
   # Logs to /tmp, the summary and the profile's kernel table to $OUT (few files come back).

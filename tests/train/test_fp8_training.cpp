@@ -4,6 +4,7 @@
 //  - the delayed recipe's amax histories and scales are saved (fp8_ppPPP.safetensors, by layer
 //    name) and a stopped run resumes bit for bit; a run saved with two pipeline stages resumes at
 //    one process with every layer's state found;
+//  - the MoE experts' FP8 grouped GEMMs train as bf16's experts do;
 //  - bad combinations are refused by flag name.
 #include <gtest/gtest.h>
 
@@ -68,6 +69,29 @@ TEST(Fp8Training, EachRecipeTracksBf16) {
     EXPECT_NEAR(got, end, 0.03 * end) << r.output;
     EXPECT_NE(losses, reference) << "the GEMMs ran in FP8";
   }
+}
+
+// The MoE experts' FP8 grouped GEMMs (fp8/grouped.h) in a whole run: 4 experts, top-2, the
+// delayed recipe for the other layers; the notice says how the experts scale.
+TEST(Fp8Training, MoeExpertsTrackBf16) {
+  auto run = [](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--train-iters", "30", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "64",
+                               "--moe-grouped-gemm", "--moe-aux-loss-coeff", "1e-2"});
+    const auto r = test::run_megatron(tiny(extra));
+    EXPECT_EQ(r.status, 0) << r.output;
+    return r;
+  };
+  const auto bf16 = run({});
+  const auto fp8 = run({"--fp8-format", "hybrid"});
+  EXPECT_NE(fp8.output.find("the MoE layers' experts run FP8 grouped GEMMs scaled per row"), std::string::npos) << fp8.output;
+  const std::vector<double> reference = test::logged_losses(bf16.output), losses = test::logged_losses(fp8.output);
+  ASSERT_EQ(reference.size(), 30u) << bf16.output;
+  ASSERT_EQ(losses.size(), 30u) << fp8.output;
+  const double first = reference.front(), end = mean_of_last(reference, 5), got = mean_of_last(losses, 5);
+  std::printf("MoE FP8: last five losses %.4f, bf16 %.4f (first %.4f)\n", got, end, first);
+  EXPECT_LT(got, first - 1.0) << "learns";
+  EXPECT_NEAR(got, end, 0.03 * end) << fp8.output;
+  EXPECT_NE(losses, reference) << "the GEMMs ran in FP8";
 }
 
 TEST(Fp8Training, DelayedScalingStateIsSavedAndResumedBitForBit) {
