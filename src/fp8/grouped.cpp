@@ -10,9 +10,9 @@ namespace {
 constexpr at::ScalarType kE4m3 = at::kFloat8_e4m3fn;
 
 // The largest power of two that maps amax (fp32, any shape) within e4m3's range; 1 where amax is
-// 0 or not finite.
+// 0 or not finite. (448 / amax is a positive normal fp32: amax is at most fp32's largest.)
 at::Tensor power_of_two_scale(const at::Tensor& amax) {
-  return at::exp2(at::floor(at::log2(scale_from_amax(amax.to(at::kFloat), max_finite(kE4m3)))));
+  return power_of_two_floor(scale_from_amax(amax.to(at::kFloat), max_finite(kE4m3)));
 }
 
 // x times scale (broadcast), cast to e4m3. The scale is a power of two, so the product is exact

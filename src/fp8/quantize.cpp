@@ -151,9 +151,14 @@ Quantized cast_blockwise(const at::Tensor& x, at::ScalarType fp8, int64_t tile_r
   const at::Tensor tile_amax = tiles.abs().amax({1, 3});  // [rows / tile_rows, cols / 128]
   const double limit = max_finite(fp8);
   // The largest power of two that keeps the tile's largest magnitude within the format.
-  const at::Tensor scale = at::exp2(at::floor(at::log2(scale_from_amax(tile_amax, limit))));
+  const at::Tensor scale = power_of_two_floor(scale_from_amax(tile_amax, limit));
   const at::Tensor q = (tiles * scale.unsqueeze(1).unsqueeze(3)).clamp(-limit, limit).to(fp8).reshape({rows, cols});
   return {q, scale.reciprocal()};
+}
+
+at::Tensor power_of_two_floor(const at::Tensor& scale) {
+  TORCH_CHECK(scale.scalar_type() == at::kFloat, "power_of_two_floor takes fp32 scales");
+  return at::bitwise_and(scale.contiguous().view(at::kInt), 0x7f800000).view(at::kFloat);
 }
 
 at::Tensor dequantize(const Quantized& q) {

@@ -32,6 +32,11 @@ at::Tensor scale_from_amax(const at::Tensor& amax, double fp8_max, int margin = 
 // The same for many tensors at once: amax and fp8_max [n] (each tensor's format), fallback [n].
 at::Tensor scale_from_amax(const at::Tensor& amax, const at::Tensor& fp8_max, int margin, const at::Tensor& fallback);
 
+// The largest power of two not above each value of `scale` (positive normal fp32), from its
+// exponent bits: exact on every device, where exp2(floor(log2(s))) is not (log2 rounds an s just
+// below a power of two up to it, and a cast with that scale leaves the format's range).
+at::Tensor power_of_two_floor(const at::Tensor& scale);
+
 // x [rows, cols] (any float dtype) cast to `fp8` with the tensor-wide `scale` ([] fp32): row-wise
 // into .data when `rowwise`, and the transposed copy [cols, rows] into `transposed` when asked,
 // both in one pass on CUDA. scale_inv = 1 / scale for both. `pool_amax` ([] fp32, e.g. a slot of

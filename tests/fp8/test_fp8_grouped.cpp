@@ -55,6 +55,12 @@ TEST(Fp8Grouped, RowCastsArePowerOfTwoScaledAndUseTheRange) {
   const at::Tensor dequantized = values * q.scale_inv.unsqueeze(1);
   const at::Tensor bound = x.abs() * 0.0625 + q.scale_inv.unsqueeze(1) * std::ldexp(1.0, -9);
   EXPECT_TRUE(((dequantized - x).abs() <= bound).all().item<bool>());
+  // 448 / amax just below a power of two (256 here): log2 of it rounds to 8 in fp32, and a
+  // scale of 256 would carry the row's largest value past 448 (NaN in e4m3fn). The scale is 128.
+  const float edge = std::nextafter(1.75f, 2.0f);
+  const fp8::Quantized e = fp8::cast_rows(at::full({1, 16}, edge));
+  EXPECT_EQ(e.scale_inv.item<float>(), 1.0f / 128);
+  EXPECT_TRUE(at::isfinite(e.data.to(at::kFloat)).all().item<bool>());
   // Batched: the experts' weights [E, out, in], a scale per (expert, row).
   const fp8::Quantized w = fp8::cast_rows(x.view({2, 3, 32}));
   EXPECT_EQ(w.scale_inv.sizes(), at::IntArrayRef({2, 3}));
