@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "kernels/cuda_dispatch.h"
+
 namespace megatron::fp8 {
 namespace {
 
@@ -38,11 +40,34 @@ Quantized cast_rows(const at::Tensor& x) {
   return {cast_scaled(x, scale).contiguous(), scale.reciprocal().squeeze(-1).contiguous()};
 }
 
-GroupColumns cast_group_columns(const at::Tensor& x, const at::Tensor& counts) {
+GroupColumns cast_group_columns(const at::Tensor& x, const at::Tensor& counts, kernels::Impl impl) {
   TORCH_CHECK(x.dim() == 2 && counts.dim() == 1, "cast_group_columns: x [N, cols] and counts [G], got ", x.sizes(), " and ",
               counts.sizes());
   const int64_t n = x.size(0), cols = x.size(1), groups = counts.size(0);
   const at::Tensor lengths = counts.to(at::kLong);
+  // Row r of group g moves to padded_start[g] + (r - start[g]).
+  const at::Tensor padded = (lengths + (kGroupAlign - 1)).div(kGroupAlign, "floor") * kGroupAlign;  // [G]
+  const at::Tensor padded_ends = padded.cumsum(0), ends = lengths.cumsum(0);
+  const at::Tensor shift = (padded_ends - padded) - (ends - lengths);  // [G]: padded start - start
+  const int64_t bound = (n + kGroupAlign - 1) / kGroupAlign * kGroupAlign + kGroupAlign * groups;
+  GroupColumns out;
+  out.ends = padded_ends.to(at::kInt);
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  if (kernels::uses_kernel(x, impl)) {
+    const at::Tensor xc = x.contiguous(), ends32 = ends.to(at::kInt);
+    const at::Tensor amax = at::zeros({groups, cols}, x.options().dtype(at::kFloat));
+    kernels::cuda::fp8_group_column_amax(xc.data_ptr(), n, cols, kernels::storage_type(xc), ends32.data_ptr<int>(), int(groups),
+                                         reinterpret_cast<unsigned*>(amax.data_ptr<float>()), kernels::current_stream());
+    const at::Tensor scale = power_of_two_scale(amax).contiguous();  // [G, cols]
+    const at::Tensor data = at::zeros({cols, bound}, x.options().dtype(at::kByte));  // [cols, P]
+    kernels::cuda::fp8_group_column_cast(xc.data_ptr(), n, cols, kernels::storage_type(xc), ends32.data_ptr<int>(), int(groups),
+                                         scale.data_ptr<float>(), shift.contiguous().data_ptr<int64_t>(), bound, data.data_ptr(),
+                                         kernels::current_stream());
+    out.q = {data.view(kE4m3), scale.reciprocal().reshape({-1}).contiguous()};
+    return out;
+  }
+#endif
+  (void)impl;
   // Each group's largest magnitude per column: [G, cols] (0 for a group without rows).
   const at::Tensor amax = at::segment_reduce(x.abs(), "max", lengths, std::nullopt, std::nullopt, /*axis=*/0,
                                              /*unsafe=*/true, /*initial=*/0);
@@ -51,17 +76,10 @@ GroupColumns cast_group_columns(const at::Tensor& x, const at::Tensor& counts) {
       at::repeat_interleave(at::arange(groups, lengths.options()), lengths, /*dim=*/0, /*output_size=*/n);  // [N]
   // Each row's scales in x's dtype (powers of two: exact), half the bytes of fp32 at bf16.
   const at::Tensor q = cast_scaled(x, scale.to(x.scalar_type()).index_select(0, group_of_row));  // [N, cols]
-  // Row r of group g moves to padded_start[g] + (r - start[g]).
-  const at::Tensor padded = (lengths + (kGroupAlign - 1)).div(kGroupAlign, "floor") * kGroupAlign;  // [G]
-  const at::Tensor padded_ends = padded.cumsum(0), ends = lengths.cumsum(0);
-  const at::Tensor shift = (padded_ends - padded) - (ends - lengths);  // [G]: padded start - start
   const at::Tensor destination = at::arange(n, lengths.options()) + shift.index_select(0, group_of_row);
-  const int64_t bound = (n + kGroupAlign - 1) / kGroupAlign * kGroupAlign + kGroupAlign * groups;
   // Moved as bytes: index_copy and zeros take every integer type on every device.
   const at::Tensor bytes = at::zeros({bound, cols}, x.options().dtype(at::kByte)).index_copy_(0, destination, q.view(at::kByte));
-  GroupColumns out;
   out.q = {bytes.t().contiguous().view(kE4m3), scale.reciprocal().reshape({-1}).contiguous()};  // [cols, P], [G * cols]
-  out.ends = padded_ends.to(at::kInt);
   return out;
 }
 

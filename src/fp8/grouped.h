@@ -34,7 +34,8 @@ struct GroupColumns {
   Quantized q;
   at::Tensor ends;
 };
-GroupColumns cast_group_columns(const at::Tensor& x, const at::Tensor& counts);
+// On CUDA two kernels (src/kernels/fp8_group_cast.cu), bit for bit the composite (Impl::Composite).
+GroupColumns cast_group_columns(const at::Tensor& x, const at::Tensor& counts, kernels::Impl impl = kernels::Impl::Auto);
 
 // y[rows of group g] = a[rows of g] b[g]^T: a [N, k] cast_rows, b [G, n, k] cast_rows, ends [G]
 // int32 (group g's rows end at ends[g]) -> [N, n] bf16. Rows past ends[G-1] are not written.

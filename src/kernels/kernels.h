@@ -138,4 +138,14 @@ void fp8_cast(const void* x, int64_t rows, int64_t cols, DType dtype, const Fp8S
 // max |x| over n elements atomically maxed into *amax (fp32 bits; the caller zeroes it first).
 void fp8_amax(const void* x, int64_t n, DType dtype, unsigned* amax, Stream stream);
 
+// The MoE experts' weight-gradient operand (src/kernels/fp8_group_cast.cu; src/fp8/grouped.h):
+// x [rows, cols] whose rows come in `groups` runs, group g's ending at ends[g] (int32, device).
+// fp8_group_column_amax maxes each (group, column)'s max |x| into amax [groups, cols] (fp32 bits,
+// zeroed by the caller); fp8_group_column_cast writes x * scale[group, column] as e4m3 (saturating),
+// transposed: row r of group g to column r + shift[g] of out_t [cols, padded_rows].
+void fp8_group_column_amax(const void* x, int64_t rows, int64_t cols, DType dtype, const int* ends, int groups, unsigned* amax,
+                           Stream stream);
+void fp8_group_column_cast(const void* x, int64_t rows, int64_t cols, DType dtype, const int* ends, int groups, const float* scale,
+                           const int64_t* shift, int64_t padded_rows, void* out_t, Stream stream);
+
 }  // namespace megatron::kernels::cuda
