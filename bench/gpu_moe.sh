@@ -33,6 +33,14 @@ megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
 if [ "${PRECISION_ONLY:-0}" = 1 ]; then precision_only; exit 0; fi
 # FP8_ONLY=1: global batch 8, bf16 against FP8 (the experts' grouped FP8 GEMMs), bench/lib.sh's fp8_only.
 if [ "${FP8_ONLY:-0}" = 1 ]; then fp8_only; exit 0; fi
+# FP8_PROFILE=1: where an FP8 step's time goes (global batch 1, iterations 10-11, the kernel table).
+if [ "${FP8_PROFILE:-0}" = 1 ]; then
+  "$bin" train "${shape[@]}" --fp8-format hybrid --fp8-recipe tensorwise --global-batch-size 1 --train-iters 12 --log-interval 6 \
+    --profile --profile-step-start 10 --profile-step-end 12 --tensorboard-dir "$out/profile-fp8" > "$out/profile-fp8.log" 2>&1 \
+    || echo "FAILED: FP8 profile"
+  grep -v "^ iteration" "$out/profile-fp8.log" | grep "^>" | tail -45
+  exit 0
+fi
 declare -A real
 for gbs in 1 8; do
   real[$gbs]=$(run_shape "real_gbs$gbs" $gbs)

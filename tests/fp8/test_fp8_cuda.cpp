@@ -205,7 +205,7 @@ TEST(Fp8Cuda, Fp8ExpertsOnTheGpuMatchTheirCpuRun) {
       }
     }
     experts.to(at::kBFloat16);
-    const at::Tensor in = x.to(device).requires_grad_(true);
+    const at::Tensor in = x.to(device).detach().requires_grad_(true);  // a leaf on either device
     const at::Tensor y = experts.forward(in, at::tensor(sizes, at::kLong).to(device));
     y.backward(dy.to(device));
     std::vector<at::Tensor> r = {y.detach().cpu().to(at::kFloat), in.grad().cpu().to(at::kFloat)};
