@@ -10,10 +10,10 @@ set -uo pipefail
 build=$1; py=$2; baseline=$3
 bin=$build/megatron
 "$build/megatron_bench_context_attention" --iters "${BENCH_ATTENTION_ITERS:-5}" || echo "FAILED: attention bench"
-iters=${BENCH_ITERS:-8}
+iters=${BENCH_ITERS:-8}  # even: the log interval is half of it, so the last iteration is logged
 ours() {  # seq extra-flags... -> the last log interval's line and the memory report
   local seq=$1; shift
-  "$bin" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 4 \
+  "$bin" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval $(( iters / 2 )) \
     --micro-batch-size 1 --global-batch-size 1 --seq-length "$seq" --max-position-embeddings "$seq" "$@" 2>&1
 }
 for seq in 32768 65536; do

@@ -5,7 +5,8 @@
 # The model is a random HF Llama of the shape (save_pretrained) with the Llama 2 tokenizer, read by
 # `megatron generate --load-hf`. Ours: decode at batch 1 (ms a step: 256 new tokens), then 64
 # prompts decoded together (128 new tokens each): output tokens/s with and without the prefills;
-# each eagerly and with --cuda-graph-impl local (decode graphs, attention over the cache in place).
+# each eagerly (--cuda-graph-impl none) and with decode graphs (the default on a GPU: attention over the
+# cache in place).
 set -uo pipefail
 bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
 mkdir -p "$out"
@@ -30,13 +31,13 @@ if [ "${GENERATE_PROFILE:-0}" = 1 ]; then
   "$py" bench/trace_host_time.py "$out"/trace_rank0_iterations_10-11.json 2 15
   exit 0
 fi
-echo "megatron.cpp batch 1: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
-  --max-new-tokens 256 --prompt "$text" 2>&1 >/dev/null | grep '^> prefill')"
+echo "megatron.cpp batch 1, --cuda-graph-impl none: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+  --max-new-tokens 256 --cuda-graph-impl none --prompt "$text" 2>&1 >/dev/null | grep '^> prefill')"
 echo "megatron.cpp batch 1, --cuda-graph-impl local: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
   --max-new-tokens 256 --cuda-graph-impl local --prompt "$text" 2>&1 >/dev/null | grep '^> prefill')"
 prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
-echo "megatron.cpp batch 64: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
-  --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
+echo "megatron.cpp batch 64, --cuda-graph-impl none: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+  --max-new-tokens 128 --inference-max-batch-size 64 --cuda-graph-impl none "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
 echo "megatron.cpp batch 64, --cuda-graph-impl local: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
   --max-new-tokens 128 --inference-max-batch-size 64 --cuda-graph-impl local "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
 "$py" bench/hf_generate_baseline.py "$out/model" "$text" 2>&1 | grep -E "baseline|Error"

@@ -97,13 +97,13 @@ int generate(const Args& args) {
                     "0 <= --min-p <= 1, --repetition-penalty > 0");
   }
   EngineOptions engine_options;
-  engine_options.cuda_graphs = decode_cuda_graphs(model_flags);
   if (values.count("--inference-max-batch-size")) {
     engine_options.max_batch = static_cast<int64_t>(number_flag("--inference-max-batch-size", values["--inference-max-batch-size"]));
     if (engine_options.max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
   }
   const GenerationModel g = load_inference_model(model_flags, "generate");
   const Tokenizer& tokenizer = *g.tokenizer;
+  engine_options.cuda_graphs = decode_cuda_graphs(model_flags, g);
   engine_options.vocab_size = g.vocab_size;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, engine_options);

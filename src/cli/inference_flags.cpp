@@ -24,8 +24,8 @@ const char* kInferenceModelFlagsHelp =
     "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n"
     "  --bf16                       run in bf16 (default fp32)\n"
     "  --tensor-model-parallel-size N  split the model over N ranks (run under `megatron launch --nproc-per-node N`)\n"
-    "  --cuda-graph-impl none|local on a GPU, local: replay decode steps from CUDA graphs, attention reading the\n"
-    "                               KV cache in place (default none; --enable-cuda-graph: local)\n";
+    "  --cuda-graph-impl auto|none|local  decode steps replayed from CUDA graphs, attention reading the KV cache\n"
+    "                               in place (default auto: on a GPU where the model allows; none: eager steps)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -64,15 +64,23 @@ std::string tensor_parallel_note(const GenerationModel& g, const std::string& se
   return n > 1 ? separator + "the model split over " + std::to_string(n) + " tensor-parallel ranks" : "";
 }
 
-bool decode_cuda_graphs(const InferenceModelFlags& flags) {
-  if (flags.cuda_graph_impl != "none" && flags.cuda_graph_impl != "local") {
-    throw UserError("--cuda-graph-impl: expected none or local, got " + flags.cuda_graph_impl);
+namespace {
+
+void check_cuda_graph_impl(const InferenceModelFlags& flags) {
+  if (flags.cuda_graph_impl != "auto" && flags.cuda_graph_impl != "none" && flags.cuda_graph_impl != "local") {
+    throw UserError("--cuda-graph-impl: expected auto, none or local, got " + flags.cuda_graph_impl);
   }
-  return flags.cuda_graph_impl == "local";
+}
+
+}  // namespace
+
+bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g) {
+  check_cuda_graph_impl(flags);
+  return flags.cuda_graph_impl == "local" || (flags.cuda_graph_impl == "auto" && g.model->word_embeddings.device().is_cuda());
 }
 
 GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command) {
-  decode_cuda_graphs(flags);  // a bad value is refused before the model loads
+  check_cuda_graph_impl(flags);  // a bad value is refused before the model loads
   const double tp = flags.tensor_parallel.empty() ? 1.0 : number_flag("--tensor-model-parallel-size", flags.tensor_parallel);
   if (tp < 1 || tp != std::floor(tp)) throw UserError("--tensor-model-parallel-size must be a whole number >= 1, got " + flags.tensor_parallel);
   const dist::LaunchEnv env = dist::launch_env_from_environment();

@@ -17,11 +17,12 @@ struct InferenceModelFlags {
   std::string cpu_threads;      // --cpu-threads N ("": one per core)
   bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
   std::string tensor_parallel;  // --tensor-model-parallel-size N ("": 1); N ranks of `megatron launch`
-  std::string cuda_graph_impl = "none";  // --cuda-graph-impl none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
+  std::string cuda_graph_impl = "auto";  // --cuda-graph-impl auto|none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
 };
 
-// --cuda-graph-impl local: decode steps replayed from CUDA graphs; UserError for a value but none and local.
-bool decode_cuda_graphs(const InferenceModelFlags& flags);
+// Whether decode steps replay CUDA graphs (EngineOptions::cuda_graphs): --cuda-graph-impl local, or
+// auto (the default) with the model on a GPU; none turns them off. UserError for any other value.
+bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g);
 
 // The help lines of these flags.
 extern const char* kInferenceModelFlagsHelp;

@@ -90,7 +90,7 @@ int serve(const Args& args) {
     }
   }
   EngineOptions engine_options;
-  engine_options.cuda_graphs = decode_cuda_graphs(model_flags);
+  engine_options.cuda_graphs = decode_cuda_graphs(model_flags, g);
   engine_options.max_batch = int64_t(batch);
   engine_options.vocab_size = g.vocab_size;
   const Tokenizer& tokenizer = *g.tokenizer;

@@ -98,7 +98,7 @@ Graph& DecodeGraphs::State::capture(int64_t batch) {
 
 DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot, const c10::Device& device) {
   const std::string why = decode_graphs_unsupported(model, device);
-  if (!why.empty()) throw UserError("CUDA graphs for decoding: " + why + "; run without --cuda-graph-impl local");
+  if (!why.empty()) throw UserError("CUDA graphs for decoding: " + why + "; run with --cuda-graph-impl none");
   TORCH_CHECK(scratch_slot >= 0 && scratch_slot < cache.slots() && cache.slots() >= 2, "DecodeGraphs: scratch slot ", scratch_slot,
               " of ", cache.slots());
   state_ = std::make_unique<State>(model, cache, scratch_slot, device);
@@ -139,7 +139,7 @@ at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vecto
 struct DecodeGraphs::State {};
 
 DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache&, int64_t, const c10::Device& device) {
-  throw UserError("CUDA graphs for decoding: " + decode_graphs_unsupported(model, device) + "; run without --cuda-graph-impl local");
+  throw UserError("CUDA graphs for decoding: " + decode_graphs_unsupported(model, device) + "; run with --cuda-graph-impl none");
 }
 DecodeGraphs::~DecodeGraphs() = default;
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>&, const std::vector<int64_t>&) { return {}; }

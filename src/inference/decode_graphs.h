@@ -10,7 +10,8 @@
 // Where a model's step cannot be captured (a mixture of experts counts its tokens per expert on
 // the host; attention that gathers the cache), decode_graphs_unsupported() says why and the
 // engine runs its steps eagerly; so it does, with a warning, when a capture fails.
-// Off by default (EngineOptions::cuda_graphs, --cuda-graph-impl local) until a GPU run has measured it.
+// On by default on a GPU (--cuda-graph-impl auto; none turns it off): 3.5x the eager step's speed
+// on the 1.1B shape at batch 1 on an H200 (docs/performance.md).
 #pragma once
 
 #include <c10/core/Device.h>

@@ -83,7 +83,8 @@ struct EngineOptions {
   std::function<std::string(const std::vector<int64_t>&)> detokenize;  // for stop strings and result text
   // On a GPU: decode steps replayed from CUDA graphs where the model allows (decode_graphs.h), and
   // attention reading the key/value cache in place (SdpaAttention::forward_over_cache) in every
-  // step. Off by default until measured on a GPU (--cuda-graph-impl local).
+  // step. The commands turn it on on a GPU (--cuda-graph-impl auto, the default); measured on one
+  // H200: 6.16 -> 1.75 ms a decode step at batch 1, 12.1 -> 2.15 ms at 64 (docs/performance.md).
   bool cuda_graphs = false;
 };
 

@@ -232,6 +232,7 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
                                  "--max-new-tokens", "6", "--device", "cpu"});
   ASSERT_EQ(gen.status, 0) << gen.output;
   EXPECT_NE(gen.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << gen.output;
+  EXPECT_NE(gen.output.find("tokens/s; eager)"), std::string::npos) << "the default (auto) on the CPU: eager steps\n" << gen.output;
   // bf16, past EOS, with the engine's steps 10 and 11 profiled: the timing line and the table.
   // CUDA graphs asked for on the CPU: the steps run eagerly and the line says why.
   auto profiled = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--bf16",
@@ -242,7 +243,7 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   EXPECT_NE(profiled.output.find("tokens/s; eager (the model runs on cpu))"), std::string::npos) << profiled.output;
   auto bad_graphs = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "1", "--cuda-graph-impl", "full"});
   EXPECT_EQ(bad_graphs.status, 2);
-  EXPECT_NE(bad_graphs.output.find("--cuda-graph-impl: expected none or local, got full"), std::string::npos) << bad_graphs.output;
+  EXPECT_NE(bad_graphs.output.find("--cuda-graph-impl: expected auto, none or local, got full"), std::string::npos) << bad_graphs.output;
   EXPECT_NE(profiled.output.find("> profile of iterations 10-11"), std::string::npos) << profiled.output;
   // Split over two tensor-parallel ranks: the checkpoint (saved on one) resharded, the same text.
   auto split = test::run_megatron({"launch", "--nproc-per-node", "2", "--master-port", "0", "generate", "--load", dir / "ckpt",
