@@ -3,7 +3,8 @@
 // pairs plus the log-sum-exp merge, forward and backward from the merged statistics), run one
 // after another, against one fused causal attention (SDPA, flash) over the same S tokens, forward
 // and backward. Communication is not in it: on one GPU there is none to time; the ratio says what
-// cutting attention into the ring's blocks costs.
+// cutting attention into the ring's blocks costs. Each with the blocks in FA2's kernels and in
+// cuDNN's, next to each kernel over the whole sequence as one block, and SDPA's own choice named.
 //   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10]
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
@@ -39,7 +40,8 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
 }
 
 // Every rank's ring steps for one sequence: forward blocks merged, then their backward.
-void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, int cp, double scale) {
+void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, int cp, double scale,
+               cp::BlockKernel kernel) {
   const int64_t c = q.size(2) / (2 * cp);
   auto rows = [&](const at::Tensor& x, int rank) { return cp::rank_rows(x, 2, cp, rank); };  // chunks i and 2cp-1-i
   for (int rank = 0; rank < cp; ++rank) {
@@ -48,7 +50,7 @@ void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
-      cp::merge_into(acc, cp::attend_block(mq.narrow(2, blk.first_query, blk.queries), bk, bv, blk.causal, at::Tensor(), scale),
+      cp::merge_into(acc, cp::attend_block(mq.narrow(2, blk.first_query, blk.queries), bk, bv, blk.causal, at::Tensor(), scale, kernel),
                      blk.first_query);
     }
     const at::Tensor out = acc.out.to(q.scalar_type());
@@ -57,8 +59,25 @@ void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
       cp::attend_block_backward(mdout.narrow(2, blk.first_query, blk.queries), mq.narrow(2, blk.first_query, blk.queries), bk, bv,
                                 out.narrow(2, blk.first_query, blk.queries), acc.lse.narrow(2, blk.first_query, blk.queries),
-                                blk.causal, at::Tensor(), scale);
+                                blk.causal, at::Tensor(), scale, kernel);
     }
+  }
+}
+
+// The whole sequence as one causal block of a kernel, forward and backward: the kernel's own speed.
+void one_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, double scale,
+               cp::BlockKernel kernel) {
+  const cp::PartialAttention p = cp::attend_block(q, k, v, /*causal=*/true, at::Tensor(), scale, kernel);
+  cp::attend_block_backward(dout, q, k, v, p.out.to(q.scalar_type()), p.lse, true, at::Tensor(), scale, kernel);
+}
+
+const char* sdpa_backend_name(int64_t choice) {
+  switch (choice) {  // at::SDPBackend's values
+    case 0: return "math";
+    case 1: return "flash attention (FA2)";
+    case 2: return "memory-efficient";
+    case 3: return "cuDNN";
+    default: return "other";
   }
 }
 
@@ -84,9 +103,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double scale = 1.0 / std::sqrt(double(dim));
-  std::printf("| sequence | CP | fused attention fwd+bwd (ms) | ring blocks fwd+bwd, all ranks (ms) | ratio |\n|---|---|---|---|---|\n");
+  const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  {
+    const at::Tensor q = at::randn({1, heads, 4096, dim}, o), k = at::randn({1, groups, 4096, dim}, o);
+    std::printf("SDPA's kernel for the fused call: %s\n",
+                sdpa_backend_name(at::_fused_sdp_choice(q, k, k, std::nullopt, 0.0, true, scale, /*enable_gqa=*/true)));
+  }
+  std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, FA2 blocks (ms) | ring, cuDNN blocks (ms) | "
+              "ring / SDPA, FA2 | ring / SDPA, cuDNN |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t seq : {32768, 65536, 131072}) {
-    const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);
@@ -94,9 +119,19 @@ int main(int argc, char** argv) {
       const at::Tensor rq = q.detach().requires_grad_(), rk = k.detach().requires_grad_(), rv = v.detach().requires_grad_();
       at::scaled_dot_product_attention(rq, rk, rv, std::nullopt, 0.0, /*is_causal=*/true, scale, /*enable_gqa=*/true).backward(dout);
     }, iters);
+    const double fa2 = seconds_per_call([&] { one_block(q, k, v, dout, scale, cp::BlockKernel::Flash); }, iters);
+    double cudnn = 0;
+    try {
+      cudnn = seconds_per_call([&] { one_block(q, k, v, dout, scale, cp::BlockKernel::Cudnn); }, iters);
+    } catch (const std::exception& e) {
+      std::printf("cuDNN blocks failed: %.200s\n", e.what());
+    }
     for (int cp : {2, 4, 8}) {
-      const double ring = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale); }, iters);
-      std::printf("| %lld | %d | %.2f | %.2f | %.3f |\n", static_cast<long long>(seq), cp, fused * 1e3, ring * 1e3, ring / fused);
+      const double ring_fa2 = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale, cp::BlockKernel::Flash); }, iters);
+      double ring_cudnn = 0;
+      if (cudnn > 0) ring_cudnn = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale, cp::BlockKernel::Cudnn); }, iters);
+      std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %.2f | %.3f | %.3f |\n", static_cast<long long>(seq), fused * 1e3,
+                  fa2 * 1e3, cudnn * 1e3, cp, ring_fa2 * 1e3, ring_cudnn * 1e3, ring_fa2 / fused, ring_cudnn / fused);
       std::fflush(stdout);
     }
   }

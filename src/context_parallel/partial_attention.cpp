@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+#include <cstdio>
 #include <limits>
 
 #include "core/cuda_device.h"
@@ -16,6 +18,80 @@ bool flash_kernels_take(const at::Tensor& q, const at::Tensor& v, const at::Tens
   const int64_t d = q.size(-1);
   return !mask.defined() && q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
          (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) == d && d % 8 == 0 && d <= 256;
+}
+
+std::atomic<bool> cudnn_failed{false};  // a cuDNN block failed once: FA2 for the rest of the run
+
+BlockKernel choose(const at::Tensor& q, const at::Tensor& v, const at::Tensor& mask, BlockKernel asked) {
+  if (asked != BlockKernel::Auto) return asked;
+  if (!flash_kernels_take(q, v, mask)) return BlockKernel::Arithmetic;
+  if (q.size(-1) <= 128 && cuda_compute_capability_major(q.device()) == 9 && !cudnn_failed.load()) return BlockKernel::Cudnn;
+  return BlockKernel::Flash;
+}
+
+// Auto's cuDNN call, or FA2's when it throws (said once; FA2 from then on).
+template <typename Cudnn, typename Flash>
+auto cudnn_or_flash(BlockKernel asked, const Cudnn& cudnn, const Flash& flash) {
+  if (asked == BlockKernel::Cudnn) return cudnn();
+  try {
+    return cudnn();
+  } catch (const c10::Error& e) {
+    if (!cudnn_failed.exchange(true)) {
+      const std::string why = e.what_without_backtrace();
+      std::fprintf(stderr, "> context parallelism: cuDNN attention failed on a ring block (%s); the blocks use FlashAttention-2\n",
+                   why.substr(0, why.find('\n')).c_str());
+    }
+    return flash();
+  }
+}
+
+// cuDNN's attention takes as many key/value heads as query heads here: K/V repeated per query
+// head of their group ([b, G, s, d] -> [b, H, s, d]), their gradients summed back.
+at::Tensor heads_repeated(const at::Tensor& t, int64_t heads) {
+  return t.size(1) == heads ? t : t.repeat_interleave(heads / t.size(1), 1);
+}
+at::Tensor heads_summed(const at::Tensor& t, int64_t groups) {
+  if (t.size(1) == groups) return t;
+  return t.view({t.size(0), groups, t.size(1) / groups, t.size(2), t.size(3)}).sum(2);
+}
+
+PartialAttention cudnn_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
+  const int64_t heads = q.size(1);
+  auto result = at::_scaled_dot_product_cudnn_attention(q, heads_repeated(k, heads), heads_repeated(v, heads), std::nullopt,
+                                                        /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, causal,
+                                                        /*return_debug_mask=*/false, scale);
+  const at::Tensor& out = std::get<0>(result);  // [b, H, sq, dv]
+  const at::Tensor& lse = std::get<1>(result);  // [b, H, sq] or [b, H, sq, 1], natural log, fp32
+  return {out.to(at::kFloat), lse.reshape({q.size(0), heads, q.size(2)}).to(at::kFloat)};
+}
+
+PartialAttention flash_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
+  // Flash takes [b, s, heads, d]; its log-sum-exp comes back [b, H, sq] in fp32.
+  auto [out, lse, rng, unused, debug] = at::_flash_attention_forward(
+      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), std::nullopt, std::nullopt, q.size(2), k.size(2),
+      /*dropout_p=*/0.0, causal, /*return_debug_mask=*/false, scale);
+  return {out.transpose(1, 2).to(at::kFloat), lse};
+}
+
+BlockGrads cudnn_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& out, const at::Tensor& lse, bool causal, double scale) {
+  const int64_t heads = q.size(1), groups = k.size(1);
+  const at::TensorOptions longs = q.options().dtype(at::kLong);
+  // No dropout: the generator state is never read.
+  auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+      dout, q, heads_repeated(k, heads), heads_repeated(v, heads), out, lse.unsqueeze(-1).contiguous(), at::zeros({}, longs),
+      at::zeros({}, longs), at::Tensor(), at::Tensor(), at::Tensor(), q.size(2), k.size(2), /*dropout_p=*/0.0, causal, scale);
+  return {dq.to(at::kFloat), heads_summed(dk.to(at::kFloat), groups), heads_summed(dv.to(at::kFloat), groups)};
+}
+
+BlockGrads flash_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& out, const at::Tensor& lse, bool causal, double scale) {
+  const at::Tensor none;
+  const at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));  // no dropout: never read
+  auto [dq, dk, dv] = at::_flash_attention_backward(
+      dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out.transpose(1, 2), lse, none, none,
+      q.size(2), k.size(2), /*dropout_p=*/0.0, causal, rng_state, at::empty({0}, q.options()), scale);
+  return {dq.transpose(1, 2).to(at::kFloat), dk.transpose(1, 2).to(at::kFloat), dv.transpose(1, 2).to(at::kFloat)};
 }
 
 // The scores of every query head over the block's keys, its group's: [b, G, H/G, sq, sk] fp32,
@@ -46,13 +122,13 @@ PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t v
 }
 
 PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                              const at::Tensor& mask, double scale) {
-  if (flash_kernels_take(q, v, mask)) {
-    // Flash takes [b, s, heads, d]; its log-sum-exp comes back [b, H, sq] in fp32.
-    auto [out, lse, rng, unused, debug] = at::_flash_attention_forward(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), std::nullopt, std::nullopt, q.size(2), k.size(2),
-        /*dropout_p=*/0.0, causal, /*return_debug_mask=*/false, scale);
-    return {out.transpose(1, 2).to(at::kFloat), lse};
+                              const at::Tensor& mask, double scale, BlockKernel kernel) {
+  switch (choose(q, v, mask, kernel)) {
+    case BlockKernel::Cudnn:
+      return cudnn_or_flash(kernel, [&] { return cudnn_block(q, k, v, causal, scale); },
+                            [&] { return flash_block(q, k, v, causal, scale); });
+    case BlockKernel::Flash: return flash_block(q, k, v, causal, scale);
+    default: break;
   }
   const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2);
   const at::Tensor scores = block_scores(q, k, causal, mask, scale);  // [b, G, H/G, sq, sk]
@@ -63,14 +139,13 @@ PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at
 
 BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& out, const at::Tensor& lse, bool causal, const at::Tensor& mask,
-                                 double scale) {
-  if (flash_kernels_take(q, v, mask)) {
-    const at::Tensor none;
-    const at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));  // no dropout: never read
-    auto [dq, dk, dv] = at::_flash_attention_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out.transpose(1, 2), lse, none, none,
-        q.size(2), k.size(2), /*dropout_p=*/0.0, causal, rng_state, at::empty({0}, q.options()), scale);
-    return {dq.transpose(1, 2).to(at::kFloat), dk.transpose(1, 2).to(at::kFloat), dv.transpose(1, 2).to(at::kFloat)};
+                                 double scale, BlockKernel kernel) {
+  switch (choose(q, v, mask, kernel)) {
+    case BlockKernel::Cudnn:
+      return cudnn_or_flash(kernel, [&] { return cudnn_block_backward(dout, q, k, v, out, lse, causal, scale); },
+                            [&] { return flash_block_backward(dout, q, k, v, out, lse, causal, scale); });
+    case BlockKernel::Flash: return flash_block_backward(dout, q, k, v, out, lse, causal, scale);
+    default: break;
   }
   const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2), groups = k.size(1), per_group = heads / groups;
   const at::Tensor scores = block_scores(q, k, causal, mask, scale);                          // [b, G, H/G, sq, sk]

@@ -7,8 +7,10 @@
 // P = exp(S - lse_merged) the block's share of the softmax and D = rowsum(dout * out_merged),
 // dS = P * (dout v^T - D) is exactly the block's part of the whole attention's gradient.
 //
-// On CUDA in fp16 / bf16 the blocks run flash attention's kernels (no mask, head dim % 8,
-// <= 256); elsewhere, and under a mask, explicit fp32 arithmetic.
+// On CUDA in fp16 / bf16 (no mask, head dim % 8) the blocks run fused kernels: cuDNN's attention
+// on Hopper (head dim <= 128; the kernel SDPA picks there, 1.5x FlashAttention-2's speed at long
+// sequences), FlashAttention-2's elsewhere (head dim <= 256); explicit fp32 arithmetic otherwise
+// and under a mask. A cuDNN call that fails falls back to FA2 for the rest of the run, said once.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +18,9 @@
 #include <cstdint>
 
 namespace megatron::cp {
+
+// Which kernel runs a block: Auto picks as above; the others force one (tests, the bench).
+enum class BlockKernel { Auto, Cudnn, Flash, Arithmetic };
 
 struct PartialAttention {
   at::Tensor out;  // [b, H, sq, dv] fp32
@@ -28,7 +33,7 @@ PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t v
 // causal: square block on the diagonal (key j visible to query i when j <= i). mask: [b, 1, sq, sk]
 // bool, true = may attend, or undefined.
 PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                              const at::Tensor& mask, double scale);
+                              const at::Tensor& mask, double scale, BlockKernel kernel = BlockKernel::Auto);
 
 struct BlockGrads {
   at::Tensor dq;  // [b, H, sq, d] fp32
@@ -40,7 +45,7 @@ struct BlockGrads {
 // lse: [b, H, sq] merged.
 BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& out, const at::Tensor& lse, bool causal, const at::Tensor& mask,
-                                 double scale);
+                                 double scale, BlockKernel kernel = BlockKernel::Auto);
 
 // Folds `part` (rows [first_row, first_row + its rows) of `into`) into `into`, in place.
 void merge_into(PartialAttention& into, const PartialAttention& part, int64_t first_row);
