@@ -217,8 +217,11 @@ TEST(Fp8Cuda, Fp8ExpertsOnTheGpuMatchTheirCpuRun) {
   };
   const auto cpu = run(at::kCPU), gpu = run(kGpu);
   for (size_t i = 0; i < cpu.size(); ++i) {
-    // The same FP8 operands: only summation order, fast accumulation and bf16 outputs differ.
-    EXPECT_LE(largest(gpu[i] - cpu[i]), 2e-2 * std::max(largest(cpu[i]), 1e-30)) << "result " << i;
+    // Summation order, fast accumulation and bf16 outputs differ, and fc1's output is cast to FP8
+    // again: an element one e4m3 step (6%) apart there moves what follows by as much (an H200 saw
+    // single elements 2-6% of the largest apart). A wrong kernel or layout would be ~100% off.
+    const double error = ((gpu[i] - cpu[i]).norm() / cpu[i].norm().clamp_min(1e-30)).item<double>();
+    EXPECT_LE(error, 0.05) << "result " << i;
   }
 }
 
