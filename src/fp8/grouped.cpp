@@ -34,8 +34,23 @@ at::Tensor dequantized_rows(const at::Tensor& data, const at::Tensor& scale_inv)
 
 }  // namespace
 
-Quantized cast_rows(const at::Tensor& x) {
+Quantized cast_rows(const at::Tensor& x, kernels::Impl impl) {
   TORCH_CHECK(x.dim() >= 2, "cast_rows: x must be [..., rows, cols], got ", x.sizes());
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  if (kernels::uses_kernel(x, impl)) {
+    const at::Tensor xc = x.contiguous();
+    const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : xc.numel() / cols;
+    const std::vector<int64_t> row_shape(x.sizes().begin(), x.sizes().end() - 1);
+    const at::Tensor data = at::empty(x.sizes(), x.options().dtype(kE4m3));
+    const at::Tensor scale_inv = at::ones(row_shape, x.options().dtype(at::kFloat));  // rows of no columns keep 1
+    if (cols > 0) {
+      kernels::cuda::fp8_row_cast(xc.data_ptr(), rows, cols, kernels::storage_type(xc), data.data_ptr(), scale_inv.data_ptr<float>(),
+                                  kernels::current_stream());
+    }
+    return {data, scale_inv};
+  }
+#endif
+  (void)impl;
   const at::Tensor scale = power_of_two_scale(x.abs().amax(-1, /*keepdim=*/true));  // [..., rows, 1]
   return {cast_scaled(x, scale).contiguous(), scale.reciprocal().squeeze(-1).contiguous()};
 }

@@ -21,8 +21,9 @@ namespace megatron::fp8 {
 constexpr int64_t kGroupAlign = 16;
 
 // Each row of x [..., rows, cols] cast to e4m3 with the largest power-of-two scale that keeps the
-// row's largest magnitude within 448 -> data [..., rows, cols], scale_inv [..., rows] fp32.
-Quantized cast_rows(const at::Tensor& x);
+// row's largest magnitude within 448 -> data [..., rows, cols], scale_inv [..., rows] fp32. On
+// CUDA one kernel (src/kernels/fp8_group_cast.cu), bit for bit the composite (Impl::Composite).
+Quantized cast_rows(const at::Tensor& x, kernels::Impl impl = kernels::Impl::Auto);
 
 // The weight gradient's operand: x [N, cols] holds groups of rows (counts [G] int64, on x's
 // device, never read on the host), each group's columns cast with a scale of their own. The

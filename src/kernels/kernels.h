@@ -138,6 +138,10 @@ void fp8_cast(const void* x, int64_t rows, int64_t cols, DType dtype, const Fp8S
 // max |x| over n elements atomically maxed into *amax (fp32 bits; the caller zeroes it first).
 void fp8_amax(const void* x, int64_t n, DType dtype, unsigned* amax, Stream stream);
 
+// The MoE experts' row-wise cast (src/kernels/fp8_group_cast.cu; src/fp8/grouped.h): each row of
+// x [rows, cols] to e4m3 in out with the largest power-of-two scale keeping its max |x| within
+// 448 (1 for a row of zeros or a non-finite max); scale_inv [rows] gets 1 / scale.
+void fp8_row_cast(const void* x, int64_t rows, int64_t cols, DType dtype, void* out, float* scale_inv, Stream stream);
 // The MoE experts' weight-gradient operand (src/kernels/fp8_group_cast.cu; src/fp8/grouped.h):
 // x [rows, cols] whose rows come in `groups` runs, group g's ending at ends[g] (int32, device).
 // fp8_group_column_amax maxes each (group, column)'s max |x| into amax [groups, cols] (fp32 bits,

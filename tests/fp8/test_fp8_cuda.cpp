@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "fp8/grouped.h"
 #include "fp8/quantize.h"
 #include "fp8/recipe.h"
@@ -155,6 +157,13 @@ TEST(Fp8Cuda, GroupedCastsAndGemmsEqualTheCpuPath) {
   const fp8::Quantized qx = fp8::cast_rows(x), qw = fp8::cast_rows(w);
   same(fp8::cast_rows(x.to(kGpu)), qx, "rows of x");
   same(fp8::cast_rows(w.to(kGpu)), qw, "rows of the weights");
+  {  // the kernel's element-wise path (20 columns), a row of zeros, a row at 448 / amax just below 256
+    at::Tensor odd = at::randn({3, 20});
+    odd[1].zero_();
+    odd[2].fill_(std::nextafter(1.75f, 2.0f));
+    same(fp8::cast_rows(odd.to(kGpu)), fp8::cast_rows(odd), "rows of 20 fp32 values");
+    EXPECT_EQ(fp8::cast_rows(odd.to(kGpu)).scale_inv[2].item<float>(), 1.0f / 128);
+  }
   const fp8::GroupColumns cx = fp8::cast_group_columns(x, counts), cdy = fp8::cast_group_columns(dy, counts);
   const fp8::GroupColumns gx = fp8::cast_group_columns(x.to(kGpu), counts.to(kGpu));
   same(gx.q, cx.q, "columns of x per expert");
