@@ -22,7 +22,7 @@ GroupedExperts::GroupedExperts(const PartContext& ctx, int first_expert, int cou
   fc2.resize(size_t(count));
   // Registered last expert first: the gradient buffer lays parameters out in reverse
   // registration order, so each layer's experts end up side by side in ascending order and the
-  // grouped GEMM reads them in place (stacked_weights).
+  // grouped GEMM reads them in place (tp::stacked).
   for (int e = first_expert + count - 1; e >= first_expert; --e) {
     tp::ParamInfo up;
     up.split = {0, /*gated=*/true};
@@ -92,20 +92,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The experts' weights as one [E, out, in] tensor: in place when they lie side by side in one
-// storage (as the gradient buffer lays them out), else a copy.
-at::Tensor stacked_weights(at::TensorList weights) {
-  at::Tensor in_place = tp::stacked_in_place(weights);
-  return in_place.defined() ? in_place : at::stack(weights);
-}
-
 // y = x_e W_e^T for each expert's rows as one grouped GEMM, with the weights' gradients made
 // by one grouped GEMM too, each expert's a contiguous [out, in] block of it. Where the experts'
 // main_grads lie side by side (gradient-accumulation fusion), that block goes into them in one
 // pass instead of E gradients each upcast and added by a hook.
 struct GroupedLinear : torch::autograd::Function<GroupedLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& offs, at::TensorList weights) {
-    const at::Tensor w = stacked_weights(weights);  // [E, out, in]
+    // [E, out, in]: in place where the gradient buffer lays the experts side by side, else a copy.
+    const at::Tensor w = tp::stacked(weights);
     ctx->save_for_backward({x, offs, w});
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, to find their main_grads
     return at::_grouped_mm(x, w.transpose(1, 2), offs);  // [N, out]

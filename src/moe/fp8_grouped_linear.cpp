@@ -13,13 +13,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The experts' weights as one [E, out, in] tensor: in place when the gradient buffer lays them
-// side by side, else a copy.
-at::Tensor stacked(at::TensorList weights) {
-  at::Tensor in_place = tp::stacked_in_place(weights);
-  return in_place.defined() ? in_place : at::stack(weights);
-}
-
 // The layer (owned by its module, which outlives the graph) travels as an integer: autograd's
 // saved data holds IValues only.
 struct Fp8GroupedLinearFunction : torch::autograd::Function<Fp8GroupedLinearFunction> {
@@ -90,7 +83,7 @@ const Fp8GroupedLinear::WeightCast& Fp8GroupedLinear::weight_cast(at::TensorList
     return weight_;
   }
   at::NoGradGuard no_grad;
-  const at::Tensor w = stacked(weights).detach();  // [E, out, in]
+  const at::Tensor w = tp::stacked(weights).detach();  // [E, out, in]
   WeightCast cast;
   cast.step = context_->step();
   cast.rowwise = fp8::cast_rows(w);

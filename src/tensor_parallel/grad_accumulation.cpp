@@ -97,6 +97,11 @@ at::Tensor stacked_in_place(at::TensorList tensors) {
   return first.as_strided(sizes, strides, first.storage_offset());
 }
 
+at::Tensor stacked(at::TensorList tensors) {
+  at::Tensor in_place = stacked_in_place(tensors);
+  return in_place.defined() ? in_place : at::stack(tensors);
+}
+
 bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw) {
   std::vector<const MainGradTarget*> targets;
   std::vector<at::Tensor> main_grads;

@@ -30,6 +30,8 @@ void unregister_main_grad(const at::Tensor& weight);
 // experts, as the gradient buffer lays them out) as one [n, ...] view of that storage, without a
 // copy; undefined when they do not.
 at::Tensor stacked_in_place(at::TensorList tensors);
+// The same tensors as one [n, ...] tensor: that view where they lie side by side, else a copy.
+at::Tensor stacked(at::TensorList tensors);
 
 // The weight gradients of several registered weights at once, dw [n, out, in] with dw[e] for
 // weights[e] (an MoE layer's experts from one grouped GEMM): added into their main_grads in one

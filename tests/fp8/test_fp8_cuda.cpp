@@ -14,6 +14,7 @@
 #include "fp8/recipe.h"
 #include "kernels/ops.h"
 #include "moe/experts.h"
+#include "support/model_configs.h"
 #include "tensor_parallel/fp8_linear.h"
 
 namespace megatron {
@@ -187,15 +188,7 @@ TEST(Fp8Cuda, GroupedCastsAndGemmsEqualTheCpuPath) {
 
 TEST(Fp8Cuda, Fp8ExpertsOnTheGpuMatchTheirCpuRun) {
   REQUIRE_FP8_GPU();
-  ModelConfig c;
-  c.hidden_size = 256;
-  c.ffn_hidden_size = 512;
-  c.num_layers = 1;
-  c.swiglu = true;
-  c.num_experts = 8;
-  c.moe_ffn_hidden_size = 128;
-  c.moe_router_topk = 2;
-  c.moe_layers = {1};
+  ModelConfig c = test::one_moe_layer(/*hidden=*/256, /*experts=*/8, /*expert_ffn=*/128);
   c.fp8 = "hybrid";
   const tp::TensorParallel tp;
   const std::vector<int64_t> sizes = {37, 0, 128, 5, 0, 64, 1, 300};

@@ -14,6 +14,7 @@
 
 #include "fp8/grouped.h"
 #include "moe/experts.h"
+#include "support/model_configs.h"
 #include "tensor_parallel/grad_accumulation.h"
 
 namespace megatron {
@@ -130,15 +131,7 @@ TEST(Fp8Grouped, GemmsFollowEachExpertsUnquantizedGemm) {
 }
 
 ModelConfig experts_config() {
-  ModelConfig c;
-  c.hidden_size = 64;
-  c.ffn_hidden_size = 128;
-  c.num_layers = 1;
-  c.swiglu = true;
-  c.num_experts = 4;
-  c.moe_ffn_hidden_size = 32;
-  c.moe_router_topk = 2;
-  c.moe_layers = {1};
+  ModelConfig c = test::one_moe_layer(/*hidden=*/64, /*experts=*/4, /*expert_ffn=*/32);
   c.fp8 = "hybrid";
   c.fp8_recipe = "delayed";
   return c;

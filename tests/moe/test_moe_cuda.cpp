@@ -13,6 +13,7 @@
 #include "model/gpt_model.h"
 #include "moe/experts.h"
 #include "moe/moe_layer.h"
+#include "support/model_configs.h"
 #include "tensor_parallel/grad_accumulation.h"
 
 namespace megatron {
@@ -27,15 +28,7 @@ double relative(const at::Tensor& a, const at::Tensor& b) {
 }
 
 ModelConfig moe_config(bool grouped) {
-  ModelConfig c;
-  c.hidden_size = 256;
-  c.ffn_hidden_size = 512;
-  c.num_layers = 1;
-  c.swiglu = true;
-  c.num_experts = 8;
-  c.moe_ffn_hidden_size = 128;
-  c.moe_router_topk = 2;
-  c.moe_layers = {1};
+  ModelConfig c = test::one_moe_layer(/*hidden=*/256, /*experts=*/8, /*expert_ffn=*/128);
   c.moe_grouped_gemm = grouped;
   return c;
 }
