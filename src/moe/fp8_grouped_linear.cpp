@@ -13,6 +13,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+bool any_requires_grad(at::TensorList weights) {
+  for (const at::Tensor& w : weights) {
+    if (w.requires_grad()) return true;
+  }
+  return false;
+}
+
 // The layer (owned by its module, which outlives the graph) travels as an integer: autograd's
 // saved data holds IValues only.
 struct Fp8GroupedLinearFunction : torch::autograd::Function<Fp8GroupedLinearFunction> {
@@ -22,8 +29,6 @@ struct Fp8GroupedLinearFunction : torch::autograd::Function<Fp8GroupedLinearFunc
     auto* layer = reinterpret_cast<Fp8GroupedLinear*>(layer_id);
     const Fp8GroupedLinear::WeightCast& w = layer->weight_cast(weights);
     const at::Tensor y = fp8::grouped_mm_rows(fp8::cast_rows(x), w.rowwise, ends, /*fast_accum=*/true);  // [N, out] bf16
-    bool weight_grad = false;
-    for (const at::Tensor& weight : weights) weight_grad = weight_grad || weight.requires_grad();
     ctx->saved_data["input_grad"] = x.requires_grad();
     ctx->saved_data["x_dtype"] = int64_t(x.scalar_type());
     ctx->saved_data["counts"] = counts;
@@ -33,7 +38,7 @@ struct Fp8GroupedLinearFunction : torch::autograd::Function<Fp8GroupedLinearFunc
     ctx->saved_data["weight_t"] = w.transposed.data;
     ctx->saved_data["weight_t_scale_inv"] = w.transposed.scale_inv;
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, to find their main_grads
-    if (weight_grad) {
+    if (any_requires_grad(weights)) {
       // The weight gradient's x: its columns cast per expert [in, P], the padded ends.
       const fp8::GroupColumns xc = fp8::cast_group_columns(x, counts);
       ctx->save_for_backward({xc.q.data, xc.q.scale_inv, xc.ends});
@@ -99,9 +104,7 @@ at::Tensor Fp8GroupedLinear::forward(const at::Tensor& rows, const at::Tensor& c
   const int64_t out = weights[0].size(0), in = weights[0].size(1);
   TORCH_CHECK(rows.dim() == 2 && rows.size(1) == in, name_, ": rows ", rows.sizes(), " for weights [", out, ", ", in, "]");
   check_shapes(in, out);
-  bool needs_grad = rows.requires_grad();
-  for (const at::Tensor& w : weights) needs_grad = needs_grad || w.requires_grad();
-  if (at::GradMode::is_enabled() && needs_grad) {
+  if (at::GradMode::is_enabled() && (rows.requires_grad() || any_requires_grad(weights))) {
     return Fp8GroupedLinearFunction::apply(rows.contiguous(), counts, ends, reinterpret_cast<int64_t>(this), weights);
   }
   at::NoGradGuard no_grad;
