@@ -18,6 +18,8 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "context_parallel/chunks.h"
 #include "context_parallel/partial_attention.h"
@@ -39,28 +41,54 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
 }
 
-// Every rank's ring steps for one sequence: forward blocks merged, then their backward.
+// Every rank's ring steps for one sequence, as ring_attention runs them: forward blocks merged
+// (step 0's own block starts the accumulator), the output cast back; then their backward, each
+// block's gradients added into fp32 sums (dq per rank, dk/dv per owner) and cast back.
 void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, int cp, double scale,
                cp::BlockKernel kernel) {
   const int64_t c = q.size(2) / (2 * cp);
   auto rows = [&](const at::Tensor& x, int rank) { return cp::rank_rows(x, 2, cp, rank); };  // chunks i and 2cp-1-i
+  const at::TensorOptions fp32 = q.options().dtype(at::kFloat);
+  std::vector<at::Tensor> dk, dv;  // [b, G, 2c, d] fp32 per owner
+  for (int owner = 0; owner < cp; ++owner) {
+    dk.push_back(at::zeros({k.size(0), k.size(1), 2 * c, k.size(3)}, fp32));
+    dv.push_back(at::zeros({v.size(0), v.size(1), 2 * c, v.size(3)}, fp32));
+  }
   for (int rank = 0; rank < cp; ++rank) {
     const at::Tensor mq = rows(q, rank), mdout = rows(dout, rank);
-    cp::PartialAttention acc = cp::empty_partial(q.size(0), q.size(1), 2 * c, v.size(3), q.options());
+    cp::PartialAttention acc;
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
-      cp::merge_into(acc, cp::attend_block(mq.narrow(2, blk.first_query, blk.queries), bk, bv, blk.causal, at::Tensor(), scale, kernel),
-                     blk.first_query);
+      cp::PartialAttention part =
+          cp::attend_block(mq.narrow(2, blk.first_query, blk.queries), bk, bv, blk.causal, at::Tensor(), scale, kernel);
+      if (step == 0) {
+        acc = cp::accumulator_from(std::move(part));
+      } else {
+        cp::merge_into(acc, part, blk.first_query);
+      }
     }
     const at::Tensor out = acc.out.to(q.scalar_type());
+    at::Tensor dq;
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
-      cp::attend_block_backward(mdout.narrow(2, blk.first_query, blk.queries), mq.narrow(2, blk.first_query, blk.queries), bk, bv,
-                                out.narrow(2, blk.first_query, blk.queries), acc.lse.narrow(2, blk.first_query, blk.queries),
-                                blk.causal, at::Tensor(), scale, kernel);
+      const cp::BlockGrads g = cp::attend_block_backward(mdout.narrow(2, blk.first_query, blk.queries), mq.narrow(2, blk.first_query, blk.queries),
+                                                         bk, bv, out.narrow(2, blk.first_query, blk.queries),
+                                                         acc.lse.narrow(2, blk.first_query, blk.queries), blk.causal, at::Tensor(), scale, kernel);
+      if (step == 0) {
+        dq = at::empty(mq.sizes(), fp32).copy_(g.dq);
+      } else {
+        dq.narrow(2, blk.first_query, blk.queries).add_(g.dq);
+      }
+      dk[blk.owner].narrow(2, blk.first_key, blk.keys).add_(g.dk);
+      dv[blk.owner].narrow(2, blk.first_key, blk.keys).add_(g.dv);
     }
+    (void)dq.to(q.scalar_type());
+  }
+  for (int owner = 0; owner < cp; ++owner) {
+    (void)dk[owner].to(k.scalar_type());
+    (void)dv[owner].to(v.scalar_type());
   }
 }
 

@@ -45,24 +45,14 @@ auto cudnn_or_flash(BlockKernel asked, const Cudnn& cudnn, const Flash& flash) {
   }
 }
 
-// cuDNN's attention takes as many key/value heads as query heads here: K/V repeated per query
-// head of their group ([b, G, s, d] -> [b, H, s, d]), their gradients summed back.
-at::Tensor heads_repeated(const at::Tensor& t, int64_t heads) {
-  return t.size(1) == heads ? t : t.repeat_interleave(heads / t.size(1), 1);
-}
-at::Tensor heads_summed(const at::Tensor& t, int64_t groups) {
-  if (t.size(1) == groups) return t;
-  return t.view({t.size(0), groups, t.size(1) / groups, t.size(2), t.size(3)}).sum(2);
-}
-
+// cuDNN's graph takes grouped key/value heads as they are (G of them for H query heads), and
+// gives their gradients back per key/value head: no repeated copies either way.
 PartialAttention cudnn_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
-  const int64_t heads = q.size(1);
-  auto result = at::_scaled_dot_product_cudnn_attention(q, heads_repeated(k, heads), heads_repeated(v, heads), std::nullopt,
-                                                        /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, causal,
-                                                        /*return_debug_mask=*/false, scale);
-  const at::Tensor& out = std::get<0>(result);  // [b, H, sq, dv]
+  auto result = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0,
+                                                        causal, /*return_debug_mask=*/false, scale);
+  const at::Tensor& out = std::get<0>(result);  // [b, H, sq, dv], q's dtype
   const at::Tensor& lse = std::get<1>(result);  // [b, H, sq] or [b, H, sq, 1], natural log, fp32
-  return {out.to(at::kFloat), lse.reshape({q.size(0), heads, q.size(2)}).to(at::kFloat)};
+  return {out, lse.reshape({q.size(0), q.size(1), q.size(2)}).to(at::kFloat)};
 }
 
 PartialAttention flash_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
@@ -70,18 +60,17 @@ PartialAttention flash_block(const at::Tensor& q, const at::Tensor& k, const at:
   auto [out, lse, rng, unused, debug] = at::_flash_attention_forward(
       q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), std::nullopt, std::nullopt, q.size(2), k.size(2),
       /*dropout_p=*/0.0, causal, /*return_debug_mask=*/false, scale);
-  return {out.transpose(1, 2).to(at::kFloat), lse};
+  return {out.transpose(1, 2), lse};  // [b, H, sq, dv] in q's dtype
 }
 
 BlockGrads cudnn_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& out, const at::Tensor& lse, bool causal, double scale) {
-  const int64_t heads = q.size(1), groups = k.size(1);
   const at::TensorOptions longs = q.options().dtype(at::kLong);
   // No dropout: the generator state is never read.
   auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
-      dout, q, heads_repeated(k, heads), heads_repeated(v, heads), out, lse.unsqueeze(-1).contiguous(), at::zeros({}, longs),
-      at::zeros({}, longs), at::Tensor(), at::Tensor(), at::Tensor(), q.size(2), k.size(2), /*dropout_p=*/0.0, causal, scale);
-  return {dq.to(at::kFloat), heads_summed(dk.to(at::kFloat), groups), heads_summed(dv.to(at::kFloat), groups)};
+      dout, q, k, v, out, lse.unsqueeze(-1).contiguous(), at::zeros({}, longs), at::zeros({}, longs), at::Tensor(), at::Tensor(),
+      at::Tensor(), q.size(2), k.size(2), /*dropout_p=*/0.0, causal, scale);
+  return {dq, dk, dv};  // q's dtype; dk, dv per key/value head
 }
 
 BlockGrads flash_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -91,7 +80,7 @@ BlockGrads flash_block_backward(const at::Tensor& dout, const at::Tensor& q, con
   auto [dq, dk, dv] = at::_flash_attention_backward(
       dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out.transpose(1, 2), lse, none, none,
       q.size(2), k.size(2), /*dropout_p=*/0.0, causal, rng_state, at::empty({0}, q.options()), scale);
-  return {dq.transpose(1, 2).to(at::kFloat), dk.transpose(1, 2).to(at::kFloat), dv.transpose(1, 2).to(at::kFloat)};
+  return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};  // q's dtype
 }
 
 // The scores of every query head over the block's keys, its group's: [b, G, H/G, sq, sk] fp32,
@@ -168,10 +157,17 @@ void merge_into(PartialAttention& into, const PartialAttention& part, int64_t fi
   at::Tensor lse = into.lse.narrow(2, first_row, rows);
   const at::Tensor merged = at::logaddexp(lse, part.lse);
   // Rows neither side saw anything in stay at zero (exp(-inf - -inf) is NaN).
-  const at::Tensor kept = at::exp(lse - merged).nan_to_num(0.0).unsqueeze(-1);
-  const at::Tensor added = at::exp(part.lse - merged).nan_to_num(0.0).unsqueeze(-1);
-  out.copy_(out * kept + part.out * added);
+  const at::Tensor kept = at::exp(lse - merged).nan_to_num_(0.0).unsqueeze(-1);   // [b, H, rows, 1]
+  const at::Tensor added = at::exp(part.lse - merged).nan_to_num_(0.0).unsqueeze(-1);
+  // Two passes over the rows' outputs, the block's read in its own dtype (no fp32 copy of it).
+  out.mul_(kept).addcmul_(part.out, added);
   lse.copy_(merged);
+}
+
+PartialAttention accumulator_from(PartialAttention&& first) {
+  at::Tensor out = first.out;  // the arithmetic's is fp32 and contiguous already: taken as it is
+  if (out.scalar_type() != at::kFloat || !out.is_contiguous()) out = at::empty(out.sizes(), out.options().dtype(at::kFloat)).copy_(out);
+  return {out, first.lse.to(at::kFloat)};
 }
 
 }  // namespace megatron::cp

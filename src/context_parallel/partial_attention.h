@@ -9,8 +9,8 @@
 //
 // On CUDA in fp16 / bf16 (no mask, head dim % 8) the blocks run fused kernels: cuDNN's attention
 // on Hopper (head dim <= 128; the kernel SDPA picks there, 1.5x FlashAttention-2's speed at long
-// sequences), FlashAttention-2's elsewhere (head dim <= 256); explicit fp32 arithmetic otherwise
-// and under a mask. A cuDNN call that fails falls back to FA2 for the rest of the run, said once.
+// sequences; grouped K/V heads taken as they are), FlashAttention-2's elsewhere (head dim <= 256);
+// explicit fp32 arithmetic otherwise and under a mask. A cuDNN call that fails falls back to FA2 for the rest of the run, said once.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,23 +22,32 @@ namespace megatron::cp {
 // Which kernel runs a block: Auto picks as above; the others force one (tests, the bench).
 enum class BlockKernel { Auto, Cudnn, Flash, Arithmetic };
 
+// A block's result: out in fp32 from the arithmetic, in q's dtype from the fused kernels (no fp32
+// copy: the merge reads it as it is). An accumulator's out is fp32.
 struct PartialAttention {
-  at::Tensor out;  // [b, H, sq, dv] fp32
+  at::Tensor out;  // [b, H, sq, dv]
   at::Tensor lse;  // [b, H, sq] fp32; -inf where a query saw no key
 };
 
 // An empty accumulator for `rows` queries: out zeros, lse -inf.
 PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t value_dim, const at::TensorOptions& options);
 
+// The accumulator that a first block covering every row starts as: its result in fp32, without a
+// merge into zeros (one pass instead of three). Takes the block's tensors over (fp32 ones become
+// the accumulator's and are written by later merges).
+PartialAttention accumulator_from(PartialAttention&& first);
+
 // causal: square block on the diagonal (key j visible to query i when j <= i). mask: [b, 1, sq, sk]
 // bool, true = may attend, or undefined.
 PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                               const at::Tensor& mask, double scale, BlockKernel kernel = BlockKernel::Auto);
 
+// fp32 from the arithmetic, q's dtype from the fused kernels: callers add them into fp32 sums
+// (an in-place add reads them as they are).
 struct BlockGrads {
-  at::Tensor dq;  // [b, H, sq, d] fp32
-  at::Tensor dk;  // [b, G, sk, d] fp32
-  at::Tensor dv;  // [b, G, sk, dv] fp32
+  at::Tensor dq;  // [b, H, sq, d]
+  at::Tensor dk;  // [b, G, sk, d]
+  at::Tensor dv;  // [b, G, sk, dv]
 };
 
 // dout, out: [b, H, sq, dv] (the merged output's gradient and the merged output, q's dtype);
@@ -47,7 +56,7 @@ BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, co
                                  const at::Tensor& out, const at::Tensor& lse, bool causal, const at::Tensor& mask,
                                  double scale, BlockKernel kernel = BlockKernel::Auto);
 
-// Folds `part` (rows [first_row, first_row + its rows) of `into`) into `into`, in place.
+// Folds `part` (rows [first_row, first_row + its rows) of `into`) into `into` (fp32), in place.
 void merge_into(PartialAttention& into, const PartialAttention& part, int64_t first_row);
 
 }  // namespace megatron::cp

@@ -4,6 +4,7 @@
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <utility>
 #include <vector>
 
 #include "context_parallel/chunks.h"
@@ -77,9 +78,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const double scale = settings.scale;
     const dist::Group& g = settings.group;
     const int cp = g.size(), rank = g.rank();
-    const int64_t b = q.size(0), heads = q.size(1), c = q.size(2) / 2;
+    const int64_t c = q.size(2) / 2;
     const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
-    PartialAttention acc = empty_partial(b, heads, 2 * c, v.size(3), q.options());
+    PartialAttention acc;  // [b, H, 2c, dv] fp32: step 0's block (this rank's own) covers every row
     at::Tensor held = layout.pack(k, v), arriving;
     std::vector<dist::Work> in_flight;
     for (int step = 0; step < cp; ++step) {
@@ -88,10 +89,14 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         in_flight = pass_on(g, held, arriving);
       }
       const RingBlock blk = ring_block(step, rank, cp, c);
-      const PartialAttention part =
+      PartialAttention part =
           attend_block(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
                        layout.v(held).narrow(2, blk.first_key, blk.keys), blk.causal, block_mask(mask, blk, cp), scale);
-      merge_into(acc, part, blk.first_query);
+      if (step == 0) {
+        acc = accumulator_from(std::move(part));
+      } else {
+        merge_into(acc, part, blk.first_query);
+      }
       if (step + 1 < cp) {
         wait_all(in_flight);
         held = arriving;
@@ -112,7 +117,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int64_t c = q.size(2) / 2;
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
     const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
-    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor dq;  // [b, H, 2c, d] fp32: step 0's block covers every query row
     at::Tensor held = layout.pack(k, v), arriving;
     // The key/value gradient of the block held, summed over the ranks it has visited (fp32).
     at::Tensor held_grad = at::zeros({held.numel()}, held.options().dtype(at::kFloat)), arriving_grad;
@@ -128,7 +133,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
           layout.k(held).narrow(2, blk.first_key, blk.keys), layout.v(held).narrow(2, blk.first_key, blk.keys),
           out.narrow(2, blk.first_query, blk.queries), lse.narrow(2, blk.first_query, blk.queries), blk.causal,
           block_mask(mask, blk, cp), scale);
-      dq.narrow(2, blk.first_query, blk.queries).add_(part.dq);
+      if (step == 0) {
+        dq = at::empty(q.sizes(), q.options().dtype(at::kFloat)).copy_(part.dq);
+      } else {
+        dq.narrow(2, blk.first_query, blk.queries).add_(part.dq);
+      }
       layout.k(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dk);
       layout.v(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dv);
       if (cp > 1) {

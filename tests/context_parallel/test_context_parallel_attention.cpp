@@ -135,5 +135,32 @@ TEST(ContextParallelAttention, BlocksMergedByLogSumExpEqualTheWholeAttention) {
   EXPECT_TRUE(at::allclose(at::cat(dv, 2), rv.grad(), 1e-4, 1e-5));
 }
 
+// The fused kernels hand back their block's output in bf16: the merge reads it as it is (no fp32
+// copy) and gives what it gives for the same values in fp32; the accumulator a first block starts
+// is an fp32 contiguous copy whatever the block's dtype and layout.
+TEST(ContextParallelAttention, MergeReadsBlocksInTheirOwnDtype) {
+  at::manual_seed(9);
+  const int64_t b = 1, heads = 2, rows = 5, d = 4;
+  const cp::PartialAttention first{at::randn({b, rows, heads, d}).to(at::kBFloat16).transpose(1, 2), at::randn({b, heads, rows})};
+  const cp::PartialAttention later{at::randn({b, heads, 3, d}).to(at::kBFloat16), at::randn({b, heads, 3})};
+  cp::PartialAttention acc = cp::accumulator_from({first.out, first.lse.clone()});  // its fp32 lse becomes acc's
+  EXPECT_EQ(acc.out.scalar_type(), at::kFloat);
+  EXPECT_TRUE(acc.out.is_contiguous());
+  EXPECT_TRUE(at::equal(acc.out, first.out.to(at::kFloat)));
+  cp::PartialAttention want = cp::empty_partial(b, heads, rows, d, at::TensorOptions());
+  cp::merge_into(want, {first.out.to(at::kFloat), first.lse}, 0);
+  EXPECT_TRUE(at::allclose(acc.out, want.out, 0.0, 0.0));
+  EXPECT_TRUE(at::allclose(acc.lse, want.lse, 0.0, 0.0));
+  cp::merge_into(acc, later, 2);
+  cp::merge_into(want, {later.out.to(at::kFloat), later.lse}, 2);
+  EXPECT_TRUE(at::equal(acc.out, want.out));
+  EXPECT_TRUE(at::equal(acc.lse, want.lse));
+  // The merge itself, by hand for the rows the later block adds to.
+  const at::Tensor merged = at::logaddexp(first.lse.narrow(2, 2, 3), later.lse);
+  const at::Tensor by_hand = first.out.narrow(2, 2, 3).to(at::kFloat) * at::exp(first.lse.narrow(2, 2, 3) - merged).unsqueeze(-1) +
+                             later.out.to(at::kFloat) * at::exp(later.lse - merged).unsqueeze(-1);
+  EXPECT_LT((acc.out.narrow(2, 2, 3) - by_hand).abs().max().item<double>(), 1e-5);
+}
+
 }  // namespace
 }  // namespace megatron
