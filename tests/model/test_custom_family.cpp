@@ -48,10 +48,10 @@ void train(const test::TempDir& dir, const std::string& name, int iterations, co
   ASSERT_EQ(run.status, 0) << name << "\n" << run.output;
 }
 
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what, double tolerance = 1e-5) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_LE(std::abs(got[i] - want[i]), 1e-5 * std::abs(want[i])) << what << ", iteration " << i + 1 << ": " << got[i]
+    EXPECT_LE(std::abs(got[i] - want[i]), tolerance * std::abs(want[i])) << what << ", iteration " << i + 1 << ": " << got[i]
                                                                      << " vs " << want[i];
   }
 }
@@ -88,6 +88,11 @@ TEST(CustomFamily, TrainsUnderTensorSequenceAndPipelineParallelismReshardsAndRou
   ASSERT_TRUE(std::ifstream(saved + "/model_tp01_pp001.safetensors").good()) << "not a TP=2 x PP=2 checkpoint";
   const std::vector<double> parallel = test::jsonl_series(dir / "parallel.jsonl");
   expect_close(parallel, {single.begin(), single.begin() + 4}, "TP=2 + SP x PP=2");
+  // And the gradient norms (Adam would hide the family's weights' gradients off by a constant factor).
+  const std::vector<double> single_norms = test::jsonl_series(dir / "single.jsonl", "grad_norm");
+  ASSERT_EQ(single_norms.size(), 6u);
+  expect_close(test::jsonl_series(dir / "parallel.jsonl", "grad_norm"), {single_norms.begin(), single_norms.begin() + 4},
+               "TP=2 + SP x PP=2, gradient norm", 1e-4);
   // The expert-free custom weights are split over TP by their own description: column rows, row columns.
   const auto tp0 = tensors_of(saved + "/model_tp00_pp000.safetensors");
   ASSERT_TRUE(tp0.count("decoder.layers.0.mlp.expand.weight"));

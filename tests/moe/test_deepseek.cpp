@@ -106,6 +106,7 @@ std::vector<double> logged_mtp_losses(const std::string& output, int64_t interva
 struct DeepSeekRun {
   std::vector<double> losses;
   std::vector<double> mtp_losses;  // "mtp_1 loss"
+  std::vector<double> grad_norms;  // every step's: Adam hides a group of gradients off by a constant factor, the norm does not
   std::map<std::string, at::Tensor> hf;  // the exported model, expert biases among it
   std::string output;
 };
@@ -116,11 +117,11 @@ DeepSeekRun train(const test::TempDir& dir, const std::string& name, int nproc, 
   args.push_back("train");
   for (const auto& a : deepseek_flags(20)) args.push_back(a);
   for (const auto& a : layout) args.push_back(a);
-  args.push_back("--save-hf");
-  args.push_back(dir / name);
+  for (const auto& a : {std::string("--save-hf"), dir / name, std::string("--metrics-jsonl"), dir / (name + ".jsonl")}) args.push_back(a);
   const auto r = test::run_megatron(args);
   EXPECT_EQ(r.status, 0) << name << "\n" << r.output;
-  DeepSeekRun run{test::logged_losses(r.output, 5), logged_mtp_losses(r.output, 5), {}, r.output};
+  DeepSeekRun run{test::logged_losses(r.output, 5), logged_mtp_losses(r.output, 5), test::jsonl_series(dir / (name + ".jsonl"), "grad_norm"),
+                  {}, r.output};
   if (r.status == 0) run.hf = test::hf_tensors(dir / name);
   return run;
 }
@@ -129,6 +130,7 @@ TEST(DeepSeekTraining, LayoutsReproduceOneProcessWithTheExpertBiasUpdating) {
   test::TempDir dir;
   const DeepSeekRun single = train(dir, "single", 1, {});
   ASSERT_EQ(single.losses.size(), 4u) << single.output;
+  ASSERT_EQ(single.grad_norms.size(), 20u) << single.output;
   EXPECT_NE(single.output.find("> expert bias (auxiliary-loss-free balancing), updated by 0.01 per step"), std::string::npos)
       << single.output;
   const at::Tensor bias = single.hf.at("model.layers.1.mlp.gate.e_score_correction_bias");
@@ -156,6 +158,10 @@ TEST(DeepSeekTraining, LayoutsReproduceOneProcessWithTheExpertBiasUpdating) {
     ASSERT_EQ(got.mtp_losses.size(), single.mtp_losses.size()) << name << "\n" << got.output;
     for (size_t i = 0; i < got.mtp_losses.size(); ++i) {
       EXPECT_NEAR(got.mtp_losses[i], single.mtp_losses[i], 1e-5 * std::abs(single.mtp_losses[i])) << name << " mtp log " << i;
+    }
+    ASSERT_EQ(got.grad_norms.size(), single.grad_norms.size()) << name << "\n" << got.output;
+    for (size_t i = 0; i < got.grad_norms.size(); ++i) {
+      EXPECT_NEAR(got.grad_norms[i], single.grad_norms[i], 1e-4 * single.grad_norms[i]) << name << " grad norm, step " << i + 1;
     }
     for (const auto& [key, tensor] : single.hf) {
       if (key.find("e_score_correction_bias") == std::string::npos) continue;
