@@ -4,31 +4,19 @@
 #include <cstdint>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include <c10/util/StringUtil.h>
 
+#include "core/config_json.h"
 #include "core/errors.h"
 
 namespace megatron {
 namespace {
 
-enum class Kind {
-  Count,         // an integer >= `least`, within 32 bits
-  CountOrNull,   // the same, or null (the family's default)
-  Positive,      // a finite number > 0
-  NonNegative,   // a finite number >= 0
-  Finite,        // any finite number
-  Bool,
-  String,
-  ObjectOrNull,
-  CountList,     // a list of integers >= 0
-};
-
-struct Field {
-  const char* key;
-  Kind kind;
-  int64_t least = 1;  // Count / CountOrNull
-};
+// The rules' vocabulary is shared with the checkpoint's own keys (core/config_json.h).
+using Kind = FieldKind;
+using Field = FieldRule;
 
 // The fields of config.json the Llama, Qwen, Mistral, Mixtral, Qwen-MoE and DeepSeek readers take.
 const Field kTopLevel[] = {
@@ -93,70 +81,6 @@ const Field kRope[] = {
     {"attention_factor", Kind::Positive},
 };
 
-// A checkpoint's own record of its model (state.json's "model_config", config_json.cpp's keys):
-// what finalize_config made of the flags that trained it, so every size is already derived.
-const Field kSavedModel[] = {
-    {"num_layers", Kind::Count},
-    {"hidden_size", Kind::Count},
-    {"ffn_hidden_size", Kind::Count},
-    {"num_attention_heads", Kind::Count},
-    {"group_query_attention", Kind::Bool},
-    {"num_query_groups", Kind::Count},
-    {"kv_channels", Kind::Count},
-    {"seq_length", Kind::Count},
-    {"max_position_embeddings", Kind::Count},
-    {"vocab_size", Kind::Count},
-    {"make_vocab_size_divisible_by", Kind::Count},
-    {"padded_vocab_size", Kind::Count},
-    {"hf_vocab_size", Kind::Count, 0},
-    {"normalization", Kind::String},
-    {"norm_epsilon", Kind::Positive},
-    {"swiglu", Kind::Bool},
-    {"add_bias_linear", Kind::Bool},
-    {"add_qkv_bias", Kind::Bool},
-    {"qk_layernorm", Kind::Bool},
-    {"position_embedding_type", Kind::String},
-    {"rotary_base", Kind::Positive},
-    {"rotary_percent", Kind::Positive},
-    {"use_rope_scaling", Kind::Bool},
-    {"rope_scaling_factor", Kind::Positive},
-    {"rope_low_freq_factor", Kind::Positive},
-    {"rope_high_freq_factor", Kind::Positive},
-    {"rope_original_max_position_embeddings", Kind::Count},
-    {"untie_embeddings_and_output_weights", Kind::Bool},
-    {"init_method_std", Kind::NonNegative},
-    {"hidden_dropout", Kind::NonNegative},
-    {"attention_dropout", Kind::NonNegative},
-    {"num_experts", Kind::Count, 0},
-    {"moe_ffn_hidden_size", Kind::Count, 0},
-    {"moe_layers", Kind::CountList},
-    {"moe_router_topk", Kind::Count, 0},
-    {"moe_router_pre_softmax", Kind::Bool},
-    {"moe_router_score_function", Kind::String},
-    {"moe_router_topk_scaling_factor", Kind::NonNegative},
-    {"moe_shared_expert_intermediate_size", Kind::Count, 0},
-    {"moe_shared_expert_gate", Kind::Bool},
-    {"multi_latent_attention", Kind::Bool},
-    {"q_lora_rank", Kind::Count, 0},
-    {"kv_lora_rank", Kind::Count, 0},
-    {"qk_head_dim", Kind::Count, 0},
-    {"qk_pos_emb_head_dim", Kind::Count, 0},
-    {"v_head_dim", Kind::Count, 0},
-    {"rope_type", Kind::String},
-    {"rotary_scaling_factor", Kind::Positive},
-    {"mscale", Kind::NonNegative},
-    {"mscale_all_dim", Kind::NonNegative},
-    {"yarn_original_max_position_embeddings", Kind::Count},
-    {"yarn_beta_fast", Kind::Finite},
-    {"yarn_beta_slow", Kind::Finite},
-    {"moe_router_enable_expert_bias", Kind::Bool},
-    {"moe_router_num_groups", Kind::Count, 0},
-    {"moe_router_group_topk", Kind::Count, 0},
-    {"mtp_num_layers", Kind::Count, 0},
-    {"mtp_loss_scaling_factor", Kind::NonNegative},
-    {"layernorm_zero_centered_gamma", Kind::Bool},
-    {"rotary_seq_len_interpolation_factor", Kind::Positive},
-};
 
 bool is_count(const nlohmann::json& v, int64_t least) {
   if (v.is_number_integer()) {
@@ -209,8 +133,8 @@ bool fits(const Field& f, const nlohmann::json& v) {
   return false;
 }
 
-template <size_t N>
-void check_fields(const nlohmann::json& j, const Field (&fields)[N], const std::string& path, const std::string& prefix) {
+template <typename Fields>
+void check_fields(const nlohmann::json& j, const Fields& fields, const std::string& path, const std::string& prefix) {
   for (const Field& f : fields) {
     if (!j.contains(f.key) || fits(f, j[f.key])) continue;
     throw UserError(path + ": " + prefix + f.key + " must be " + wanted(f) + ", got " + j[f.key].dump());
@@ -229,7 +153,9 @@ void check_hf_config_fields(const nlohmann::json& j, const std::string& path) {
 
 void check_saved_model_fields(const nlohmann::json& j, const std::string& path) {
   if (!j.is_object()) throw UserError(path + ": \"model_config\" must be an object of model settings, got " + std::string(j.type_name()));
-  check_fields(j, kSavedModel, path, "model_config.");
+  // The keys checkpoints write (core/config_json.cpp), each with its rule there.
+  static const std::vector<FieldRule> saved = model_config_rules();
+  check_fields(j, saved, path, "model_config.");
 }
 
 void check_saved_model(const ModelConfig& m, const std::string& path) {
