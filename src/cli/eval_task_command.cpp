@@ -6,13 +6,16 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "cli/commands.h"
 #include "cli/inference_flags.h"
 #include "core/errors.h"
 #include "core/files.h"
 #include "distributed/world.h"
+#include "eval/fewshot.h"
 #include "eval/gsm8k.h"
 #include "eval/multiple_choice.h"
 #include "eval/task_data.h"
@@ -36,8 +39,13 @@ const char* kHelp =
     "                               mmlu, arc, hellaswag, ceval (the datasets' own records, lm-eval's\n"
     "                               prompts), gsm8k ({question, answer})\n"
     "  --task-name NAME             its name in the table and JSON (default: the file's name)\n"
-    "  --num-fewshot N              examples before each document (default 0), the first N of:\n"
-    "  --fewshot-file FILE          the few-shot split, same format (lm-eval's first_n sampler)\n"
+    "  --num-fewshot N              examples before each document (default 0), drawn from:\n"
+    "  --fewshot-file FILE          the few-shot split, same format (the task's own file: no document\n"
+    "                               goes before itself)\n"
+    "  --fewshot-sampler S          first_n (the split's first N) or default (lm-eval's seeded random\n"
+    "                               draw, per document); default: as lm-eval's task of the format\n"
+    "                               (first_n for mmlu and ceval, default for the others)\n"
+    "  --fewshot-seed N             the default sampler's seed (lm-eval's fewshot_random_seed, 1234)\n"
     "  --limit N                    score the first N documents only\n"
     "  --max-new-tokens N           gsm8k: tokens generated at most (lm-eval's max_gen_toks, 256)\n"
     "  --inference-max-batch-size N sequences in flight (default 8)\n"
@@ -62,8 +70,8 @@ json number_or_na(double v) { return std::isnan(v) ? json("N/A") : json(v); }
 
 int eval_task(const Args& args) {
   InferenceModelFlags model_flags;
-  std::string task, format_name = "multiple_choice", task_name, fewshot_file, results_json;
-  int64_t num_fewshot = 0, limit = 0, max_new_tokens = 256, max_batch = 8;
+  std::string task, format_name = "multiple_choice", task_name, fewshot_file, sampler_name, results_json;
+  int64_t num_fewshot = 0, limit = 0, max_new_tokens = 256, max_batch = 8, fewshot_seed = 1234;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -72,8 +80,8 @@ int eval_task(const Args& args) {
       return 0;
     }
     if (take_inference_model_flag(args, i, model_flags)) continue;
-    static const char* known[] = {"--task", "--task-format", "--task-name", "--num-fewshot", "--fewshot-file", "--limit",
-                                  "--max-new-tokens", "--inference-max-batch-size", "--results-json"};
+    static const char* known[] = {"--task", "--task-format", "--task-name", "--num-fewshot", "--fewshot-file", "--fewshot-sampler",
+                                  "--fewshot-seed", "--limit", "--max-new-tokens", "--inference-max-batch-size", "--results-json"};
     if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
       throw UserError("unknown flag " + a + " for eval --task; see megatron eval --task FILE --help");
     }
@@ -88,6 +96,8 @@ int eval_task(const Args& args) {
     else if (a == "--task-format") format_name = v;
     else if (a == "--task-name") task_name = v;
     else if (a == "--fewshot-file") fewshot_file = v;
+    else if (a == "--fewshot-sampler") sampler_name = v;
+    else if (a == "--fewshot-seed") fewshot_seed = count(0);
     else if (a == "--results-json") results_json = v;
     else if (a == "--num-fewshot") num_fewshot = count(0);
     else if (a == "--limit") limit = count(1);
@@ -101,20 +111,48 @@ int eval_task(const Args& args) {
   }
   const bool generative = format == eval::TaskFormat::Gsm8k;
 
+  const eval::FewshotSampler sampler = sampler_name.empty() ? eval::lm_eval_sampler(format) : eval::parse_fewshot_sampler(sampler_name);
+
   // The data first: a malformed file fails before the model loads.
-  std::vector<eval::ChoiceDoc> choice_docs, choice_shots;
-  std::vector<eval::GenerationDoc> generation_docs, generation_shots;
+  std::vector<eval::ChoiceDoc> choice_docs, choice_split;
+  std::vector<eval::GenerationDoc> generation_docs, generation_split;
   if (generative) {
     generation_docs = eval::read_generation_docs(task, limit);
-    if (num_fewshot > 0) generation_shots = eval::read_generation_docs(fewshot_file, num_fewshot);
+    if (num_fewshot > 0) generation_split = eval::read_generation_docs(fewshot_file);
   } else {
     choice_docs = eval::read_choice_docs(task, format, limit);
-    if (num_fewshot > 0) choice_shots = eval::read_choice_docs(fewshot_file, format, num_fewshot);
+    if (num_fewshot > 0) choice_split = eval::read_choice_docs(fewshot_file, format);
   }
-  const size_t shots = generative ? generation_shots.size() : choice_shots.size();
-  if (int64_t(shots) < num_fewshot) {
-    throw UserError("--fewshot-file " + fewshot_file + " holds " + std::to_string(shots) + " examples, fewer than --num-fewshot " +
+  const size_t examples = generative ? generation_split.size() : choice_split.size();
+  if (int64_t(examples) < num_fewshot) {
+    throw UserError("--fewshot-file " + fewshot_file + " holds " + std::to_string(examples) + " examples, fewer than --num-fewshot " +
                     std::to_string(num_fewshot));
+  }
+  // Each document's examples, drawn in the documents' order as lm-eval draws them.
+  std::error_code same_error;
+  const bool same_split = num_fewshot > 0 && std::filesystem::equivalent(fewshot_file, task, same_error);
+  eval::FewshotDraw draw(sampler, examples, num_fewshot, fewshot_seed);
+  std::vector<std::vector<eval::ChoiceDoc>> choice_shots;
+  std::vector<std::vector<eval::GenerationDoc>> generation_shots;
+  const size_t documents = generative ? generation_docs.size() : choice_docs.size();
+  for (size_t d = 0; d < documents && num_fewshot > 0; ++d) {
+    std::function<bool(size_t)> is_doc;
+    if (same_split && generative) {
+      is_doc = [&](size_t i) { return generation_split[i].question == generation_docs[d].question && generation_split[i].answer == generation_docs[d].answer; };
+    } else if (same_split) {
+      is_doc = [&](size_t i) {
+        const eval::ChoiceDoc &x = choice_split[i], &y = choice_docs[d];
+        return x.text == y.text && x.choices == y.choices && x.gold == y.gold && x.description == y.description;
+      };
+    }
+    const std::vector<size_t> picked = draw.next(is_doc);
+    if (generative) {
+      generation_shots.emplace_back();
+      for (size_t i : picked) generation_shots.back().push_back(generation_split[i]);
+    } else {
+      choice_shots.emplace_back();
+      for (size_t i : picked) choice_shots.back().push_back(choice_split[i]);
+    }
   }
 
   const GenerationModel g = load_inference_model(model_flags, "eval");
@@ -125,12 +163,13 @@ int eval_task(const Args& args) {
   const Tokenizer& tokenizer = *g.tokenizer;
   options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, options);
-  const size_t documents = generative ? generation_docs.size() : choice_docs.size();
   // Under tensor parallelism every rank scores the same documents alike; the first reports.
   const bool reports = g.parallel.rank == 0;
   if (reports) {
-    std::fprintf(stderr, "> %s: %zu documents of %s (%s), %lld-shot, model %s%s\n", task_name.c_str(), documents, task.c_str(),
-                 format_name.c_str(), static_cast<long long>(num_fewshot), g.source.c_str(),
+    const std::string how = num_fewshot == 0 ? "" : " (" + eval::fewshot_sampler_name(sampler) + " sampler" +
+                                                     (sampler == eval::FewshotSampler::Default ? ", seed " + std::to_string(fewshot_seed) : "") + ")";
+    std::fprintf(stderr, "> %s: %zu documents of %s (%s), %lld-shot%s, model %s%s\n", task_name.c_str(), documents, task.c_str(),
+                 format_name.c_str(), static_cast<long long>(num_fewshot), how.c_str(), g.source.c_str(),
                  tensor_parallel_note(g, ", ").c_str());
     std::printf("|%-16s|%6s|%-16s|%-11s|%6s|   |%6s|\n", "Tasks", "n-shot", "Filter", "Metric", "Value", "Stderr");
     std::printf("|%s|%s|%s|%s|%s|---|%s|\n", std::string(16, '-').c_str(), std::string(6, '-').c_str(),
@@ -151,7 +190,7 @@ int eval_task(const Args& args) {
     report("flexible-extract", "exact_match", s.flexible, s.flexible_stderr);
     for (size_t i = 0; i < s.per_doc.size(); ++i) {
       const auto& d = s.per_doc[i];
-      samples.push_back({{"doc_id", i}, {"prompt", eval::gsm8k_prompt(generation_docs[i], generation_shots)},
+      samples.push_back({{"doc_id", i}, {"prompt", eval::gsm8k_prompt(generation_docs[i], generation_shots.empty() ? std::vector<eval::GenerationDoc>{} : generation_shots[i])},
                          {"target", generation_docs[i].answer}, {"response", d.response},
                          {"strict-match", d.strict}, {"flexible-extract", d.flexible},
                          {"exact_match,strict-match", d.strict_correct ? 1.0 : 0.0},
@@ -169,7 +208,7 @@ int eval_task(const Args& args) {
       const auto& d = s.per_doc[i];
       json lls = json::array(), greedy = json::array();
       for (const auto& c : d.choices) lls.push_back(c.logprob), greedy.push_back(c.greedy);
-      samples.push_back({{"doc_id", i}, {"context", eval::choice_context(choice_docs[i], choice_shots)},
+      samples.push_back({{"doc_id", i}, {"context", eval::choice_context(choice_docs[i], choice_shots.empty() ? std::vector<eval::ChoiceDoc>{} : choice_shots[i])},
                          {"choices", choice_docs[i].choices}, {"target", choice_docs[i].gold},
                          {"loglikelihoods", lls}, {"is_greedy", greedy},
                          {"acc", d.predicted == choice_docs[i].gold ? 1.0 : 0.0},
@@ -181,7 +220,8 @@ int eval_task(const Args& args) {
     const json out = {{"results", {{task_name, results}}},
                       {"n-shot", {{task_name, num_fewshot}}},
                       {"n-samples", {{task_name, {{"original", documents}, {"effective", documents}}}}},
-                      {"config", {{"model", g.source}, {"task_file", task}, {"task_format", format_name}, {"fewshot_file", fewshot_file}}},
+                      {"config", {{"model", g.source}, {"task_file", task}, {"task_format", format_name}, {"fewshot_file", fewshot_file},
+                                  {"fewshot_sampler", eval::fewshot_sampler_name(sampler)}, {"fewshot_seed", fewshot_seed}}},
                       {"samples", {{task_name, samples}}}};
     write_file_atomic(results_json, out.dump(2) + "\n");
     std::fprintf(stderr, "> results written to %s\n", results_json.c_str());

@@ -38,9 +38,10 @@ struct GenerationTaskScore {
   std::vector<GenerationDocScore> per_doc;
 };
 
-// stop_ids: the tokenizer's EOS (lm-eval stops there too); max_new_tokens: lm-eval's max_gen_toks.
+// shots[i]: the few-shot examples before document i (eval/fewshot.h), or empty for none; stop_ids:
+// the tokenizer's EOS (lm-eval stops there too); max_new_tokens: lm-eval's max_gen_toks.
 GenerationTaskScore score_gsm8k(Engine& engine, const Tokenizer& tokenizer, const std::vector<GenerationDoc>& docs,
-                                const std::vector<GenerationDoc>& shots, const std::vector<int64_t>& stop_ids,
+                                const std::vector<std::vector<GenerationDoc>>& shots, const std::vector<int64_t>& stop_ids,
                                 int64_t max_new_tokens = 256);
 
 }  // namespace megatron::eval

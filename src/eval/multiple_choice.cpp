@@ -1,3 +1,5 @@
+#include <c10/util/Exception.h>
+
 #include "eval/multiple_choice.h"
 
 #include <cmath>
@@ -21,10 +23,13 @@ int64_t utf8_length(const std::string& text) {
 }
 
 ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer, const std::vector<ChoiceDoc>& docs,
-                                      const std::vector<ChoiceDoc>& shots) {
+                                      const std::vector<std::vector<ChoiceDoc>>& shots) {
+  TORCH_CHECK(shots.empty() || shots.size() == docs.size(), "score_multiple_choice: ", shots.size(), " few-shot lists for ", docs.size(),
+              " documents");
   std::vector<LoglikelihoodRequest> requests;
-  for (const ChoiceDoc& doc : docs) {
-    const std::string context = choice_context(doc, shots);
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const ChoiceDoc& doc = docs[i];
+    const std::string context = choice_context(doc, shots.empty() ? std::vector<ChoiceDoc>{} : shots[i]);
     for (const std::string& choice : doc.choices) {
       auto [context_ids, continuation_ids] = encode_pair(tokenizer, context, " " + choice);
       if (context_ids.empty()) throw UserError("eval: a document's prompt encodes to no tokens: \"" + doc.text + "\"");

@@ -31,10 +31,10 @@ struct ChoiceTaskScore {
   std::vector<ChoiceDocScore> per_doc;
 };
 
-// `shots`: the few-shot examples, put before every document (lm-eval's first_n sampler over the
-// few-shot split).
+// shots[i]: the few-shot examples before document i (eval/fewshot.h draws them); empty: none
+// before any document.
 ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer, const std::vector<ChoiceDoc>& docs,
-                                      const std::vector<ChoiceDoc>& shots);
+                                      const std::vector<std::vector<ChoiceDoc>>& shots);
 
 // Characters (code points) of UTF-8 text: Python's len(str).
 int64_t utf8_length(const std::string& text);

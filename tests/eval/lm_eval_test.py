@@ -2,7 +2,8 @@
 
   python lm_eval_test.py MEGATRON_BINARY HF_MODEL_DIR WORK_DIR
 
-  1. a multiple-choice task (4 choices and fewer, one few-shot example from a dev file) scored by
+  1. a multiple-choice task (4 choices and fewer, one few-shot example per document drawn from a
+     dev file by lm-eval's default sampler, seeded random.Random(1234), and by ours) scored by
      `megatron eval`, by `lm_eval` with `--model local-completions` talking to `megatron serve`
      (the engine behind an HTTP server, lm-eval's own client and tokenizer), and by `lm_eval
      --model hf` (transformers' forward: an independent reference). acc and acc_norm must be
@@ -11,8 +12,8 @@
   2. the datasets' own record formats (MMLU, ARC, HellaSwag, C-Eval) read with lm-eval's own task
      definitions (their data files swapped for local ones): our prompts equal lm-eval's, character
      for character, and acc / acc_norm are equal;
-  3. GSM8K-style generate-until (lm-eval's gsm8k prompt, stop strings and filters, 2-shot, 12 new
-     tokens): our responses and extracted answers equal `lm_eval --model hf`'s for every
+  3. GSM8K-style generate-until (lm-eval's gsm8k prompt, stop strings and filters, 2-shot drawn
+     as lm-eval's gsm8k task draws them, 12 new tokens): our prompts, responses and extracted answers equal `lm_eval --model hf`'s for every
      document, and the exact-match scores too;
   4. the multiple-choice task again with the model split over two tensor-parallel ranks
      (`megatron launch`): the same scores, log-likelihoods within 1e-5.
@@ -37,7 +38,14 @@ MC_TEST = [
     ("A cat is a kind of", ["animal", "vegetable", "mineral"], 0),
     ("Ice is", ["cold", "hot"], 1),
 ]
-MC_DEV = [("The sky is", ["blue", "green"], 0)]
+# Several examples each: lm-eval's default sampler draws a document's few-shot examples from them
+# with its seeded random.Random (1234), and ours must draw the same ones (eval/fewshot.h).
+MC_DEV = [
+    ("The sky is", ["blue", "green"], 0),
+    ("Grass is", ["purple", "green"], 1),
+    ("Snow is", ["white", "black", "red"], 0),
+    ("Fire is", ["cold", "hot"], 1),
+]
 GSM_TEST = [
     ("Tom has 3 apples and buys 4 more. How many apples does he have?", "He has 3 + 4 = 7 apples.\n#### 7"),
     ("A box holds 12 eggs. How many eggs are in 2 boxes?", "2 * 12 = 24\n#### 24"),
@@ -46,6 +54,8 @@ GSM_TEST = [
 GSM_DEV = [
     ("What is 2 + 3?", "2 + 3 = 5\n#### 5"),
     ("What is 10 - 4?", "10 - 4 = 6\n#### 6"),
+    ("What is 3 * 3?", "3 * 3 = 9\n#### 9"),
+    ("What is 8 / 2?", "8 / 2 = 4\n#### 4"),
 ]
 
 
@@ -69,8 +79,6 @@ dataset_kwargs:
     validation: {work}/mc_dev.jsonl
 test_split: test
 fewshot_split: validation
-fewshot_config:
-  sampler: first_n
 output_type: multiple_choice
 doc_to_text: "{{{{question}}}}"
 doc_to_choice: "{{{{choices}}}}"
@@ -79,7 +87,7 @@ metric_list:
   - metric: acc
   - metric: acc_norm
 """)
-# lm-eval's own gsm8k task, its data files and few-shot sampler swapped for the local ones.
+# lm-eval's own gsm8k task (its default, seeded random few-shot sampler), its data files swapped for the local ones.
 with open(f"{work}/tasks/tiny_gsm8k.yaml", "w") as f:
     f.write(f"""include: {os.path.dirname(lm_eval.__file__)}/tasks/gsm8k/gsm8k.yaml
 task: tiny_gsm8k
@@ -90,8 +98,6 @@ dataset_kwargs:
   data_files:
     test: {work}/gsm_test.jsonl
     train: {work}/gsm_dev.jsonl
-fewshot_config:
-  sampler: first_n
 generation_kwargs:
   until: ["Question:", "</s>", "<|im_end|>"]
   do_sample: false
@@ -141,7 +147,11 @@ hf, hf_samples = harness("tiny_mc", "hf", hf_args, 1)
 for name, results in (("local-completions", local), ("hf", hf)):
     for metric in ("acc,none", "acc_norm,none"):
         assert results[metric] == mc_results[metric], f"{metric}: lm-eval {name} {results[metric]}, megatron eval {mc_results[metric]}"
+shots_seen = set()
 for ours_doc, local_doc, hf_doc in zip(mc_samples, local_samples, hf_samples, strict=True):
+    # The few-shot example lm-eval's seeded sampler drew for this document is the one we drew.
+    assert {a[0] for a in hf_doc["arguments"]} == {ours_doc["context"]}, (ours_doc["context"], hf_doc["arguments"])
+    shots_seen.add(ours_doc["context"].split("\n\n")[0])
     lls = ours_doc["loglikelihoods"]
     local_lls = [float(r[0]) for r in local_doc["filtered_resps"]]
     hf_lls = [float(r[0]) for r in hf_doc["filtered_resps"]]
@@ -151,6 +161,7 @@ for ours_doc, local_doc, hf_doc in zip(mc_samples, local_samples, hf_samples, st
     assert max(abs(a - b) for a, b in zip(lls, hf_lls, strict=True)) < 1e-4, (lls, hf_lls)
     gaps = sorted(lls)
     assert len(lls) < 2 or gaps[-1] - gaps[-2] > 1e-3, f"a near tie makes the comparison fragile: {lls}"
+assert len(shots_seen) > 1, f"every document drew the same example: the sampler's randomness is untested ({shots_seen})"
 print(f"multiple choice: acc {mc_results['acc,none']:.4f} acc_norm {mc_results['acc_norm,none']:.4f}, equal across "
       "megatron eval, lm_eval local-completions (megatron serve) and lm_eval hf", flush=True)
 

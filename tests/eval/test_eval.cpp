@@ -95,6 +95,10 @@ TEST(EvalTask, BadFlagsAreRefusedBeforeTheModelLoads) {
   refused({"--task-format", "squad"}, "--task-format: unknown format \"squad\"");
   refused({"--num-fewshot", "2"}, "--num-fewshot 2 needs --fewshot-file FILE");
   refused({"--num-fewshot", "2", "--fewshot-file", dir / "t.jsonl"}, "holds 1 examples, fewer than --num-fewshot 2");
+  refused({"--fewshot-sampler", "random"}, "--fewshot-sampler random: expected first_n");
+  // The task's own file as its few-shot split: lm-eval's default sampler draws one more than asked
+  // and drops the document, so one example cannot give one shot.
+  refused({"--num-fewshot", "1", "--fewshot-file", dir / "t.jsonl"}, "holds 0 examples besides a document, fewer than --num-fewshot 1");
   refused({"--limit", "0"}, "--limit: expects a whole number >= 1, got 0");
   refused({"--max-tokens", "3"}, "unknown flag --max-tokens for eval --task");
 }
