@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
@@ -39,6 +40,8 @@ const char* kHelp =
     "                               mmlu, arc, hellaswag, ceval (the datasets' own records, lm-eval's\n"
     "                               prompts), gsm8k ({question, answer})\n"
     "  --task-name NAME             its name in the table and JSON (default: the file's name)\n"
+    "  --task-description TEXT      put before each document's few-shot examples (lm-eval's task\n"
+    "                               description, e.g. C-Eval's subject line); multiple choice only\n"
     "  --num-fewshot N              examples before each document (default 0), drawn from:\n"
     "  --fewshot-file FILE          the few-shot split, same format (the task's own file: no document\n"
     "                               goes before itself)\n"
@@ -71,6 +74,7 @@ json number_or_na(double v) { return std::isnan(v) ? json("N/A") : json(v); }
 int eval_task(const Args& args) {
   InferenceModelFlags model_flags;
   std::string task, format_name = "multiple_choice", task_name, fewshot_file, sampler_name, results_json;
+  std::optional<std::string> description;
   int64_t num_fewshot = 0, limit = 0, max_new_tokens = 256, max_batch = 8, fewshot_seed = 1234;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -81,7 +85,7 @@ int eval_task(const Args& args) {
     }
     if (take_inference_model_flag(args, i, model_flags)) continue;
     static const char* known[] = {"--task", "--task-format", "--task-name", "--num-fewshot", "--fewshot-file", "--fewshot-sampler",
-                                  "--fewshot-seed", "--limit", "--max-new-tokens", "--inference-max-batch-size", "--results-json"};
+                                  "--fewshot-seed", "--task-description", "--limit", "--max-new-tokens", "--inference-max-batch-size", "--results-json"};
     if (std::find(std::begin(known), std::end(known), a) == std::end(known)) {
       throw UserError("unknown flag " + a + " for eval --task; see megatron eval --task FILE --help");
     }
@@ -97,6 +101,7 @@ int eval_task(const Args& args) {
     else if (a == "--task-name") task_name = v;
     else if (a == "--fewshot-file") fewshot_file = v;
     else if (a == "--fewshot-sampler") sampler_name = v;
+    else if (a == "--task-description") description = v;
     else if (a == "--fewshot-seed") fewshot_seed = count(0);
     else if (a == "--results-json") results_json = v;
     else if (a == "--num-fewshot") num_fewshot = count(0);
@@ -110,6 +115,7 @@ int eval_task(const Args& args) {
     throw UserError("--num-fewshot " + std::to_string(num_fewshot) + " needs --fewshot-file FILE (the examples: a dev or train split)");
   }
   const bool generative = format == eval::TaskFormat::Gsm8k;
+  if (description && generative) throw UserError("--task-description applies to the multiple-choice formats; gsm8k's prompt has none");
 
   const eval::FewshotSampler sampler = sampler_name.empty() ? eval::lm_eval_sampler(format) : eval::parse_fewshot_sampler(sampler_name);
 
@@ -121,6 +127,9 @@ int eval_task(const Args& args) {
     if (num_fewshot > 0) generation_split = eval::read_generation_docs(fewshot_file);
   } else {
     choice_docs = eval::read_choice_docs(task, format, limit);
+    if (description) {
+      for (eval::ChoiceDoc& d : choice_docs) d.description = *description;  // in place of the format's own (MMLU's subject line)
+    }
     if (num_fewshot > 0) choice_split = eval::read_choice_docs(fewshot_file, format);
   }
   const size_t examples = generative ? generation_split.size() : choice_split.size();

@@ -166,6 +166,7 @@ print(f"multiple choice: acc {mc_results['acc,none']:.4f} acc_norm {mc_results['
       "megatron eval, lm_eval local-completions (megatron serve) and lm_eval hf", flush=True)
 
 # 2. The datasets' own formats through lm-eval's own task files.
+CEVAL_DESCRIPTION = "以下是中国关于高中生物的单项选择题，请选出其中的正确答案。\n\n"  # ceval-valid_high_school_biology's
 TASKS = os.path.dirname(lm_eval.__file__) + "/tasks"
 FORMATS = {
     "mmlu": (f"{TASKS}/mmlu/default/_default_template_yaml",
@@ -186,7 +187,8 @@ FORMATS = {
                    {"ind": 2, "activity_label": "Running", "ctx_a": "A woman ties her shoes.", "ctx_b": "she",
                     "endings": ["starts to run down the road.", "eats the shoes.", "flies."], "label": "0",
                     "split": "val", "split_type": "indomain", "source_id": "y", "ctx": ""}]),
-    "ceval": (f"{TASKS}/ceval/_default_ceval_yaml", 'description: ""',
+    # lm-eval's ceval-valid_* tasks carry the subject's line as their description; ours takes it by flag.
+    "ceval": (f"{TASKS}/ceval/_default_ceval_yaml", f"description: {json.dumps(CEVAL_DESCRIPTION, ensure_ascii=False)}",
               [{"id": 0, "question": "中国的首都是哪里？", "A": "北京", "B": "上海", "C": "广州", "D": "深圳", "answer": "A",
                 "explanation": ""},
                {"id": 1, "question": "一年有几个月？", "A": "十个", "B": "十一个", "C": "十二个", "D": "十三个", "answer": "C",
@@ -218,7 +220,7 @@ metric_list:
 """)
 tasks = TaskManager(include_path=f"{work}/tasks")
 for fmt in FORMATS:
-    got = ours(f"{fmt}_test", fmt, f"{fmt}_dev", 1)
+    got = ours(f"{fmt}_test", fmt, f"{fmt}_dev", 1, ["--task-description", CEVAL_DESCRIPTION] if fmt == "ceval" else [])
     got_results, got_samples = got["results"][f"{fmt}_test"], got["samples"][f"{fmt}_test"]
     ref, ref_samples = harness(f"tiny_{fmt}", "hf", hf_args, 1)
     for ours_doc, ref_doc in zip(got_samples, ref_samples, strict=True):
