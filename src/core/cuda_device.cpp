@@ -2,6 +2,7 @@
 
 #ifdef MEGATRON_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #endif
 
 namespace megatron {
@@ -11,6 +12,13 @@ int cuda_compute_capability_major(const c10::Device& device) {
   if (device.is_cuda()) return at::cuda::getDeviceProperties(device.has_index() ? device.index() : at::cuda::current_device())->major;  // cached by PyTorch
 #endif
   return 0;
+}
+
+bool cuda_stream_capturing() {
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  if (at::cuda::is_available()) return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#endif
+  return false;
 }
 
 }  // namespace megatron

@@ -9,4 +9,8 @@ namespace megatron {
 // a build without CUDA support (MEGATRON_CUDA off), where no CUDA-only path is taken.
 int cuda_compute_capability_major(const c10::Device& device);
 
+// Whether the current CUDA stream is capturing a graph (no host synchronisation allowed); false
+// in a build without CUDA support.
+bool cuda_stream_capturing();
+
 }  // namespace megatron

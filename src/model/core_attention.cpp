@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "core/cuda_device.h"
+#include "model/document_attention.h"
 #include "tensor_parallel/recompute.h"
 
 namespace megatron {
@@ -10,6 +13,15 @@ namespace megatron {
 at::Tensor SdpaAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& attention_mask, double dropout) const {
   const int64_t s = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
+  // Packed documents: attention document by document (model/document_attention.h), where the GPU
+  // kernel takes them or off the GPU; not while a CUDA graph captures (reading the documents off
+  // the mask waits for the device) nor under dropout (SDPA's generator offsets).
+  if (attention_mask.defined() && dropout == 0.0 && attention_mask.dim() == 4 && attention_mask.size(0) == b &&
+      attention_mask.size(2) == s && (!q.is_cuda() || documents_take_flash_kernel(q, v)) && !cuda_stream_capturing()) {
+    if (const std::optional<Documents> documents = documents_of(attention_mask)) {
+      return document_attention(q, k, v, *documents, softmax_scale_.value_or(1.0 / std::sqrt(double(q.size(3)))));
+    }
+  }
   // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
   at::Tensor out = tp_.random(dropout > 0.0, [&] {
     return at::scaled_dot_product_attention(

@@ -1,0 +1,102 @@
+#include "model/document_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+#include "core/cuda_device.h"
+
+namespace megatron {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// [s, b, n, d] -> [b s, n, d]: the tokens sample by sample, as the document boundaries count them.
+at::Tensor packed(const at::Tensor& x) { return x.transpose(0, 1).reshape({x.size(0) * x.size(1), x.size(2), x.size(3)}); }
+
+// FlashAttention-2's variable-length kernel over every document at once: each document one
+// sequence of its own, causal. `starts` [docs + 1] int32 on the device.
+struct FlashDocuments : torch::autograd::Function<FlashDocuments> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& starts, int64_t longest, double scale) {
+    auto [out, lse, rng_state, unused, debug] = at::_flash_attention_forward(q, k, v, starts, starts, longest, longest, /*dropout_p=*/0.0,
+                                                                             /*is_causal=*/true, /*return_debug_mask=*/false, scale);
+    ctx->save_for_backward({q, k, v, out, lse, starts, rng_state, unused});
+    ctx->saved_data["longest"] = longest;
+    ctx->saved_data["scale"] = scale;
+    return out;  // [b s, H, d]
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const int64_t longest = ctx->saved_data["longest"].toInt();
+    auto [dq, dk, dv] = at::_flash_attention_backward(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5], s[5], longest, longest,
+                                                      /*dropout_p=*/0.0, /*is_causal=*/true, s[6], s[7],
+                                                      ctx->saved_data["scale"].toDouble());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::optional<Documents> documents_of(const at::Tensor& mask) {
+  if (!mask.defined() || mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != mask.size(3) || mask.scalar_type() != at::kBool) {
+    return std::nullopt;
+  }
+  const int64_t b = mask.size(0), s = mask.size(2);
+  if (b == 0 || s == 0) return std::nullopt;
+  const at::Tensor m = mask.select(1, 0);  // [b, s, s]
+  // A document starts at the first token and at every token that may not see the one before it.
+  at::Tensor starts = at::ones({b, s}, mask.options());  // [b, s] bool
+  if (s > 1) starts.narrow(1, 1, s - 1).copy_(m.diagonal(/*offset=*/-1, /*dim1=*/1, /*dim2=*/2).logical_not());
+  const at::Tensor document = starts.to(at::kInt).cumsum(1);  // [b, s]: each token's document
+  const at::Tensor position = at::arange(s, mask.options().dtype(at::kLong));
+  const at::Tensor causal = position.view({1, 1, s}) <= position.view({1, s, 1});                 // [1, s, s]: key <= query
+  const at::Tensor expected = document.unsqueeze(2).eq(document.unsqueeze(1)).logical_and_(causal);  // [b, s, s]
+  // One copy to the host: the starts, and whether the mask is exactly attention within them.
+  const at::Tensor host = at::cat({starts.reshape({-1}), expected.eq(m).all().view({1})}).to(at::kCPU).contiguous();
+  const bool* flags = host.data_ptr<bool>();
+  if (!flags[b * s]) return std::nullopt;
+  Documents d;
+  for (int64_t i = 0; i < b * s; ++i) {
+    if (flags[i]) d.starts.push_back(static_cast<int32_t>(i));  // every sample's first token starts one
+  }
+  d.starts.push_back(static_cast<int32_t>(b * s));
+  for (size_t i = 0; i + 1 < d.starts.size(); ++i) d.longest = std::max<int64_t>(d.longest, d.starts[i + 1] - d.starts[i]);
+  return d;
+}
+
+bool documents_take_flash_kernel(const at::Tensor& q, const at::Tensor& v) {
+  const int64_t d = q.size(-1);
+  return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
+         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) == d && d % 8 == 0 && d <= 256;
+}
+
+at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
+                              double scale) {
+  const int64_t s = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
+  TORCH_CHECK(!documents.starts.empty() && documents.starts.back() == s * b, "document_attention: documents of ",
+              documents.starts.empty() ? 0 : documents.starts.back(), " tokens for ", s, " x ", b);
+  const at::Tensor qp = packed(q), kp = packed(k), vp = packed(v);  // [b s, H, d], [b s, G, d], [b s, G, dv]
+  at::Tensor out;                                                    // [b s, H, dv]
+  if (documents_take_flash_kernel(q, v)) {
+    const at::Tensor starts = at::tensor(documents.starts, at::kInt).to(q.device(), /*non_blocking=*/true);
+    out = FlashDocuments::apply(qp, kp, vp, starts, documents.longest, scale);
+  } else {
+    // Each document's causal SDPA ([1, heads, tokens, d]), their outputs one after another.
+    std::vector<at::Tensor> parts;
+    const bool gqa = k.size(2) != heads;
+    for (size_t i = 0; i + 1 < documents.starts.size(); ++i) {
+      const int64_t first = documents.starts[i], tokens = documents.starts[i + 1] - first;
+      auto rows = [&](const at::Tensor& x) { return x.narrow(0, first, tokens).transpose(0, 1).unsqueeze(0); };
+      parts.push_back(at::scaled_dot_product_attention(rows(qp), rows(kp), rows(vp), std::nullopt, 0.0, /*is_causal=*/true, scale, gqa)
+                          .squeeze(0)
+                          .transpose(0, 1));  // [tokens, H, dv]
+    }
+    out = at::cat(parts, 0);
+  }
+  return out.view({b, s, heads * value_dim}).transpose(0, 1).contiguous();  // [s, b, H * dv]
+}
+
+}  // namespace megatron

@@ -1,0 +1,101 @@
+// Attention over packed documents (model/document_attention.h): the documents read off the mask
+// make_batch builds, and attention computed document by document equal to SDPA under that mask,
+// forward and backward, with grouped key/value heads and a value head dim of its own; any other
+// mask is left to SDPA. On a GPU (skipped without one) FlashAttention-2's variable-length kernel
+// against masked SDPA in bf16.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/cuda_device.h"
+#include "model/document_attention.h"
+
+namespace megatron {
+namespace {
+
+// [b, 1, s, s]: causal within the documents starting at `starts` of each sample (as make_batch).
+at::Tensor document_mask(const std::vector<std::vector<int64_t>>& starts, int64_t s) {
+  at::Tensor mask = at::zeros({int64_t(starts.size()), 1, s, s}, at::kBool);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    std::vector<int64_t> ends(starts[i].begin() + 1, starts[i].end());
+    ends.push_back(s);
+    for (size_t d = 0; d < ends.size(); ++d) {
+      for (int64_t q = starts[i][d]; q < ends[d]; ++q) mask[int64_t(i)][0][q].narrow(0, starts[i][d], q - starts[i][d] + 1).fill_(true);
+    }
+  }
+  return mask;
+}
+
+// SDPA under the mask, laid out as the core attention takes and gives ([s, b, heads, d] in, [s, b, H*dv] out).
+at::Tensor masked_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale) {
+  const at::Tensor out = at::scaled_dot_product_attention(q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}), mask,
+                                                          0.0, false, scale, /*enable_gqa=*/true);  // [b, H, s, dv]
+  return out.permute({2, 0, 1, 3}).reshape({q.size(0), q.size(1), -1});
+}
+
+TEST(DocumentAttention, DocumentsAreReadOffTheMaskItDescribes) {
+  const at::Tensor mask = document_mask({{0, 3, 4}, {0}, {0, 1, 2, 7}}, 8);
+  const std::optional<Documents> d = documents_of(mask);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->starts, (std::vector<int32_t>{0, 3, 4, 8, 16, 17, 18, 23, 24}));
+  EXPECT_EQ(d->longest, 8);
+  // Not attention within documents: a plain causal mask with one extra key, or one hole.
+  at::Tensor extra = mask.clone();
+  extra[0][0][5][1] = true;
+  EXPECT_FALSE(documents_of(extra).has_value());
+  at::Tensor hole = mask.clone();
+  hole[2][0][6][4] = false;
+  EXPECT_FALSE(documents_of(hole).has_value());
+  EXPECT_FALSE(documents_of(mask.narrow(3, 0, 7)).has_value());  // not square: a cache's mask
+  EXPECT_FALSE(documents_of(at::Tensor()).has_value());
+}
+
+TEST(DocumentAttention, EqualsSdpaUnderTheMaskForwardAndBackward) {
+  at::manual_seed(4);
+  const int64_t s = 12, b = 2, heads = 4, groups = 2, d = 8;
+  const at::Tensor mask = document_mask({{0, 5, 6}, {0, 9}}, s);
+  const Documents documents = *documents_of(mask);
+  for (const int64_t value_dim : {d, int64_t(6)}) {  // 6: multi-latent attention's own value head dim
+    const at::Tensor q = at::randn({s, b, heads, d}, at::kDouble).requires_grad_(), k = at::randn({s, b, groups, d}, at::kDouble).requires_grad_(),
+                     v = at::randn({s, b, groups, value_dim}, at::kDouble).requires_grad_();
+    const double scale = 0.3;
+    const at::Tensor got = document_attention(q, k, v, documents, scale);
+    const at::Tensor want = masked_sdpa(q, k, v, mask, scale);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_TRUE(at::allclose(got, want, 1e-10, 1e-12)) << "value dim " << value_dim;
+    const at::Tensor upstream = at::randn_like(want);
+    const auto g = torch::autograd::grad({got}, {q, k, v}, {upstream});
+    const auto w = torch::autograd::grad({want}, {q, k, v}, {upstream});
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::allclose(g[i], w[i], 1e-10, 1e-12)) << "gradient " << i << ", value dim " << value_dim;
+  }
+}
+
+// The GPU kernel against masked SDPA: bf16, documents of uneven lengths, grouped heads.
+TEST(DocumentAttentionCuda, FlashVariableLengthEqualsMaskedSdpa) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(6);
+  const int64_t s = 512, b = 2, heads = 8, groups = 2, d = 64;
+  const at::Tensor mask = document_mask({{0, 100, 101, 300}, {0, 7, 256}}, s).to(at::kCUDA);
+  const std::optional<Documents> documents = documents_of(mask);
+  ASSERT_TRUE(documents.has_value());
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({s, b, heads, d}, bf16).requires_grad_(), k = at::randn({s, b, groups, d}, bf16).requires_grad_(),
+                   v = at::randn({s, b, groups, d}, bf16).requires_grad_();
+  ASSERT_TRUE(documents_take_flash_kernel(q, v));
+  const double scale = 0.125;
+  const at::Tensor got = document_attention(q, k, v, *documents, scale);
+  const at::Tensor want = masked_sdpa(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), mask, scale);
+  auto relative = [](const at::Tensor& a, const at::Tensor& w) { return (a.to(at::kFloat) - w).norm().item<double>() / w.norm().item<double>(); };
+  EXPECT_LT(relative(got, want), 1e-2);
+  const at::Tensor upstream = at::randn_like(want);
+  const auto g = torch::autograd::grad({got}, {q, k, v}, {upstream.to(at::kBFloat16)});
+  const auto w = torch::autograd::grad({want}, {q, k, v}, {upstream});
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(relative(g[i], w[i].to(at::kFloat)), 2e-2) << "gradient " << i;
+}
+
+}  // namespace
+}  // namespace megatron
