@@ -32,8 +32,9 @@ cmake -S fuzz -B $build -G Ninja -DCMAKE_CXX_COMPILER=clang++-16 -DCMAKE_BUILD_T
 cmake --build $build -j "$(nproc)" > $build/build.log || { cat $build/build.log; exit 1; }
 
 if [ "$target" = all ]; then
-  targets=$(cd fuzz && ls fuzz_*.cpp | sed -e 's/^fuzz_//' -e 's/\.cpp$//' | grep -v '^support$' |
-            while read -r t; do [ -x $build/fuzz_$t ] && echo "$t"; done)
+  # Every target that was built ($build is relative to the repository root, where this runs).
+  targets=$(ls fuzz/fuzz_*.cpp | sed -e 's|^fuzz/fuzz_||' -e 's/\.cpp$//' | grep -v '^support$' |
+            while read -r t; do if [ -x "$build/fuzz_$t" ]; then echo "$t"; fi; done)
 else
   targets=$(echo "$target" | tr , " ")
 fi
