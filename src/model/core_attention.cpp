@@ -18,7 +18,7 @@ at::Tensor SdpaAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
   // the mask waits for the device) nor under dropout (SDPA's generator offsets).
   if (attention_mask.defined() && dropout == 0.0 && attention_mask.dim() == 4 && attention_mask.size(0) == b &&
       attention_mask.size(2) == s && (!q.is_cuda() || documents_take_flash_kernel(q, v)) && !cuda_stream_capturing()) {
-    if (const std::optional<Documents> documents = documents_of(attention_mask)) {
+    if (const std::optional<Documents> documents = documents_ ? documents_->of(attention_mask) : documents_of(attention_mask)) {
       return document_attention(q, k, v, *documents, softmax_scale_.value_or(1.0 / std::sqrt(double(q.size(3)))));
     }
   }

@@ -12,9 +12,11 @@ namespace megatron {
 
 class SdpaAttention : public CoreAttention {
  public:
-  // softmax_scale: the scores' factor; unset: 1 / sqrt(the query head dim).
-  explicit SdpaAttention(const tp::TensorParallel& tp, std::optional<double> softmax_scale = std::nullopt)
-      : tp_(tp), softmax_scale_(softmax_scale) {}
+  // softmax_scale: the scores' factor; unset: 1 / sqrt(the query head dim). documents: the
+  // model's memo of the packed documents of its masks (null: read at every call).
+  explicit SdpaAttention(const tp::TensorParallel& tp, std::optional<double> softmax_scale = std::nullopt,
+                         std::shared_ptr<DocumentsMemo> documents = nullptr)
+      : tp_(tp), softmax_scale_(softmax_scale), documents_(std::move(documents)) {}
   // v may have another head dim than q and k (multi-latent attention): context [s, b, H/tp * dv].
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
                      double dropout) const override;
@@ -24,6 +26,7 @@ class SdpaAttention : public CoreAttention {
  private:
   tp::TensorParallel tp_;  // dropout inside the TP region draws from its generator
   std::optional<double> softmax_scale_;
+  std::shared_ptr<DocumentsMemo> documents_;
 };
 
 // Whether flash attention's kernel can read a cache of these queries and values in place: CUDA

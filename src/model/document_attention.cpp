@@ -67,6 +67,16 @@ std::optional<Documents> documents_of(const at::Tensor& mask) {
   return d;
 }
 
+std::optional<Documents> DocumentsMemo::of(const at::Tensor& mask) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!mask_.defined() || !mask_.is_same(mask) || version_ != mask._version()) {
+    documents_ = documents_of(mask);
+    mask_ = mask;
+    version_ = mask._version();  // the same tensor written in place since counts up
+  }
+  return documents_;
+}
+
 bool documents_take_flash_kernel(const at::Tensor& q, const at::Tensor& v) {
   const int64_t d = q.size(-1);
   return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&

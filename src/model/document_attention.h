@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -25,6 +26,21 @@ struct Documents {
 // other mask, which then goes to SDPA as it is. On a GPU this reads the document boundaries to
 // the host: one synchronisation.
 std::optional<Documents> documents_of(const at::Tensor& mask);
+
+// The documents of the mask that one model's layers share (a micro-batch's): read off it once,
+// not once a layer (on a GPU each read waits for the device). Keeps the mask it read alive, so a
+// new mask cannot come at its address and be taken for it; a mask written in place since is read
+// again.
+class DocumentsMemo {
+ public:
+  std::optional<Documents> of(const at::Tensor& mask);
+
+ private:
+  std::mutex mutex_;  // the backward's recomputation may read it from autograd's device thread
+  at::Tensor mask_;
+  uint32_t version_ = 0;
+  std::optional<Documents> documents_;
+};
 
 // Whether document_attention takes these on the GPU kernel (CUDA, compute capability 8.0+, bf16
 // or fp16, one head dim for q, k and v, a multiple of 8 up to 256); the per-document SDPA

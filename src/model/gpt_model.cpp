@@ -50,7 +50,7 @@ GPTModel::GPTModel(const ModelConfig& c, const tp::TensorParallel& tp, std::opti
   if (!c.fp8.empty()) fp8_ = std::make_shared<fp8::Fp8Context>(fp8::options_for(c));
   for (int i = chunk_.first_layer; i < chunk_.first_layer + chunk_.num_layers; ++i) {
     layers.push_back(layer_holder->register_module(
-        std::to_string(i), std::make_shared<TransformerLayer>(c, tp, layer_spec, device, i, c.fp8_layer(i) ? fp8_ : nullptr)));
+        std::to_string(i), std::make_shared<TransformerLayer>(c, tp, layer_spec, device, i, c.fp8_layer(i) ? fp8_ : nullptr, documents_)));
   }
   if (chunk_.post_process) {
     final_layernorm = decoder->register_module("final_layernorm", std::make_shared<NormModule>(c, tp, device));

@@ -155,6 +155,8 @@ class GPTModel : public tp::DescribedModule {
   std::optional<RopeTables> rope_;
   tp::ParamTable table_;
   std::shared_ptr<fp8::Fp8Context> fp8_;  // --fp8-format
+  // Packed documents read off a micro-batch's mask once for every layer (model/document_attention.h).
+  std::shared_ptr<DocumentsMemo> documents_ = std::make_shared<DocumentsMemo>();
   std::shared_ptr<ActivationOffloader> offloader_;  // --cpu-offloading, made at the first training forward
   double auxiliary_loss_scale_ = 1.0;  // what the MTP loss enters backward with (1 / micro-batches)
   at::Tensor fp16_loss_scale_;         // ... times this, under --fp16

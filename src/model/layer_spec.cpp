@@ -17,7 +17,7 @@ LayerSpec gpt_layer_spec(const ModelConfig& config) {
     spec.core_attention = [](const PartContext& ctx) -> std::shared_ptr<CoreAttention> {
       const double scale = MultiLatentAttention::softmax_scale(ctx.config);
       if (ctx.tp.context.size() > 1) return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer), scale);
-      return std::make_shared<SdpaAttention>(ctx.tp, scale);
+      return std::make_shared<SdpaAttention>(ctx.tp, scale, ctx.documents);
     };
     spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {
       return std::make_shared<MultiLatentAttention>(ctx, std::move(core));
@@ -25,7 +25,7 @@ LayerSpec gpt_layer_spec(const ModelConfig& config) {
   } else {
     spec.core_attention = [](const PartContext& ctx) -> std::shared_ptr<CoreAttention> {
       if (ctx.tp.context.size() > 1) return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer));
-      return std::make_shared<SdpaAttention>(ctx.tp);
+      return std::make_shared<SdpaAttention>(ctx.tp, std::nullopt, ctx.documents);
     };
     spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {
       return std::make_shared<SelfAttention>(ctx, std::move(core));

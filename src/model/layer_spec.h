@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "core/config.h"
+#include "model/document_attention.h"
 #include "model/kv_cache.h"
 #include "model/norm.h"
 #include "model/rope.h"
@@ -34,6 +35,9 @@ struct PartContext {
   int layer = 0;                 // the decoder layer's global index (0-based): MoE layers are chosen by it
   // The layer's linear layers run their GEMMs in FP8 under this context; null: in bf16 / fp32.
   std::shared_ptr<fp8::Fp8Context> fp8 = nullptr;
+  // The packed documents of the micro-batch's mask, read once for all the model's layers; null:
+  // each core attention reads them itself.
+  std::shared_ptr<DocumentsMemo> documents = nullptr;
   // The options of a linear layer of this part.
   tp::LinearOptions linear(tp::Init weight_init, bool gated = false) const { return {device, weight_init, gated, fp8}; }
 };

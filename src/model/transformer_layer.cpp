@@ -10,11 +10,12 @@
 namespace megatron {
 
 TransformerLayer::TransformerLayer(const ModelConfig& c, const tp::TensorParallel& tp, const LayerSpec& spec,
-                                   at::Device device, int layer, std::shared_ptr<fp8::Fp8Context> fp8)
+                                   at::Device device, int layer, std::shared_ptr<fp8::Fp8Context> fp8,
+                                   std::shared_ptr<DocumentsMemo> documents)
     : hidden_dropout_(c.hidden_dropout),
       fuse_add_norm_(c.bias_dropout_fusion && norm_kind_from_name(c.normalization) == NormKind::RMSNorm),
       tp_(tp) {
-  const PartContext ctx{c, tp, device, spec.norms_in_linears, layer, std::move(fp8)};
+  const PartContext ctx{c, tp, device, spec.norms_in_linears, layer, std::move(fp8), std::move(documents)};
   std::shared_ptr<AttentionBlock> attention = spec.attention(ctx, spec.core_attention(ctx));
   // The layer holds the input norm when the attention block does not (the spec says so, or the
   // part keeps its norm apart: MLA).

@@ -22,9 +22,11 @@ struct ResidualStream {
 class TransformerLayer : public tp::DescribedModule {
  public:
   // `layer`: the global index of this layer (the spec may choose parts by it). `fp8`: the
-  // context its linear layers run their GEMMs in FP8 under (null: not in FP8).
+  // context its linear layers run their GEMMs in FP8 under (null: not in FP8). `documents`: the
+  // packed documents' memo the model's layers share (null: the layer reads them itself).
   TransformerLayer(const ModelConfig& config, const tp::TensorParallel& tp, const LayerSpec& spec,
-                   at::Device device = at::kCPU, int layer = 0, std::shared_ptr<fp8::Fp8Context> fp8 = nullptr);
+                   at::Device device = at::kCPU, int layer = 0, std::shared_ptr<fp8::Fp8Context> fp8 = nullptr,
+                   std::shared_ptr<DocumentsMemo> documents = nullptr);
   // attention_mask: [b, 1, s, s] bool (true = attend) or undefined for plain causal attention.
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]; [s/tp, b, h] under SP
   // The same on the residual stream; the result's delta is defined when the residual adds are

@@ -54,6 +54,19 @@ TEST(DocumentAttention, DocumentsAreReadOffTheMaskItDescribes) {
   EXPECT_FALSE(documents_of(at::Tensor()).has_value());
 }
 
+// The model's layers share one reading of a micro-batch's mask; a mask written in place, or
+// another mask, is read again.
+TEST(DocumentAttention, TheMemoReadsEachMaskOnce) {
+  DocumentsMemo memo;
+  at::Tensor mask = document_mask({{0, 2}}, 6);
+  EXPECT_EQ(memo.of(mask)->starts, (std::vector<int32_t>{0, 2, 6}));
+  EXPECT_EQ(memo.of(mask)->starts, (std::vector<int32_t>{0, 2, 6}));
+  mask.copy_(document_mask({{0, 4}}, 6));  // in place: its version counts up
+  EXPECT_EQ(memo.of(mask)->starts, (std::vector<int32_t>{0, 4, 6}));
+  EXPECT_EQ(memo.of(document_mask({{0, 1, 3}}, 6))->starts, (std::vector<int32_t>{0, 1, 3, 6}));
+  EXPECT_FALSE(memo.of(at::ones({1, 1, 6, 6}, at::kBool)).has_value());  // not causal: no documents
+}
+
 TEST(DocumentAttention, EqualsSdpaUnderTheMaskForwardAndBackward) {
   at::manual_seed(4);
   const int64_t s = 12, b = 2, heads = 4, groups = 2, d = 8;
