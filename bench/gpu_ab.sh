@@ -2,12 +2,14 @@
 # Before / after on one GPU: two megatron.cpp binaries on the reference shape (Llama 1.1B, seq
 # 2048, micro-batch 4, bf16), alternated A B A B so drift in clock or temperature hits both,
 # next to the HF torch.compile baseline in the same call. Says whether a change is speed-neutral.
-#   bash bench/gpu_ab.sh BEFORE_BINARY AFTER_BINARY PYTHON HF_BASELINE_SCRIPT
+#   [AB_FLAGS='...'] bash bench/gpu_ab.sh BEFORE_BINARY AFTER_BINARY PYTHON HF_BASELINE_SCRIPT
+# AB_FLAGS go to both binaries (e.g. '--reset-attention-mask --reset-position-ids': the mock
+# documents packed, each attending only within itself).
 set -uo pipefail
 before=$1; after=$2; py=$3; baseline=$4
 iters=${BENCH_ITERS:-30}
 tokens() {  # binary -> tokens/s/GPU of the last log interval
-  "$1" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 2>&1 |
+  "$1" train --config examples/llama-1.1b-bench.yaml --mock-data --train-iters "$iters" --log-interval 10 ${AB_FLAGS:-} 2>&1 |
     grep " iteration" | tail -1 | sed -n 's/.*throughput (tokens\/s\/GPU): \([0-9.]*\).*/\1/p'
 }
 declare -a a b
