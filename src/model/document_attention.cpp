@@ -13,8 +13,11 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// [s, b, n, d] -> [b s, n, d]: the tokens sample by sample, as the document boundaries count them.
-at::Tensor packed(const at::Tensor& x) { return x.transpose(0, 1).reshape({x.size(0) * x.size(1), x.size(2), x.size(3)}); }
+// [s, b, n, d] -> [b s, n, d] contiguous: the tokens sample by sample, as the document boundaries
+// count them (a view of k or v in the fused QKV output is strided even where reshape needs no copy).
+at::Tensor packed(const at::Tensor& x) {
+  return x.transpose(0, 1).reshape({x.size(0) * x.size(1), x.size(2), x.size(3)}).contiguous();
+}
 
 // FlashAttention-2's variable-length kernel over every document at once: each document one
 // sequence of its own, causal. `starts` [docs + 1] int32 on the device.

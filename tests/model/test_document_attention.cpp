@@ -87,27 +87,34 @@ TEST(DocumentAttention, EqualsSdpaUnderTheMaskForwardAndBackward) {
   }
 }
 
-// The GPU kernel against masked SDPA: bf16, documents of uneven lengths, grouped heads.
+// The GPU kernel against masked SDPA: bf16, documents of uneven lengths, grouped heads, k and v
+// strided views of one fused QKV output (as the attention block hands them over), one sample
+// and two.
 TEST(DocumentAttentionCuda, FlashVariableLengthEqualsMaskedSdpa) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(6);
-  const int64_t s = 512, b = 2, heads = 8, groups = 2, d = 64;
-  const at::Tensor mask = document_mask({{0, 100, 101, 300}, {0, 7, 256}}, s).to(at::kCUDA);
-  const std::optional<Documents> documents = documents_of(mask);
-  ASSERT_TRUE(documents.has_value());
-  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  const at::Tensor q = at::randn({s, b, heads, d}, bf16).requires_grad_(), k = at::randn({s, b, groups, d}, bf16).requires_grad_(),
-                   v = at::randn({s, b, groups, d}, bf16).requires_grad_();
-  ASSERT_TRUE(documents_take_flash_kernel(q, v));
-  const double scale = 0.125;
-  const at::Tensor got = document_attention(q, k, v, *documents, scale);
-  const at::Tensor want = masked_sdpa(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), mask, scale);
-  auto relative = [](const at::Tensor& a, const at::Tensor& w) { return (a.to(at::kFloat) - w).norm().item<double>() / w.norm().item<double>(); };
-  EXPECT_LT(relative(got, want), 1e-2);
-  const at::Tensor upstream = at::randn_like(want);
-  const auto g = torch::autograd::grad({got}, {q, k, v}, {upstream.to(at::kBFloat16)});
-  const auto w = torch::autograd::grad({want}, {q, k, v}, {upstream});
-  for (size_t i = 0; i < 3; ++i) EXPECT_LT(relative(g[i], w[i].to(at::kFloat)), 2e-2) << "gradient " << i;
+  const int64_t s = 512, heads = 8, groups = 2, d = 64, per_group = heads / groups;
+  const std::vector<std::vector<int64_t>> layouts[] = {{{0, 100, 101, 300}, {0, 7, 256}}, {{0, 3, 400}}};
+  for (const auto& starts : layouts) {
+    const int64_t b = int64_t(starts.size());
+    const at::Tensor mask = document_mask(starts, s).to(at::kCUDA);
+    const std::optional<Documents> documents = documents_of(mask);
+    ASSERT_TRUE(documents.has_value());
+    const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    const at::Tensor qkv = at::randn({s, b, groups, (per_group + 2) * d}, bf16).requires_grad_();
+    auto parts = qkv.split_with_sizes({per_group * d, d, d}, -1);
+    const at::Tensor q = parts[0].reshape({s, b, heads, d}), k = parts[1], v = parts[2];  // k, v: strided views
+    ASSERT_TRUE(documents_take_flash_kernel(q, v));
+    const double scale = 0.125;
+    const at::Tensor got = document_attention(q, k, v, *documents, scale);
+    const at::Tensor want = masked_sdpa(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), mask, scale);
+    auto relative = [](const at::Tensor& a, const at::Tensor& w) { return (a.to(at::kFloat) - w).norm().item<double>() / w.norm().item<double>(); };
+    EXPECT_LT(relative(got, want), 1e-2) << b << " samples";
+    const at::Tensor upstream = at::randn_like(want);
+    const at::Tensor g = torch::autograd::grad({got}, {qkv}, {upstream.to(at::kBFloat16)})[0];
+    const at::Tensor w = torch::autograd::grad({want}, {qkv}, {upstream})[0];
+    EXPECT_LT(relative(g, w.to(at::kFloat)), 2e-2) << b << " samples";
+  }
 }
 
 }  // namespace
