@@ -49,7 +49,8 @@ const char* kHelp =
     "                               draw, per document); default: as lm-eval's task of the format\n"
     "                               (first_n for mmlu and ceval, default for the others)\n"
     "  --fewshot-seed N             the default sampler's seed (lm-eval's fewshot_random_seed, 1234)\n"
-    "  --limit N                    score the first N documents only\n"
+    "  --limit N                    score the first N documents only; below 1, that fraction of\n"
+    "                               them, rounded up (as lm-eval's --limit)\n"
     "  --max-new-tokens N           gsm8k: tokens generated at most (lm-eval's max_gen_toks, 256)\n"
     "  --inference-max-batch-size N sequences in flight (default 8)\n"
     "  --results-json PATH          write lm-eval's results layout and per-document samples\n";
@@ -75,7 +76,8 @@ int eval_task(const Args& args) {
   InferenceModelFlags model_flags;
   std::string task, format_name = "multiple_choice", task_name, fewshot_file, sampler_name, results_json;
   std::optional<std::string> description;
-  int64_t num_fewshot = 0, limit = 0, max_new_tokens = 256, max_batch = 8, fewshot_seed = 1234;
+  int64_t num_fewshot = 0, max_new_tokens = 256, max_batch = 8, fewshot_seed = 1234;
+  double limit = 0;  // 0: every document
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -105,7 +107,12 @@ int eval_task(const Args& args) {
     else if (a == "--fewshot-seed") fewshot_seed = count(0);
     else if (a == "--results-json") results_json = v;
     else if (a == "--num-fewshot") num_fewshot = count(0);
-    else if (a == "--limit") limit = count(1);
+    else if (a == "--limit") {
+      limit = number_flag(a, v);
+      if (!(limit > 0) || (limit >= 1 && limit != std::floor(limit))) {
+        throw UserError("--limit: expects a whole number of documents >= 1, or a fraction of them between 0 and 1, got " + v);
+      }
+    }
     else if (a == "--max-new-tokens") max_new_tokens = count(1);
     else max_batch = count(1);
   }
@@ -122,11 +129,17 @@ int eval_task(const Args& args) {
   // The data first: a malformed file fails before the model loads.
   std::vector<eval::ChoiceDoc> choice_docs, choice_split;
   std::vector<eval::GenerationDoc> generation_docs, generation_split;
+  // lm-eval's limit: a count from 1 up, a fraction of the documents (rounded up) below it.
+  const int64_t whole_limit = limit >= 1 ? int64_t(limit) : 0;
+  auto limited = [&](auto docs) {
+    if (limit > 0 && limit < 1) docs.resize(size_t(std::ceil(double(docs.size()) * limit)));
+    return docs;
+  };
   if (generative) {
-    generation_docs = eval::read_generation_docs(task, limit);
+    generation_docs = limited(eval::read_generation_docs(task, whole_limit));
     if (num_fewshot > 0) generation_split = eval::read_generation_docs(fewshot_file);
   } else {
-    choice_docs = eval::read_choice_docs(task, format, limit);
+    choice_docs = limited(eval::read_choice_docs(task, format, whole_limit));
     if (description) {
       for (eval::ChoiceDoc& d : choice_docs) d.description = *description;  // in place of the format's own (MMLU's subject line)
     }

@@ -20,6 +20,7 @@
 Prints "all checks passed" at the end; any mismatch raises.
 """
 import json
+import math
 import os
 import re
 import subprocess
@@ -164,6 +165,13 @@ for ours_doc, local_doc, hf_doc in zip(mc_samples, local_samples, hf_samples, st
 assert len(shots_seen) > 1, f"every document drew the same example: the sampler's randomness is untested ({shots_seen})"
 print(f"multiple choice: acc {mc_results['acc,none']:.4f} acc_norm {mc_results['acc_norm,none']:.4f}, equal across "
       "megatron eval, lm_eval local-completions (megatron serve) and lm_eval hf", flush=True)
+
+# lm-eval's --limit below 1: that fraction of the documents, rounded up; their few-shot draws are
+# the full run's first ones (the generator runs on from document to document in order).
+half = ours("mc_test", "multiple_choice", "mc_dev", 1, ["--limit", "0.4"], out=f"{work}/mc_test_limit.json")["samples"]["mc_test"]
+assert len(half) == math.ceil(len(MC_TEST) * 0.4), len(half)
+assert [d["context"] for d in half] == [d["context"] for d in mc_samples[:len(half)]], (half, mc_samples)
+print(f"--limit 0.4: the first {len(half)} documents, with the full run's few-shot draws", flush=True)
 
 # 2. The datasets' own formats through lm-eval's own task files.
 CEVAL_DESCRIPTION = "以下是中国关于高中生物的单项选择题，请选出其中的正确答案。\n\n"  # ceval-valid_high_school_biology's

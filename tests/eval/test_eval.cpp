@@ -99,7 +99,8 @@ TEST(EvalTask, BadFlagsAreRefusedBeforeTheModelLoads) {
   // The task's own file as its few-shot split: lm-eval's default sampler draws one more than asked
   // and drops the document, so one example cannot give one shot.
   refused({"--num-fewshot", "1", "--fewshot-file", dir / "t.jsonl"}, "holds 0 examples besides a document, fewer than --num-fewshot 1");
-  refused({"--limit", "0"}, "--limit: expects a whole number >= 1, got 0");
+  refused({"--limit", "0"}, "--limit: expects a whole number of documents >= 1, or a fraction of them between 0 and 1, got 0");
+  refused({"--limit", "2.5"}, "--limit: expects a whole number of documents >= 1, or a fraction of them between 0 and 1, got 2.5");
   refused({"--max-tokens", "3"}, "unknown flag --max-tokens for eval --task");
 }
 
