@@ -83,7 +83,7 @@ std::optional<Documents> DocumentsMemo::of(const at::Tensor& mask) {
 bool documents_take_flash_kernel(const at::Tensor& q, const at::Tensor& v) {
   const int64_t d = q.size(-1);
   return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
-         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) == d && d % 8 == 0 && d <= 256;
+         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) <= d && d % 8 == 0 && d <= 256;
 }
 
 at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
@@ -95,7 +95,12 @@ at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at
   at::Tensor out;                                                    // [b s, H, dv]
   if (documents_take_flash_kernel(q, v)) {
     const at::Tensor starts = at::tensor(documents.starts, at::kInt).to(q.device(), /*non_blocking=*/true);
-    out = FlashDocuments::apply(qp, kp, vp, starts, documents.longest, scale);
+    // The kernel takes one head dim for q, k and v: a narrower value head (multi-latent
+    // attention's) is padded with zeros, whose output columns are zero and dropped.
+    const int64_t d = q.size(3);
+    const at::Tensor values = value_dim < d ? at::constant_pad_nd(vp, {0, d - value_dim}) : vp;  // [b s, G, d]
+    out = FlashDocuments::apply(qp, kp, values, starts, documents.longest, scale);
+    if (value_dim < d) out = out.narrow(2, 0, value_dim).contiguous();
   } else {
     // Each document's causal SDPA ([1, heads, tokens, d]), their outputs one after another.
     std::vector<at::Tensor> parts;

@@ -43,8 +43,8 @@ class DocumentsMemo {
 };
 
 // Whether document_attention takes these on the GPU kernel (CUDA, compute capability 8.0+, bf16
-// or fp16, one head dim for q, k and v, a multiple of 8 up to 256); the per-document SDPA
-// otherwise.
+// or fp16, q and k head dims a multiple of 8 up to 256, the value head dim at most theirs: a
+// narrower one, multi-latent attention's, is padded); the per-document SDPA otherwise.
 bool documents_take_flash_kernel(const at::Tensor& q, const at::Tensor& v);
 
 // q [s, b, H, d], k [s, b, G, d], v [s, b, G, dv] (G key/value heads shared by H / G query heads

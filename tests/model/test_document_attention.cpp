@@ -89,7 +89,7 @@ TEST(DocumentAttention, EqualsSdpaUnderTheMaskForwardAndBackward) {
 
 // The GPU kernel against masked SDPA: bf16, documents of uneven lengths, grouped heads, k and v
 // strided views of one fused QKV output (as the attention block hands them over), one sample
-// and two.
+// and two; then multi-latent attention's head dims (values narrower than queries and keys).
 TEST(DocumentAttentionCuda, FlashVariableLengthEqualsMaskedSdpa) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(6);
@@ -97,6 +97,7 @@ TEST(DocumentAttentionCuda, FlashVariableLengthEqualsMaskedSdpa) {
   const std::vector<std::vector<int64_t>> layouts[] = {{{0, 100, 101, 300}, {0, 7, 256}}, {{0, 3, 400}}};
   for (const auto& starts : layouts) {
     const int64_t b = int64_t(starts.size());
+    SCOPED_TRACE(std::to_string(b) + " samples");
     const at::Tensor mask = document_mask(starts, s).to(at::kCUDA);
     const std::optional<Documents> documents = documents_of(mask);
     ASSERT_TRUE(documents.has_value());
@@ -115,6 +116,22 @@ TEST(DocumentAttentionCuda, FlashVariableLengthEqualsMaskedSdpa) {
     const at::Tensor w = torch::autograd::grad({want}, {qkv}, {upstream})[0];
     EXPECT_LT(relative(g, w.to(at::kFloat)), 2e-2) << b << " samples";
   }
+  // Multi-latent attention's heads: q and k 192 wide (128 + 64 rope), values 128 (padded for the kernel).
+  const int64_t b = 2, qk = 192, dv = 128;
+  const at::Tensor mask = document_mask(layouts[0], s).to(at::kCUDA);
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({s, b, heads, qk}, bf16).requires_grad_(), k = at::randn({s, b, heads, qk}, bf16).requires_grad_(),
+                   v = at::randn({s, b, heads, dv}, bf16).requires_grad_();
+  ASSERT_TRUE(documents_take_flash_kernel(q, v));
+  const at::Tensor got = document_attention(q, k, v, *documents_of(mask), 0.07);
+  const at::Tensor want = masked_sdpa(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), mask, 0.07);
+  ASSERT_EQ(got.sizes(), want.sizes());
+  auto relative = [](const at::Tensor& a, const at::Tensor& w) { return (a.to(at::kFloat) - w).norm().item<double>() / w.norm().item<double>(); };
+  EXPECT_LT(relative(got, want), 1e-2) << "MLA head dims";
+  const at::Tensor upstream = at::randn_like(want);
+  const auto g = torch::autograd::grad({got}, {q, k, v}, {upstream.to(at::kBFloat16)});
+  const auto w = torch::autograd::grad({want}, {q, k, v}, {upstream});
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(relative(g[i], w[i].to(at::kFloat)), 2e-2) << "MLA head dims, gradient " << i;
 }
 
 }  // namespace
