@@ -157,7 +157,7 @@ int eval_task(const Args& args) {
   std::vector<std::vector<eval::ChoiceDoc>> choice_shots;
   std::vector<std::vector<eval::GenerationDoc>> generation_shots;
   const size_t documents = generative ? generation_docs.size() : choice_docs.size();
-  for (size_t d = 0; d < documents && num_fewshot > 0; ++d) {
+  for (size_t d = 0; d < documents; ++d) {  // zero-shot: an empty list each
     std::function<bool(size_t)> is_doc;
     if (same_split && generative) {
       is_doc = [&](size_t i) { return generation_split[i].question == generation_docs[d].question && generation_split[i].answer == generation_docs[d].answer; };
@@ -212,7 +212,7 @@ int eval_task(const Args& args) {
     report("flexible-extract", "exact_match", s.flexible, s.flexible_stderr);
     for (size_t i = 0; i < s.per_doc.size(); ++i) {
       const auto& d = s.per_doc[i];
-      samples.push_back({{"doc_id", i}, {"prompt", eval::gsm8k_prompt(generation_docs[i], generation_shots.empty() ? std::vector<eval::GenerationDoc>{} : generation_shots[i])},
+      samples.push_back({{"doc_id", i}, {"prompt", eval::gsm8k_prompt(generation_docs[i], generation_shots[i])},
                          {"target", generation_docs[i].answer}, {"response", d.response},
                          {"strict-match", d.strict}, {"flexible-extract", d.flexible},
                          {"exact_match,strict-match", d.strict_correct ? 1.0 : 0.0},
@@ -230,7 +230,7 @@ int eval_task(const Args& args) {
       const auto& d = s.per_doc[i];
       json lls = json::array(), greedy = json::array();
       for (const auto& c : d.choices) lls.push_back(c.logprob), greedy.push_back(c.greedy);
-      samples.push_back({{"doc_id", i}, {"context", eval::choice_context(choice_docs[i], choice_shots.empty() ? std::vector<eval::ChoiceDoc>{} : choice_shots[i])},
+      samples.push_back({{"doc_id", i}, {"context", eval::choice_context(choice_docs[i], choice_shots[i])},
                          {"choices", choice_docs[i].choices}, {"target", choice_docs[i].gold},
                          {"loglikelihoods", lls}, {"is_greedy", greedy},
                          {"acc", d.predicted == choice_docs[i].gold ? 1.0 : 0.0},

@@ -21,37 +21,41 @@ FewshotDraw::FewshotDraw(FewshotSampler sampler, size_t examples, int64_t num_fe
 
 std::vector<size_t> FewshotDraw::next(const std::function<bool(size_t)>& is_doc) {
   if (count_ == 0) return {};
+  if (!is_doc) {
+    if (sampler_ == FewshotSampler::Default) return random_.sample(examples_, count_);
+    std::vector<size_t> first(count_);
+    for (size_t i = 0; i < count_; ++i) first[i] = i;
+    return first;
+  }
   auto too_few = [&](size_t others) {
     return UserError("the few-shot split is the evaluated one and holds " + std::to_string(others) +
                      " examples besides a document, fewer than --num-fewshot " + std::to_string(count_) +
                      (sampler_ == FewshotSampler::Default ? " (lm-eval draws one more than that and drops the document)" : ""));
   };
-  std::vector<size_t> others;  // the split without the document's copies
-  if (is_doc) {
+  // The split without the document's copies: the first N of it, or what a redraw draws from.
+  auto others = [&] {
+    std::vector<size_t> kept;
     for (size_t i = 0; i < examples_; ++i) {
-      if (!is_doc(i)) others.push_back(i);
+      if (!is_doc(i)) kept.push_back(i);
     }
-  }
+    return kept;
+  };
   if (sampler_ == FewshotSampler::FirstN) {
-    if (!is_doc) {
-      std::vector<size_t> first(count_);
-      for (size_t i = 0; i < count_; ++i) first[i] = i;
-      return first;
-    }
-    if (others.size() < count_) throw too_few(others.size());
-    return {others.begin(), others.begin() + std::ptrdiff_t(count_)};
+    const std::vector<size_t> pool = others();
+    if (pool.size() < count_) throw too_few(pool.size());
+    return {pool.begin(), pool.begin() + std::ptrdiff_t(count_)};
   }
-  if (!is_doc) return random_.sample(examples_, count_);
-  if (count_ + 1 > examples_) throw too_few(others.size());
+  if (count_ + 1 > examples_) throw too_few(others().size());
   std::vector<size_t> kept;
   for (size_t i : random_.sample(examples_, count_ + 1)) {
     if (!is_doc(i) && kept.size() < count_) kept.push_back(i);
   }
   if (kept.size() == count_) return kept;
   // Copies of the document drawn more than once: lm-eval draws again from the split without them.
-  if (others.size() < count_) throw too_few(others.size());
+  const std::vector<size_t> pool = others();
+  if (pool.size() < count_) throw too_few(pool.size());
   kept.clear();
-  for (size_t j : random_.sample(others.size(), count_)) kept.push_back(others[j]);
+  for (size_t j : random_.sample(pool.size(), count_)) kept.push_back(pool[j]);
   return kept;
 }
 

@@ -1,6 +1,6 @@
-#include <c10/util/Exception.h>
-
 #include "eval/gsm8k.h"
+
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cctype>
@@ -63,11 +63,11 @@ std::string exact_match_normalize(const std::string& text) {
 GenerationTaskScore score_gsm8k(Engine& engine, const Tokenizer& tokenizer, const std::vector<GenerationDoc>& docs,
                                 const std::vector<std::vector<GenerationDoc>>& shots, const std::vector<int64_t>& stop_ids,
                                 int64_t max_new_tokens) {
-  TORCH_CHECK(shots.empty() || shots.size() == docs.size(), "score_gsm8k: ", shots.size(), " few-shot lists for ", docs.size(), " documents");
+  TORCH_CHECK(shots.size() == docs.size(), "score_gsm8k: ", shots.size(), " few-shot lists for ", docs.size(), " documents");
   std::vector<int64_t> ids;
   for (size_t i = 0; i < docs.size(); ++i) {
     GenerationRequest r;
-    r.prompt = tokenizer.encode(gsm8k_prompt(docs[i], shots.empty() ? std::vector<GenerationDoc>{} : shots[i]), false);
+    r.prompt = tokenizer.encode(gsm8k_prompt(docs[i], shots[i]), false);
     // lm-eval keeps the prompt's most recent tokens when it and the new ones pass the model's length.
     const size_t room = static_cast<size_t>(std::max<int64_t>(1, engine.max_length() - max_new_tokens));
     if (r.prompt.size() > room) r.prompt.erase(r.prompt.begin(), r.prompt.end() - static_cast<std::ptrdiff_t>(room));

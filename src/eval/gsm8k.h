@@ -38,7 +38,8 @@ struct GenerationTaskScore {
   std::vector<GenerationDocScore> per_doc;
 };
 
-// shots[i]: the few-shot examples before document i (eval/fewshot.h), or empty for none; stop_ids:
+// shots[i]: the few-shot examples before document i (eval/fewshot.h; none for zero-shot), one list
+// per document; stop_ids:
 // the tokenizer's EOS (lm-eval stops there too); max_new_tokens: lm-eval's max_gen_toks.
 GenerationTaskScore score_gsm8k(Engine& engine, const Tokenizer& tokenizer, const std::vector<GenerationDoc>& docs,
                                 const std::vector<std::vector<GenerationDoc>>& shots, const std::vector<int64_t>& stop_ids,

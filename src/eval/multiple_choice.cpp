@@ -1,6 +1,6 @@
-#include <c10/util/Exception.h>
-
 #include "eval/multiple_choice.h"
+
+#include <c10/util/Exception.h>
 
 #include <cmath>
 #include <limits>
@@ -24,12 +24,11 @@ int64_t utf8_length(const std::string& text) {
 
 ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer, const std::vector<ChoiceDoc>& docs,
                                       const std::vector<std::vector<ChoiceDoc>>& shots) {
-  TORCH_CHECK(shots.empty() || shots.size() == docs.size(), "score_multiple_choice: ", shots.size(), " few-shot lists for ", docs.size(),
-              " documents");
+  TORCH_CHECK(shots.size() == docs.size(), "score_multiple_choice: ", shots.size(), " few-shot lists for ", docs.size(), " documents");
   std::vector<LoglikelihoodRequest> requests;
   for (size_t i = 0; i < docs.size(); ++i) {
     const ChoiceDoc& doc = docs[i];
-    const std::string context = choice_context(doc, shots.empty() ? std::vector<ChoiceDoc>{} : shots[i]);
+    const std::string context = choice_context(doc, shots[i]);
     for (const std::string& choice : doc.choices) {
       auto [context_ids, continuation_ids] = encode_pair(tokenizer, context, " " + choice);
       if (context_ids.empty()) throw UserError("eval: a document's prompt encodes to no tokens: \"" + doc.text + "\"");

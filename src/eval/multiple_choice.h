@@ -31,8 +31,8 @@ struct ChoiceTaskScore {
   std::vector<ChoiceDocScore> per_doc;
 };
 
-// shots[i]: the few-shot examples before document i (eval/fewshot.h draws them); empty: none
-// before any document.
+// shots[i]: the few-shot examples before document i (eval/fewshot.h draws them; none for
+// zero-shot), one list per document.
 ChoiceTaskScore score_multiple_choice(Engine& engine, const Tokenizer& tokenizer, const std::vector<ChoiceDoc>& docs,
                                       const std::vector<std::vector<ChoiceDoc>>& shots);
 

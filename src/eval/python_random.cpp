@@ -1,7 +1,6 @@
 #include "eval/python_random.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <unordered_set>
 

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "core/cuda_device.h"
+#include "model/core_attention.h"
 
 namespace megatron {
 namespace {
@@ -67,6 +67,8 @@ std::optional<Documents> documents_of(const at::Tensor& mask) {
   }
   d.starts.push_back(static_cast<int32_t>(b * s));
   for (size_t i = 0; i + 1 < d.starts.size(); ++i) d.longest = std::max<int64_t>(d.longest, d.starts[i + 1] - d.starts[i]);
+  // Once per mask (the memo keeps it), not once a layer.
+  if (mask.is_cuda()) d.device_starts = at::tensor(d.starts, at::kInt).to(mask.device(), /*non_blocking=*/true);
   return d;
 }
 
@@ -81,9 +83,8 @@ std::optional<Documents> DocumentsMemo::of(const at::Tensor& mask) {
 }
 
 bool documents_take_flash_kernel(const at::Tensor& q, const at::Tensor& v) {
-  const int64_t d = q.size(-1);
-  return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
-         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) <= d && d % 8 == 0 && d <= 256;
+  // The kernel the cache's attention reads with, at q's head dim (narrower values are padded).
+  return v.size(-1) <= q.size(-1) && flash_attention_reads_cache(q, q);
 }
 
 at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
@@ -94,7 +95,8 @@ at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at
   const at::Tensor qp = packed(q), kp = packed(k), vp = packed(v);  // [b s, H, d], [b s, G, d], [b s, G, dv]
   at::Tensor out;                                                    // [b s, H, dv]
   if (documents_take_flash_kernel(q, v)) {
-    const at::Tensor starts = at::tensor(documents.starts, at::kInt).to(q.device(), /*non_blocking=*/true);
+    const at::Tensor starts = documents.device_starts.defined() ? documents.device_starts
+                                                                : at::tensor(documents.starts, at::kInt).to(q.device(), /*non_blocking=*/true);
     // The kernel takes one head dim for q, k and v: a narrower value head (multi-latent
     // attention's) is padded with zeros, whose output columns are zero and dropped.
     const int64_t d = q.size(3);

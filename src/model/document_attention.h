@@ -19,6 +19,7 @@ namespace megatron {
 struct Documents {
   std::vector<int32_t> starts;  // cumulative document boundaries over the b * s tokens, sample-major: [docs + 1]
   int64_t longest = 0;          // the longest document's tokens
+  at::Tensor device_starts;     // `starts` as int32 on the mask's GPU (the kernel's cu_seqlens); undefined on the CPU
 };
 
 // The documents of `mask` ([b, 1, s, s] bool, true = may attend) when it is exactly causal
