@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/errors.h"
 #include "distributed/heartbeat.h"
+#include "distributed/world.h"
 
 namespace megatron::cli {
 
@@ -23,6 +24,7 @@ void set_up_under_launch() {
   // Under `megatron launch` stdout is a pipe, which stdio would block-buffer: lines would
   // arrive late and be lost when a rank is stopped.
   if (std::getenv("MEGATRON_LINE_BUFFERED") != nullptr) std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  dist::turn_off_flight_recorder_unless_asked();
   dist::start_heartbeat_from_environment();  // the launcher tells a frozen rank by its silence
 }
 

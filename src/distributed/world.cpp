@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstdlib>
 #include <thread>
 
 #include "core/errors.h"
@@ -148,5 +149,7 @@ Group World::group(const std::vector<int>& ranks) {
   shared_->groups.emplace(ranks, g);
   return g;
 }
+
+void turn_off_flight_recorder_unless_asked() { setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); }
 
 }  // namespace megatron::dist

@@ -45,4 +45,11 @@ class World {
   std::string backend_ = "gloo";
 };
 
+// Turns PyTorch's collective flight recorder off unless TORCH_FR_BUFFER_SIZE asks for it. It is
+// on by default (Gloo included), gathers a traceback per collective for a dump that only its
+// Python tooling reads, and registers each new group in a map outside its lock, so two groups
+// first used from two threads at once (ranks run as threads, a reduction issued from autograd's
+// thread) can crash the process. Sets an environment variable: call before any thread starts.
+void turn_off_flight_recorder_unless_asked();
+
 }  // namespace megatron::dist

@@ -12,8 +12,15 @@
 #include <regex>
 #include <stdexcept>
 
+#include "distributed/world.h"
+
 namespace megatron::test {
 namespace fs = std::filesystem;
+
+namespace {
+// Before main and any thread: the tests run ranks as threads of one process (distributed/world.h).
+const bool flight_recorder_off = (dist::turn_off_flight_recorder_unless_asked(), true);
+}  // namespace
 
 std::string source_dir() {
 #ifdef MEGATRON_SOURCE_DIR
