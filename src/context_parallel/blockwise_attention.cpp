@@ -18,6 +18,7 @@ struct BlockSettings {
   std::vector<KeyBlock> blocks;
   at::Tensor mask;
   double scale;
+  std::shared_ptr<const std::vector<BlockDocuments>> pieces;  // per block, under packed documents
 };
 
 at::Tensor block_mask(const at::Tensor& mask, const KeyBlock& blk) {
@@ -28,13 +29,17 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const BlockSettings& s) {
     PartialAttention acc = empty_partial(q.size(0), q.size(1), q.size(2), v.size(3), q.options());
-    for (const KeyBlock& blk : s.blocks) {
-      merge_into(acc, attend_block(q.narrow(2, blk.first_query, blk.queries), k.narrow(2, blk.first_key, blk.keys),
-                                   v.narrow(2, blk.first_key, blk.keys), blk.causal, block_mask(s.mask, blk), s.scale),
+    for (size_t i = 0; i < s.blocks.size(); ++i) {
+      const KeyBlock& blk = s.blocks[i];
+      const at::Tensor bq = q.narrow(2, blk.first_query, blk.queries), bk = k.narrow(2, blk.first_key, blk.keys),
+                       bv = v.narrow(2, blk.first_key, blk.keys);
+      merge_into(acc,
+                 s.pieces ? attend_documents(bq, bk, bv, (*s.pieces)[i], blk.causal, s.scale)
+                          : attend_block(bq, bk, bv, blk.causal, block_mask(s.mask, blk), s.scale),
                  blk.first_query);
     }
     const at::Tensor out = acc.out.to(q.scalar_type());
-    SavedAttention{q, k, v, out, acc.lse, s.mask, s.scale}.save(ctx);
+    SavedAttention{q, k, v, out, acc.lse, s.mask, s.scale, s.pieces}.save(ctx);
     std::vector<int64_t> flat;  // five numbers a block
     for (const KeyBlock& blk : s.blocks) flat.insert(flat.end(), {blk.first_query, blk.queries, blk.first_key, blk.keys, blk.causal});
     ctx->saved_data["blocks"] = flat;
@@ -51,10 +56,11 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
     at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(at::kFloat)), dv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
     for (size_t i = 0; i + 4 < flat.size(); i += 5) {
       const KeyBlock blk{flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4] != 0};
-      const BlockGrads g = attend_block_backward(
-          dout.narrow(2, blk.first_query, blk.queries), q.narrow(2, blk.first_query, blk.queries),
-          k.narrow(2, blk.first_key, blk.keys), v.narrow(2, blk.first_key, blk.keys), out.narrow(2, blk.first_query, blk.queries),
-          lse.narrow(2, blk.first_query, blk.queries), blk.causal, block_mask(mask, blk), scale);
+      const at::Tensor bdout = dout.narrow(2, blk.first_query, blk.queries), bq = q.narrow(2, blk.first_query, blk.queries),
+                       bk = k.narrow(2, blk.first_key, blk.keys), bv = v.narrow(2, blk.first_key, blk.keys),
+                       bout = out.narrow(2, blk.first_query, blk.queries), blse = lse.narrow(2, blk.first_query, blk.queries);
+      const BlockGrads g = s.pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*s.pieces)[i / 5], blk.causal, scale)
+                                    : attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, block_mask(mask, blk), scale);
       dq.narrow(2, blk.first_query, blk.queries).add_(g.dq);
       dk.narrow(2, blk.first_key, blk.keys).add_(g.dk);
       dv.narrow(2, blk.first_key, blk.keys).add_(g.dv);
@@ -66,8 +72,10 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
 }  // namespace
 
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::vector<KeyBlock>& blocks,
-                               const at::Tensor& mask, double scale) {
-  return BlockwiseAttention::apply(q, k, v, BlockSettings{blocks, mask, scale});
+                               const at::Tensor& mask, double scale, std::shared_ptr<const std::vector<BlockDocuments>> pieces) {
+  TORCH_CHECK(!pieces || (!mask.defined() && pieces->size() == blocks.size()),
+              "blockwise_attention: document pieces for each block, without a mask");
+  return BlockwiseAttention::apply(q, k, v, BlockSettings{blocks, mask, scale, std::move(pieces)});
 }
 
 }  // namespace megatron::cp

@@ -7,7 +7,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <vector>
+
+#include "context_parallel/document_blocks.h"
 
 namespace megatron::cp {
 
@@ -18,9 +21,11 @@ struct KeyBlock {
 };
 
 // q [b, H, sq, d], k [b, G, sk, d], v [b, G, sk, dv]; mask [b, 1, sq, sk] bool (true = may attend)
-// or undefined. Query rows no block covers get zeros. -> [b, H, sq, dv] in q's dtype;
+// or undefined. pieces: each block cut into packed documents (document_blocks.h; the mask then
+// undefined). Query rows no block covers get zeros. -> [b, H, sq, dv] in q's dtype;
 // differentiable in q, k and v.
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::vector<KeyBlock>& blocks,
-                               const at::Tensor& mask, double scale);
+                               const at::Tensor& mask, double scale,
+                               std::shared_ptr<const std::vector<BlockDocuments>> pieces = nullptr);
 
 }  // namespace megatron::cp

@@ -14,17 +14,11 @@ namespace {
 
 constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
 
-bool flash_kernels_take(const at::Tensor& q, const at::Tensor& v, const at::Tensor& mask) {
-  const int64_t d = q.size(-1);
-  return !mask.defined() && q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
-         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) == d && d % 8 == 0 && d <= 256;
-}
-
 std::atomic<bool> cudnn_failed{false};  // a cuDNN block failed once: FA2 for the rest of the run
 
 BlockKernel choose(const at::Tensor& q, const at::Tensor& v, const at::Tensor& mask, BlockKernel asked) {
   if (asked != BlockKernel::Auto) return asked;
-  if (!flash_kernels_take(q, v, mask)) return BlockKernel::Arithmetic;
+  if (mask.defined() || !fused_kernels_take(q, v)) return BlockKernel::Arithmetic;
   if (q.size(-1) <= 128 && cuda_compute_capability_major(q.device()) == 9 && !cudnn_failed.load()) return BlockKernel::Cudnn;
   return BlockKernel::Flash;
 }
@@ -104,6 +98,12 @@ at::Tensor probabilities(const at::Tensor& scores, const at::Tensor& lse5) {
 }
 
 }  // namespace
+
+bool fused_kernels_take(const at::Tensor& q, const at::Tensor& v) {
+  const int64_t d = q.size(-1);
+  return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
+         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) == d && d % 8 == 0 && d <= 256;
+}
 
 PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t value_dim, const at::TensorOptions& options) {
   const at::TensorOptions f = options.dtype(at::kFloat);

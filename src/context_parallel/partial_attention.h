@@ -29,6 +29,10 @@ struct PartialAttention {
   at::Tensor lse;  // [b, H, sq] fp32; -inf where a query saw no key
 };
 
+// Whether a block of these runs a fused kernel (without a mask): CUDA, compute capability 8.0+,
+// bf16 or fp16, one head dim for q and v, a multiple of 8 up to 256.
+bool fused_kernels_take(const at::Tensor& q, const at::Tensor& v);
+
 // An empty accumulator for `rows` queries: out zeros, lse -inf.
 PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t value_dim, const at::TensorOptions& options);
 

@@ -4,10 +4,12 @@
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "context_parallel/chunks.h"
+#include "context_parallel/document_blocks.h"
 #include "context_parallel/partial_attention.h"
 #include "context_parallel/saved_attention.h"
 #include "tensor_parallel/group_capsule.h"
@@ -67,9 +69,17 @@ struct KeyValues {
 // own: autograd records every tensor argument's metadata and an undefined one has none.
 struct RingSettings {
   at::Tensor mask;
+  std::shared_ptr<const std::vector<BlockDocuments>> pieces;  // per step, under packed documents
   double scale;
   dist::Group group;
 };
+
+// Step `step`'s block: under packed documents piece by piece, else under the mask's rows or causal.
+PartialAttention attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingBlock& blk, int step,
+                        const std::vector<BlockDocuments>* pieces, const at::Tensor& mask, int cp, double scale) {
+  if (pieces) return attend_documents(q, k, v, (*pieces)[size_t(step)], blk.causal, scale);
+  return attend_block(q, k, v, blk.causal, block_mask(mask, blk, cp), scale);
+}
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -89,9 +99,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         in_flight = pass_on(g, held, arriving);
       }
       const RingBlock blk = ring_block(step, rank, cp, c);
-      PartialAttention part =
-          attend_block(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
-                       layout.v(held).narrow(2, blk.first_key, blk.keys), blk.causal, block_mask(mask, blk, cp), scale);
+      PartialAttention part = attend(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
+                                     layout.v(held).narrow(2, blk.first_key, blk.keys), blk, step, settings.pieces.get(), mask, cp,
+                                     scale);
       if (step == 0) {
         acc = accumulator_from(std::move(part));
       } else {
@@ -103,7 +113,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       }
     }
     const at::Tensor out = acc.out.to(q.scalar_type());
-    SavedAttention{q, k, v, out, acc.lse, mask, scale}.save(ctx);
+    SavedAttention{q, k, v, out, acc.lse, mask, scale, settings.pieces}.save(ctx);
     ctx->saved_data["group"] = tp::to_ivalue(g);
     return out;
   }
@@ -128,11 +138,12 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         in_flight = pass_on(g, held, arriving);
       }
       const RingBlock blk = ring_block(step, rank, cp, c);
-      const BlockGrads part = attend_block_backward(
-          dout.narrow(2, blk.first_query, blk.queries), q.narrow(2, blk.first_query, blk.queries),
-          layout.k(held).narrow(2, blk.first_key, blk.keys), layout.v(held).narrow(2, blk.first_key, blk.keys),
-          out.narrow(2, blk.first_query, blk.queries), lse.narrow(2, blk.first_query, blk.queries), blk.causal,
-          block_mask(mask, blk, cp), scale);
+      const at::Tensor bdout = dout.narrow(2, blk.first_query, blk.queries), bq = q.narrow(2, blk.first_query, blk.queries),
+                       bk = layout.k(held).narrow(2, blk.first_key, blk.keys), bv = layout.v(held).narrow(2, blk.first_key, blk.keys),
+                       bout = out.narrow(2, blk.first_query, blk.queries), blse = lse.narrow(2, blk.first_query, blk.queries);
+      const BlockGrads part =
+          s.pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*s.pieces)[size_t(step)], blk.causal, scale)
+                   : attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, block_mask(mask, blk, cp), scale);
       if (step == 0) {
         dq = at::empty(q.sizes(), q.options().dtype(at::kFloat)).copy_(part.dq);
       } else {
@@ -161,8 +172,18 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                          double scale, const dist::Group& cp) {
-  return RingAttention::apply(q, k, v, RingSettings{mask, scale, cp});
+                          double scale, const dist::Group& cp, const PackedDocuments* documents) {
+  if (!documents) return RingAttention::apply(q, k, v, RingSettings{mask, nullptr, scale, cp});
+  TORCH_CHECK(!mask.defined(), "ring_attention: packed documents or a mask, not both");
+  // Each step's pieces, computed (and on a GPU copied there) once for the forward and backward.
+  auto pieces = std::make_shared<std::vector<BlockDocuments>>();
+  const int64_t c = q.size(2) / 2;
+  for (int step = 0; step < cp.size(); ++step) {
+    const RingBlock blk = ring_block(step, cp.rank(), cp.size(), c);
+    pieces->push_back(block_documents(*documents, rank_row_positions(cp.rank(), cp.size(), c, blk.first_query, blk.queries),
+                                      rank_row_positions(blk.owner, cp.size(), c, blk.first_key, blk.keys), q.device()));
+  }
+  return RingAttention::apply(q, k, v, RingSettings{at::Tensor(), std::move(pieces), scale, cp});
 }
 
 }  // namespace megatron::cp

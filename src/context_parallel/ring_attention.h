@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "context_parallel/document_blocks.h"
 #include "distributed/process_group.h"
 
 namespace megatron::cp {
@@ -28,8 +29,9 @@ RingBlock ring_block(int step, int rank, int cp, int64_t c);
 // q [b, H, 2c, d], k [b, G, 2c, d], v [b, G, 2c, dv]: this rank's rows (chunks.h). mask: [b, 1, 2c, S]
 // bool (true = may attend; this rank's query rows over every key in sequence order, e.g. packed
 // documents) or undefined for causal attention. -> [b, H, 2c, dv] in q's dtype; differentiable
-// in q, k and v.
+// in q, k and v. documents: the micro-batch's packed documents (the mask then undefined): each
+// block attends document by document (document_blocks.h), no mask read.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                          double scale, const dist::Group& cp);
+                          double scale, const dist::Group& cp, const PackedDocuments* documents = nullptr);
 
 }  // namespace megatron::cp

@@ -7,13 +7,18 @@
 #include "context_parallel/blockwise_attention.h"
 #include "context_parallel/chunks.h"
 #include "context_parallel/ring_attention.h"
+#include "model/document_attention.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron {
 
 ContextParallelAttention::ContextParallelAttention(const tp::TensorParallel& tp, std::string comm_type,
-                                                   std::optional<double> softmax_scale)
-    : cp_(tp.context), comm_type_(std::move(comm_type)), softmax_scale_(softmax_scale), whole_sequence_(tp, softmax_scale) {
+                                                   std::optional<double> softmax_scale, std::shared_ptr<DocumentsMemo> documents)
+    : cp_(tp.context),
+      comm_type_(std::move(comm_type)),
+      softmax_scale_(softmax_scale),
+      documents_(documents),
+      whole_sequence_(tp, softmax_scale, documents) {
   TORCH_CHECK(comm_type_ == "p2p" || comm_type_ == "all_gather" || comm_type_ == "a2a", "--cp-comm-type ", comm_type_,
               ": expected p2p, all_gather or a2a");
 }
@@ -31,12 +36,21 @@ at::Tensor ContextParallelAttention::forward(const at::Tensor& q, const at::Tens
   return ulysses(q, k, v, attention_mask);
 }
 
+std::optional<cp::PackedDocuments> ContextParallelAttention::packed_documents(const at::Tensor& mask) const {
+  if (!mask.defined()) return std::nullopt;
+  const std::optional<Documents> documents = documents_ ? documents_->of(mask) : documents_of(mask);
+  if (!documents) return std::nullopt;
+  return cp::PackedDocuments{documents->starts, mask.size(0), mask.size(2)};
+}
+
 at::Tensor ContextParallelAttention::ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           const at::Tensor& mask) const {
   const int64_t rows = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
-  const at::Tensor mine = mask.defined() ? cp::rank_rows(mask, 2, cp_.size(), cp_.rank()) : mask;  // [b, 1, 2c, S]
+  const std::optional<cp::PackedDocuments> documents = packed_documents(mask);
+  // Another mask: this rank's rows of it, [b, 1, 2c, S].
+  const at::Tensor mine = mask.defined() && !documents ? cp::rank_rows(mask, 2, cp_.size(), cp_.rank()) : at::Tensor();
   const at::Tensor out = cp::ring_attention(q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}), mine,
-                                            scale_for(q), cp_);  // [b, H/tp, 2c, dv]
+                                            scale_for(q), cp_, documents ? &*documents : nullptr);  // [b, H/tp, 2c, dv]
   return out.permute({2, 0, 1, 3}).reshape({rows, b, heads * value_dim});
 }
 
@@ -56,9 +70,19 @@ at::Tensor ContextParallelAttention::gathered(const at::Tensor& q, const at::Ten
     if (chunk > 0) blocks.push_back({first_query, c, 0, chunk * c, false});
     blocks.push_back({first_query, c, chunk * c, c, true});
   }
-  const at::Tensor mine = mask.defined() ? cp::rank_rows(mask, 2, cp, cp_.rank()) : mask;  // [b, 1, 2c, S]
+  const std::optional<cp::PackedDocuments> documents = packed_documents(mask);
+  std::shared_ptr<std::vector<cp::BlockDocuments>> pieces;
+  if (documents) {
+    pieces = std::make_shared<std::vector<cp::BlockDocuments>>();
+    for (const cp::KeyBlock& blk : blocks) {
+      pieces->push_back(cp::block_documents(*documents, cp::rank_row_positions(cp_.rank(), cp, c, blk.first_query, blk.queries),
+                                            {{blk.first_key, blk.keys}}, q.device()));
+    }
+  }
+  // Another mask: this rank's rows of it, [b, 1, 2c, S].
+  const at::Tensor mine = mask.defined() && !documents ? cp::rank_rows(mask, 2, cp, cp_.rank()) : at::Tensor();
   const at::Tensor out = cp::blockwise_attention(q.permute({1, 2, 0, 3}), all_k.permute({1, 2, 0, 3}), all_v.permute({1, 2, 0, 3}),
-                                                 blocks, mine, scale_for(q));  // [b, H/tp, 2c, dv]
+                                                 blocks, mine, scale_for(q), pieces);  // [b, H/tp, 2c, dv]
   return out.permute({2, 0, 1, 3}).reshape({rows, b, heads * value_dim});
 }
 

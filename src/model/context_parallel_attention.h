@@ -8,12 +8,17 @@
 //               its own chunk causally (context_parallel/blockwise_attention.h)
 //   a2a         Ulysses: an all-to-all trades the heads for the sequence (each rank attends the
 //               whole sequence over H / CP heads), and another trades them back
-// Under packed documents (an attention mask) each rank's queries see only their document's keys.
+// Under packed documents (the causal-within-documents mask) each rank's queries see only their
+// document's keys: p2p and all_gather cut each block into the documents it holds
+// (context_parallel/document_blocks.h), a2a attends document by document over the whole
+// sequence; any other mask is read as it is.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "context_parallel/document_blocks.h"
 #include "model/core_attention.h"
 #include "model/layer_spec.h"
 
@@ -21,8 +26,10 @@ namespace megatron {
 
 class ContextParallelAttention : public CoreAttention {
  public:
-  // softmax_scale: the scores' factor; unset: 1 / sqrt(the query head dim).
-  ContextParallelAttention(const tp::TensorParallel& tp, std::string comm_type, std::optional<double> softmax_scale = std::nullopt);
+  // softmax_scale: the scores' factor; unset: 1 / sqrt(the query head dim). documents: the
+  // model's memo of its masks' packed documents (null: read at every call).
+  ContextParallelAttention(const tp::TensorParallel& tp, std::string comm_type, std::optional<double> softmax_scale = std::nullopt,
+                           std::shared_ptr<DocumentsMemo> documents = nullptr);
   // q [2c, b, H/tp, d], k [2c, b, G/tp, d], v [2c, b, G/tp, dv]: this rank's rows. attention_mask:
   // [b, 1, S, S] over the whole sequence, or undefined (causal). -> [2c, b, H/tp * dv].
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
@@ -33,10 +40,13 @@ class ContextParallelAttention : public CoreAttention {
   at::Tensor gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
   at::Tensor ulysses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
   double scale_for(const at::Tensor& q) const;
+  // The packed documents of `mask` ([b, 1, S, S]), if it is their mask.
+  std::optional<cp::PackedDocuments> packed_documents(const at::Tensor& mask) const;
 
   dist::Group cp_;
   std::string comm_type_;
   std::optional<double> softmax_scale_;
+  std::shared_ptr<DocumentsMemo> documents_;
   SdpaAttention whole_sequence_;  // a2a: each rank's heads over the whole sequence
 };
 

@@ -16,7 +16,9 @@ LayerSpec gpt_layer_spec(const ModelConfig& config) {
     // of the layer.
     spec.core_attention = [](const PartContext& ctx) -> std::shared_ptr<CoreAttention> {
       const double scale = MultiLatentAttention::softmax_scale(ctx.config);
-      if (ctx.tp.context.size() > 1) return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer), scale);
+      if (ctx.tp.context.size() > 1) {
+        return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer), scale, ctx.documents);
+      }
       return std::make_shared<SdpaAttention>(ctx.tp, scale, ctx.documents);
     };
     spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {
@@ -24,7 +26,9 @@ LayerSpec gpt_layer_spec(const ModelConfig& config) {
     };
   } else {
     spec.core_attention = [](const PartContext& ctx) -> std::shared_ptr<CoreAttention> {
-      if (ctx.tp.context.size() > 1) return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer));
+      if (ctx.tp.context.size() > 1) {
+        return std::make_shared<ContextParallelAttention>(ctx.tp, ctx.config.cp_comm_type_of(ctx.layer), std::nullopt, ctx.documents);
+      }
       return std::make_shared<SdpaAttention>(ctx.tp, std::nullopt, ctx.documents);
     };
     spec.attention = [](const PartContext& ctx, std::shared_ptr<CoreAttention> core) -> std::shared_ptr<AttentionBlock> {

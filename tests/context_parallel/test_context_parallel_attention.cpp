@@ -10,6 +10,8 @@
 #include <functional>
 
 #include "context_parallel/chunks.h"
+#include "context_parallel/document_blocks.h"
+#include "context_parallel/ring_attention.h"
 #include "context_parallel/partial_attention.h"
 #include "distributed/world.h"
 #include "model/context_parallel_attention.h"
@@ -74,7 +76,7 @@ TEST(ContextParallelAttention, RingEqualsOneAttentionOverTheSequence) {
   for (int ranks : {2, 4}) {
     for (bool documents : {false, true}) check_against_whole_sequence({ranks, "p2p", documents, 8});
   }
-  check_against_whole_sequence({2, "p2p", false, 6});  // value head dim of its own (MLA)
+  for (bool documents : {false, true}) check_against_whole_sequence({2, "p2p", documents, 6});  // value head dim of its own (MLA)
 }
 
 TEST(ContextParallelAttention, AllGatherEqualsOneAttentionOverTheSequence) {
@@ -138,6 +140,68 @@ TEST(ContextParallelAttention, BlocksMergedByLogSumExpEqualTheWholeAttention) {
 // The fused kernels hand back their block's output in bf16: the merge reads it as it is (no fp32
 // copy) and gives what it gives for the same values in fp32; the accumulator a first block starts
 // is an fp32 contiguous copy whatever the block's dtype and layout.
+// A ring block's rows cut into the documents they share: for rank 1 of 2 (chunks 1 and 2 of 4
+// chunks of 4 tokens) over rank 0's early chunk, with documents [0, 3), [3, 10), [10, 16) in each of two
+// samples, the pieces are the documents' query and key counts in order; a document with queries
+// and no keys is kept (and said), one with neither is dropped.
+TEST(ContextParallelAttention, BlockRowsCutIntoTheirDocuments) {
+  const cp::PackedDocuments documents{{0, 3, 10, 16, 19, 26, 32}, 2, 16};
+  const cp::RingBlock blk = cp::ring_block(/*step=*/1, /*rank=*/1, /*cp=*/2, /*c=*/4);  // rank 0's keys, its early chunk
+  const std::vector<cp::Positions> queries = cp::rank_row_positions(1, 2, 4, blk.first_query, blk.queries);
+  ASSERT_EQ(queries.size(), 2u);
+  EXPECT_EQ(queries[0].first, 4);   // chunk 1
+  EXPECT_EQ(queries[1].first, 8);   // chunk 2
+  const cp::BlockDocuments pieces =
+      cp::block_documents(documents, queries, cp::rank_row_positions(0, 2, 4, blk.first_key, blk.keys), at::Device(at::kCPU));
+  // Queries at positions 4..12, keys at 0..4: document [0, 3) keys 3; [3, 10) queries 6 (4..10),
+  // key 1 (3); [10, 16) queries 2, no keys. Twice, the second sample's rows after the first's.
+  EXPECT_EQ(pieces.query_starts, (std::vector<int32_t>{0, 0, 6, 8, 8, 14, 16}));
+  EXPECT_EQ(pieces.key_starts, (std::vector<int32_t>{0, 3, 4, 4, 7, 8, 8}));
+  EXPECT_EQ(pieces.longest_queries, 6);
+  EXPECT_EQ(pieces.longest_keys, 3);
+  EXPECT_TRUE(pieces.queries_without_keys);
+  EXPECT_FALSE(pieces.device_query_starts.defined());
+}
+
+// The pieces' attention equals the block's under the documents' mask: output, log-sum-exp (-inf
+// where a query's document has no key here) and the backward, for a full block and a causal one.
+TEST(ContextParallelAttention, DocumentPiecesEqualTheBlockUnderTheDocumentsMask) {
+  at::manual_seed(8);
+  const cp::PackedDocuments documents{{0, 3, 10, 16, 19, 26, 32}, 2, 16};
+  const at::Tensor document = at::tensor({0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2}, at::kLong);  // both samples alike
+  const int64_t b = 2, heads = 4, groups = 2, d = 8, c = 4;
+  for (int step = 0; step < 2; ++step) {
+    const cp::RingBlock blk = cp::ring_block(step, 1, 2, c);
+    const std::vector<cp::Positions> qpos = cp::rank_row_positions(1, 2, c, blk.first_query, blk.queries);
+    const std::vector<cp::Positions> kpos = cp::rank_row_positions(blk.owner, 2, c, blk.first_key, blk.keys);
+    auto positions = [](const std::vector<cp::Positions>& runs) {
+      std::vector<at::Tensor> parts;
+      for (const cp::Positions& r : runs) parts.push_back(at::arange(r.first, r.first + r.count, at::kLong));
+      return at::cat(parts);
+    };
+    const at::Tensor qp = positions(qpos), kp = positions(kpos);
+    const at::Tensor mask = (document.index_select(0, qp).unsqueeze(1) == document.index_select(0, kp).unsqueeze(0))
+                                .logical_and(kp.unsqueeze(0) <= qp.unsqueeze(1))
+                                .view({1, 1, qp.size(0), kp.size(0)})
+                                .expand({b, 1, -1, -1});
+    const at::Tensor q = at::randn({b, heads, qp.size(0), d}, at::kDouble), k = at::randn({b, groups, kp.size(0), d}, at::kDouble),
+                     v = at::randn({b, groups, kp.size(0), d}, at::kDouble), dout = at::randn({b, heads, qp.size(0), d}, at::kDouble);
+    const cp::BlockDocuments pieces = cp::block_documents(documents, qpos, kpos, at::Device(at::kCPU));
+    const cp::PartialAttention got = cp::attend_documents(q, k, v, pieces, blk.causal, 0.3);
+    const cp::PartialAttention want = cp::attend_block(q, k, v, blk.causal, mask, 0.3);
+    const std::string what = "step " + std::to_string(step);
+    EXPECT_TRUE(at::equal(got.lse.isinf(), want.lse.isinf())) << what;
+    EXPECT_TRUE(at::allclose(got.lse.masked_fill(got.lse.isinf(), 0), want.lse.masked_fill(want.lse.isinf(), 0), 1e-6, 1e-6)) << what;
+    EXPECT_TRUE(at::allclose(got.out, want.out, 1e-6, 1e-6)) << what;
+    const at::Tensor lse = want.lse.masked_fill(want.lse.isinf(), 0.0), out = want.out;
+    const cp::BlockGrads g = cp::attend_documents_backward(dout, q, k, v, out, lse, pieces, blk.causal, 0.3);
+    const cp::BlockGrads w = cp::attend_block_backward(dout, q, k, v, out, lse, blk.causal, mask, 0.3);
+    EXPECT_TRUE(at::allclose(g.dq, w.dq, 1e-6, 1e-6)) << what;
+    EXPECT_TRUE(at::allclose(g.dk, w.dk, 1e-6, 1e-6)) << what;
+    EXPECT_TRUE(at::allclose(g.dv, w.dv, 1e-6, 1e-6)) << what;
+  }
+}
+
 TEST(ContextParallelAttention, MergeReadsBlocksInTheirOwnDtype) {
   at::manual_seed(9);
   const int64_t b = 1, heads = 2, rows = 5, d = 4;
