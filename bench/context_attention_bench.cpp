@@ -5,7 +5,10 @@
 // and backward. Communication is not in it: on one GPU there is none to time; the ratio says what
 // cutting attention into the ring's blocks costs. Each with the blocks in FA2's kernels and in
 // cuDNN's, next to each kernel over the whole sequence as one block, and SDPA's own choice named.
-//   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10]
+// Then packed documents of uneven lengths (--document-tokens on average; 0 skips it): the ring's
+// blocks cut into their documents (FA2's variable-length kernel per block) against one
+// variable-length call over every document of the sequence.
+//   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10] [--document-tokens 4096]
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "context_parallel/chunks.h"
+#include "context_parallel/document_blocks.h"
 #include "context_parallel/partial_attention.h"
 #include "context_parallel/ring_attention.h"
 
@@ -44,8 +48,9 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
 // Every rank's ring steps for one sequence, as ring_attention runs them: forward blocks merged
 // (step 0's own block starts the accumulator), the output cast back; then their backward, each
 // block's gradients added into fp32 sums (dq per rank, dk/dv per owner) and cast back.
+// Under packed documents (non-null) each block runs piece by piece, as the ring does.
 void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, int cp, double scale,
-               cp::BlockKernel kernel) {
+               cp::BlockKernel kernel, const cp::PackedDocuments* documents = nullptr) {
   const int64_t c = q.size(2) / (2 * cp);
   auto rows = [&](const at::Tensor& x, int rank) { return cp::rank_rows(x, 2, cp, rank); };  // chunks i and 2cp-1-i
   const at::TensorOptions fp32 = q.options().dtype(at::kFloat);
@@ -56,12 +61,19 @@ void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   }
   for (int rank = 0; rank < cp; ++rank) {
     const at::Tensor mq = rows(q, rank), mdout = rows(dout, rank);
+    std::vector<cp::BlockDocuments> pieces;  // per step, as ring_attention cuts them
+    for (int step = 0; documents && step < cp; ++step) {
+      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      pieces.push_back(cp::block_documents(*documents, cp::rank_row_positions(rank, cp, c, blk.first_query, blk.queries),
+                                           cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), q.device()));
+    }
     cp::PartialAttention acc;
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
-      cp::PartialAttention part =
-          cp::attend_block(mq.narrow(2, blk.first_query, blk.queries), bk, bv, blk.causal, at::Tensor(), scale, kernel);
+      const at::Tensor bq = mq.narrow(2, blk.first_query, blk.queries);
+      cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(step)], blk.causal, scale, kernel)
+                                            : cp::attend_block(bq, bk, bv, blk.causal, at::Tensor(), scale, kernel);
       if (step == 0) {
         acc = cp::accumulator_from(std::move(part));
       } else {
@@ -73,9 +85,11 @@ void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
-      const cp::BlockGrads g = cp::attend_block_backward(mdout.narrow(2, blk.first_query, blk.queries), mq.narrow(2, blk.first_query, blk.queries),
-                                                         bk, bv, out.narrow(2, blk.first_query, blk.queries),
-                                                         acc.lse.narrow(2, blk.first_query, blk.queries), blk.causal, at::Tensor(), scale, kernel);
+      const at::Tensor bdout = mdout.narrow(2, blk.first_query, blk.queries), bq = mq.narrow(2, blk.first_query, blk.queries),
+                       bout = out.narrow(2, blk.first_query, blk.queries), blse = acc.lse.narrow(2, blk.first_query, blk.queries);
+      const cp::BlockGrads g =
+          documents ? cp::attend_documents_backward(bdout, bq, bk, bv, bout, blse, pieces[size_t(step)], blk.causal, scale, kernel)
+                    : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, at::Tensor(), scale, kernel);
       if (step == 0) {
         dq = at::empty(mq.sizes(), fp32).copy_(g.dq);
       } else {
@@ -99,6 +113,22 @@ void one_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   cp::attend_block_backward(dout, q, k, v, p.out.to(q.scalar_type()), p.lse, true, at::Tensor(), scale, kernel);
 }
 
+// Every document of the sequence in one variable-length call, forward and backward: what packed
+// attention costs without context parallelism.
+void one_call_over_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, double scale,
+                             const cp::BlockDocuments& all) {
+  const cp::PartialAttention p = cp::attend_documents(q, k, v, all, /*causal=*/true, scale, cp::BlockKernel::Flash);
+  cp::attend_documents_backward(dout, q, k, v, p.out.to(q.scalar_type()), p.lse, all, true, scale, cp::BlockKernel::Flash);
+}
+
+// Documents of uneven lengths (uniform in [mean/4, 7·mean/4]) filling `seq` tokens, the last one cut.
+cp::PackedDocuments uneven_documents(int64_t seq, int64_t mean) {
+  cp::PackedDocuments d{{0}, 1, seq};
+  const at::Tensor lengths = at::randint(mean / 4, 7 * mean / 4 + 1, {seq / (mean / 4) + 1}, at::kLong);
+  for (int64_t i = 0; d.starts.back() < seq; ++i) d.starts.push_back(int32_t(std::min(seq, d.starts.back() + lengths[i].item<int64_t>())));
+  return d;
+}
+
 const char* sdpa_backend_name(int64_t choice) {
   switch (choice) {  // at::SDPBackend's values
     case 0: return "math";
@@ -112,7 +142,7 @@ const char* sdpa_backend_name(int64_t choice) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t heads = 32, groups = 4, dim = 64;
+  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096;
   int iters = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -121,8 +151,9 @@ int main(int argc, char** argv) {
     else if (flag == "--groups") groups = value;
     else if (flag == "--dim") dim = value;
     else if (flag == "--iters") iters = int(value);
+    else if (flag == "--document-tokens") document_tokens = value;
     else {
-      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --document-tokens)\n", argv[i]);
       return 2;
     }
   }
@@ -160,6 +191,24 @@ int main(int argc, char** argv) {
       if (cudnn > 0) ring_cudnn = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale, cp::BlockKernel::Cudnn); }, iters);
       std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %.2f | %.3f | %.3f |\n", static_cast<long long>(seq), fused * 1e3,
                   fa2 * 1e3, cudnn * 1e3, cp, ring_fa2 * 1e3, ring_cudnn * 1e3, ring_fa2 / fused, ring_cudnn / fused);
+      std::fflush(stdout);
+    }
+  }
+  if (document_tokens <= 0) return 0;
+  std::printf("\npacked documents, %lld tokens on average (uniform in [1/4, 7/4] of it):\n"
+              "| sequence | documents | one variable-length call fwd+bwd (ms) | CP | ring, document pieces (ms) | ring / one call |\n"
+              "|---|---|---|---|---|---|\n", static_cast<long long>(document_tokens));
+  for (int64_t seq : {32768, 65536, 131072}) {
+    at::manual_seed(0);
+    const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
+                     v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);
+    const cp::PackedDocuments documents = uneven_documents(seq, document_tokens);
+    const cp::BlockDocuments all = cp::block_documents(documents, {{0, seq}}, {{0, seq}}, q.device());
+    const double one = seconds_per_call([&] { one_call_over_documents(q, k, v, dout, scale, all); }, iters);
+    for (int cp : {2, 4, 8}) {
+      const double ring = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale, cp::BlockKernel::Flash, &documents); }, iters);
+      std::printf("| %lld | %zu | %.2f | %d | %.2f | %.3f |\n", static_cast<long long>(seq), documents.starts.size() - 1, one * 1e3, cp,
+                  ring * 1e3, ring / one);
       std::fflush(stdout);
     }
   }
