@@ -43,7 +43,7 @@ struct FlashDocuments : torch::autograd::Function<FlashDocuments> {
 
 }  // namespace
 
-std::optional<Documents> documents_of(const at::Tensor& mask) {
+std::optional<Documents> documents_of(const at::Tensor& mask, int64_t band_elements) {
   if (!mask.defined() || mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != mask.size(3) || mask.scalar_type() != at::kBool) {
     return std::nullopt;
   }
@@ -55,10 +55,19 @@ std::optional<Documents> documents_of(const at::Tensor& mask) {
   if (s > 1) starts.narrow(1, 1, s - 1).copy_(m.diagonal(/*offset=*/-1, /*dim1=*/1, /*dim2=*/2).logical_not());
   const at::Tensor document = starts.to(at::kInt).cumsum(1);  // [b, s]: each token's document
   const at::Tensor position = at::arange(s, mask.options().dtype(at::kLong));
-  const at::Tensor causal = position.view({1, 1, s}) <= position.view({1, s, 1});                 // [1, s, s]: key <= query
-  const at::Tensor expected = document.unsqueeze(2).eq(document.unsqueeze(1)).logical_and_(causal);  // [b, s, s]
+  // Whether the mask is exactly causal attention within those documents, a band of query rows at
+  // a time: the comparison's temporaries stay a few hundred MiB at any length (a 64k mask is 4 GiB
+  // a sample; whole-mask temporaries would be three times that).
+  const int64_t band = std::max<int64_t>(1, band_elements / (b * s));
+  at::Tensor exact = at::ones({1}, mask.options());
+  for (int64_t first = 0; first < s; first += band) {
+    const int64_t rows = std::min(band, s - first);
+    const at::Tensor causal = position.view({1, 1, s}) <= position.narrow(0, first, rows).view({1, rows, 1});  // [1, rows, s]
+    const at::Tensor expected = document.narrow(1, first, rows).unsqueeze(2).eq(document.unsqueeze(1)).logical_and_(causal);
+    exact.logical_and_(expected.eq(m.narrow(1, first, rows)).all().view({1}));
+  }
   // One copy to the host: the starts, and whether the mask is exactly attention within them.
-  const at::Tensor host = at::cat({starts.reshape({-1}), expected.eq(m).all().view({1})}).to(at::kCPU).contiguous();
+  const at::Tensor host = at::cat({starts.reshape({-1}), exact}).to(at::kCPU).contiguous();
   const bool* flags = host.data_ptr<bool>();
   if (!flags[b * s]) return std::nullopt;
   Documents d;

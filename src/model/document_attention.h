@@ -25,8 +25,9 @@ struct Documents {
 // The documents of `mask` ([b, 1, s, s] bool, true = may attend) when it is exactly causal
 // attention within runs of tokens (as make_batch builds it for packed documents); nullopt for any
 // other mask, which then goes to SDPA as it is. On a GPU this reads the document boundaries to
-// the host: one synchronisation.
-std::optional<Documents> documents_of(const at::Tensor& mask);
+// the host: one synchronisation. The check runs a band of query rows at a time, each band's
+// temporaries about `band_elements` bytes (tests make it small to check several bands).
+std::optional<Documents> documents_of(const at::Tensor& mask, int64_t band_elements = int64_t(1) << 28);
 
 // The documents of the mask that one model's layers share (a micro-batch's): read off it once,
 // not once a layer (on a GPU each read waits for the device). Keeps the mask it read alive, so a

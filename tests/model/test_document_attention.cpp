@@ -50,6 +50,12 @@ TEST(DocumentAttention, DocumentsAreReadOffTheMaskItDescribes) {
   at::Tensor hole = mask.clone();
   hole[2][0][6][4] = false;
   EXPECT_FALSE(documents_of(hole).has_value());
+  // Checked a band of rows at a time: the same answers with bands of 3 x 8 and 1 x 8 elements.
+  for (int64_t band_elements : {3 * 3 * 8, 3 * 8}) {
+    EXPECT_EQ(documents_of(mask, band_elements)->starts, d->starts) << band_elements;
+    EXPECT_FALSE(documents_of(extra, band_elements).has_value()) << band_elements;
+    EXPECT_FALSE(documents_of(hole, band_elements).has_value()) << band_elements;
+  }
   EXPECT_FALSE(documents_of(mask.narrow(3, 0, 7)).has_value());  // not square: a cache's mask
   EXPECT_FALSE(documents_of(at::Tensor()).has_value());
 }
