@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "context_parallel/partial_attention.h"
 #include "core/cuda_device.h"
 #include "model/document_attention.h"
 #include "tensor_parallel/recompute.h"
@@ -32,11 +33,8 @@ at::Tensor SdpaAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
   return out.permute({2, 0, 1, 3}).reshape({s, b, heads * value_dim});  // [s, b, H*dv]
 }
 
-bool flash_attention_reads_cache(const at::Tensor& q, const at::Tensor& v) {
-  const int64_t d = q.size(-1);
-  return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
-         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && v.size(-1) == d && d % 8 == 0 && d <= 256;
-}
+// The same kernel conditions as the context-parallel blocks' (one definition of what FA2 takes).
+bool flash_attention_reads_cache(const at::Tensor& q, const at::Tensor& v) { return cp::fused_kernels_take(q, v); }
 
 at::Tensor SdpaAttention::forward_over_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const LayerKvCache& cache) const {
