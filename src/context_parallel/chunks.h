@@ -27,8 +27,8 @@ at::Tensor rows_in_sequence_order(const at::Tensor& x, int64_t dim, int cp);
 
 // A micro-batch [b, S] cut to rank `rank`'s rows: tokens, labels, loss mask and positions
 // [b, 2c] (positions made explicit where the batch had none, so RoPE and learned positions see
-// the true ones). The attention mask (packed documents), when there is one, stays whole
-// [b, 1, S, S]: context-parallel attention reads its rows and the other ranks' columns. Extra
+// the true ones). The attention mask (packed documents' ids [b, S], or a dense [b, 1, S, S]),
+// when there is one, stays whole: context-parallel attention reads every rank's documents. Extra
 // fields stay whole.
 Batch rank_batch(const Batch& batch, int cp, int rank);
 

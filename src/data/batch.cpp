@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "core/errors.h"
 
 namespace megatron {
@@ -22,10 +24,11 @@ Batch make_batch(const SampleSource& source, int64_t first, int64_t micro_batch,
   at::Tensor labels = at::empty({micro_batch, s}, at::kLong);      // [b, s]
   at::Tensor loss_mask = at::empty({micro_batch, s}, at::kFloat);  // [b, s]
   at::Tensor positions = at::empty({micro_batch, s}, at::kLong);   // [b, s]
-  at::Tensor mask;                                                 // [b, 1, s, s]
-  if (options.reset_attention_mask) mask = at::zeros({micro_batch, 1, s, s}, at::kBool);
+  // Packed documents: each token's document ([b, s] int32, the attention mask's compact form;
+  // model/document_attention.h), not the dense [b, 1, s, s] mask (S² bytes a sample).
   const bool packed = source.packed();
-  if (packed && !mask.defined()) mask = at::zeros({micro_batch, 1, s, s}, at::kBool);
+  at::Tensor documents;
+  if (options.reset_attention_mask || packed) documents = at::empty({micro_batch, s}, at::kInt);
   for (int64_t i = 0; i < micro_batch; ++i) {
     LtorSample sample = source.ltor_sample(first + i, s, options);
     for (int64_t k = 0; k < s; ++k) {
@@ -41,17 +44,14 @@ Batch make_batch(const SampleSource& source, int64_t first, int64_t micro_batch,
     std::copy(sample.labels.begin(), sample.labels.end(), labels[i].data_ptr<int64_t>());
     std::copy(sample.loss_mask.begin(), sample.loss_mask.end(), loss_mask[i].data_ptr<float>());
     std::copy(sample.position_ids.begin(), sample.position_ids.end(), positions[i].data_ptr<int64_t>());
-    if (mask.defined()) {
-      // Causal attention within each document of the sample.
-      bool* m = mask[i][0].data_ptr<bool>();
+    if (documents.defined()) {
+      int32_t* id = documents[i].data_ptr<int32_t>();
       for (size_t d = 0; d + 1 < sample.cu_seqlens.size(); ++d) {
-        for (int64_t q = sample.cu_seqlens[d]; q < sample.cu_seqlens[d + 1]; ++q) {
-          for (int64_t k = sample.cu_seqlens[d]; k <= q; ++k) m[q * s + k] = true;
-        }
+        std::fill(id + sample.cu_seqlens[d], id + sample.cu_seqlens[d + 1], int32_t(d));
       }
     }
   }
-  Batch batch{tokens, labels, loss_mask, {}, mask};
+  Batch batch{tokens, labels, loss_mask, {}, documents};
   if (options.reset_position_ids || packed) batch.position_ids = positions;
   return batch;
 }

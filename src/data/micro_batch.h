@@ -16,7 +16,8 @@ struct Batch {
   at::Tensor labels;          // [b, s] int64
   at::Tensor loss_mask;       // [b, s] float
   at::Tensor position_ids;    // [b, s] int64; undefined: 0..s-1 for every sample
-  at::Tensor attention_mask;  // [b, 1, s, s] bool, true = may attend; undefined: plain causal
+  at::Tensor attention_mask;  // [b, s] int32 document ids (packed documents, causal within each; model/document_attention.h)
+                              // or [b, 1, s, s] bool, true = may attend; undefined: plain causal
   std::map<std::string, at::Tensor> extra;  // [b, ...] each, by name
 
   // f(name, tensor) for every field, defined or not: the fixed ones first, then `extra` by name.

@@ -13,7 +13,7 @@ class SelfAttention : public AttentionBlock {
   SelfAttention(const PartContext& context, std::shared_ptr<CoreAttention> core_attention);
 
   // normed: [s, b, h] ([s/tp, b, h] with sequence parallelism) -> the same shape.
-  // attention_mask: [b, 1, s, s] bool, true = may attend; undefined = causal. With a cache the
+  // attention_mask: [b, 1, s, s] bool, true = may attend; [b, s] document ids; undefined = causal. With a cache the
   // keys and values after RoPE are what it keeps (parts 0 and 1: [s, b, G/tp, d] a token).
   at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
                      const LayerKvCache* cache = nullptr) override;

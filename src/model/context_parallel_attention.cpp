@@ -40,7 +40,7 @@ std::optional<cp::PackedDocuments> ContextParallelAttention::packed_documents(co
   if (!mask.defined()) return std::nullopt;
   const std::optional<Documents> documents = documents_ ? documents_->of(mask) : documents_of(mask);
   if (!documents) return std::nullopt;
-  return cp::PackedDocuments{documents->starts, mask.size(0), mask.size(2)};
+  return cp::PackedDocuments{documents->starts, mask.size(0), is_document_ids(mask) ? mask.size(1) : mask.size(2)};
 }
 
 at::Tensor ContextParallelAttention::ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -8,7 +8,7 @@
 //               its own chunk causally (context_parallel/blockwise_attention.h)
 //   a2a         Ulysses: an all-to-all trades the heads for the sequence (each rank attends the
 //               whole sequence over H / CP heads), and another trades them back
-// Under packed documents (the causal-within-documents mask) each rank's queries see only their
+// Under packed documents (document ids, or their dense mask) each rank's queries see only their
 // document's keys: p2p and all_gather cut each block into the documents it holds
 // (context_parallel/document_blocks.h), a2a attends document by document over the whole
 // sequence; any other mask is read as it is.
@@ -31,7 +31,8 @@ class ContextParallelAttention : public CoreAttention {
   ContextParallelAttention(const tp::TensorParallel& tp, std::string comm_type, std::optional<double> softmax_scale = std::nullopt,
                            std::shared_ptr<DocumentsMemo> documents = nullptr);
   // q [2c, b, H/tp, d], k [2c, b, G/tp, d], v [2c, b, G/tp, dv]: this rank's rows. attention_mask:
-  // [b, 1, S, S] over the whole sequence, or undefined (causal). -> [2c, b, H/tp * dv].
+  // [b, S] document ids or [b, 1, S, S] over the whole sequence, or undefined (causal).
+  // -> [2c, b, H/tp * dv].
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
                      double dropout) const override;
 

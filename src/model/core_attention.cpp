@@ -16,19 +16,23 @@ at::Tensor SdpaAttention::forward(const at::Tensor& q, const at::Tensor& k, cons
   const int64_t s = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
   // Packed documents: attention document by document (model/document_attention.h), where the GPU
   // kernel takes them or off the GPU; not while a CUDA graph captures (reading the documents off
-  // the mask waits for the device) nor under dropout (SDPA's generator offsets).
-  if (attention_mask.defined() && dropout == 0.0 && attention_mask.dim() == 4 && attention_mask.size(0) == b &&
-      attention_mask.size(2) == s && (!q.is_cuda() || documents_take_flash_kernel(q, v)) && !cuda_stream_capturing()) {
+  // the mask waits for the device) nor under dropout (SDPA's generator offsets). The mask as
+  // document ids, or a dense mask of one query row per token.
+  const bool document_ids = is_document_ids(attention_mask);
+  if (attention_mask.defined() && dropout == 0.0 && attention_mask.size(0) == b &&
+      (document_ids ? attention_mask.size(1) == s : attention_mask.dim() == 4 && attention_mask.size(2) == s) &&
+      (!q.is_cuda() || documents_take_flash_kernel(q, v)) && !cuda_stream_capturing()) {
     if (const std::optional<Documents> documents = documents_ ? documents_->of(attention_mask) : documents_of(attention_mask)) {
       return document_attention(q, k, v, *documents, softmax_scale_.value_or(1.0 / std::sqrt(double(q.size(3)))));
     }
   }
+  const at::Tensor mask = document_ids ? dense_document_mask(attention_mask) : attention_mask;  // [b, 1, s, s] or undefined
   // SDPA wants [b, heads, s, d]; permuted views keep d contiguous, which the kernels need.
   at::Tensor out = tp_.random(dropout > 0.0, [&] {
     return at::scaled_dot_product_attention(
         q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}),
-        attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt, dropout,
-        /*is_causal=*/!attention_mask.defined(), /*scale=*/softmax_scale_, /*enable_gqa=*/k.size(2) != heads);
+        mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, dropout,
+        /*is_causal=*/!mask.defined(), /*scale=*/softmax_scale_, /*enable_gqa=*/k.size(2) != heads);
   });                                                             // [b, H/tp, s, dv]
   return out.permute({2, 0, 1, 3}).reshape({s, b, heads * value_dim});  // [s, b, H*dv]
 }

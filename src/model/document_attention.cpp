@@ -43,7 +43,47 @@ struct FlashDocuments : torch::autograd::Function<FlashDocuments> {
 
 }  // namespace
 
+bool is_document_ids(const at::Tensor& mask) {
+  return mask.defined() && mask.dim() == 2 && (mask.scalar_type() == at::kInt || mask.scalar_type() == at::kLong);
+}
+
+at::Tensor dense_document_mask(const at::Tensor& document_ids) {
+  const int64_t b = document_ids.size(0), s = document_ids.size(1);
+  const at::Tensor position = at::arange(s, document_ids.options().dtype(at::kLong));
+  const at::Tensor causal = position.view({1, s}) <= position.view({s, 1});  // [s, s]: key <= query
+  return document_ids.unsqueeze(2).eq(document_ids.unsqueeze(1)).logical_and_(causal).view({b, 1, s, s});
+}
+
+namespace {
+
+// The documents from where each sample's tokens start one ([b, s] bool, the first token always):
+// one copy to the host, with `valid` (whether the form checked out) beside them.
+std::optional<Documents> documents_from_starts(const at::Tensor& starts, const at::Tensor& valid) {
+  const int64_t b = starts.size(0), s = starts.size(1);
+  const at::Tensor host = at::cat({starts.reshape({-1}), valid.view({1})}).to(at::kCPU).contiguous();
+  const bool* flags = host.data_ptr<bool>();
+  if (!flags[b * s]) return std::nullopt;
+  Documents d;
+  for (int64_t i = 0; i < b * s; ++i) {
+    if (flags[i]) d.starts.push_back(static_cast<int32_t>(i));  // every sample's first token starts one
+  }
+  d.starts.push_back(static_cast<int32_t>(b * s));
+  for (size_t i = 0; i + 1 < d.starts.size(); ++i) d.longest = std::max<int64_t>(d.longest, d.starts[i + 1] - d.starts[i]);
+  // Once per mask (the memo keeps it), not once a layer.
+  if (starts.is_cuda()) d.device_starts = at::tensor(d.starts, at::kInt).to(starts.device(), /*non_blocking=*/true);
+  return d;
+}
+
+}  // namespace
+
 std::optional<Documents> documents_of(const at::Tensor& mask, int64_t band_elements) {
+  if (is_document_ids(mask)) {
+    const int64_t b = mask.size(0), s = mask.size(1);
+    if (b == 0 || s == 0) return std::nullopt;
+    at::Tensor starts = at::ones({b, s}, mask.options().dtype(at::kBool));  // [b, s]
+    if (s > 1) starts.narrow(1, 1, s - 1).copy_(mask.narrow(1, 1, s - 1).ne(mask.narrow(1, 0, s - 1)));
+    return documents_from_starts(starts, at::ones({1}, starts.options()));
+  }
   if (!mask.defined() || mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != mask.size(3) || mask.scalar_type() != at::kBool) {
     return std::nullopt;
   }
@@ -66,19 +106,7 @@ std::optional<Documents> documents_of(const at::Tensor& mask, int64_t band_eleme
     const at::Tensor expected = document.narrow(1, first, rows).unsqueeze(2).eq(document.unsqueeze(1)).logical_and_(causal);
     exact.logical_and_(expected.eq(m.narrow(1, first, rows)).all().view({1}));
   }
-  // One copy to the host: the starts, and whether the mask is exactly attention within them.
-  const at::Tensor host = at::cat({starts.reshape({-1}), exact}).to(at::kCPU).contiguous();
-  const bool* flags = host.data_ptr<bool>();
-  if (!flags[b * s]) return std::nullopt;
-  Documents d;
-  for (int64_t i = 0; i < b * s; ++i) {
-    if (flags[i]) d.starts.push_back(static_cast<int32_t>(i));  // every sample's first token starts one
-  }
-  d.starts.push_back(static_cast<int32_t>(b * s));
-  for (size_t i = 0; i + 1 < d.starts.size(); ++i) d.longest = std::max<int64_t>(d.longest, d.starts[i + 1] - d.starts[i]);
-  // Once per mask (the memo keeps it), not once a layer.
-  if (mask.is_cuda()) d.device_starts = at::tensor(d.starts, at::kInt).to(mask.device(), /*non_blocking=*/true);
-  return d;
+  return documents_from_starts(starts, exact);
 }
 
 std::optional<Documents> DocumentsMemo::of(const at::Tensor& mask) {

@@ -1,10 +1,12 @@
 // Attention over packed documents (--reset-attention-mask, packed SFT data): causal within each
-// document of each sample, nothing across. The batch carries it as a [b, 1, s, s] mask; a masked
-// kernel computes every query against every key and throws most away when documents are short,
-// and on the GPU SDPA can only take the memory-efficient kernel under a mask. Here the documents
-// are read off the mask once and attention runs document by document: FlashAttention-2's
-// variable-length kernel on CUDA (one call for all documents, forward and backward), the causal
-// SDPA of each document elsewhere. The work is then that of the documents alone.
+// document of each sample, nothing across. The batch carries it in the attention mask's compact
+// form, each token's document ([b, s] int32, as HF's 2-D masks say per token what the 4-D ones
+// spell out), not as the dense [b, 1, s, s] mask (S² bytes a sample: 1 GiB at 32k, 16 GiB at
+// 128k). A masked kernel would compute every query against every key and throw most away, and
+// on the GPU SDPA takes only its memory-efficient kernel under a mask. Here attention runs
+// document by document: FlashAttention-2's variable-length kernel on CUDA (one call for all
+// documents, forward and backward), the causal SDPA of each document elsewhere. The work is then
+// that of the documents alone. A dense mask that is exactly this one is read as documents too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,10 +24,18 @@ struct Documents {
   at::Tensor device_starts;     // `starts` as int32 on the mask's GPU (the kernel's cu_seqlens); undefined on the CPU
 };
 
-// The documents of `mask` ([b, 1, s, s] bool, true = may attend) when it is exactly causal
-// attention within runs of tokens (as make_batch builds it for packed documents); nullopt for any
-// other mask, which then goes to SDPA as it is. On a GPU this reads the document boundaries to
-// the host: one synchronisation. The check runs a band of query rows at a time, each band's
+// Whether `mask` is the compact form: [b, s] integers, each token's document within its sample
+// (a document is a run of equal ids; causal attention within it).
+bool is_document_ids(const at::Tensor& mask);
+
+// The dense form of document ids: [b, s] -> [b, 1, s, s] bool, true = may attend (for kernels that
+// take only a mask: attention dropout, fp32 on a GPU, a CUDA graph being captured).
+at::Tensor dense_document_mask(const at::Tensor& document_ids);
+
+// The documents of `mask`: of document ids always; of a dense [b, 1, s, s] bool mask (true = may
+// attend) when it is exactly causal attention within runs of tokens, nullopt for any other mask,
+// which then goes to SDPA as it is. On a GPU this reads the document boundaries to the host: one
+// synchronisation. A dense mask is checked a band of query rows at a time, each band's
 // temporaries about `band_elements` bytes (tests make it small to check several bands).
 std::optional<Documents> documents_of(const at::Tensor& mask, int64_t band_elements = int64_t(1) << 28);
 

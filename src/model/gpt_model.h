@@ -53,8 +53,8 @@ class GPTModel : public tp::DescribedModule {
   void initialize(uint64_t seed);
 
   // tokens [b, s] -> logits [s, b, V/tp] (this rank's vocabulary slice) in the parameters' dtype.
-  // position_ids [b, s] and attention_mask [b, 1, s, s] (true = attend) are optional, as in
-  // Batch. A chunk without pre-process starts from `input` [s(/tp with SP), b, h], the previous
+  // position_ids [b, s] and attention_mask ([b, 1, s, s], true = attend, or [b, s] document ids)
+  // are optional, as in Batch. A chunk without pre-process starts from `input` [s(/tp with SP), b, h], the previous
   // stage's output; one without post-process returns its hidden states in that shape.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids = {},
                      const at::Tensor& attention_mask = {}, const at::Tensor& input = {});

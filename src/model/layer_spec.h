@@ -47,7 +47,8 @@ struct PartContext {
 class CoreAttention {
  public:
   virtual ~CoreAttention() = default;
-  // attention_mask: [b, 1, s, s] bool (true = may attend) or undefined for causal attention.
+  // attention_mask: [b, 1, s, s] bool (true = may attend), [b, s] int32 document ids (packed
+  // documents, model/document_attention.h), or undefined for causal attention.
   virtual at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& attention_mask, double dropout) const = 0;
   // Generation: the step's new tokens over their sequences' cached keys and values, read where the

@@ -27,7 +27,8 @@ class TransformerLayer : public tp::DescribedModule {
   TransformerLayer(const ModelConfig& config, const tp::TensorParallel& tp, const LayerSpec& spec,
                    at::Device device = at::kCPU, int layer = 0, std::shared_ptr<fp8::Fp8Context> fp8 = nullptr,
                    std::shared_ptr<DocumentsMemo> documents = nullptr);
-  // attention_mask: [b, 1, s, s] bool (true = attend) or undefined for plain causal attention.
+  // attention_mask: [b, 1, s, s] bool (true = attend), [b, s] document ids (packed documents), or
+  // undefined for plain causal attention.
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]; [s/tp, b, h] under SP
   // The same on the residual stream; the result's delta is defined when the residual adds are
   // fused with the norms (RMSNorm, --bias-dropout-fusion, no hidden dropout in effect).

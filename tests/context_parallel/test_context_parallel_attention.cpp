@@ -35,11 +35,21 @@ at::Tensor packed_documents_mask(int64_t b, int64_t seq) {
   return same.logical_and(causal).view({1, 1, seq, seq}).expand({b, 1, seq, seq}).contiguous();
 }
 
+// The same documents as their ids ([b, S] int32), the mask's compact form the batch carries.
+at::Tensor packed_document_ids(int64_t b, int64_t seq) {
+  at::Tensor ids = at::full({seq}, 3, at::kInt);
+  ids.narrow(0, 0, 5).fill_(0);
+  ids.narrow(0, 5, 11).fill_(1);
+  ids.narrow(0, 16, 3).fill_(2);
+  return ids.view({1, seq}).expand({b, seq}).contiguous();
+}
+
 struct Case {
   int ranks;
   std::string comm_type;
   bool documents;
   int64_t value_dim;  // != head dim: multi-latent attention's shape
+  bool as_ids = true;  // the documents as ids (else as their dense mask) for the ranks
 };
 
 void check_against_whole_sequence(const Case& c) {
@@ -61,9 +71,10 @@ void check_against_whole_sequence(const Case& c) {
     const ContextParallelAttention attention(tp, c.comm_type);
     auto mine = [&](const at::Tensor& x) { return cp::rank_rows(x, 0, c.ranks, rank); };
     const at::Tensor lq = mine(q).requires_grad_(), lk = mine(k).requires_grad_(), lv = mine(v).requires_grad_();
-    const at::Tensor got = attention.forward(lq, lk, lv, mask, 0.0);
+    const at::Tensor got = attention.forward(lq, lk, lv, c.documents && c.as_ids ? packed_document_ids(b, seq) : mask, 0.0);
     got.backward(mine(upstream));
-    const std::string what = c.comm_type + " on " + std::to_string(c.ranks) + " ranks" + (c.documents ? ", documents" : "") +
+    const std::string what = c.comm_type + " on " + std::to_string(c.ranks) + " ranks" +
+                             (c.documents ? c.as_ids ? ", document ids" : ", documents' mask" : "") +
                              ", rank " + std::to_string(rank);
     EXPECT_TRUE(at::allclose(got, mine(want), 1e-5, 1e-5)) << what << ": output";
     EXPECT_TRUE(at::allclose(lq.grad(), mine(rq.grad()), 1e-4, 1e-5)) << what << ": dq";
@@ -77,6 +88,7 @@ TEST(ContextParallelAttention, RingEqualsOneAttentionOverTheSequence) {
     for (bool documents : {false, true}) check_against_whole_sequence({ranks, "p2p", documents, 8});
   }
   for (bool documents : {false, true}) check_against_whole_sequence({2, "p2p", documents, 6});  // value head dim of its own (MLA)
+  check_against_whole_sequence({2, "p2p", true, 8, /*as_ids=*/false});  // documents read off their dense mask
 }
 
 TEST(ContextParallelAttention, AllGatherEqualsOneAttentionOverTheSequence) {
@@ -90,6 +102,7 @@ TEST(ContextParallelAttention, UlyssesEqualsOneAttentionOverTheSequence) {
   for (int ranks : {2, 4}) {
     for (bool documents : {false, true}) check_against_whole_sequence({ranks, "a2a", documents, 8});
   }
+  check_against_whole_sequence({2, "a2a", true, 8, /*as_ids=*/false});
 }
 
 TEST(ContextParallelChunks, RanksHoldAnEarlyAndALateChunk) {

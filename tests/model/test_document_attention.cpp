@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/cuda_device.h"
+#include "model/core_attention.h"
 #include "model/document_attention.h"
 
 namespace megatron {
@@ -58,6 +59,24 @@ TEST(DocumentAttention, DocumentsAreReadOffTheMaskItDescribes) {
   }
   EXPECT_FALSE(documents_of(mask.narrow(3, 0, 7)).has_value());  // not square: a cache's mask
   EXPECT_FALSE(documents_of(at::Tensor()).has_value());
+}
+
+// The mask's compact form, each token's document: the same documents as the dense mask it stands
+// for, that mask when spelt out, and the same attention.
+TEST(DocumentAttention, DocumentIdsAreTheMasksCompactForm) {
+  const at::Tensor dense = document_mask({{0, 3, 4}, {0}, {0, 1, 2, 7}}, 8);
+  const at::Tensor ids = at::tensor({0, 0, 0, 1, 2, 2, 2, 2, 5, 5, 5, 5, 5, 5, 5, 5, 0, 1, 2, 2, 2, 2, 2, 3}, at::kInt).view({3, 8});
+  ASSERT_TRUE(is_document_ids(ids));
+  EXPECT_FALSE(is_document_ids(dense));
+  EXPECT_TRUE(at::equal(dense_document_mask(ids), dense));
+  const std::optional<Documents> from_ids = documents_of(ids);
+  ASSERT_TRUE(from_ids.has_value());
+  EXPECT_EQ(from_ids->starts, documents_of(dense)->starts);
+  EXPECT_EQ(from_ids->longest, 8);
+  at::manual_seed(4);
+  const at::Tensor q = at::randn({8, 3, 4, 8}), k = at::randn({8, 3, 2, 8}), v = at::randn({8, 3, 2, 8});
+  tp::TensorParallel alone;
+  EXPECT_TRUE(at::allclose(SdpaAttention(alone).forward(q, k, v, ids, 0.0), masked_sdpa(q, k, v, dense, 1.0 / std::sqrt(8.0)), 1e-5, 1e-6));
 }
 
 // The model's layers share one reading of a micro-batch's mask; a mask written in place, or

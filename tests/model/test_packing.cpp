@@ -44,6 +44,11 @@ TEST(Packing, PackedLossesEqualSeparateLosses) {
   EXPECT_LE((loss_packed.narrow(0, 0, la) - loss_a).abs().max().item<double>(), 1e-5);
   EXPECT_LE((loss_packed.narrow(0, la, lb) - loss_b).abs().max().item<double>(), 1e-5);
 
+  // The documents as each token's document id, the form make_batch gives: the same losses.
+  packed.attention_mask = at::cat({at::zeros({la}, at::kInt), at::ones({lb}, at::kInt)}).view({1, s});
+  const at::Tensor loss_ids = model.token_losses(packed).view({-1});
+  EXPECT_LE((loss_ids - loss_packed).abs().max().item<double>(), 1e-6);
+
   // Without the mask the second sample would see the first: the test can tell the difference.
   packed.attention_mask = at::Tensor();
   at::Tensor leaky = model.token_losses(packed).view({-1});
