@@ -44,31 +44,39 @@ at::Tensor kernel_rows(const at::Tensor& x) { return x.transpose(1, 2).reshape({
 // The inverse for b samples: [b·s, n, d] -> [b, n, s, d] (a view).
 at::Tensor block_layout(const at::Tensor& x, int64_t b) { return x.view({b, x.size(0) / b, x.size(1), x.size(2)}).transpose(1, 2); }
 
+// The kernel takes one head dim for q, k and v: a narrower value head (multi-latent attention's)
+// is padded with zeros, whose output columns are zero and dropped.
+at::Tensor padded_to(const at::Tensor& x, int64_t d) { return x.size(-1) < d ? at::constant_pad_nd(x, {0, d - x.size(-1)}) : x; }
+
 PartialAttention flash_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockDocuments& pieces,
                                  bool causal, double scale) {
-  const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2);
+  const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2), d = q.size(3), value_dim = v.size(3);
   auto [out, lse, rng, unused, debug] = at::_flash_attention_forward(
-      kernel_rows(q), kernel_rows(k), kernel_rows(v), pieces.device_query_starts, pieces.device_key_starts, pieces.longest_queries,
+      kernel_rows(q), kernel_rows(k), kernel_rows(padded_to(v, d)), pieces.device_query_starts, pieces.device_key_starts, pieces.longest_queries,
       pieces.longest_keys, /*dropout_p=*/0.0, causal, /*return_debug_mask=*/false, scale);
   // lse comes back [H, b·sq] fp32. The kernel writes +inf for a piece without keys (and zeros
   // for its output): the merge needs -inf there.
   at::Tensor rows_lse = lse.view({heads, b, sq}).permute({1, 0, 2});  // [b, H, sq]
   if (pieces.queries_without_keys) rows_lse = rows_lse.masked_fill(rows_lse.isinf(), kNegativeInfinity);
-  return {block_layout(out, b), rows_lse};  // out [b, H, sq, dv] in q's dtype
+  return {block_layout(out, b).narrow(3, 0, value_dim), rows_lse};  // out [b, H, sq, dv] in q's dtype
 }
 
 BlockGrads flash_documents_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& out, const at::Tensor& lse, const BlockDocuments& pieces, bool causal,
                                     double scale) {
-  const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2);
+  const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2), d = q.size(3), value_dim = v.size(3);
   const at::Tensor rows_lse = lse.to(at::kFloat).permute({1, 0, 2}).reshape({heads, b * sq}).contiguous();  // [H, b·sq]
   const at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));                               // no dropout: never read
+  // Padded value heads: dout's zero columns meet out's zero columns (rowsum(dout * out) unchanged).
   auto [dq, dk, dv] = at::_flash_attention_backward(
-      kernel_rows(dout), kernel_rows(q), kernel_rows(k), kernel_rows(v), kernel_rows(out), rows_lse, pieces.device_query_starts,
-      pieces.device_key_starts, pieces.longest_queries, pieces.longest_keys, /*dropout_p=*/0.0, causal, rng_state,
-      at::empty({0}, q.options()), scale);
-  return {block_layout(dq, b), block_layout(dk, b), block_layout(dv, b)};  // q's dtype
+      kernel_rows(padded_to(dout, d)), kernel_rows(q), kernel_rows(k), kernel_rows(padded_to(v, d)), kernel_rows(padded_to(out, d)),
+      rows_lse, pieces.device_query_starts, pieces.device_key_starts, pieces.longest_queries, pieces.longest_keys, /*dropout_p=*/0.0,
+      causal, rng_state, at::empty({0}, q.options()), scale);
+  return {block_layout(dq, b), block_layout(dk, b), block_layout(dv, b).narrow(3, 0, value_dim)};  // q's dtype
 }
+
+// FA2's conditions at q's head dim; a narrower value head is padded.
+bool documents_take_fused_kernel(const at::Tensor& q, const at::Tensor& v) { return v.size(-1) <= q.size(-1) && fused_kernels_take(q, q); }
 
 // Piece i as rows of sample `sample`: its first query row and first key row within the sample.
 struct PieceRows {
@@ -121,7 +129,7 @@ std::vector<Positions> rank_row_positions(int rank, int cp, int64_t c, int64_t f
 PartialAttention attend_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockDocuments& pieces,
                                   bool causal, double scale, BlockKernel kernel) {
   const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2), sk = k.size(2);
-  const bool fused = kernel == BlockKernel::Auto ? fused_kernels_take(q, v) : kernel != BlockKernel::Arithmetic;
+  const bool fused = kernel == BlockKernel::Auto ? documents_take_fused_kernel(q, v) : kernel != BlockKernel::Arithmetic;
   if (pieces.longest_keys > 0 && pieces.longest_queries > 0 && fused) return flash_documents(q, k, v, pieces, causal, scale);
   PartialAttention acc = empty_partial(b, heads, sq, v.size(3), q.options());  // rows of pieces without keys stay empty
   for (size_t i = 0; i + 1 < pieces.query_starts.size(); ++i) {
@@ -140,7 +148,7 @@ BlockGrads attend_documents_backward(const at::Tensor& dout, const at::Tensor& q
                                      const at::Tensor& out, const at::Tensor& lse, const BlockDocuments& pieces, bool causal,
                                      double scale, BlockKernel kernel) {
   const int64_t sq = q.size(2), sk = k.size(2);
-  const bool fused = kernel == BlockKernel::Auto ? fused_kernels_take(q, v) : kernel != BlockKernel::Arithmetic;
+  const bool fused = kernel == BlockKernel::Auto ? documents_take_fused_kernel(q, v) : kernel != BlockKernel::Arithmetic;
   if (pieces.longest_keys > 0 && pieces.longest_queries > 0 && fused) {
     return flash_documents_backward(dout, q, k, v, out, lse, pieces, causal, scale);
   }

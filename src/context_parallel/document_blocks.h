@@ -55,8 +55,8 @@ std::vector<Positions> rank_row_positions(int rank, int cp, int64_t c, int64_t f
 
 // As attend_block / attend_block_backward (partial_attention.h: layouts, dtypes, merged
 // statistics in the backward), each piece of `pieces` on its own. Fused on CUDA where
-// attend_block would be (FlashAttention-2's variable-length kernel; cuDNN's has no such entry),
-// the fp32 arithmetic otherwise.
+// attend_block would be (FlashAttention-2's variable-length kernel; a narrower value head, MLA's,
+// padded to the query head dim for it), the fp32 arithmetic otherwise.
 PartialAttention attend_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockDocuments& pieces,
                                   bool causal, double scale, BlockKernel kernel = BlockKernel::Auto);
 BlockGrads attend_documents_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

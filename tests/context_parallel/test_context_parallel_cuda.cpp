@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
 #include "context_parallel/document_blocks.h"
@@ -60,15 +61,14 @@ TEST(ContextParallelCuda, FusedBlocksEqualTheArithmetic) {
 // Packed documents: FlashAttention-2's variable-length kernel over a ring block's document pieces
 // against each piece's fp32 arithmetic, on every block of rank 1 of 3 with two samples of uneven
 // documents: pieces with queries and no keys (log-sum-exp -inf, output zero), keys and no
-// queries (zero gradients), and documents across the chunk boundaries.
+// queries (zero gradients), and documents across the chunk boundaries; MLA's narrower value heads.
 TEST(ContextParallelCuda, DocumentPiecesEqualTheArithmetic) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(5);
   const int cp = 3, rank = 1;
   const int64_t b = 2, heads = 8, groups = 2, c = 128, d = 64, seq = 2 * cp * c;
   const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  const at::Tensor q = at::randn({b, heads, 2 * c, d}, bf16), dout = at::randn({b, heads, 2 * c, d}, bf16);
-  const at::Tensor k = at::randn({b, groups, 2 * c, d}, bf16), v = at::randn({b, groups, 2 * c, d}, bf16);
+  const at::Tensor q = at::randn({b, heads, 2 * c, d}, bf16), k = at::randn({b, groups, 2 * c, d}, bf16);
   // The keys each step holds are the owner's rows; the same tensors stand in for every owner.
   cp::PackedDocuments documents{{0}, b, seq};
   for (int64_t sample = 0; sample < b; ++sample) {
@@ -76,32 +76,37 @@ TEST(ContextParallelCuda, DocumentPiecesEqualTheArithmetic) {
     documents.starts.push_back(int32_t((sample + 1) * seq));  // the rest of the sample
   }
   const double scale = 0.125;
-  for (int step = 0; step < cp; ++step) {
-    const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
-    const cp::BlockDocuments pieces =
-        cp::block_documents(documents, cp::rank_row_positions(rank, cp, c, blk.first_query, blk.queries),
-                            cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), q.device());
-    const at::Tensor bq = q.narrow(2, blk.first_query, blk.queries), bk = k.narrow(2, blk.first_key, blk.keys),
-                     bv = v.narrow(2, blk.first_key, blk.keys), bdout = dout.narrow(2, blk.first_query, blk.queries);
-    const cp::PartialAttention fused = cp::attend_documents(bq, bk, bv, pieces, blk.causal, scale, cp::BlockKernel::Flash);
-    const cp::PartialAttention exact = cp::attend_documents(bq.to(at::kFloat), bk.to(at::kFloat), bv.to(at::kFloat), pieces,
-                                                            blk.causal, scale, cp::BlockKernel::Arithmetic);
-    const at::Tensor unseen = exact.lse.isinf();  // queries whose document has no keys in this block
-    EXPECT_TRUE(at::equal(fused.lse.isneginf(), unseen)) << "step " << step << ": -inf exactly where no key was seen";
-    EXPECT_LT(relative(fused.lse.masked_fill(unseen, 0), exact.lse.masked_fill(unseen, 0)), 1e-3) << "step " << step;
-    EXPECT_LT(relative(fused.out, exact.out), 1e-2) << "step " << step;
-    // The backward from statistics that saw keys elsewhere (the merged ones): here the block's own
-    // where it saw any, and 0 for the rest.
-    const at::Tensor lse = exact.lse.masked_fill(unseen, 0.0), out = exact.out.to(at::kBFloat16);
-    const cp::BlockGrads fg = cp::attend_documents_backward(bdout, bq, bk, bv, out, lse, pieces, blk.causal, scale, cp::BlockKernel::Flash);
-    const cp::BlockGrads eg =
-        cp::attend_documents_backward(bdout.to(at::kFloat), bq.to(at::kFloat), bk.to(at::kFloat), bv.to(at::kFloat), out.to(at::kFloat),
-                                      lse, pieces, blk.causal, scale, cp::BlockKernel::Arithmetic);
-    EXPECT_LT(relative(fg.dq, eg.dq), 2e-2) << "step " << step;
-    EXPECT_LT(relative(fg.dk, eg.dk), 2e-2) << "step " << step;
-    EXPECT_LT(relative(fg.dv, eg.dv), 2e-2) << "step " << step;
-    if (unseen.any().item<bool>()) {
-      EXPECT_EQ(fg.dq.masked_select(unseen.unsqueeze(-1)).abs().max().item<float>(), 0.0f) << "step " << step << ": queries without keys";
+  // The value head dim of q's, and a narrower one (multi-latent attention's, padded for the kernel).
+  for (const int64_t value_dim : {d, int64_t(48)}) {
+    const at::Tensor v = at::randn({b, groups, 2 * c, value_dim}, bf16), dout = at::randn({b, heads, 2 * c, value_dim}, bf16);
+    for (int step = 0; step < cp; ++step) {
+      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      const std::string where = "value dim " + std::to_string(value_dim) + ", step " + std::to_string(step);
+      const cp::BlockDocuments pieces =
+          cp::block_documents(documents, cp::rank_row_positions(rank, cp, c, blk.first_query, blk.queries),
+                              cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), q.device());
+      const at::Tensor bq = q.narrow(2, blk.first_query, blk.queries), bk = k.narrow(2, blk.first_key, blk.keys),
+                       bv = v.narrow(2, blk.first_key, blk.keys), bdout = dout.narrow(2, blk.first_query, blk.queries);
+      const cp::PartialAttention fused = cp::attend_documents(bq, bk, bv, pieces, blk.causal, scale, cp::BlockKernel::Flash);
+      const cp::PartialAttention exact = cp::attend_documents(bq.to(at::kFloat), bk.to(at::kFloat), bv.to(at::kFloat), pieces,
+                                                              blk.causal, scale, cp::BlockKernel::Arithmetic);
+      const at::Tensor unseen = exact.lse.isinf();  // queries whose document has no keys in this block
+      EXPECT_TRUE(at::equal(fused.lse.isneginf(), unseen)) << where << ": -inf exactly where no key was seen";
+      EXPECT_LT(relative(fused.lse.masked_fill(unseen, 0), exact.lse.masked_fill(unseen, 0)), 1e-3) << where;
+      EXPECT_LT(relative(fused.out, exact.out), 1e-2) << where;
+      // The backward from statistics that saw keys elsewhere (the merged ones): here the block's own
+      // where it saw any, and 0 for the rest.
+      const at::Tensor lse = exact.lse.masked_fill(unseen, 0.0), out = exact.out.to(at::kBFloat16);
+      const cp::BlockGrads fg = cp::attend_documents_backward(bdout, bq, bk, bv, out, lse, pieces, blk.causal, scale, cp::BlockKernel::Flash);
+      const cp::BlockGrads eg =
+          cp::attend_documents_backward(bdout.to(at::kFloat), bq.to(at::kFloat), bk.to(at::kFloat), bv.to(at::kFloat), out.to(at::kFloat),
+                                        lse, pieces, blk.causal, scale, cp::BlockKernel::Arithmetic);
+      EXPECT_LT(relative(fg.dq, eg.dq), 2e-2) << where;
+      EXPECT_LT(relative(fg.dk, eg.dk), 2e-2) << where;
+      EXPECT_LT(relative(fg.dv, eg.dv), 2e-2) << where;
+      if (unseen.any().item<bool>()) {
+        EXPECT_EQ(fg.dq.masked_select(unseen.unsqueeze(-1)).abs().max().item<float>(), 0.0f) << where << ": queries without keys";
+      }
     }
   }
 }
