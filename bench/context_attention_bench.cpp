@@ -64,12 +64,25 @@ void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     std::vector<cp::BlockDocuments> pieces;  // per step, as ring_attention cuts them
     for (int step = 0; documents && step < cp; ++step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
-      pieces.push_back(cp::block_documents(*documents, cp::rank_row_positions(rank, cp, c, blk.first_query, blk.queries),
-                                           cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), q.device()));
+      pieces.push_back(cp::shared_documents(*documents, cp::rank_row_positions(rank, cp, c, blk.first_query, blk.queries),
+                                            cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), q.device()));
     }
+    // The step's block; under documents only the rows they share (none: skipped).
+    auto block_at = [&](int step) {
+      cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      if (documents) {
+        const cp::BlockDocuments& shared = pieces[size_t(step)];
+        blk.first_query += shared.first_query;
+        blk.queries = shared.queries;
+        blk.first_key += shared.first_key;
+        blk.keys = shared.keys;
+      }
+      return blk;
+    };
     cp::PartialAttention acc;
     for (int step = 0; step < cp; ++step) {
-      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      const cp::RingBlock blk = block_at(step);
+      if (blk.queries == 0) continue;
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
       const at::Tensor bq = mq.narrow(2, blk.first_query, blk.queries);
       cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(step)], blk.causal, scale, kernel)
@@ -83,7 +96,8 @@ void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     const at::Tensor out = acc.out.to(q.scalar_type());
     at::Tensor dq;
     for (int step = 0; step < cp; ++step) {
-      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      const cp::RingBlock blk = block_at(step);
+      if (blk.queries == 0) continue;
       const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
       const at::Tensor bdout = mdout.narrow(2, blk.first_query, blk.queries), bq = mq.narrow(2, blk.first_query, blk.queries),
                        bout = out.narrow(2, blk.first_query, blk.queries), blse = acc.lse.narrow(2, blk.first_query, blk.queries);

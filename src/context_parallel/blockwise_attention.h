@@ -21,8 +21,8 @@ struct KeyBlock {
 };
 
 // q [b, H, sq, d], k [b, G, sk, d], v [b, G, sk, dv]; mask [b, 1, sq, sk] bool (true = may attend)
-// or undefined. pieces: each block cut into packed documents (document_blocks.h; the mask then
-// undefined). Query rows no block covers get zeros. -> [b, H, sq, dv] in q's dtype;
+// or undefined. pieces: each block's shared rows cut into packed documents (shared_documents in
+// document_blocks.h; the mask then undefined). Query rows no block covers get zeros. -> [b, H, sq, dv] in q's dtype;
 // differentiable in q, k and v.
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::vector<KeyBlock>& blocks,
                                const at::Tensor& mask, double scale,

@@ -25,6 +25,18 @@ int64_t total(const std::vector<Positions>& runs) {
   return n;
 }
 
+// Rows [first, first + count) of the rows `runs` lists, as runs of positions.
+std::vector<Positions> rows_of(const std::vector<Positions>& runs, int64_t first, int64_t count) {
+  std::vector<Positions> out;
+  for (const Positions& r : runs) {
+    const int64_t skip = std::min(first, r.count), take = std::min(count, r.count - skip);
+    if (take > 0) out.push_back({r.first + skip, take});
+    first -= skip;
+    count -= take;
+  }
+  return out;
+}
+
 // Both starts in one pinned buffer, one copy that does not wait for the device (pageable memory
 // would: the driver synchronises the stream before copying from it); the views are contiguous.
 void upload(BlockDocuments& pieces, const at::Device& device) {
@@ -114,7 +126,33 @@ BlockDocuments block_documents(const PackedDocuments& documents, const std::vect
   TORCH_CHECK(pieces.query_starts.back() == documents.samples * sq && pieces.key_starts.back() == documents.samples * sk,
               "block_documents: the documents cover ", pieces.query_starts.back(), " query and ", pieces.key_starts.back(),
               " key rows of ", documents.samples * sq, " and ", documents.samples * sk);
+  pieces.queries = sq;
+  pieces.keys = sk;
   if (device.is_cuda()) upload(pieces, device);
+  return pieces;
+}
+
+BlockDocuments shared_documents(const PackedDocuments& documents, const std::vector<Positions>& queries,
+                                const std::vector<Positions>& keys, const at::Device& device) {
+  const int64_t seq = documents.seq_length;
+  int64_t first_query = total(queries), end_query = 0, first_key = total(keys), end_key = 0;
+  for (size_t i = 0; i + 1 < documents.starts.size(); ++i) {
+    const int64_t sample = documents.starts[i] / seq;
+    const int64_t first = documents.starts[i] - sample * seq, end = documents.starts[i + 1] - sample * seq;
+    const int64_t nq = overlap(queries, first, end), nk = overlap(keys, first, end);
+    if (nq == 0 || nk == 0) continue;
+    // The document's rows: after the block's rows of positions before it.
+    const int64_t q0 = overlap(queries, 0, first), k0 = overlap(keys, 0, first);
+    first_query = std::min(first_query, q0);
+    end_query = std::max(end_query, q0 + nq);
+    first_key = std::min(first_key, k0);
+    end_key = std::max(end_key, k0 + nk);
+  }
+  if (end_query == 0) return BlockDocuments{};  // no document on both sides
+  BlockDocuments pieces = block_documents(documents, rows_of(queries, first_query, end_query - first_query),
+                                          rows_of(keys, first_key, end_key - first_key), device);
+  pieces.first_query = first_query;
+  pieces.first_key = first_key;
   return pieces;
 }
 

@@ -42,12 +42,22 @@ struct BlockDocuments {
   int64_t longest_queries = 0, longest_keys = 0;
   bool queries_without_keys = false;
   at::Tensor device_query_starts, device_key_starts;  // int32 on the block's GPU (cu_seqlens); undefined elsewhere
+  // Which of the block's rows (in each sample) the pieces cover: all from block_documents, the
+  // shared span from shared_documents (no queries: the block shares no document).
+  int64_t first_query = 0, queries = 0, first_key = 0, keys = 0;
 };
 
 // queries / keys: the positions of the block's query and key rows, runs in increasing order.
 // device: where the block runs; on a GPU the starts are copied there without waiting for it.
 BlockDocuments block_documents(const PackedDocuments& documents, const std::vector<Positions>& queries,
                                const std::vector<Positions>& keys, const at::Device& device);
+
+// The block cut down to the rows its documents share: the span of query rows whose document has
+// keys in the block and the span of key rows some query's document holds (over all samples), and
+// the pieces over those. With short documents most of a ring's far blocks share none (then
+// nothing is computed, merged or summed for them) and the near ones only their edges.
+BlockDocuments shared_documents(const PackedDocuments& documents, const std::vector<Positions>& queries,
+                                const std::vector<Positions>& keys, const at::Device& device);
 
 // The positions of rows [first, first + count) of rank `rank`'s 2c rows (chunks.h: its chunk
 // `rank`, then chunk 2·CP−1−rank).

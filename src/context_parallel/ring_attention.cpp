@@ -74,7 +74,21 @@ struct RingSettings {
   dist::Group group;
 };
 
-// Step `step`'s block: under packed documents piece by piece, else under the mask's rows or causal.
+// Step `step`'s block; under packed documents only the rows its documents share (none: nothing
+// to compute) and their pieces.
+RingBlock block_at(int step, int rank, int cp, int64_t c, const std::vector<BlockDocuments>* pieces) {
+  RingBlock blk = ring_block(step, rank, cp, c);
+  if (pieces) {
+    const BlockDocuments& shared = (*pieces)[size_t(step)];
+    blk.first_query += shared.first_query;
+    blk.queries = shared.queries;
+    blk.first_key += shared.first_key;
+    blk.keys = shared.keys;
+  }
+  return blk;
+}
+
+// A block's attention: under packed documents piece by piece, else under the mask's rows or causal.
 PartialAttention attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingBlock& blk, int step,
                         const std::vector<BlockDocuments>* pieces, const at::Tensor& mask, int cp, double scale) {
   if (pieces) return attend_documents(q, k, v, (*pieces)[size_t(step)], blk.causal, scale);
@@ -98,14 +112,16 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         arriving = at::empty_like(held);
         in_flight = pass_on(g, held, arriving);
       }
-      const RingBlock blk = ring_block(step, rank, cp, c);
-      PartialAttention part = attend(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
-                                     layout.v(held).narrow(2, blk.first_key, blk.keys), blk, step, settings.pieces.get(), mask, cp,
-                                     scale);
-      if (step == 0) {
-        acc = accumulator_from(std::move(part));
-      } else {
-        merge_into(acc, part, blk.first_query);
+      const RingBlock blk = block_at(step, rank, cp, c, settings.pieces.get());
+      if (blk.queries > 0) {
+        PartialAttention part = attend(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
+                                       layout.v(held).narrow(2, blk.first_key, blk.keys), blk, step, settings.pieces.get(), mask, cp,
+                                       scale);
+        if (step == 0) {
+          acc = accumulator_from(std::move(part));
+        } else {
+          merge_into(acc, part, blk.first_query);
+        }
       }
       if (step + 1 < cp) {
         wait_all(in_flight);
@@ -137,20 +153,22 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         arriving = at::empty_like(held);
         in_flight = pass_on(g, held, arriving);
       }
-      const RingBlock blk = ring_block(step, rank, cp, c);
-      const at::Tensor bdout = dout.narrow(2, blk.first_query, blk.queries), bq = q.narrow(2, blk.first_query, blk.queries),
-                       bk = layout.k(held).narrow(2, blk.first_key, blk.keys), bv = layout.v(held).narrow(2, blk.first_key, blk.keys),
-                       bout = out.narrow(2, blk.first_query, blk.queries), blse = lse.narrow(2, blk.first_query, blk.queries);
-      const BlockGrads part =
-          s.pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*s.pieces)[size_t(step)], blk.causal, scale)
-                   : attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, block_mask(mask, blk, cp), scale);
-      if (step == 0) {
-        dq = at::empty(q.sizes(), q.options().dtype(at::kFloat)).copy_(part.dq);
-      } else {
-        dq.narrow(2, blk.first_query, blk.queries).add_(part.dq);
+      const RingBlock blk = block_at(step, rank, cp, c, s.pieces.get());
+      if (blk.queries > 0) {
+        const at::Tensor bdout = dout.narrow(2, blk.first_query, blk.queries), bq = q.narrow(2, blk.first_query, blk.queries),
+                         bk = layout.k(held).narrow(2, blk.first_key, blk.keys), bv = layout.v(held).narrow(2, blk.first_key, blk.keys),
+                         bout = out.narrow(2, blk.first_query, blk.queries), blse = lse.narrow(2, blk.first_query, blk.queries);
+        const BlockGrads part =
+            s.pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*s.pieces)[size_t(step)], blk.causal, scale)
+                     : attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, block_mask(mask, blk, cp), scale);
+        if (step == 0) {
+          dq = at::empty(q.sizes(), q.options().dtype(at::kFloat)).copy_(part.dq);
+        } else {
+          dq.narrow(2, blk.first_query, blk.queries).add_(part.dq);
+        }
+        layout.k(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dk);
+        layout.v(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dv);
       }
-      layout.k(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dk);
-      layout.v(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dv);
       if (cp > 1) {
         // On to the next rank, which holds this block next step; from the previous rank, the
         // gradient of the block arriving (after the last step: of this rank's own block).
@@ -175,14 +193,18 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           double scale, const dist::Group& cp, const PackedDocuments* documents) {
   if (!documents) return RingAttention::apply(q, k, v, RingSettings{mask, nullptr, scale, cp});
   TORCH_CHECK(!mask.defined(), "ring_attention: packed documents or a mask, not both");
-  // Each step's pieces, computed (and on a GPU copied there) once for the forward and backward.
+  // Each step's shared rows and their pieces, computed (and on a GPU copied there) once for the
+  // forward and backward.
   auto pieces = std::make_shared<std::vector<BlockDocuments>>();
   const int64_t c = q.size(2) / 2;
   for (int step = 0; step < cp.size(); ++step) {
     const RingBlock blk = ring_block(step, cp.rank(), cp.size(), c);
-    pieces->push_back(block_documents(*documents, rank_row_positions(cp.rank(), cp.size(), c, blk.first_query, blk.queries),
-                                      rank_row_positions(blk.owner, cp.size(), c, blk.first_key, blk.keys), q.device()));
+    pieces->push_back(shared_documents(*documents, rank_row_positions(cp.rank(), cp.size(), c, blk.first_query, blk.queries),
+                                       rank_row_positions(blk.owner, cp.size(), c, blk.first_key, blk.keys), q.device()));
   }
+  // Every token sees itself: the own block shares all its rows, and starts the accumulator.
+  TORCH_CHECK(pieces->front().first_query == 0 && pieces->front().queries == 2 * c, "ring_attention: the own block's documents cover ",
+              pieces->front().queries, " of its ", 2 * c, " rows");
   return RingAttention::apply(q, k, v, RingSettings{at::Tensor(), std::move(pieces), scale, cp});
 }
 

@@ -75,8 +75,8 @@ at::Tensor ContextParallelAttention::gathered(const at::Tensor& q, const at::Ten
   if (documents) {
     pieces = std::make_shared<std::vector<cp::BlockDocuments>>();
     for (const cp::KeyBlock& blk : blocks) {
-      pieces->push_back(cp::block_documents(*documents, cp::rank_row_positions(cp_.rank(), cp, c, blk.first_query, blk.queries),
-                                            {{blk.first_key, blk.keys}}, q.device()));
+      pieces->push_back(cp::shared_documents(*documents, cp::rank_row_positions(cp_.rank(), cp, c, blk.first_query, blk.queries),
+                                             {{blk.first_key, blk.keys}}, q.device()));
     }
   }
   // Another mask: this rank's rows of it, [b, 1, 2c, S].

@@ -174,6 +174,23 @@ TEST(ContextParallelAttention, BlockRowsCutIntoTheirDocuments) {
   EXPECT_EQ(pieces.longest_keys, 3);
   EXPECT_TRUE(pieces.queries_without_keys);
   EXPECT_FALSE(pieces.device_query_starts.defined());
+  EXPECT_EQ(pieces.queries, 8);
+  EXPECT_EQ(pieces.keys, 4);
+
+  // Cut down to what the documents share: only [3, 10) is on both sides, its 6 query rows (rows
+  // 0-5) over its 1 key row (row 3), in each sample.
+  const cp::BlockDocuments shared =
+      cp::shared_documents(documents, queries, cp::rank_row_positions(0, 2, 4, blk.first_key, blk.keys), at::Device(at::kCPU));
+  EXPECT_EQ(shared.first_query, 0);
+  EXPECT_EQ(shared.queries, 6);
+  EXPECT_EQ(shared.first_key, 3);
+  EXPECT_EQ(shared.keys, 1);
+  EXPECT_EQ(shared.query_starts, (std::vector<int32_t>{0, 6, 12}));
+  EXPECT_EQ(shared.key_starts, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_FALSE(shared.queries_without_keys);
+  // Documents that end at the chunk boundary: the block shares nothing, and has no rows.
+  const cp::PackedDocuments apart{{0, 4, 16, 20, 32}, 2, 16};
+  EXPECT_EQ(cp::shared_documents(apart, queries, cp::rank_row_positions(0, 2, 4, blk.first_key, blk.keys), at::Device(at::kCPU)).queries, 0);
 }
 
 // The pieces' attention equals the block's under the documents' mask: output, log-sum-exp (-inf
