@@ -9,6 +9,7 @@
 // blocks cut into their documents (FA2's variable-length kernel per block) against one
 // variable-length call over every document of the sequence.
 //   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10] [--document-tokens 4096]
+//                                    [--causal 1]   (0: the packed documents' table alone)
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -156,7 +157,7 @@ const char* sdpa_backend_name(int64_t choice) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096;
+  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1;
   int iters = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -166,8 +167,9 @@ int main(int argc, char** argv) {
     else if (flag == "--dim") dim = value;
     else if (flag == "--iters") iters = int(value);
     else if (flag == "--document-tokens") document_tokens = value;
+    else if (flag == "--causal") causal = value;
     else {
-      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --document-tokens)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --document-tokens, --causal)\n", argv[i]);
       return 2;
     }
   }
@@ -185,6 +187,7 @@ int main(int argc, char** argv) {
   std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, FA2 blocks (ms) | ring, cuDNN blocks (ms) | "
               "ring / SDPA, FA2 | ring / SDPA, cuDNN |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t seq : {32768, 65536, 131072}) {
+    if (!causal) break;
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);

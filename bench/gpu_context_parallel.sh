@@ -9,7 +9,8 @@
 set -uo pipefail
 build=$1; py=$2; baseline=$3
 bin=$build/megatron
-"$build/megatron_bench_context_attention" --iters "${BENCH_ATTENTION_ITERS:-5}" || echo "FAILED: attention bench"
+# BENCH_ATTENTION_ARGS: more flags for it (e.g. --causal 0: the packed documents' table alone).
+"$build/megatron_bench_context_attention" --iters "${BENCH_ATTENTION_ITERS:-5}" ${BENCH_ATTENTION_ARGS:-} || echo "FAILED: attention bench"
 [ "${CP_ATTENTION_ONLY:-0}" = 1 ] && exit 0  # the attention figure alone
 iters=${BENCH_ITERS:-8}  # even: the log interval is half of it, so the last iteration is logged
 ours() {  # seq extra-flags... -> the last log interval's line and the memory report
