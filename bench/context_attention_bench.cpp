@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     std::printf("SDPA's kernel for the fused call: %s\n",
                 sdpa_backend_name(at::_fused_sdp_choice(q, k, k, std::nullopt, 0.0, true, scale, /*enable_gqa=*/true)));
   }
-  std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, FA2 blocks (ms) | ring, cuDNN blocks (ms) | "
+  if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, FA2 blocks (ms) | ring, cuDNN blocks (ms) | "
               "ring / SDPA, FA2 | ring / SDPA, cuDNN |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t seq : {32768, 65536, 131072}) {
     if (!causal) break;
