@@ -70,15 +70,8 @@ void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     }
     // The step's block; under documents only the rows they share (none: skipped).
     auto block_at = [&](int step) {
-      cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
-      if (documents) {
-        const cp::BlockDocuments& shared = pieces[size_t(step)];
-        blk.first_query += shared.first_query;
-        blk.queries = shared.queries;
-        blk.first_key += shared.first_key;
-        blk.keys = shared.keys;
-      }
-      return blk;
+      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
+      return documents ? cp::shared_rows(blk, pieces[size_t(step)]) : blk;
     };
     cp::PartialAttention acc;
     for (int step = 0; step < cp; ++step) {

@@ -22,15 +22,8 @@ struct BlockSettings {
 };
 
 // Under packed documents only the rows the block's documents share (none: nothing to compute).
-KeyBlock shared_rows(KeyBlock blk, const std::vector<BlockDocuments>* pieces, size_t i) {
-  if (pieces) {
-    const BlockDocuments& shared = (*pieces)[i];
-    blk.first_query += shared.first_query;
-    blk.queries = shared.queries;
-    blk.first_key += shared.first_key;
-    blk.keys = shared.keys;
-  }
-  return blk;
+KeyBlock block_at(const KeyBlock& blk, const std::vector<BlockDocuments>* pieces, size_t i) {
+  return pieces ? shared_rows(blk, (*pieces)[i]) : blk;
 }
 
 at::Tensor block_mask(const at::Tensor& mask, const KeyBlock& blk) {
@@ -42,7 +35,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
                             const BlockSettings& s) {
     PartialAttention acc = empty_partial(q.size(0), q.size(1), q.size(2), v.size(3), q.options());
     for (size_t i = 0; i < s.blocks.size(); ++i) {
-      const KeyBlock blk = shared_rows(s.blocks[i], s.pieces.get(), i);
+      const KeyBlock blk = block_at(s.blocks[i], s.pieces.get(), i);
       if (blk.queries == 0) continue;
       const at::Tensor bq = q.narrow(2, blk.first_query, blk.queries), bk = k.narrow(2, blk.first_key, blk.keys),
                        bv = v.narrow(2, blk.first_key, blk.keys);
@@ -68,7 +61,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(at::kFloat)), dv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
     for (size_t i = 0; i + 4 < flat.size(); i += 5) {
-      const KeyBlock blk = shared_rows({flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4] != 0}, s.pieces.get(), i / 5);
+      const KeyBlock blk = block_at({flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4] != 0}, s.pieces.get(), i / 5);
       if (blk.queries == 0) continue;
       const at::Tensor bdout = dout.narrow(2, blk.first_query, blk.queries), bq = q.narrow(2, blk.first_query, blk.queries),
                        bk = k.narrow(2, blk.first_key, blk.keys), bv = v.narrow(2, blk.first_key, blk.keys),

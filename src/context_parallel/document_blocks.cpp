@@ -87,8 +87,22 @@ BlockGrads flash_documents_backward(const at::Tensor& dout, const at::Tensor& q,
   return {block_layout(dq, b), block_layout(dk, b), block_layout(dv, b).narrow(3, 0, value_dim)};  // q's dtype
 }
 
-// FA2's conditions at q's head dim; a narrower value head is padded.
-bool documents_take_fused_kernel(const at::Tensor& q, const at::Tensor& v) { return v.size(-1) <= q.size(-1) && fused_kernels_take(q, q); }
+// The fused kernel for this call: asked for, or where it takes them; never for a block without a
+// piece that has both queries and keys (nothing for it to do).
+bool runs_fused(const at::Tensor& q, const at::Tensor& v, const BlockDocuments& pieces, BlockKernel kernel) {
+  const bool fused = kernel == BlockKernel::Auto ? documents_take_fused_kernel(q, v) : kernel != BlockKernel::Arithmetic;
+  return fused && pieces.longest_keys > 0 && pieces.longest_queries > 0;
+}
+
+// f(i, sample, first, end) for document i: positions [first, end) of sample `sample`.
+template <typename F>
+void for_each_document(const PackedDocuments& documents, F&& f) {
+  const int64_t seq = documents.seq_length;
+  for (size_t i = 0; i + 1 < documents.starts.size(); ++i) {
+    const int64_t sample = documents.starts[i] / seq;
+    f(i, sample, documents.starts[i] - sample * seq, documents.starts[i + 1] - sample * seq);
+  }
+}
 
 // Piece i as rows of sample `sample`: its first query row and first key row within the sample.
 struct PieceRows {
@@ -110,19 +124,17 @@ BlockDocuments block_documents(const PackedDocuments& documents, const std::vect
   BlockDocuments pieces;
   pieces.query_starts = {0};
   pieces.key_starts = {0};
-  for (size_t i = 0; i + 1 < documents.starts.size(); ++i) {
-    const int64_t sample = documents.starts[i] / seq;
-    const int64_t first = documents.starts[i] - sample * seq, end = documents.starts[i + 1] - sample * seq;
+  for_each_document(documents, [&](size_t i, int64_t, int64_t first, int64_t end) {
     TORCH_CHECK(first >= 0 && end <= seq && first < end, "block_documents: document ", i, " [", documents.starts[i], ", ",
                 documents.starts[i + 1], ") crosses a sample of ", seq, " tokens");
     const int64_t nq = overlap(queries, first, end), nk = overlap(keys, first, end);
-    if (nq == 0 && nk == 0) continue;
+    if (nq == 0 && nk == 0) return;
     pieces.query_starts.push_back(int32_t(pieces.query_starts.back() + nq));
     pieces.key_starts.push_back(int32_t(pieces.key_starts.back() + nk));
     pieces.longest_queries = std::max(pieces.longest_queries, nq);
     pieces.longest_keys = std::max(pieces.longest_keys, nk);
     pieces.queries_without_keys = pieces.queries_without_keys || (nq > 0 && nk == 0);
-  }
+  });
   TORCH_CHECK(pieces.query_starts.back() == documents.samples * sq && pieces.key_starts.back() == documents.samples * sk,
               "block_documents: the documents cover ", pieces.query_starts.back(), " query and ", pieces.key_starts.back(),
               " key rows of ", documents.samples * sq, " and ", documents.samples * sk);
@@ -134,20 +146,17 @@ BlockDocuments block_documents(const PackedDocuments& documents, const std::vect
 
 BlockDocuments shared_documents(const PackedDocuments& documents, const std::vector<Positions>& queries,
                                 const std::vector<Positions>& keys, const at::Device& device) {
-  const int64_t seq = documents.seq_length;
   int64_t first_query = total(queries), end_query = 0, first_key = total(keys), end_key = 0;
-  for (size_t i = 0; i + 1 < documents.starts.size(); ++i) {
-    const int64_t sample = documents.starts[i] / seq;
-    const int64_t first = documents.starts[i] - sample * seq, end = documents.starts[i + 1] - sample * seq;
+  for_each_document(documents, [&](size_t, int64_t, int64_t first, int64_t end) {
     const int64_t nq = overlap(queries, first, end), nk = overlap(keys, first, end);
-    if (nq == 0 || nk == 0) continue;
+    if (nq == 0 || nk == 0) return;
     // The document's rows: after the block's rows of positions before it.
     const int64_t q0 = overlap(queries, 0, first), k0 = overlap(keys, 0, first);
     first_query = std::min(first_query, q0);
     end_query = std::max(end_query, q0 + nq);
     first_key = std::min(first_key, k0);
     end_key = std::max(end_key, k0 + nk);
-  }
+  });
   if (end_query == 0) return BlockDocuments{};  // no document on both sides
   BlockDocuments pieces = block_documents(documents, rows_of(queries, first_query, end_query - first_query),
                                           rows_of(keys, first_key, end_key - first_key), device);
@@ -155,6 +164,8 @@ BlockDocuments shared_documents(const PackedDocuments& documents, const std::vec
   pieces.first_key = first_key;
   return pieces;
 }
+
+bool documents_take_fused_kernel(const at::Tensor& q, const at::Tensor& v) { return v.size(-1) <= q.size(-1) && fused_kernels_take(q, q); }
 
 std::vector<Positions> rank_row_positions(int rank, int cp, int64_t c, int64_t first, int64_t count) {
   std::vector<Positions> runs;
@@ -167,8 +178,7 @@ std::vector<Positions> rank_row_positions(int rank, int cp, int64_t c, int64_t f
 PartialAttention attend_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockDocuments& pieces,
                                   bool causal, double scale, BlockKernel kernel) {
   const int64_t b = q.size(0), heads = q.size(1), sq = q.size(2), sk = k.size(2);
-  const bool fused = kernel == BlockKernel::Auto ? documents_take_fused_kernel(q, v) : kernel != BlockKernel::Arithmetic;
-  if (pieces.longest_keys > 0 && pieces.longest_queries > 0 && fused) return flash_documents(q, k, v, pieces, causal, scale);
+  if (runs_fused(q, v, pieces, kernel)) return flash_documents(q, k, v, pieces, causal, scale);
   PartialAttention acc = empty_partial(b, heads, sq, v.size(3), q.options());  // rows of pieces without keys stay empty
   for (size_t i = 0; i + 1 < pieces.query_starts.size(); ++i) {
     const PieceRows p = piece_rows(pieces, i, sq, sk);
@@ -186,10 +196,7 @@ BlockGrads attend_documents_backward(const at::Tensor& dout, const at::Tensor& q
                                      const at::Tensor& out, const at::Tensor& lse, const BlockDocuments& pieces, bool causal,
                                      double scale, BlockKernel kernel) {
   const int64_t sq = q.size(2), sk = k.size(2);
-  const bool fused = kernel == BlockKernel::Auto ? documents_take_fused_kernel(q, v) : kernel != BlockKernel::Arithmetic;
-  if (pieces.longest_keys > 0 && pieces.longest_queries > 0 && fused) {
-    return flash_documents_backward(dout, q, k, v, out, lse, pieces, causal, scale);
-  }
+  if (runs_fused(q, v, pieces, kernel)) return flash_documents_backward(dout, q, k, v, out, lse, pieces, causal, scale);
   const at::TensorOptions f = q.options().dtype(at::kFloat);
   BlockGrads grads{at::zeros(q.sizes(), f), at::zeros(k.sizes(), f), at::zeros(v.sizes(), f)};
   for (size_t i = 0; i + 1 < pieces.query_starts.size(); ++i) {

@@ -59,6 +59,21 @@ BlockDocuments block_documents(const PackedDocuments& documents, const std::vect
 BlockDocuments shared_documents(const PackedDocuments& documents, const std::vector<Positions>& queries,
                                 const std::vector<Positions>& keys, const at::Device& device);
 
+// `block` (a ring step's or an all-gather block: first_query, queries, first_key, keys) cut down
+// to the rows `shared` (its shared_documents) covers; no queries: nothing to compute.
+template <typename Block>
+Block shared_rows(Block block, const BlockDocuments& shared) {
+  block.first_query += shared.first_query;
+  block.queries = shared.queries;
+  block.first_key += shared.first_key;
+  block.keys = shared.keys;
+  return block;
+}
+
+// Whether attend_documents runs these on FlashAttention-2: attend_block's conditions at q's head
+// dim (a narrower value head is padded).
+bool documents_take_fused_kernel(const at::Tensor& q, const at::Tensor& v);
+
 // The positions of rows [first, first + count) of rank `rank`'s 2c rows (chunks.h: its chunk
 // `rank`, then chunk 2·CP−1−rank).
 std::vector<Positions> rank_row_positions(int rank, int cp, int64_t c, int64_t first, int64_t count);

@@ -77,15 +77,8 @@ struct RingSettings {
 // Step `step`'s block; under packed documents only the rows its documents share (none: nothing
 // to compute) and their pieces.
 RingBlock block_at(int step, int rank, int cp, int64_t c, const std::vector<BlockDocuments>* pieces) {
-  RingBlock blk = ring_block(step, rank, cp, c);
-  if (pieces) {
-    const BlockDocuments& shared = (*pieces)[size_t(step)];
-    blk.first_query += shared.first_query;
-    blk.queries = shared.queries;
-    blk.first_key += shared.first_key;
-    blk.keys = shared.keys;
-  }
-  return blk;
+  const RingBlock blk = ring_block(step, rank, cp, c);
+  return pieces ? shared_rows(blk, (*pieces)[size_t(step)]) : blk;
 }
 
 // A block's attention: under packed documents piece by piece, else under the mask's rows or causal.

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstdlib>
 #include <thread>
 
 #include "core/errors.h"

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "model/core_attention.h"
+#include "context_parallel/document_blocks.h"
 
 namespace megatron {
 namespace {
@@ -119,10 +119,7 @@ std::optional<Documents> DocumentsMemo::of(const at::Tensor& mask) {
   return documents_;
 }
 
-bool documents_take_flash_kernel(const at::Tensor& q, const at::Tensor& v) {
-  // The kernel the cache's attention reads with, at q's head dim (narrower values are padded).
-  return v.size(-1) <= q.size(-1) && flash_attention_reads_cache(q, q);
-}
+bool documents_take_flash_kernel(const at::Tensor& q, const at::Tensor& v) { return cp::documents_take_fused_kernel(q, v); }
 
 at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
                               double scale) {
