@@ -3,8 +3,9 @@
 // pairs plus the log-sum-exp merge, forward and backward from the merged statistics), run one
 // after another, against one fused causal attention (SDPA, flash) over the same S tokens, forward
 // and backward. Communication is not in it: on one GPU there is none to time; the ratio says what
-// cutting attention into the ring's blocks costs. Each with the blocks in FA2's kernels and in
-// cuDNN's, next to each kernel over the whole sequence as one block, and SDPA's own choice named.
+// cutting attention into the ring's blocks costs. The blocks in cuDNN's kernels (FA2's where cuDNN
+// fails), next to each kernel over the whole sequence as one block and SDPA's own choice named,
+// and the blocks' kernels alone (what the merges, gradient sums and casts add is the difference).
 // Then packed documents of uneven lengths (--document-tokens on average; 0 skips it): the ring's
 // blocks cut into their documents (FA2's variable-length kernel per block) against one
 // variable-length call over every document of the sequence.
@@ -46,71 +47,88 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
 }
 
+// Each rank's rows of q, k, v and dout (chunks i and 2cp-1-i), split once outside the timing:
+// a rank of the ring holds its own as they are.
+struct RankRows {
+  std::vector<at::Tensor> q, k, v, dout;
+  RankRows(const at::Tensor& q_all, const at::Tensor& k_all, const at::Tensor& v_all, const at::Tensor& dout_all, int cp) {
+    for (int rank = 0; rank < cp; ++rank) {
+      q.push_back(cp::rank_rows(q_all, 2, cp, rank));
+      k.push_back(cp::rank_rows(k_all, 2, cp, rank));
+      v.push_back(cp::rank_rows(v_all, 2, cp, rank));
+      dout.push_back(cp::rank_rows(dout_all, 2, cp, rank));
+    }
+  }
+};
+
 // Every rank's ring steps for one sequence, as ring_attention runs them: forward blocks merged
 // (step 0's own block starts the accumulator), the output cast back; then their backward, each
 // block's gradients added into fp32 sums (dq per rank, dk/dv per owner) and cast back.
 // Under packed documents (non-null) each block runs piece by piece, as the ring does.
-void ring_work(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, int cp, double scale,
-               cp::BlockKernel kernel, const cp::PackedDocuments* documents = nullptr) {
-  const int64_t c = q.size(2) / (2 * cp);
-  auto rows = [&](const at::Tensor& x, int rank) { return cp::rank_rows(x, 2, cp, rank); };  // chunks i and 2cp-1-i
-  const at::TensorOptions fp32 = q.options().dtype(at::kFloat);
+// bookkeeping false: the blocks' kernels alone (no merges, sums or casts; the backward reads the
+// own block's output and statistics, which cover every row): what the ring's own arithmetic
+// around the kernels costs is the difference.
+void ring_work(const RankRows& r, int cp, double scale, cp::BlockKernel kernel, const cp::PackedDocuments* documents = nullptr,
+               bool bookkeeping = true) {
+  const int64_t c = r.q[0].size(2) / 2;
+  const at::TensorOptions fp32 = r.q[0].options().dtype(at::kFloat);
   std::vector<at::Tensor> dk, dv;  // [b, G, 2c, d] fp32 per owner
-  for (int owner = 0; owner < cp; ++owner) {
-    dk.push_back(at::zeros({k.size(0), k.size(1), 2 * c, k.size(3)}, fp32));
-    dv.push_back(at::zeros({v.size(0), v.size(1), 2 * c, v.size(3)}, fp32));
+  for (int owner = 0; bookkeeping && owner < cp; ++owner) {
+    dk.push_back(at::zeros(r.k[0].sizes(), fp32));
+    dv.push_back(at::zeros(r.v[0].sizes(), fp32));
   }
   for (int rank = 0; rank < cp; ++rank) {
-    const at::Tensor mq = rows(q, rank), mdout = rows(dout, rank);
+    const at::Tensor &mq = r.q[size_t(rank)], &mdout = r.dout[size_t(rank)];
     std::vector<cp::BlockDocuments> pieces;  // per step, as ring_attention cuts them
     for (int step = 0; documents && step < cp; ++step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
       pieces.push_back(cp::shared_documents(*documents, cp::rank_row_positions(rank, cp, c, blk.first_query, blk.queries),
-                                            cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), q.device()));
+                                            cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), mq.device()));
     }
     // The step's block; under documents only the rows they share (none: skipped).
     auto block_at = [&](int step) {
       const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
       return documents ? cp::shared_rows(blk, pieces[size_t(step)]) : blk;
     };
+    auto keys = [&](const std::vector<at::Tensor>& x, const cp::RingBlock& blk) { return x[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys); };
     cp::PartialAttention acc;
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = block_at(step);
       if (blk.queries == 0) continue;
-      const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
-      const at::Tensor bq = mq.narrow(2, blk.first_query, blk.queries);
+      const at::Tensor bk = keys(r.k, blk), bv = keys(r.v, blk), bq = mq.narrow(2, blk.first_query, blk.queries);
       cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(step)], blk.causal, scale, kernel)
                                             : cp::attend_block(bq, bk, bv, blk.causal, at::Tensor(), scale, kernel);
       if (step == 0) {
-        acc = cp::accumulator_from(std::move(part));
-      } else {
+        acc = bookkeeping ? cp::accumulator_from(std::move(part)) : part;
+      } else if (bookkeeping) {
         cp::merge_into(acc, part, blk.first_query);
       }
     }
-    const at::Tensor out = acc.out.to(q.scalar_type());
+    const at::Tensor out = bookkeeping ? acc.out.to(mq.scalar_type()) : acc.out;
     at::Tensor dq;
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = block_at(step);
       if (blk.queries == 0) continue;
-      const at::Tensor bk = rows(k, blk.owner).narrow(2, blk.first_key, blk.keys), bv = rows(v, blk.owner).narrow(2, blk.first_key, blk.keys);
+      const at::Tensor bk = keys(r.k, blk), bv = keys(r.v, blk);
       const at::Tensor bdout = mdout.narrow(2, blk.first_query, blk.queries), bq = mq.narrow(2, blk.first_query, blk.queries),
                        bout = out.narrow(2, blk.first_query, blk.queries), blse = acc.lse.narrow(2, blk.first_query, blk.queries);
       const cp::BlockGrads g =
           documents ? cp::attend_documents_backward(bdout, bq, bk, bv, bout, blse, pieces[size_t(step)], blk.causal, scale, kernel)
                     : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, at::Tensor(), scale, kernel);
+      if (!bookkeeping) continue;
       if (step == 0) {
         dq = at::empty(mq.sizes(), fp32).copy_(g.dq);
       } else {
         dq.narrow(2, blk.first_query, blk.queries).add_(g.dq);
       }
-      dk[blk.owner].narrow(2, blk.first_key, blk.keys).add_(g.dk);
-      dv[blk.owner].narrow(2, blk.first_key, blk.keys).add_(g.dv);
+      dk[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys).add_(g.dk);
+      dv[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys).add_(g.dv);
     }
-    (void)dq.to(q.scalar_type());
+    if (bookkeeping) (void)dq.to(mq.scalar_type());
   }
-  for (int owner = 0; owner < cp; ++owner) {
-    (void)dk[owner].to(k.scalar_type());
-    (void)dv[owner].to(v.scalar_type());
+  for (int owner = 0; bookkeeping && owner < cp; ++owner) {
+    (void)dk[size_t(owner)].to(r.k[0].scalar_type());
+    (void)dv[size_t(owner)].to(r.v[0].scalar_type());
   }
 }
 
@@ -177,8 +195,8 @@ int main(int argc, char** argv) {
     std::printf("SDPA's kernel for the fused call: %s\n",
                 sdpa_backend_name(at::_fused_sdp_choice(q, k, k, std::nullopt, 0.0, true, scale, /*enable_gqa=*/true)));
   }
-  if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, FA2 blocks (ms) | ring, cuDNN blocks (ms) | "
-              "ring / SDPA, FA2 | ring / SDPA, cuDNN |\n|---|---|---|---|---|---|---|---|---|\n");
+  if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, cuDNN blocks (ms) | "
+              "their kernels alone (ms) | ring / SDPA | kernels alone / SDPA |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t seq : {32768, 65536, 131072}) {
     if (!causal) break;
     at::manual_seed(0);
@@ -195,12 +213,14 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       std::printf("cuDNN blocks failed: %.200s\n", e.what());
     }
+    // The ring's blocks in the kernel Auto picks (cuDNN on Hopper, FA2 when it failed).
+    const cp::BlockKernel kernel = cudnn > 0 ? cp::BlockKernel::Cudnn : cp::BlockKernel::Flash;
     for (int cp : {2, 4, 8}) {
-      const double ring_fa2 = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale, cp::BlockKernel::Flash); }, iters);
-      double ring_cudnn = 0;
-      if (cudnn > 0) ring_cudnn = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale, cp::BlockKernel::Cudnn); }, iters);
+      const RankRows rows(q, k, v, dout, cp);
+      const double ring = seconds_per_call([&] { ring_work(rows, cp, scale, kernel); }, iters);
+      const double kernels_alone = seconds_per_call([&] { ring_work(rows, cp, scale, kernel, nullptr, /*bookkeeping=*/false); }, iters);
       std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %.2f | %.3f | %.3f |\n", static_cast<long long>(seq), fused * 1e3,
-                  fa2 * 1e3, cudnn * 1e3, cp, ring_fa2 * 1e3, ring_cudnn * 1e3, ring_fa2 / fused, ring_cudnn / fused);
+                  fa2 * 1e3, cudnn * 1e3, cp, ring * 1e3, kernels_alone * 1e3, ring / fused, kernels_alone / fused);
       std::fflush(stdout);
     }
   }
@@ -216,7 +236,8 @@ int main(int argc, char** argv) {
     const cp::BlockDocuments all = cp::block_documents(documents, {{0, seq}}, {{0, seq}}, q.device());
     const double one = seconds_per_call([&] { one_call_over_documents(q, k, v, dout, scale, all); }, iters);
     for (int cp : {2, 4, 8}) {
-      const double ring = seconds_per_call([&] { ring_work(q, k, v, dout, cp, scale, cp::BlockKernel::Flash, &documents); }, iters);
+      const RankRows rows(q, k, v, dout, cp);
+      const double ring = seconds_per_call([&] { ring_work(rows, cp, scale, cp::BlockKernel::Flash, &documents); }, iters);
       std::printf("| %lld | %zu | %.2f | %d | %.2f | %.3f |\n", static_cast<long long>(seq), documents.starts.size() - 1, one * 1e3, cp,
                   ring * 1e3, ring / one);
       std::fflush(stdout);

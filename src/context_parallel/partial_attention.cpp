@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/cuda_device.h"
+#include "kernels/attention_ops.h"
 
 namespace megatron::cp {
 
@@ -153,15 +154,8 @@ BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, co
 
 void merge_into(PartialAttention& into, const PartialAttention& part, int64_t first_row) {
   const int64_t rows = part.lse.size(2);
-  at::Tensor out = into.out.narrow(2, first_row, rows);  // views: written in place
-  at::Tensor lse = into.lse.narrow(2, first_row, rows);
-  const at::Tensor merged = at::logaddexp(lse, part.lse);
-  // Rows neither side saw anything in stay at zero (exp(-inf - -inf) is NaN).
-  const at::Tensor kept = at::exp(lse - merged).nan_to_num_(0.0).unsqueeze(-1);   // [b, H, rows, 1]
-  const at::Tensor added = at::exp(part.lse - merged).nan_to_num_(0.0).unsqueeze(-1);
-  // Two passes over the rows' outputs, the block's read in its own dtype (no fp32 copy of it).
-  out.mul_(kept).addcmul_(part.out, added);
-  lse.copy_(merged);
+  // Views into the accumulator, written in place (one pass on CUDA).
+  kernels::attention_merge(into.out.narrow(2, first_row, rows), into.lse.narrow(2, first_row, rows), part.out, part.lse);
 }
 
 PartialAttention accumulator_from(PartialAttention&& first) {

@@ -103,6 +103,25 @@ void adamw_step(const AdamWArgs& args, Stream stream);
 // dst (fp32, n elements) = src, or dst += src, src in its storage type (upcast as read).
 void accumulate_into_fp32(float* dst, const void* src, int64_t n, DType src_dtype, bool overwrite, Stream stream);
 
+// Ring attention's merge of a block into its accumulator (src/kernels/attention_merge.cu), per
+// (batch, head, row): lse' = logaddexp(lse, part_lse), out' = out * exp(lse - lse') +
+// part_out * exp(part_lse - lse'); a row where both are -inf stays as it is. out / lse are the
+// accumulator's rows (fp32), part_out the block's (fp32, bf16 or fp16); every tensor [b, H, rows(, dv)]
+// with the strides given in elements and the value channels contiguous.
+struct AttentionMergeArgs {
+  float* out;
+  float* lse;
+  const void* part_out;
+  const float* part_lse;
+  DType part_dtype;
+  int64_t b, heads, rows, dv;
+  int64_t out_stride_b, out_stride_h, out_stride_row;
+  int64_t lse_stride_b, lse_stride_h, lse_stride_row;
+  int64_t part_stride_b, part_stride_h, part_stride_row;
+  int64_t part_lse_stride_b, part_lse_stride_h, part_lse_stride_row;
+};
+void attention_merge(const AttentionMergeArgs& args, Stream stream);
+
 // The MoE dispatcher's permutations (src/kernels/moe_permute.cu), rows of h channels
 // (row-contiguous), fp32 arithmetic. A layer routes T tokens to k experts each; pair p = t k + j
 // is token t's j-th choice.

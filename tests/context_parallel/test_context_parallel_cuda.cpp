@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "context_parallel/partial_attention.h"
 #include "context_parallel/ring_attention.h"
 #include "core/cuda_device.h"
+#include "kernels/attention_ops.h"
 
 namespace megatron {
 namespace {
@@ -55,6 +57,37 @@ TEST(ContextParallelCuda, FusedBlocksEqualTheArithmetic) {
       EXPECT_LT(relative(fg.dk, eg.dk), 2e-2) << name << " step " << step;
       EXPECT_LT(relative(fg.dv, eg.dv), 2e-2) << name << " step " << step;
     }
+  }
+}
+
+// The merge's one-pass kernel against ATen's composite of it: a block of rows in the middle of
+// the accumulator, the block's output strided as cuDNN returns it ([b, s, H, d] in memory), in
+// bf16 and fp32; rows where the accumulator, the block or both saw no key (-inf).
+TEST(ContextParallelCuda, MergeKernelEqualsTheComposite) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(5);
+  const int64_t b = 2, heads = 4, total = 96, first = 32, rows = 48, dv = 72;
+  const at::TensorOptions fp32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    at::Tensor acc_out = at::randn({b, heads, total, dv}, fp32), acc_lse = at::randn({b, heads, total}, fp32);
+    const at::Tensor part_out = at::randn({b, rows, heads, dv}, fp32).to(dtype).transpose(1, 2);  // strided, as cuDNN's
+    at::Tensor part_lse = at::randn({b, heads, rows}, fp32);
+    acc_lse.narrow(2, first, 4).fill_(-inf);   // the accumulator saw nothing there, the block did
+    part_lse.narrow(2, 4, 4).fill_(-inf);      // the block saw nothing there
+    acc_lse.narrow(2, first + 8, 4).fill_(-inf);
+    part_lse.narrow(2, 8, 4).fill_(-inf);      // neither
+    acc_out.narrow(2, first + 8, 4).zero_();   // (an accumulator row without keys is zero)
+    at::Tensor want_out = acc_out.clone(), want_lse = acc_lse.clone();
+    kernels::attention_merge(want_out.narrow(2, first, rows), want_lse.narrow(2, first, rows), part_out, part_lse,
+                             kernels::Impl::Composite);
+    kernels::attention_merge(acc_out.narrow(2, first, rows), acc_lse.narrow(2, first, rows), part_out, part_lse);
+    EXPECT_LT(relative(acc_out, want_out), 1e-6) << dtype;
+    EXPECT_TRUE(at::equal(acc_lse.isinf(), want_lse.isinf())) << dtype;
+    const at::Tensor finite = want_lse.isfinite();
+    EXPECT_LT((acc_lse.masked_select(finite) - want_lse.masked_select(finite)).abs().max().item<double>(), 1e-5) << dtype;
+    EXPECT_EQ(acc_out.narrow(2, first + 8, 4).abs().max().item<double>(), 0.0) << dtype;
+    EXPECT_FALSE(acc_out.isnan().any().item<bool>()) << dtype;
   }
 }
 
