@@ -6,7 +6,7 @@
 # `megatron generate --load-hf`. Ours: decode at batch 1 (ms a step: 256 new tokens), then 64
 # prompts decoded together (128 new tokens each): output tokens/s with and without the prefills;
 # each eagerly (--cuda-graph-impl none) and with decode graphs (the default on a GPU: attention over the
-# cache in place).
+# cache in place). GENERATE_QUICK=1: only the default engine and HF compiled.
 set -uo pipefail
 bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
 mkdir -p "$out"
@@ -29,6 +29,16 @@ if [ "${GENERATE_PROFILE:-0}" = 1 ]; then
   (cd "$out" && "$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos --max-new-tokens 40 \
      --inference-max-batch-size 64 --profile "${prompts[@]}" 2>&1 | grep "^>" | grep -v "^> [0-9]" | head -40)
   "$py" bench/trace_host_time.py "$out"/trace_rank0_iterations_10-11.json 2 15
+  exit 0
+fi
+if [ "${GENERATE_QUICK:-0}" = 1 ]; then
+  # The default engine (decode graphs) at batch 1 and 64 next to HF compiled: the figures that move.
+  echo "megatron.cpp batch 1: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+    --max-new-tokens 256 --prompt "$text" 2>&1 >/dev/null | grep '^> prefill')"
+  prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
+  echo "megatron.cpp batch 64: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+    --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
+  "$py" bench/hf_generate_baseline.py "$out/model" "$text" --compile 2>&1 | grep -E "baseline|Error"
   exit 0
 fi
 echo "megatron.cpp batch 1, --cuda-graph-impl none: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
