@@ -60,7 +60,8 @@ BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, co
                                  const at::Tensor& out, const at::Tensor& lse, bool causal, const at::Tensor& mask,
                                  double scale, BlockKernel kernel = BlockKernel::Auto);
 
-// Folds `part` (rows [first_row, first_row + its rows) of `into`) into `into` (fp32), in place.
+// Folds `part` (rows [first_row, first_row + its rows) of `into`) into `into` (fp32), in place, by
+// log-sum-exp (kernels::attention_merge: one CUDA pass over the rows, ATen's composite elsewhere).
 void merge_into(PartialAttention& into, const PartialAttention& part, int64_t first_row);
 
 }  // namespace megatron::cp
