@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "kernels/cuda_dispatch.h"
@@ -50,6 +51,55 @@ void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Ten
 }
 
 int64_t max_row_blocks() { return cuda::kMaxRowBlocks; }
+
+bool decode_attention_takes(const at::Tensor& q, int64_t kv_heads) {
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  const int64_t heads = q.size(-2);
+  return uses_kernel(q) && q.scalar_type() != at::kFloat && kv_heads > 0 && heads % kv_heads == 0 &&
+         cuda::decode_attention_supported(q.size(-1), heads / kv_heads, storage_type(q));
+#else
+  return false;
+#endif
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
+                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& counters) {
+  const int64_t b = q.size(0), heads = q.size(1), d = q.size(2), groups = k_store.size(1);
+  TORCH_CHECK(q.dim() == 3 && k_store.dim() == 3 && k_store.sizes() == v_store.sizes() && k_store.size(2) == d &&
+                  k_store.strides() == v_store.strides() && decode_attention_takes(q, groups),
+              "decode_attention: q [b, H, d] and stores [rows, G, d] of a kind the kernel takes (decode_attention_takes)");
+  TORCH_CHECK(q.stride(2) == 1 && k_store.stride(2) == 1 && k_store.scalar_type() == q.scalar_type() &&
+                  key_starts.scalar_type() == at::kInt && key_counts.scalar_type() == at::kInt && key_counts.numel() == b &&
+                  key_starts.numel() >= b && counters.scalar_type() == at::kInt && counters.numel() >= b * groups &&
+                  key_starts.is_contiguous() && key_counts.is_contiguous(),
+              "decode_attention: contiguous channels, the stores in q's dtype, int32 starts / counts / counters");
+  at::Tensor out = at::empty({b, heads, d}, q.options());
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  const int64_t chunk = cuda::decode_attention_chunk(), max_chunks = std::max<int64_t>(1, (longest + chunk - 1) / chunk);
+  const int64_t per_group = heads / groups;
+  const at::TensorOptions f = q.options().dtype(at::kFloat);
+  const at::Tensor partial_out = at::empty({b, groups, max_chunks, per_group, d}, f);
+  const at::Tensor partial_stats = at::empty({2, b, groups, max_chunks, per_group}, f);
+  cuda::DecodeAttentionArgs a{};
+  a.q = q.data_ptr();
+  a.k = k_store.data_ptr();
+  a.v = v_store.data_ptr();
+  a.out = out.data_ptr();
+  a.key_starts = key_starts.data_ptr<int>();
+  a.key_counts = key_counts.data_ptr<int>();
+  a.partial_out = partial_out.data_ptr<float>();
+  a.partial_max = partial_stats[0].data_ptr<float>();
+  a.partial_sum = partial_stats[1].data_ptr<float>();
+  a.counters = counters.data_ptr<int>();
+  a.dtype = storage_type(q);
+  a.b = b, a.groups = groups, a.heads_per_group = per_group, a.head_dim = d, a.max_chunks = max_chunks;
+  a.q_stride_b = q.stride(0), a.q_stride_h = q.stride(1), a.out_stride_b = out.stride(0), a.out_stride_h = out.stride(1);
+  a.kv_stride_row = k_store.stride(0), a.kv_stride_h = k_store.stride(1);
+  a.scale = static_cast<float>(scale);
+  cuda::decode_attention(a, current_stream());
+#endif
+  return out;
+}
 
 void combine_row_blocks(const std::vector<AttentionRows>& blocks, const at::Tensor& out, const at::Tensor& out_lse, bool weighted,
                         Impl impl) {
@@ -107,6 +157,45 @@ void combine_row_blocks(const std::vector<AttentionRows>& blocks, const at::Tens
   }
   cuda::combine_row_blocks(a, current_stream());
 #endif
+}
+
+bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at::Tensor& cos) {
+  // 16-byte packs of half a head (the kernel's launcher checks the strides and pointers again).
+  return uses_kernel(qkv) && qkv.scalar_type() != at::kFloat && qkv.dim() == 4 && qkv.stride(3) == 1 && head_dim % 16 == 0 &&
+         cos.scalar_type() == at::kFloat && cos.dim() == 4 && cos.size(-1) == head_dim && cos.stride(-1) == 1;
+}
+
+at::Tensor qkv_rope_into_cache(const at::Tensor& qkv, int64_t heads_per_group, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& store_rows) {
+  const int64_t s = qkv.size(0), b = qkv.size(1), groups = qkv.size(2), d = qkv.size(3) / (heads_per_group + 2);
+  TORCH_CHECK(qkv_rope_into_cache_takes(qkv, d, cos) && qkv.size(3) == (heads_per_group + 2) * d, "qkv_rope_into_cache: qkv ", qkv.sizes(),
+              " is not [s, b, G, (P + 2) d] of a kind the kernel takes");
+  TORCH_CHECK(k_store.dim() == 3 && k_store.sizes() == v_store.sizes() && k_store.strides() == v_store.strides() &&
+                  k_store.size(1) == groups && k_store.size(2) == d && k_store.stride(2) == 1 && k_store.scalar_type() == qkv.scalar_type(),
+              "qkv_rope_into_cache: stores [rows, G, d] in qkv's dtype");
+  TORCH_CHECK(store_rows.scalar_type() == at::kLong && store_rows.is_contiguous() && store_rows.numel() == b * s,
+              "qkv_rope_into_cache: store_rows [b s] int64");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.size(-1) == d && cos.size(0) >= s && cos.stride(-1) == 1 && sin.strides() == cos.strides(),
+              "qkv_rope_into_cache: fp32 tables [>= s, 1 or b, 1, d]");
+  at::Tensor q = at::empty({s, b, groups * heads_per_group, d}, qkv.options());
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  cuda::QkvIntoCacheArgs a{};
+  a.qkv = qkv.data_ptr();
+  a.q_out = q.data_ptr();
+  a.k_store = k_store.data_ptr();
+  a.v_store = v_store.data_ptr();
+  a.store_rows = store_rows.data_ptr<int64_t>();
+  a.cos = cos.data_ptr<float>();
+  a.sin = sin.data_ptr<float>();
+  a.s = s, a.b = b, a.groups = groups, a.heads_per_group = heads_per_group, a.d = d;
+  a.x_stride_s = qkv.stride(0), a.x_stride_b = qkv.stride(1), a.x_stride_group = qkv.stride(2);
+  a.store_stride_row = k_store.stride(0), a.store_stride_group = k_store.stride(1);
+  a.table_stride_s = cos.stride(0);
+  a.table_stride_b = cos.size(1) == 1 ? 0 : cos.stride(1);
+  a.dtype = storage_type(qkv);
+  cuda::rope_qkv_into_cache(a, current_stream());
+#endif
+  return q;
 }
 
 }  // namespace megatron::kernels

@@ -38,4 +38,24 @@ int64_t max_row_blocks();
 void combine_row_blocks(const std::vector<AttentionRows>& blocks, const at::Tensor& out, const at::Tensor& out_lse, bool weighted,
                         Impl impl = Impl::Auto);
 
+// Generation's decode step: one query row per sequence attending every row its key/value head holds
+// in the cache, read where it lies (one launch; src/kernels/decode_attention.cu).
+// decode_attention_takes: a CUDA build, q on a CUDA device in bf16 / fp16, head dim 64 or 128,
+// 1, 2, 4 or 8 query heads a key/value head.
+bool decode_attention_takes(const at::Tensor& q, int64_t kv_heads);
+// q [b, H, d] (channels contiguous); k_store, v_store [rows, G, d]; sequence i's keys at rows
+// key_starts[i] .. + key_counts[i] (int32 on the device; counts at most `longest`); counters: int32
+// [>= b * G] on the device, zero, and zero again afterwards. Returns [b, H, d] in q's dtype.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
+                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& counters);
+
+// The decode step's QKV output [s, b, G, (P + 2) * d] (split_qkv_rope's layout) in one pass: the
+// queries rotated into the result [s, b, G * P, d], the key rotated and the value copied into the
+// cache's stores [rows, G, d] at rows store_rows ([b s] int64, sequence-major). No autograd.
+// qkv_rope_into_cache_takes: a CUDA build, bf16 / fp16 on a CUDA device, heads in 16-byte packs,
+// whole-head rotation (fp32 tables [>= s, 1 or b, 1, head_dim]).
+bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at::Tensor& cos);
+at::Tensor qkv_rope_into_cache(const at::Tensor& qkv, int64_t heads_per_group, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& store_rows);
+
 }  // namespace megatron::kernels

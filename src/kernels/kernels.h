@@ -37,6 +37,28 @@ struct RopeArgs {
 };
 void rope(const RopeArgs& args, Stream stream);
 
+// A decode step's QKV output into attention's operands, in one pass (generation; no backward):
+// qkv [s, b, G, (P + 2) * d] (per group: P query heads, one key head, one value head; strides in
+// elements, channels contiguous). The queries rotate into q_out [s, b, G * P, d] (contiguous); the
+// key rotates and the value is copied into the cache stores [rows, G, d] at row store_rows[bi * s + si]
+// (int64 on the device, sequence-major) for token (si, bi). Whole-head rotation; cos / sin as RopeArgs'.
+struct QkvIntoCacheArgs {
+  const void* qkv;
+  void* q_out;
+  void* k_store;
+  void* v_store;
+  const int64_t* store_rows;
+  const float* cos;
+  const float* sin;
+  int64_t s, b, groups, heads_per_group, d;
+  int64_t x_stride_s, x_stride_b, x_stride_group;
+  int64_t store_stride_row, store_stride_group;
+  int64_t table_stride_s, table_stride_b;
+  DType dtype;
+};
+bool rope_qkv_into_cache_supported(const QkvIntoCacheArgs& args);  // bf16 / fp16, 16-byte packs
+void rope_qkv_into_cache(const QkvIntoCacheArgs& args, Stream stream);
+
 // SwiGLU over rows of [gate | up] (in: [rows, 2f], out: [rows, f]): out = silu(gate) * up.
 void swiglu_forward(const void* in, void* out, int64_t rows, int64_t f, DType dtype, Stream stream);
 // grad_in [rows, 2f] from grad_out [rows, f] and the saved input.
@@ -148,6 +170,33 @@ struct RowBlockCombineArgs {
   int64_t out_lse_stride_b, out_lse_stride_h, out_lse_stride_row;
 };
 void combine_row_blocks(const RowBlockCombineArgs& args, Stream stream);
+
+// Generation's decode attention (src/kernels/decode_attention.cu): one query row per sequence over
+// the rows its key/value heads hold in the cache, read in place. q [b, H, D] and out [b, H, D]
+// (strides in elements, channels contiguous); k, v: the store [rows, G, D] (row stride, head
+// stride), sequence i's keys at rows key_starts[i] .. key_starts[i] + key_counts[i] (int32 on the
+// device). Query head h reads key/value head h / heads_per_group. Work in 128-key chunks:
+// max_chunks >= the longest sequence's chunks; the workspace holds [b, G, max_chunks, P(, D)]
+// partials in fp32; counters [b * G] int32 start zeroed and are left zeroed.
+struct DecodeAttentionArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  const int* key_starts;
+  const int* key_counts;
+  float* partial_out;
+  float* partial_max;
+  float* partial_sum;
+  int* counters;
+  DType dtype;
+  int64_t b, groups, heads_per_group, head_dim, max_chunks;
+  int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h, kv_stride_row, kv_stride_h;
+  float scale;
+};
+int64_t decode_attention_chunk();
+bool decode_attention_supported(int64_t head_dim, int64_t heads_per_group, DType dtype);
+void decode_attention(const DecodeAttentionArgs& args, Stream stream);
 
 // The MoE dispatcher's permutations (src/kernels/moe_permute.cu), rows of h channels
 // (row-contiguous), fp32 arithmetic. A layer routes T tokens to k experts each; pair p = t k + j

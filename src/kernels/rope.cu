@@ -75,6 +75,46 @@ __global__ void rope_packed_kernel(RopeArgs a) {
   }
 }
 
+// The decode step's QKV output: work item i covers N channels of the first half of one head of
+// one token (and their partners), the heads of a group being its P queries, its key and its
+// value. Queries rotate into q_out, the key rotates into its cache row, the value is copied there.
+template <typename T, int N>
+__global__ void rope_qkv_into_cache_kernel(QkvIntoCacheArgs a) {
+  const int64_t half = a.d / 2, packs = half / N, heads = a.groups * (a.heads_per_group + 2), per_token = heads * packs;
+  const int64_t items = a.s * a.b * per_token;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t token = i / per_token, slot = (i % per_token) / packs, j = (i % packs) * N;
+    const int64_t si = token / a.b, bi = token % a.b;
+    const int64_t group = slot / (a.heads_per_group + 2), head = slot % (a.heads_per_group + 2);
+    const T* x = static_cast<const T*>(a.qkv) + si * a.x_stride_s + bi * a.x_stride_b + group * a.x_stride_group + head * a.d;
+    const Pack<T, N> x1 = *reinterpret_cast<const Pack<T, N>*>(x + j);
+    const Pack<T, N> x2 = *reinterpret_cast<const Pack<T, N>*>(x + j + half);
+    const int64_t row = a.store_rows[bi * a.s + si];  // sequence-major
+    T* y;
+    if (head < a.heads_per_group) {
+      y = static_cast<T*>(a.q_out) + ((si * a.b + bi) * a.groups * a.heads_per_group + group * a.heads_per_group + head) * a.d;
+    } else {
+      y = static_cast<T*>(head == a.heads_per_group ? a.k_store : a.v_store) + row * a.store_stride_row + group * a.store_stride_group;
+    }
+    if (head == a.heads_per_group + 1) {  // the value: copied as it is
+      *reinterpret_cast<Pack<T, N>*>(y + j) = x1;
+      *reinterpret_cast<Pack<T, N>*>(y + j + half) = x2;
+      continue;
+    }
+    const float* cos = a.cos + si * a.table_stride_s + bi * a.table_stride_b;
+    const float* sin = a.sin + si * a.table_stride_s + bi * a.table_stride_b;
+    Pack<T, N> y1, y2;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float a1 = to_float(x1.v[k]), a2 = to_float(x2.v[k]);
+      y1.v[k] = from_float<T>(a1 * cos[j + k] - a2 * sin[j + k]);
+      y2.v[k] = from_float<T>(a2 * cos[j + half + k] + a1 * sin[j + half + k]);
+    }
+    *reinterpret_cast<Pack<T, N>*>(y + j) = y1;
+    *reinterpret_cast<Pack<T, N>*>(y + j + half) = y2;
+  }
+}
+
 template <typename T>
 bool packable(const RopeArgs& a) {
   constexpr int N = kPack<T>;
@@ -99,6 +139,30 @@ void rope(const RopeArgs& args, Stream stream) {
     }
   });
   check_launch("rope");
+}
+
+bool rope_qkv_into_cache_supported(const QkvIntoCacheArgs& a) {
+  bool ok = false;
+  with_storage_type(a.dtype, [&](auto type) {
+    using T = decltype(type);
+    constexpr int N = kPack<T>;
+    ok = a.dtype != DType::Float32 && (a.d / 2) % N == 0 && a.x_stride_s % N == 0 && a.x_stride_b % N == 0 && a.x_stride_group % N == 0 &&
+         a.store_stride_row % N == 0 && a.store_stride_group % N == 0 && aligned16(a.qkv) && aligned16(a.q_out) &&
+         aligned16(a.k_store) && aligned16(a.v_store);
+  });
+  return ok;
+}
+
+void rope_qkv_into_cache(const QkvIntoCacheArgs& args, Stream stream) {
+  if (args.s * args.b == 0) return;
+  if (!rope_qkv_into_cache_supported(args)) throw std::runtime_error("rope_qkv_into_cache: bf16 / fp16 in 16-byte packs");
+  with_storage_type(args.dtype, [&](auto type) {
+    using T = decltype(type);
+    constexpr int N = kPack<T>, threads = 256;
+    const int64_t items = args.s * args.b * args.groups * (args.heads_per_group + 2) * (args.d / 2 / N);
+    rope_qkv_into_cache_kernel<T, N><<<grid_for(items, threads), threads, 0, stream>>>(args);
+  });
+  check_launch("rope_qkv_into_cache");
 }
 
 }  // namespace megatron::kernels::cuda

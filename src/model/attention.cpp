@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/attention_ops.h"
 #include "kernels/ops.h"
 #include "model/core_attention.h"
 #include "model/norm_module.h"
@@ -60,6 +61,20 @@ at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* ro
   const int64_t per_group = heads_ / groups_;
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups_, (per_group + 2) * head_dim_});
+  if (cache != nullptr && rope != nullptr && rope_fusion_ && !q_layernorm_weight.defined() &&
+      kernels::qkv_rope_into_cache_takes(qkv, head_dim_, rope->cos)) {
+    // Generation with attention reading the cache in place: one pass rotates the queries and
+    // writes the rotated keys and the values straight into the cache's rows.
+    const at::Tensor probe = qkv.narrow(-1, 0, head_dim_).unsqueeze(-2);  // [s, b, G, 1, d]: q's dtype, device and head dim
+    if (core_attention_->reads_cache_in_place(probe, *cache)) {
+      const at::TensorOptions o = qkv.options();
+      const at::Tensor k_store = cache->store(0, {groups_, head_dim_}, o).flatten(0, 1);  // [slots * capacity, G/tp, d]
+      const at::Tensor v_store = cache->store(1, {groups_, head_dim_}, o).flatten(0, 1);
+      const at::Tensor q =
+          kernels::qkv_rope_into_cache(qkv, per_group, rope->cos, rope->sin, k_store, v_store, cache->step->store_rows());  // [s, b, H, d]
+      return linear_proj->forward(core_attention_->forward_over_written_cache(q, *cache));
+    }
+  }
   if (rope != nullptr && rope_fusion_ && !q_layernorm_weight.defined()) {
     // One autograd node: q and k rotated straight out of the QKV output, and in backward the
     // three gradients written straight into the QKV output's gradient.

@@ -22,6 +22,8 @@ class SdpaAttention : public CoreAttention {
                      double dropout) const override;
   at::Tensor forward_over_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const LayerKvCache& cache) const override;
+  bool reads_cache_in_place(const at::Tensor& q, const LayerKvCache& cache) const override;
+  at::Tensor forward_over_written_cache(const at::Tensor& q, const LayerKvCache& cache) const override;
 
  private:
   tp::TensorParallel tp_;  // dropout inside the TP region draws from its generator

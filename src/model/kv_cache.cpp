@@ -21,6 +21,12 @@ const at::Tensor& LayerKvCache::attention_mask() const { return step->attention_
 
 at::Tensor LayerKvCache::write(size_t part, const at::Tensor& rows) const { return step->write(layer, part, rows); }
 
+at::Tensor LayerKvCache::store(size_t part, at::IntArrayRef row_shape, const at::TensorOptions& options) const {
+  return step->store(layer, part, row_shape, options);
+}
+
+const at::Tensor& LayerKvCache::stored(size_t part) const { return step->stored(layer, part); }
+
 KvCacheStep::KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new_tokens, const at::Device& device)
     : cache_(cache), slots_(std::move(slots)), assigned_(slots_.size()), new_tokens_(new_tokens) {
   TORCH_CHECK(!slots_.empty() && new_tokens_ >= 1, "KvCacheStep: need at least one sequence and one new token");
@@ -42,6 +48,7 @@ KvCacheStep::KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new
   position_ids_ = held + at::arange(s, on_device).view({1, s});                   // [b, s]
   row_slots_ = slot_ids_.view({b, 1}).expand({b, s}).reshape({b * s});
   row_positions_ = position_ids_.reshape({b * s});
+  store_rows_ = row_slots_ * cache_.capacity() + row_positions_;
   // New token i of sequence j (at position held_j + i) sees rows 0 ..= held_j + i. With every
   // sequence starting from nothing that is plain causal attention, which SDPA has fast paths for.
   if (!all_empty) {
@@ -68,12 +75,13 @@ KvCacheStep::KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_s
   TORCH_CHECK(batch >= 1 && scratch_slot >= 0 && scratch_slot < cache.slots(), "KvCacheStep::fixed_decode: batch ", batch,
               ", scratch slot ", scratch_slot, " of ", cache.slots());
   const int64_t b = batch;
-  fixed_longs_ = at::zeros({2 * b}, at::TensorOptions().dtype(at::kLong).device(device));     // [slots (b) | held (b)]
+  fixed_longs_ = at::zeros({3 * b}, at::TensorOptions().dtype(at::kLong).device(device));     // [slots | held | store rows], b each
   fixed_ints_ = at::zeros({2 * b + 1}, at::TensorOptions().dtype(at::kInt).device(device));  // [key starts (b + 1) | key counts (b)]
   slot_ids_ = fixed_longs_.narrow(0, 0, b);
   position_ids_ = fixed_longs_.narrow(0, b, b).view({b, 1});  // one new token each, at the position after what it holds
   row_slots_ = slot_ids_;
   row_positions_ = fixed_longs_.narrow(0, b, b);
+  store_rows_ = fixed_longs_.narrow(0, 2 * b, b);
   key_starts_ = fixed_ints_.narrow(0, 0, b + 1);
   key_counts_ = fixed_ints_.narrow(0, b + 1, b);
   query_starts_ = at::arange(b + 1, at::TensorOptions().dtype(at::kInt).device(device));
@@ -85,7 +93,7 @@ void KvCacheStep::assign(const std::vector<int64_t>& slots) {
   const int64_t b = batch();
   TORCH_CHECK(static_cast<int64_t>(slots.size()) <= b, "KvCacheStep::assign: ", slots.size(), " sequences for a step of ", b);
   TORCH_CHECK(std::set<int64_t>(slots.begin(), slots.end()).size() == slots.size(), "KvCacheStep::assign: a slot appears twice");
-  std::vector<int64_t> longs(static_cast<size_t>(2 * b));
+  std::vector<int64_t> longs(static_cast<size_t>(3 * b));
   std::vector<int32_t> ints(static_cast<size_t>(2 * b + 1));
   for (int64_t i = 0; i < b; ++i) {
     const bool real = i < static_cast<int64_t>(slots.size());
@@ -97,6 +105,7 @@ void KvCacheStep::assign(const std::vector<int64_t>& slots) {
     slots_[size_t(i)] = slot;
     longs[size_t(i)] = slot;
     longs[size_t(b + i)] = held;
+    longs[size_t(2 * b + i)] = slot * cache_.capacity() + held;
     ints[size_t(i)] = static_cast<int32_t>(slot * cache_.capacity());
     ints[size_t(b + 1 + i)] = static_cast<int32_t>(held + 1);
   }
@@ -115,27 +124,38 @@ at::Tensor KvCacheStep::extend(int64_t layer, size_t part, const at::Tensor& row
   return mine.transpose(0, 1);                                                                           // [L, b, ...]
 }
 
-at::Tensor KvCacheStep::write(int64_t layer, size_t part, const at::Tensor& rows) {
+at::Tensor KvCacheStep::store(int64_t layer, size_t part, at::IntArrayRef row_shape, const at::TensorOptions& options) {
   TORCH_CHECK(!committed_, "KvCacheStep: written after commit()");
-  TORCH_CHECK(rows.dim() >= 2 && rows.size(0) == new_tokens_ && rows.size(1) == batch(), "KvCacheStep: rows of shape ",
-              rows.sizes(), " for ", new_tokens_, " new tokens of ", batch(), " sequences");
   std::vector<at::Tensor>& parts = cache_.parts_.at(static_cast<size_t>(layer));
   if (parts.size() <= part) parts.resize(part + 1);
   at::Tensor& store = parts[part];
-  const at::IntArrayRef rest = rows.sizes().slice(2);  // what one row is
   if (!store.defined()) {
     std::vector<int64_t> shape = {cache_.slots(), cache_.capacity()};
-    shape.insert(shape.end(), rest.begin(), rest.end());
-    store = at::zeros(shape, rows.options());  // [slots, capacity, ...]
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    store = at::zeros(shape, options);  // [slots, capacity, ...]
   }
-  TORCH_CHECK(store.sizes().slice(2) == rest && store.scalar_type() == rows.scalar_type() && store.device() == rows.device(),
+  TORCH_CHECK(store.sizes().slice(2) == row_shape && store.scalar_type() == options.dtype() && store.device() == options.device(),
               "KvCacheStep: layer ", layer, " part ", part, " was cached as ", store.sizes(), " ", store.scalar_type(),
-              ", now written as ", rows.sizes(), " ", rows.scalar_type());
+              ", now written as rows of ", row_shape, " ", options.dtype());
+  return store;
+}
+
+const at::Tensor& KvCacheStep::stored(int64_t layer, size_t part) const {
+  const std::vector<at::Tensor>& parts = cache_.parts_.at(static_cast<size_t>(layer));
+  TORCH_CHECK(part < parts.size() && parts[part].defined(), "KvCacheStep: layer ", layer, " part ", part, " has no store yet");
+  return parts[part];
+}
+
+at::Tensor KvCacheStep::write(int64_t layer, size_t part, const at::Tensor& rows) {
+  TORCH_CHECK(rows.dim() >= 2 && rows.size(0) == new_tokens_ && rows.size(1) == batch(), "KvCacheStep: rows of shape ",
+              rows.sizes(), " for ", new_tokens_, " new tokens of ", batch(), " sequences");
+  const at::IntArrayRef rest = rows.sizes().slice(2);  // what one row is
+  at::Tensor held = store(layer, part, rest, rows.options());
   const int64_t b = batch(), s = new_tokens_;
   std::vector<int64_t> flat_shape = {b * s};
   flat_shape.insert(flat_shape.end(), rest.begin(), rest.end());
-  store.index_put_({row_slots_, row_positions_}, rows.transpose(0, 1).reshape(flat_shape));
-  return store;
+  held.index_put_({row_slots_, row_positions_}, rows.transpose(0, 1).reshape(flat_shape));
+  return held;
 }
 
 void KvCacheStep::make_varlen_offsets() {
@@ -151,6 +171,11 @@ void KvCacheStep::make_varlen_offsets() {
   query_starts_ = all.narrow(0, 0, b + 1);
   key_starts_ = all.narrow(0, b + 1, b + 1);
   key_counts_ = all.narrow(0, 2 * b + 2, b);
+}
+
+const at::Tensor& KvCacheStep::zeroed_counters(int64_t n, const at::Device& device) {
+  if (!counters_.defined() || counters_.numel() < n) counters_ = at::zeros({n}, at::TensorOptions().dtype(at::kInt).device(device));
+  return counters_;
 }
 
 const at::Tensor& KvCacheStep::query_starts() {

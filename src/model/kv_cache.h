@@ -53,6 +53,11 @@ struct LayerKvCache {
   // returns the layer's whole store of `part`, [slots, capacity, ...]; see KvCacheStep for where
   // each sequence's rows are in it.
   at::Tensor write(size_t part, const at::Tensor& rows) const;
+  // For a caller that writes this step's rows itself (at KvCacheStep::store_rows()): the layer's
+  // store of `part`, [slots, capacity, row_shape...], made (zeros) at the first call; and the
+  // store once made.
+  at::Tensor store(size_t part, at::IntArrayRef row_shape, const at::TensorOptions& options) const;
+  const at::Tensor& stored(size_t part) const;
 };
 
 class KvCacheStep {
@@ -84,6 +89,11 @@ class KvCacheStep {
   const at::Tensor& attention_mask() const { return attention_mask_; }
   at::Tensor extend(int64_t layer, size_t part, const at::Tensor& rows);
   at::Tensor write(int64_t layer, size_t part, const at::Tensor& rows);
+  at::Tensor store(int64_t layer, size_t part, at::IntArrayRef row_shape, const at::TensorOptions& options);
+  const at::Tensor& stored(int64_t layer, size_t part) const;
+  // [b s] int64 on the device, sequence-major: where each new row goes in a store flattened to
+  // [slots * capacity, ...] (slot * capacity + position).
+  const at::Tensor& store_rows() const { return store_rows_; }
   // Where the batch's rows are in a store flattened to [slots * capacity, ...], as variable-length
   // attention kernels take them (int32 on the device, made at the first call):
   // [b + 1] where each sequence's new tokens begin among the b * s query rows (sequence-major);
@@ -93,6 +103,9 @@ class KvCacheStep {
   const at::Tensor& key_starts();
   // [b] the rows each sequence holds once this step's are written.
   const at::Tensor& key_counts();
+  // int32 [n] zeros on `device` for a kernel that counts in them and leaves them zero (decode
+  // attention): made at the first call (for a fixed step, in the eager run before its capture).
+  const at::Tensor& zeroed_counters(int64_t n, const at::Device& device);
   // The sequences hold their new tokens from now on: once, after the forward has run.
   void commit();
 
@@ -113,9 +126,11 @@ class KvCacheStep {
   at::Tensor slot_ids_;      // [b] int64 on the device
   at::Tensor row_slots_;     // [b s]: the slot of each new row
   at::Tensor row_positions_; // [b s]: its position in the slot
+  at::Tensor store_rows_;    // [b s]: its row in the flattened store
   at::Tensor position_ids_;  // [b, s]
   at::Tensor attention_mask_;
   at::Tensor query_starts_, key_starts_, key_counts_;  // made by make_varlen_offsets()
+  at::Tensor counters_;
   void make_varlen_offsets();
 };
 

@@ -59,6 +59,11 @@ class CoreAttention {
                                         const LayerKvCache& cache) const {
     return {};
   }
+  // For a caller that writes the new rows into the cache itself (LayerKvCache::store, at
+  // KvCacheStep::store_rows()): whether this backend reads the cache in place for queries like q,
+  // and then the attention over it ([s, b, H/tp * d]).
+  virtual bool reads_cache_in_place(const at::Tensor& q, const LayerKvCache& cache) const { return false; }
+  virtual at::Tensor forward_over_written_cache(const at::Tensor& q, const LayerKvCache& cache) const { return {}; }
 };
 
 // A part on the residual stream: takes hidden states already normalised with the norm in front

@@ -4,11 +4,18 @@
 // logits against a full forward of the same model over the whole sequence and against the
 // gathered cache, with sequences of different lengths in slots given out of order and a step of
 // several new tokens; and the engine's decode steps replayed from CUDA graphs against eager steps.
+// The decode attention kernel (one new token a sequence) on its own against the arithmetic and FA2.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "inference/engine.h"
 #include "inference/generation_model.h"
+#include "kernels/attention_ops.h"
+#include "kernels/ops.h"
 #include "model/core_attention.h"
 #include "model/gpt_model.h"
 #include "model/kv_cache.h"
@@ -37,6 +44,81 @@ double relative_gap(const at::Tensor& a, const at::Tensor& b) {
 }
 
 class GenerationCuda : public ::testing::TestWithParam<std::string> {};
+
+// The decode step's one-pass QKV split against split_qkv_rope (the training path) followed by
+// writing the keys and values into the cache rows: the same bits, rows given out of order.
+TEST(GenerationCudaKernels, QkvRopeIntoCacheEqualsSplitThenWrite) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(8);
+  const int64_t s = 2, b = 3, groups = 2, per_group = 4, d = 64, rows = 40;
+  const at::Device gpu(at::kCUDA, 0);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    const at::TensorOptions o = at::TensorOptions().device(gpu).dtype(dtype);
+    const at::Tensor qkv = at::randn({s, b, groups, (per_group + 2) * d}, o);
+    const at::Tensor angles = at::rand({s, b, 1, d}, o.dtype(at::kFloat)) * 6.0;
+    const at::Tensor cos = angles.cos(), sin = angles.sin();
+    const at::Tensor store_rows = at::tensor(std::vector<int64_t>{31, 7, 0, 12, 39, 5}, at::kLong).to(gpu);  // [b s], sequence-major
+    ASSERT_TRUE(kernels::qkv_rope_into_cache_takes(qkv, d, cos));
+    const at::Tensor k_store = at::zeros({rows, groups, d}, o), v_store = at::zeros({rows, groups, d}, o);
+    const at::Tensor q = kernels::qkv_rope_into_cache(qkv, per_group, cos, sin, k_store, v_store, store_rows);
+    const kernels::QkvRope want = kernels::split_qkv_rope(qkv, per_group, cos, sin);
+    EXPECT_TRUE(at::equal(q, want.q)) << dtype;
+    const at::Tensor order = store_rows.view({b, s}).t().reshape({s * b});  // token (si, bi)'s row, s-major like want's [s, b]
+    EXPECT_TRUE(at::equal(k_store.index_select(0, order), want.k.reshape({s * b, groups, d}))) << dtype;
+    EXPECT_TRUE(at::equal(v_store.index_select(0, order), want.v.reshape({s * b, groups, d}))) << dtype;
+    const at::Tensor untouched = at::ones({rows}, o.dtype(at::kBool)).index_fill_(0, store_rows, false);
+    EXPECT_EQ(k_store.index({untouched}).abs().max().item<double>(), 0.0) << dtype;
+  }
+}
+
+// The decode attention kernel against the fp32 arithmetic, sequence by sequence, and against
+// FlashAttention-2's variable-length kernel reading the same store: three sequences in slots given
+// out of order, of 1 key, exactly one 128-key chunk, and many chunks; 1 and 8 query heads a
+// key/value head; head dims 64 and 128; bf16 and fp16. A second call gives the same bits (the
+// kernel's counters are left at zero).
+TEST(GenerationCudaKernels, DecodeAttentionEqualsTheArithmeticAndFlashAttention) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(4);
+  const int64_t slots = 5, capacity = 700, groups = 4;
+  const std::vector<int64_t> seq_slots = {3, 0, 4}, lengths = {1, 128, 653};
+  const int64_t b = static_cast<int64_t>(seq_slots.size());
+  const at::Device gpu(at::kCUDA, 0);
+  std::vector<int32_t> starts, counts;
+  for (int64_t i = 0; i < b; ++i) starts.push_back(int32_t(seq_slots[size_t(i)] * capacity)), counts.push_back(int32_t(lengths[size_t(i)]));
+  starts.push_back(int32_t(slots * capacity));
+  const at::Tensor key_starts = at::tensor(starts, at::kInt).to(gpu), key_counts = at::tensor(counts, at::kInt).to(gpu);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    for (int64_t d : {64, 128}) {
+      for (int64_t per_group : {1, 8}) {
+        const at::TensorOptions o = at::TensorOptions().device(gpu).dtype(dtype);
+        const int64_t heads = groups * per_group;
+        const at::Tensor q = at::randn({b, heads, d}, o), k_store = at::randn({slots * capacity, groups, d}, o),
+                         v_store = at::randn({slots * capacity, groups, d}, o);
+        const double scale = 1.0 / std::sqrt(double(d));
+        ASSERT_TRUE(kernels::decode_attention_takes(q, groups));
+        const at::Tensor counters = at::zeros({b * groups}, o.dtype(at::kInt));
+        const at::Tensor got = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, capacity, scale, counters);
+        const at::Tensor again = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, capacity, scale, counters);
+        EXPECT_TRUE(at::equal(got, again));
+        EXPECT_EQ(counters.abs().max().item<int64_t>(), 0);
+        const std::string what = std::string(c10::toString(dtype)) + " d " + std::to_string(d) + " heads/group " + std::to_string(per_group);
+        for (int64_t i = 0; i < b; ++i) {
+          const at::Tensor keys = k_store.narrow(0, starts[size_t(i)], lengths[size_t(i)]).to(at::kFloat);  // [n, G, d]
+          const at::Tensor values = v_store.narrow(0, starts[size_t(i)], lengths[size_t(i)]).to(at::kFloat);
+          const at::Tensor qi = q[i].to(at::kFloat).view({groups, per_group, d});                            // [G, P, d]
+          const at::Tensor scores = at::einsum("gpd,ngd->gpn", {qi, keys}) * scale;
+          const at::Tensor want = at::einsum("gpn,ngd->gpd", {scores.softmax(-1), values}).reshape({heads, d});
+          EXPECT_LT((got[i].to(at::kFloat) - want).norm().item<double>() / want.norm().item<double>(), 1e-2) << what << " sequence " << i;
+        }
+        const at::Tensor flash = std::get<0>(at::_flash_attention_forward(
+            q, k_store, v_store, at::arange(b + 1, o.dtype(at::kInt)), key_starts, 1, capacity, 0.0, /*is_causal=*/true,
+            /*return_debug_mask=*/false, scale, std::nullopt, std::nullopt, key_counts));
+        EXPECT_LT((got.to(at::kFloat) - flash.to(at::kFloat)).norm().item<double>() / flash.to(at::kFloat).norm().item<double>(), 1e-2)
+            << what;
+      }
+    }
+  }
+}
 
 // The fixture `variant` on the first GPU in `dtype`.
 GenerationModel gpu_model(const test::TempDir& dir, const std::string& variant, at::ScalarType dtype) {
@@ -160,7 +242,8 @@ TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GenerationCuda, ::testing::Values("llama3", "qwen3"),
+// qwen3_head64: heads of 64 channels, which the decode attention kernel takes (the others' fall to FA2).
+INSTANTIATE_TEST_SUITE_P(Families, GenerationCuda, ::testing::Values("llama3", "qwen3", "qwen3_head64"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
