@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 
 #include "kernels/cuda_dispatch.h"
@@ -71,8 +72,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, cons
   TORCH_CHECK(q.stride(2) == 1 && k_store.stride(2) == 1 && k_store.scalar_type() == q.scalar_type() &&
                   key_starts.scalar_type() == at::kInt && key_counts.scalar_type() == at::kInt && key_counts.numel() == b &&
                   key_starts.numel() >= b && counters.scalar_type() == at::kInt && counters.numel() >= b * groups &&
-                  key_starts.is_contiguous() && key_counts.is_contiguous(),
-              "decode_attention: contiguous channels, the stores in q's dtype, int32 starts / counts / counters");
+                  key_starts.is_contiguous() && key_counts.is_contiguous() && k_store.stride(0) % 8 == 0 && k_store.stride(1) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(k_store.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(v_store.data_ptr()) % 16 == 0,
+              "decode_attention: contiguous channels, the stores in q's dtype in 16-byte rows, int32 starts / counts / counters");
   at::Tensor out = at::empty({b, heads, d}, q.options());
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   const int64_t chunk = cuda::decode_attention_chunk(), max_chunks = std::max<int64_t>(1, (longest + chunk - 1) / chunk);
