@@ -62,8 +62,8 @@ struct RankRows {
 };
 
 // Every rank's ring steps for one sequence, as ring_attention runs them: forward blocks merged
-// (cp::RowBlockSum), then their backward, each block's query gradient summed the same way and its
-// key/value gradients added into fp32 sums per owner, cast back.
+// (step 0's own block starts the accumulator), the output cast back; then their backward, each
+// block's gradients added into fp32 sums (dq per rank, dk/dv per owner) and cast back.
 // Under packed documents (non-null) each block runs piece by piece, as the ring does.
 // bookkeeping false: the blocks' kernels alone (no merges, sums or casts; the backward reads the
 // own block's output and statistics, which cover every row): what the ring's own arithmetic
@@ -91,9 +91,6 @@ void ring_work(const RankRows& r, int cp, double scale, cp::BlockKernel kernel, 
       return documents ? cp::shared_rows(blk, pieces[size_t(step)]) : blk;
     };
     auto keys = [&](const std::vector<at::Tensor>& x, const cp::RingBlock& blk) { return x[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys); };
-    // With bookkeeping the blocks merge as the ring merges them; without, the own block's output
-    // and statistics (every row) stand in for the merged ones in the backward.
-    cp::RowBlockSum merged({mq.size(0), mq.size(1), 2 * c, r.v[0].size(3)}, mq.options(), /*weighted=*/true);
     cp::PartialAttention acc;
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = block_at(step);
@@ -101,29 +98,33 @@ void ring_work(const RankRows& r, int cp, double scale, cp::BlockKernel kernel, 
       const at::Tensor bk = keys(r.k, blk), bv = keys(r.v, blk), bq = mq.narrow(2, blk.first_query, blk.queries);
       cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(step)], blk.causal, scale, kernel)
                                             : cp::attend_block(bq, bk, bv, blk.causal, at::Tensor(), scale, kernel);
-      if (bookkeeping) {
-        merged.add(part.out, part.lse, blk.first_query);
-      } else if (step == 0) {
-        acc = part;
+      if (step == 0) {
+        acc = bookkeeping ? cp::accumulator_from(std::move(part)) : part;
+      } else if (bookkeeping) {
+        cp::merge_into(acc, part, blk.first_query);
       }
     }
-    if (bookkeeping) acc = merged.finish(mq.scalar_type());
-    cp::RowBlockSum dq(mq.sizes().vec(), mq.options(), /*weighted=*/false);
+    const at::Tensor out = bookkeeping ? acc.out.to(mq.scalar_type()) : acc.out;
+    at::Tensor dq;
     for (int step = 0; step < cp; ++step) {
       const cp::RingBlock blk = block_at(step);
       if (blk.queries == 0) continue;
       const at::Tensor bk = keys(r.k, blk), bv = keys(r.v, blk);
       const at::Tensor bdout = mdout.narrow(2, blk.first_query, blk.queries), bq = mq.narrow(2, blk.first_query, blk.queries),
-                       bout = acc.out.narrow(2, blk.first_query, blk.queries), blse = acc.lse.narrow(2, blk.first_query, blk.queries);
+                       bout = out.narrow(2, blk.first_query, blk.queries), blse = acc.lse.narrow(2, blk.first_query, blk.queries);
       const cp::BlockGrads g =
           documents ? cp::attend_documents_backward(bdout, bq, bk, bv, bout, blse, pieces[size_t(step)], blk.causal, scale, kernel)
                     : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, at::Tensor(), scale, kernel);
       if (!bookkeeping) continue;
-      dq.add(g.dq, at::Tensor(), blk.first_query);
+      if (step == 0) {
+        dq = at::empty(mq.sizes(), fp32).copy_(g.dq);
+      } else {
+        dq.narrow(2, blk.first_query, blk.queries).add_(g.dq);
+      }
       dk[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys).add_(g.dk);
       dv[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys).add_(g.dv);
     }
-    if (bookkeeping) (void)dq.finish(mq.scalar_type());
+    if (bookkeeping) (void)dq.to(mq.scalar_type());
   }
   for (int owner = 0; bookkeeping && owner < cp; ++owner) {
     (void)dk[size_t(owner)].to(r.k[0].scalar_type());

@@ -33,22 +33,23 @@ at::Tensor block_mask(const at::Tensor& mask, const KeyBlock& blk) {
 struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const BlockSettings& s) {
-    RowBlockSum merged({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options(), /*weighted=*/true);
+    PartialAttention acc = empty_partial(q.size(0), q.size(1), q.size(2), v.size(3), q.options());
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       const KeyBlock blk = block_at(s.blocks[i], s.pieces.get(), i);
       if (blk.queries == 0) continue;
       const at::Tensor bq = q.narrow(2, blk.first_query, blk.queries), bk = k.narrow(2, blk.first_key, blk.keys),
                        bv = v.narrow(2, blk.first_key, blk.keys);
-      const PartialAttention part = s.pieces ? attend_documents(bq, bk, bv, (*s.pieces)[i], blk.causal, s.scale)
-                                             : attend_block(bq, bk, bv, blk.causal, block_mask(s.mask, blk), s.scale);
-      merged.add(part.out, part.lse, blk.first_query);
+      merge_into(acc,
+                 s.pieces ? attend_documents(bq, bk, bv, (*s.pieces)[i], blk.causal, s.scale)
+                          : attend_block(bq, bk, bv, blk.causal, block_mask(s.mask, blk), s.scale),
+                 blk.first_query);
     }
-    const PartialAttention acc = merged.finish(q.scalar_type());
-    SavedAttention{q, k, v, acc.out, acc.lse, s.mask, s.scale, s.pieces}.save(ctx);
+    const at::Tensor out = acc.out.to(q.scalar_type());
+    SavedAttention{q, k, v, out, acc.lse, s.mask, s.scale, s.pieces}.save(ctx);
     std::vector<int64_t> flat;  // five numbers a block
     for (const KeyBlock& blk : s.blocks) flat.insert(flat.end(), {blk.first_query, blk.queries, blk.first_key, blk.keys, blk.causal});
     ctx->saved_data["blocks"] = flat;
-    return acc.out;
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -57,7 +58,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
     const double scale = s.scale;
     const std::vector<int64_t> flat = ctx->saved_data["blocks"].toIntVector();
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
-    RowBlockSum dq(q.sizes().vec(), q.options(), /*weighted=*/false);
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(at::kFloat)), dv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
     for (size_t i = 0; i + 4 < flat.size(); i += 5) {
       const KeyBlock blk = block_at({flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4] != 0}, s.pieces.get(), i / 5);
@@ -67,11 +68,11 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
                        bout = out.narrow(2, blk.first_query, blk.queries), blse = lse.narrow(2, blk.first_query, blk.queries);
       const BlockGrads g = s.pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*s.pieces)[i / 5], blk.causal, scale)
                                     : attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, block_mask(mask, blk), scale);
-      dq.add(g.dq, at::Tensor(), blk.first_query);
+      dq.narrow(2, blk.first_query, blk.queries).add_(g.dq);
       dk.narrow(2, blk.first_key, blk.keys).add_(g.dk);
       dv.narrow(2, blk.first_key, blk.keys).add_(g.dv);
     }
-    return {dq.finish(q.scalar_type()).out, dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
   }
 };
 

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdio>
 #include <limits>
-#include <utility>
 
 #include "core/cuda_device.h"
 #include "kernels/attention_ops.h"
@@ -159,29 +158,10 @@ void merge_into(PartialAttention& into, const PartialAttention& part, int64_t fi
   kernels::attention_merge(into.out.narrow(2, first_row, rows), into.lse.narrow(2, first_row, rows), part.out, part.lse);
 }
 
-RowBlockSum::RowBlockSum(std::vector<int64_t> sizes, const at::TensorOptions& options, bool weighted)
-    : sizes_(std::move(sizes)), options_(options), weighted_(weighted) {}
-
-void RowBlockSum::add(const at::Tensor& values, const at::Tensor& lse, int64_t first_row) {
-  if (static_cast<int64_t>(held_.size()) == kernels::max_row_blocks()) fold();
-  held_.push_back({values, weighted_ ? lse : at::Tensor(), first_row});
-}
-
-void RowBlockSum::fold() {
-  PartialAttention all = finish(at::kFloat);
-  held_ = {{all.out, all.lse, 0}};
-}
-
-PartialAttention RowBlockSum::finish(at::ScalarType dtype) {
-  const at::TensorOptions o = options_.dtype(dtype);
-  if (held_.empty()) {
-    return {at::zeros(sizes_, o), weighted_ ? at::full({sizes_[0], sizes_[1], sizes_[2]}, kNegativeInfinity, o.dtype(at::kFloat))
-                                            : at::Tensor()};
-  }
-  PartialAttention result{at::empty(sizes_, o), weighted_ ? at::empty({sizes_[0], sizes_[1], sizes_[2]}, o.dtype(at::kFloat))
-                                                          : at::Tensor()};
-  kernels::combine_row_blocks(held_, result.out, result.lse, weighted_);
-  return result;
+PartialAttention accumulator_from(PartialAttention&& first) {
+  at::Tensor out = first.out;  // the arithmetic's is fp32 and contiguous already: taken as it is
+  if (out.scalar_type() != at::kFloat || !out.is_contiguous()) out = at::empty(out.sizes(), out.options().dtype(at::kFloat)).copy_(out);
+  return {out, first.lse.to(at::kFloat)};
 }
 
 }  // namespace megatron::cp

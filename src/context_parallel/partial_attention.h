@@ -16,9 +16,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <vector>
-
-#include "kernels/attention_ops.h"
 
 namespace megatron::cp {
 
@@ -38,6 +35,11 @@ bool fused_kernels_take(const at::Tensor& q, const at::Tensor& v);
 
 // An empty accumulator for `rows` queries: out zeros, lse -inf.
 PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t value_dim, const at::TensorOptions& options);
+
+// The accumulator that a first block covering every row starts as: its result in fp32, without a
+// merge into zeros (one pass instead of three). Takes the block's tensors over (fp32 ones become
+// the accumulator's and are written by later merges).
+PartialAttention accumulator_from(PartialAttention&& first);
 
 // causal: square block on the diagonal (key j visible to query i when j <= i). mask: [b, 1, sq, sk]
 // bool, true = may attend, or undefined.
@@ -61,26 +63,5 @@ BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, co
 // Folds `part` (rows [first_row, first_row + its rows) of `into`) into `into` (fp32), in place, by
 // log-sum-exp (kernels::attention_merge: one CUDA pass over the rows, ATen's composite elsewhere).
 void merge_into(PartialAttention& into, const PartialAttention& part, int64_t first_row);
-
-// The blocks of one attention's rows, combined once they are all in: on CUDA one pass reads each
-// block once and writes the result once, where merging block by block (merge_into) reads and
-// writes an fp32 accumulator per block (at CP 8 and 32k tokens that was a tenth of the ring's time).
-// Blocks are held as the kernels return them (bf16); past kernels::max_row_blocks() they fold into
-// one fp32 block over every row, which bounds the memory held at that many blocks' outputs.
-// weighted: attention outputs with their log-sum-exps; else plain sums (the queries' gradient).
-class RowBlockSum {
- public:
-  RowBlockSum(std::vector<int64_t> sizes, const at::TensorOptions& options, bool weighted);  // the result's [b, H, rows, dv]
-  void add(const at::Tensor& values, const at::Tensor& lse, int64_t first_row);             // lse undefined for plain sums
-  // out in `dtype`; lse fp32 for weighted blocks (rows no block saw a key in: out 0, lse -inf).
-  PartialAttention finish(at::ScalarType dtype);
-
- private:
-  void fold();
-  std::vector<int64_t> sizes_;
-  at::TensorOptions options_;
-  bool weighted_;
-  std::vector<kernels::AttentionRows> held_;
-};
 
 }  // namespace megatron::cp

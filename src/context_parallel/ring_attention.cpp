@@ -97,7 +97,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int cp = g.size(), rank = g.rank();
     const int64_t c = q.size(2) / 2;
     const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
-    RowBlockSum merged({q.size(0), q.size(1), 2 * c, v.size(3)}, q.options(), /*weighted=*/true);  // [b, H, 2c, dv]
+    PartialAttention acc;  // [b, H, 2c, dv] fp32: step 0's block (this rank's own) covers every row
     at::Tensor held = layout.pack(k, v), arriving;
     std::vector<dist::Work> in_flight;
     for (int step = 0; step < cp; ++step) {
@@ -107,18 +107,21 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       }
       const RingBlock blk = block_at(step, rank, cp, c, settings.pieces.get());
       if (blk.queries > 0) {
-        const PartialAttention part = attend(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
-                                             layout.v(held).narrow(2, blk.first_key, blk.keys), blk, step, settings.pieces.get(), mask,
-                                             cp, scale);
-        merged.add(part.out, part.lse, blk.first_query);
+        PartialAttention part = attend(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
+                                       layout.v(held).narrow(2, blk.first_key, blk.keys), blk, step, settings.pieces.get(), mask, cp,
+                                       scale);
+        if (step == 0) {
+          acc = accumulator_from(std::move(part));
+        } else {
+          merge_into(acc, part, blk.first_query);
+        }
       }
       if (step + 1 < cp) {
         wait_all(in_flight);
         held = arriving;
       }
     }
-    const PartialAttention acc = merged.finish(q.scalar_type());
-    const at::Tensor& out = acc.out;
+    const at::Tensor out = acc.out.to(q.scalar_type());
     SavedAttention{q, k, v, out, acc.lse, mask, scale, settings.pieces}.save(ctx);
     ctx->saved_data["group"] = tp::to_ivalue(g);
     return out;
@@ -133,7 +136,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int64_t c = q.size(2) / 2;
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
     const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
-    RowBlockSum dq(q.sizes().vec(), q.options(), /*weighted=*/false);  // [b, H, 2c, d]
+    at::Tensor dq;  // [b, H, 2c, d] fp32: step 0's block covers every query row
     at::Tensor held = layout.pack(k, v), arriving;
     // The key/value gradient of the block held, summed over the ranks it has visited (fp32).
     at::Tensor held_grad = at::zeros({held.numel()}, held.options().dtype(at::kFloat)), arriving_grad;
@@ -151,7 +154,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         const BlockGrads part =
             s.pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*s.pieces)[size_t(step)], blk.causal, scale)
                      : attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, block_mask(mask, blk, cp), scale);
-        dq.add(part.dq, at::Tensor(), blk.first_query);
+        if (step == 0) {
+          dq = at::empty(q.sizes(), q.options().dtype(at::kFloat)).copy_(part.dq);
+        } else {
+          dq.narrow(2, blk.first_query, blk.queries).add_(part.dq);
+        }
         layout.k(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dk);
         layout.v(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dv);
       }
@@ -168,7 +175,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         held = arriving;
       }
     }
-    return {dq.finish(q.scalar_type()).out, layout.k(held_grad).to(k.scalar_type()), layout.v(held_grad).to(v.scalar_type()),
+    return {dq.to(q.scalar_type()), layout.k(held_grad).to(k.scalar_type()), layout.v(held_grad).to(v.scalar_type()),
             at::Tensor()};
   }
 };

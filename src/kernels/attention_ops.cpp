@@ -7,7 +7,6 @@
 #include <limits>
 
 #include "kernels/cuda_dispatch.h"
-#include "kernels/kernels.h"
 
 namespace megatron::kernels {
 
@@ -50,8 +49,6 @@ void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Ten
   cuda::attention_merge(a, current_stream());
 #endif
 }
-
-int64_t max_row_blocks() { return cuda::kMaxRowBlocks; }
 
 bool decode_attention_takes(const at::Tensor& q, int64_t kv_heads) {
 #ifdef MEGATRON_WITH_CUDA_KERNELS
@@ -101,64 +98,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, cons
   cuda::decode_attention(a, current_stream());
 #endif
   return out;
-}
-
-void combine_row_blocks(const std::vector<AttentionRows>& blocks, const at::Tensor& out, const at::Tensor& out_lse, bool weighted,
-                        Impl impl) {
-  const int64_t count = static_cast<int64_t>(blocks.size());
-  TORCH_CHECK(count >= 1 && count <= max_row_blocks(), "combine_row_blocks: 1 to ", max_row_blocks(), " blocks, not ", count);
-  TORCH_CHECK(out.dim() == 4 && (!out_lse.defined() || (weighted && out_lse.dim() == 3 && out_lse.scalar_type() == at::kFloat)),
-              "combine_row_blocks: out [b, H, rows, dv]; out_lse [b, H, rows] fp32, for weighted blocks only");
-  bool kernel = uses_kernel(out, impl) && out.stride(3) == 1;
-  for (const AttentionRows& blk : blocks) {
-    TORCH_CHECK(blk.values.dim() == 4 && blk.values.size(0) == out.size(0) && blk.values.size(1) == out.size(1) &&
-                    blk.values.size(3) == out.size(3) && blk.first_row >= 0 && blk.first_row + blk.values.size(2) <= out.size(2),
-                "combine_row_blocks: a block of ", blk.values.sizes(), " at row ", blk.first_row, " does not fit ", out.sizes());
-    TORCH_CHECK(!weighted || (blk.lse.defined() && blk.lse.scalar_type() == at::kFloat && blk.lse.dim() == 3),
-                "combine_row_blocks: weighted blocks carry their lse [b, H, rows] fp32");
-    kernel = kernel && uses_kernel(blk.values, impl) && blk.values.stride(3) == 1;
-  }
-  if (!kernel) {
-    at::Tensor sum = at::zeros(out.sizes(), out.options().dtype(at::kFloat));
-    at::Tensor lse = weighted ? at::full(out.sizes().slice(0, 3), -std::numeric_limits<double>::infinity(), sum.options()) : at::Tensor();
-    for (const AttentionRows& blk : blocks) {
-      const int64_t rows = blk.values.size(2);
-      if (weighted) {
-        attention_merge(sum.narrow(2, blk.first_row, rows), lse.narrow(2, blk.first_row, rows), blk.values, blk.lse, Impl::Composite);
-      } else {
-        sum.narrow(2, blk.first_row, rows).add_(blk.values);
-      }
-    }
-    out.copy_(sum);
-    if (out_lse.defined()) out_lse.copy_(lse);
-    return;
-  }
-#ifdef MEGATRON_WITH_CUDA_KERNELS
-  cuda::RowBlockCombineArgs a{};
-  for (int64_t i = 0; i < count; ++i) {
-    const AttentionRows& blk = blocks[size_t(i)];
-    cuda::RowBlock& r = a.blocks[i];
-    r.values = blk.values.data_ptr();
-    r.dtype = storage_type(blk.values);
-    r.first_row = blk.first_row, r.rows = blk.values.size(2);
-    r.stride_b = blk.values.stride(0), r.stride_h = blk.values.stride(1), r.stride_row = blk.values.stride(2);
-    if (weighted) {
-      r.lse = blk.lse.data_ptr<float>();
-      r.lse_stride_b = blk.lse.stride(0), r.lse_stride_h = blk.lse.stride(1), r.lse_stride_row = blk.lse.stride(2);
-    }
-  }
-  a.count = static_cast<int>(count);
-  a.weighted = weighted;
-  a.out = out.data_ptr();
-  a.out_dtype = storage_type(out);
-  a.b = out.size(0), a.heads = out.size(1), a.rows = out.size(2), a.dv = out.size(3);
-  a.out_stride_b = out.stride(0), a.out_stride_h = out.stride(1), a.out_stride_row = out.stride(2);
-  if (out_lse.defined()) {
-    a.out_lse = out_lse.data_ptr<float>();
-    a.out_lse_stride_b = out_lse.stride(0), a.out_lse_stride_h = out_lse.stride(1), a.out_lse_stride_row = out_lse.stride(2);
-  }
-  cuda::combine_row_blocks(a, current_stream());
-#endif
 }
 
 bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at::Tensor& cos) {

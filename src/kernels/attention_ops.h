@@ -1,12 +1,9 @@
-// Ring attention's log-sum-exp merges as LibTorch sees them: the one-pass CUDA kernels of
-// attention_merge.cu where the build has them and the tensors live on a CUDA device, ATen's
+// Ring attention's log-sum-exp merge as LibTorch sees it: the one-pass CUDA kernel of
+// attention_merge.cu where the build has it and the accumulator lives on a CUDA device, ATen's
 // composite of the same arithmetic elsewhere (Impl::Composite forces it; the CUDA test compares).
 #pragma once
 
 #include <ATen/core/Tensor.h>
-
-#include <cstdint>
-#include <vector>
 
 #include "kernels/ops.h"
 
@@ -19,24 +16,6 @@ namespace megatron::kernels {
 // part_out [b, H, rows, dv] in any float dtype, part_lse [b, H, rows] fp32.
 void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& part_out, const at::Tensor& part_lse,
                      Impl impl = Impl::Auto);
-
-// A block of rows [first_row, first_row + rows) of a [b, H, R, dv] result: values [b, H, rows, dv]
-// (any float dtype, value channels contiguous), lse [b, H, rows] fp32 for attention outputs.
-struct AttentionRows {
-  at::Tensor values;
-  at::Tensor lse;
-  int64_t first_row = 0;
-};
-
-// At most this many blocks a combine_row_blocks call (the kernel takes them by value).
-int64_t max_row_blocks();
-
-// blocks combined into out [b, H, R, dv] (any float dtype; written whole), in fp32, rounded once.
-// weighted (every block with its lse): out = sum_i exp(lse_i - lse) * block_i and out_lse [b, H, R]
-// fp32 (undefined: not written) = log(sum_i exp(lse_i)): the blocks' attention merged; rows that no
-// block saw a key in get 0 and -inf. Else a plain sum (gradients), 0 where no block covers a row.
-void combine_row_blocks(const std::vector<AttentionRows>& blocks, const at::Tensor& out, const at::Tensor& out_lse, bool weighted,
-                        Impl impl = Impl::Auto);
 
 // Generation's decode step: one query row per sequence attending every row its key/value head holds
 // in the cache, read where it lies (one launch; src/kernels/decode_attention.cu).

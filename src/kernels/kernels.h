@@ -144,33 +144,6 @@ struct AttentionMergeArgs {
 };
 void attention_merge(const AttentionMergeArgs& args, Stream stream);
 
-// Up to kMaxRowBlocks blocks of rows combined into out [b, H, rows, dv] in one pass
-// (src/kernels/attention_merge.cu). Block i covers rows [first_row, first_row + rows) of out.
-// weighted (attention outputs with their log-sum-exps): out = sum_i exp(lse_i - lse) * block_i,
-// lse = log(sum_i exp(lse_i)) written to out_lse (-inf, and out 0, where no block saw a key);
-// else a plain sum (gradients), 0 where no block covers a row. fp32 arithmetic, rounded once.
-constexpr int kMaxRowBlocks = 8;
-struct RowBlock {
-  const void* values;  // [b, H, rows, dv], value channels contiguous
-  DType dtype;
-  const float* lse;    // [b, H, rows]; weighted only
-  int64_t first_row, rows;
-  int64_t stride_b, stride_h, stride_row;
-  int64_t lse_stride_b, lse_stride_h, lse_stride_row;
-};
-struct RowBlockCombineArgs {
-  RowBlock blocks[kMaxRowBlocks];
-  int count;
-  bool weighted;
-  void* out;
-  DType out_dtype;
-  float* out_lse;  // weighted only; may be null
-  int64_t b, heads, rows, dv;
-  int64_t out_stride_b, out_stride_h, out_stride_row;
-  int64_t out_lse_stride_b, out_lse_stride_h, out_lse_stride_row;
-};
-void combine_row_blocks(const RowBlockCombineArgs& args, Stream stream);
-
 // Generation's decode attention (src/kernels/decode_attention.cu): one query row per sequence over
 // the rows its key/value heads hold in the cache, read in place. q [b, H, D] and out [b, H, D]
 // (strides in elements, channels contiguous); k, v: the store [rows, G, D] (row stride, head

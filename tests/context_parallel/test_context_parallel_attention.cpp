@@ -5,8 +5,6 @@
 // is made of (partial attention merged by log-sum-exp, backward from the merged statistics).
 #include <gtest/gtest.h>
 
-#include <limits>
-
 #include <ATen/ATen.h>
 
 #include <functional>
@@ -234,39 +232,28 @@ TEST(ContextParallelAttention, DocumentPiecesEqualTheBlockUnderTheDocumentsMask)
   }
 }
 
-// The ring's merge: blocks of rows (bf16 as the fused kernels return them, one strided as cuDNN's,
-// and fp32), more of them than are held at once (so they fold into fp32 on the way), against
-// merging them one by one into an fp32 accumulator; the same for plain sums (the queries' gradient).
-TEST(ContextParallelAttention, RowBlockSumEqualsMergingBlockByBlock) {
+TEST(ContextParallelAttention, MergeReadsBlocksInTheirOwnDtype) {
   at::manual_seed(9);
-  const int64_t b = 2, heads = 2, rows = 12, d = 4;
-  const int64_t count = 2 * kernels::max_row_blocks() + 3;
+  const int64_t b = 1, heads = 2, rows = 5, d = 4;
+  const cp::PartialAttention first{at::randn({b, rows, heads, d}).to(at::kBFloat16).transpose(1, 2), at::randn({b, heads, rows})};
+  const cp::PartialAttention later{at::randn({b, heads, 3, d}).to(at::kBFloat16), at::randn({b, heads, 3})};
+  cp::PartialAttention acc = cp::accumulator_from({first.out, first.lse.clone()});  // its fp32 lse becomes acc's
+  EXPECT_EQ(acc.out.scalar_type(), at::kFloat);
+  EXPECT_TRUE(acc.out.is_contiguous());
+  EXPECT_TRUE(at::equal(acc.out, first.out.to(at::kFloat)));
   cp::PartialAttention want = cp::empty_partial(b, heads, rows, d, at::TensorOptions());
-  at::Tensor want_sum = at::zeros({b, heads, rows, d});
-  cp::RowBlockSum merged({b, heads, rows, d}, at::TensorOptions(), /*weighted=*/true);
-  cp::RowBlockSum summed({b, heads, rows, d}, at::TensorOptions(), /*weighted=*/false);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t first = i % 3 == 0 ? 0 : 4 + i % 5, n = i % 3 == 0 ? rows - 1 : 3;  // some cover rows 0-10, most a few; row 11: none
-    at::Tensor out = at::randn({b, n, heads, d}).transpose(1, 2);  // strided
-    if (i % 2 == 1) out = out.to(at::kBFloat16);
-    at::Tensor lse = at::randn({b, heads, n});
-    if (i == 4) lse.narrow(2, 0, 1).fill_(-std::numeric_limits<double>::infinity());  // a block row without keys
-    merged.add(out, lse, first);
-    summed.add(out, at::Tensor(), first);
-    cp::merge_into(want, {out.to(at::kFloat), lse}, first);
-    want_sum.narrow(2, first, n).add_(out.to(at::kFloat));
-  }
-  const cp::PartialAttention got = merged.finish(at::kFloat);
-  EXPECT_TRUE(at::allclose(got.out, want.out, 1e-5, 1e-6));
-  EXPECT_TRUE(at::equal(got.lse.isinf(), want.lse.isinf()));
-  EXPECT_TRUE(at::allclose(got.lse.nan_to_num(0, 0, 0), want.lse.nan_to_num(0, 0, 0), 1e-5, 1e-6));
-  EXPECT_EQ(got.lse.narrow(2, rows - 1, 1).max().item<double>(), -std::numeric_limits<double>::infinity());  // no block there
-  EXPECT_EQ(got.out.narrow(2, rows - 1, 1).abs().max().item<double>(), 0.0);
-  EXPECT_TRUE(at::allclose(summed.finish(at::kFloat).out, want_sum, 1e-5, 1e-6));
-  // Rounded once to the asked dtype.
-  const cp::PartialAttention bf16 = cp::RowBlockSum({b, heads, rows, d}, at::TensorOptions(), true).finish(at::kBFloat16);
-  EXPECT_EQ(bf16.out.scalar_type(), at::kBFloat16);
-  EXPECT_EQ(bf16.lse.scalar_type(), at::kFloat);
+  cp::merge_into(want, {first.out.to(at::kFloat), first.lse}, 0);
+  EXPECT_TRUE(at::allclose(acc.out, want.out, 0.0, 0.0));
+  EXPECT_TRUE(at::allclose(acc.lse, want.lse, 0.0, 0.0));
+  cp::merge_into(acc, later, 2);
+  cp::merge_into(want, {later.out.to(at::kFloat), later.lse}, 2);
+  EXPECT_TRUE(at::equal(acc.out, want.out));
+  EXPECT_TRUE(at::equal(acc.lse, want.lse));
+  // The merge itself, by hand for the rows the later block adds to.
+  const at::Tensor merged = at::logaddexp(first.lse.narrow(2, 2, 3), later.lse);
+  const at::Tensor by_hand = first.out.narrow(2, 2, 3).to(at::kFloat) * at::exp(first.lse.narrow(2, 2, 3) - merged).unsqueeze(-1) +
+                             later.out.to(at::kFloat) * at::exp(later.lse - merged).unsqueeze(-1);
+  EXPECT_LT((acc.out.narrow(2, 2, 3) - by_hand).abs().max().item<double>(), 1e-5);
 }
 
 }  // namespace

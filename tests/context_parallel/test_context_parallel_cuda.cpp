@@ -91,40 +91,6 @@ TEST(ContextParallelCuda, MergeKernelEqualsTheComposite) {
   }
 }
 
-// The ring's deferred merge: the combining kernel against ATen's composite of it, for as many
-// blocks as it takes at once (bf16 strided as cuDNN's, fp32), rows covered by several, one, or no
-// block, rows without keys (-inf), weighted (attention) and plain sums (gradients), into bf16 and fp32.
-TEST(ContextParallelCuda, RowBlockCombineKernelEqualsTheComposite) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
-  at::manual_seed(6);
-  const int64_t b = 2, heads = 4, total = 80, dv = 72;
-  const at::TensorOptions fp32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
-  std::vector<kernels::AttentionRows> blocks;
-  for (int64_t i = 0; i < kernels::max_row_blocks(); ++i) {
-    const int64_t first = i % 2 == 0 ? 0 : 8 * i, rows = i % 2 == 0 ? total - 8 : 16;  // rows 72..79: no block
-    at::Tensor values = i % 3 == 0 ? at::randn({b, heads, rows, dv}, fp32) : at::randn({b, rows, heads, dv}, fp32).to(at::kBFloat16).transpose(1, 2);
-    at::Tensor lse = at::randn({b, heads, rows}, fp32);
-    if (i == 1) lse.narrow(2, 0, 4).fill_(-std::numeric_limits<double>::infinity());
-    blocks.push_back({values, lse, first});
-  }
-  for (bool weighted : {true, false}) {
-    for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
-      const at::Tensor got = at::empty({b, heads, total, dv}, fp32.dtype(dtype)), want = at::empty_like(got);
-      const at::Tensor got_lse = weighted ? at::empty({b, heads, total}, fp32) : at::Tensor(),
-                       want_lse = weighted ? at::empty_like(got_lse) : at::Tensor();
-      kernels::combine_row_blocks(blocks, got, got_lse, weighted);
-      kernels::combine_row_blocks(blocks, want, want_lse, weighted, kernels::Impl::Composite);
-      EXPECT_LT(relative(got, want), dtype == at::kFloat ? 1e-6 : 4e-3) << weighted << " " << dtype;
-      EXPECT_EQ(got.narrow(2, 72, 8).abs().max().item<double>(), 0.0);
-      if (weighted) {
-        EXPECT_TRUE(at::equal(got_lse.isinf(), want_lse.isinf()));
-        const at::Tensor finite = want_lse.isfinite();
-        EXPECT_LT((got_lse.masked_select(finite) - want_lse.masked_select(finite)).abs().max().item<double>(), 1e-5);
-      }
-    }
-  }
-}
-
 // Packed documents: FlashAttention-2's variable-length kernel over a ring block's document pieces
 // against each piece's fp32 arithmetic, on every block of rank 1 of 3 with two samples of uneven
 // documents: pieces with queries and no keys (log-sum-exp -inf, output zero), keys and no
