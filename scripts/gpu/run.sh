@@ -28,7 +28,8 @@
 # (flash blocks against the arithmetic), then bench/gpu_context_parallel.sh: issue #22's ring
 # blocks against one fused attention at seq 32k-128k, and the 1.1B shape at seq 32k and 64k
 # against HF + torch.compile.
-# `generate-test`: the binary and the test program, the generation CUDA tests, then `generate`'s figures.
+# `generate-test`: the binary and the test program, the generation CUDA tests, the decode kernels against
+# what they replace (bench/decode_kernels_bench.cpp), then `generate`'s figures.
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
@@ -74,7 +75,7 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-targets=(); case $what in generate-test) targets=(--target megatron megatron_tests) ;; esac
+targets=(); case $what in generate-test) targets=(--target megatron megatron_tests megatron_bench_decode_kernels) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
 case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
@@ -235,6 +236,8 @@ fi
 if [ "$what" = generate-test ]; then
   # The generation CUDA tests (GPU_TESTS narrows them), then the generation figures.
   (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-GenerationCuda|CudaParity}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
+  # The decode step's kernels against what they replace (bench/decode_kernels_bench.cpp).
+  build-gpu/megatron_bench_decode_kernels 2>&1 | tee "$out/decode-kernels.log"
   bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
 fi
 if [ "$what" = generate ]; then

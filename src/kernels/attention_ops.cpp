@@ -74,7 +74,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, cons
               "decode_attention: contiguous channels, the stores in q's dtype in 16-byte rows, int32 starts / counts / counters");
   at::Tensor out = at::empty({b, heads, d}, q.options());
 #ifdef MEGATRON_WITH_CUDA_KERNELS
-  const int64_t chunk = cuda::decode_attention_chunk(), max_chunks = std::max<int64_t>(1, (longest + chunk - 1) / chunk);
+  const int64_t chunk = cuda::decode_attention_chunk(d), max_chunks = std::max<int64_t>(1, (longest + chunk - 1) / chunk);
   const int64_t per_group = heads / groups;
   const at::TensorOptions f = q.options().dtype(at::kFloat);
   const at::Tensor partial_out = at::empty({b, groups, max_chunks, per_group, d}, f);

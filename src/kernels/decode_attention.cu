@@ -1,9 +1,14 @@
 // Attention of one new token per sequence over its cached keys and values, read where they lie
-// (generation's decode step; src/model/core_attention.cpp). FlashAttention-2's split-KV kernel and
-// its combine took 12.7 us a layer on the 1.1B shape at batch 1 (two launches, 64-row query tiles
-// for the 8 query heads of a group); here one launch, each block a 128-key chunk of one sequence's
-// key/value head for all the query heads that share it, and the block that finishes a
-// (sequence, head)'s last chunk combines the chunks' partial softmaxes.
+// (generation's decode step; src/model/core_attention.cpp). One launch: each block a chunk of one
+// sequence's keys for one key/value head and all the query heads that share it; the block that
+// finishes a (sequence, head)'s last chunk combines the chunks' partial softmaxes.
+//
+// A key is read by D/8 neighbouring lanes, 16 bytes each (a row's loads coalesce), and each lane
+// keeps its 8 channels of every query head in registers; a warp so covers 32/(D/8) keys at once.
+// Every key and value load of the chunk is issued before any arithmetic (a decode step is
+// latency-bound: at batch 1 a layer reads a few hundred KB). The first version, a lane a whole key
+// with the queries in shared memory, lost to FlashAttention-2's split-KV pair on an H100
+// (docs/performance.md, session 31).
 #include "kernels/cuda_common.cuh"
 
 #include <cmath>
@@ -12,119 +17,129 @@ namespace megatron::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kChunk = kWarps * 32;  // keys a block: one a lane
+constexpr int kVec = 8;        // channels a lane: one 16-byte load of bf16 / fp16
+constexpr int kKeysALane = 4;  // keys each lane group reads a chunk
+
+template <int D>
+struct ChunkShape {
+  static constexpr int kLanesAKey = D / kVec;                            // 8 (D 64) or 16 (D 128)
+  static constexpr int kGroups = kWarps * (32 / kLanesAKey);             // lane groups a block
+  static constexpr int kChunk = kGroups * kKeysALane;                    // 64 (D 64) or 32 (D 128) keys
+};
 
 // P query heads share a key/value head; D channels a head. Grid: (chunks, G, b).
 template <typename T, int D, int P>
 __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(DecodeAttentionArgs a) {
-  constexpr int kPerLane = D / 32;  // value channels a lane accumulates
-  constexpr int kVec = 8;           // key channels a 16-byte load
+  using Shape = ChunkShape<D>;
+  constexpr int L = Shape::kLanesAKey, kGroups = Shape::kGroups, kChunk = Shape::kChunk;
   const int chunk = blockIdx.x, group = blockIdx.y, seq = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int length = a.key_counts[seq];
   const int chunks = length > 0 ? (length + kChunk - 1) / kChunk : 1;
   if (chunk >= chunks) return;  // past the sequence's keys: no part in the combine
   const int64_t first_row = a.key_starts[seq];
+  const int lane_group = warp * (32 / L) + lane / L, c0 = (lane % L) * kVec;  // keys lane_group + t * kGroups; channels c0..+8
 
-  // The chunk's values are staged in shared memory (every load in flight at once, while the
-  // scores are formed); the warps' partial outputs reuse that space afterwards.
-  constexpr int kValueBytes = kChunk * D * int(sizeof(T)), kOutBytes = kWarps * P * D * int(sizeof(float));
-  __shared__ float q_shared[P][D];
-  __shared__ float warp_max[kWarps][P], warp_sum[kWarps][P];
-  __shared__ alignas(16) unsigned char staged[kValueBytes > kOutBytes ? kValueBytes : kOutBytes];
-  __shared__ bool last_block;
-  T* values = reinterpret_cast<T*>(staged);                  // [kChunk, D]
-  float* warp_out = reinterpret_cast<float*>(staged);        // [kWarps, P, D], after the values are used
-  const int chunk_keys = min(kChunk, length - chunk * kChunk);
-  for (int i = threadIdx.x; i < chunk_keys * (D / kVec); i += blockDim.x) {
-    const int row = i / (D / kVec), c0 = (i % (D / kVec)) * kVec;
-    *reinterpret_cast<Pack<T, kVec>*>(values + row * D + c0) = *reinterpret_cast<const Pack<T, kVec>*>(
-        static_cast<const T*>(a.v) + (first_row + chunk * kChunk + row) * a.kv_stride_row + group * a.kv_stride_h + c0);
-  }
-  for (int i = threadIdx.x; i < P * D; i += blockDim.x) {
-    const int p = i / D, c = i % D;
-    q_shared[p][c] = a.scale * to_float(static_cast<const T*>(a.q)[seq * a.q_stride_b + (group * P + p) * a.q_stride_h + c]);
-  }
-  __syncthreads();
-
-  // Scores (the scale is in q): lane = key.
-  const int key = chunk * kChunk + warp * 32 + lane;
-  const bool valid = key < length;
-  float score[P];
+  // Every load of the chunk in flight at once: this lane's slice of its keys and values.
+  Pack<T, kVec> keys[kKeysALane], values[kKeysALane];
 #pragma unroll
-  for (int p = 0; p < P; ++p) score[p] = 0.0f;
-  if (valid) {
-    const T* k_row = static_cast<const T*>(a.k) + (first_row + key) * a.kv_stride_row + group * a.kv_stride_h;
+  for (int t = 0; t < kKeysALane; ++t) {
+    const int key = chunk * kChunk + t * kGroups + lane_group;
+    if (key < length) {
+      const int64_t offset = (first_row + key) * a.kv_stride_row + group * a.kv_stride_h + c0;
+      keys[t] = *reinterpret_cast<const Pack<T, kVec>*>(static_cast<const T*>(a.k) + offset);
+      values[t] = *reinterpret_cast<const Pack<T, kVec>*>(static_cast<const T*>(a.v) + offset);
+    } else {
 #pragma unroll
-    for (int c0 = 0; c0 < D; c0 += kVec) {
-      const Pack<T, kVec> kp = *reinterpret_cast<const Pack<T, kVec>*>(k_row + c0);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float kv = to_float(kp.v[j]);
-#pragma unroll
-        for (int p = 0; p < P; ++p) score[p] += q_shared[p][c0 + j] * kv;
-      }
+      for (int j = 0; j < kVec; ++j) keys[t].v[j] = values[t].v[j] = from_float<T>(0.0f);
     }
   }
-  // The warp's softmax statistics per query head; score[p] becomes this lane's key's weight.
-  float top[P], total[P];
+  float q[P][kVec];  // scaled
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    float m = valid ? score[p] : -INFINITY;
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-    top[p] = m;
-    score[p] = valid ? __expf(score[p] - m) : 0.0f;  // m is finite wherever some lane is valid
-    float sum = score[p];
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    total[p] = sum;
+    const Pack<T, kVec> qp =
+        *reinterpret_cast<const Pack<T, kVec>*>(static_cast<const T*>(a.q) + seq * a.q_stride_b + (group * P + p) * a.q_stride_h + c0);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) q[p][j] = a.scale * to_float(qp.v[j]);
   }
-  // Weighted values: lane = channels [lane * kPerLane, ...), over the warp's keys.
-  float out[P][kPerLane];
+
+  // Scores [P, kChunk] in shared memory: a lane group's partial dot products summed over its lanes.
+  __shared__ float weights[P][kChunk];
+  __shared__ float chunk_max[P], chunk_sum[P];
+  __shared__ float warp_out[kWarps][P][D];
+  __shared__ bool last_block;
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) out[p][i] = 0.0f;
-  }
-  const int warp_keys = max(0, min(32, chunk_keys - warp * 32));
-  for (int j = 0; j < warp_keys; ++j) {
-    const T* v_row = values + (warp * 32 + j) * D + lane * kPerLane;
-    float vals[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) vals[i] = to_float(v_row[i]);
+  for (int t = 0; t < kKeysALane; ++t) {
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      const float w = __shfl_sync(0xffffffff, score[p], j);
+      float dot = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) out[p][i] += w * vals[i];
+      for (int j = 0; j < kVec; ++j) dot += q[p][j] * to_float(keys[t].v[j]);
+#pragma unroll
+      for (int o = L / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffff, dot, o);
+      if (lane % L == 0) weights[p][t * kGroups + lane_group] = dot;
     }
   }
-  if (lane == 0) {
-#pragma unroll
-    for (int p = 0; p < P; ++p) warp_max[warp][p] = warp_keys > 0 ? top[p] : -INFINITY, warp_sum[warp][p] = total[p];
+  __syncthreads();
+  // Softmax statistics per query head (a warp per head); the scores become exp(score - max).
+  const int chunk_keys = min(kChunk, length - chunk * kChunk);
+  for (int p = warp; p < P; p += kWarps) {
+    float m = -INFINITY;
+    for (int k = lane; k < chunk_keys; k += 32) m = fmaxf(m, weights[p][k]);
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+    float sum = 0.0f;
+    for (int k = lane; k < kChunk; k += 32) {
+      const float w = k < chunk_keys ? __expf(weights[p][k] - m) : 0.0f;
+      weights[p][k] = w;
+      sum += w;
+    }
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    if (lane == 0) chunk_max[p] = chunk_keys > 0 ? m : -INFINITY, chunk_sum[p] = sum;
   }
-  __syncthreads();  // every warp is done with the staged values
+  __syncthreads();
+  // Weighted values: each lane its 8 channels over its keys, then summed over the warp's lane
+  // groups (shuffles) and the block's warps (shared memory).
+  float out[P][kVec];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) warp_out[(warp * P + p) * D + lane * kPerLane + i] = out[p][i];
+    for (int j = 0; j < kVec; ++j) out[p][j] = 0.0f;
+  }
+#pragma unroll
+  for (int t = 0; t < kKeysALane; ++t) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const float w = weights[p][t * kGroups + lane_group];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) out[p][j] += w * to_float(values[t].v[j]);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+#pragma unroll
+      for (int o = L; o < 32; o *= 2) out[p][j] += __shfl_xor_sync(0xffffffff, out[p][j], o);
+    }
+  }
+  if (lane < L) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) warp_out[warp][p][c0 + j] = out[p][j];
+    }
   }
   __syncthreads();
 
-  // The chunk's partial: max, sum and unnormalised output over its warps, into the workspace.
-  const int64_t partial = (int64_t(seq) * a.groups + group) * a.max_chunks + chunk;  // [b, G, chunks]
+  // The chunk's partial: max, sum and unnormalised output, into the workspace [b, G, chunks, P(, D)].
+  const int64_t partial = (int64_t(seq) * a.groups + group) * a.max_chunks + chunk;
   for (int i = threadIdx.x; i < P * D; i += blockDim.x) {
     const int p = i / D, c = i % D;
-    float m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][p]);
-    float s = 0.0f, o = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (warp_max[w][p] == -INFINITY) continue;
-      const float f = __expf(warp_max[w][p] - m);
-      s += warp_sum[w][p] * f;
-      o += warp_out[(w * P + p) * D + c] * f;
-    }
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += warp_out[w][p][c];
     a.partial_out[(partial * P + p) * D + c] = o;
-    if (c == 0) a.partial_max[partial * P + p] = m, a.partial_sum[partial * P + p] = s;
+    if (c == 0) a.partial_max[partial * P + p] = chunk_max[p], a.partial_sum[partial * P + p] = chunk_sum[p];
   }
   // The last chunk of (sequence, head) to finish combines them all (threadFenceReduction's pattern);
   // it also resets the counter for the next layer and step.
@@ -169,7 +184,7 @@ bool launch_for_heads(const DecodeAttentionArgs& a, Stream stream) {
 
 }  // namespace
 
-int64_t decode_attention_chunk() { return kChunk; }
+int64_t decode_attention_chunk(int64_t head_dim) { return head_dim == 64 ? ChunkShape<64>::kChunk : ChunkShape<128>::kChunk; }
 
 bool decode_attention_supported(int64_t head_dim, int64_t heads_per_group, DType dtype) {
   return dtype != DType::Float32 && (head_dim == 64 || head_dim == 128) &&

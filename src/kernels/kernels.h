@@ -144,11 +144,25 @@ struct AttentionMergeArgs {
 };
 void attention_merge(const AttentionMergeArgs& args, Stream stream);
 
+// y [n] = W [n, k] x [k] (+ bias [n]) for one row x, fp32 accumulation (src/kernels/gemv.cu): the
+// decode step's linear layers at batch 1. bf16 / fp16; k and W's row stride multiples of 8, x and
+// W 16-byte aligned; bias may be null.
+struct GemvArgs {
+  const void* x;
+  const void* w;
+  const void* bias;
+  void* y;
+  DType dtype;
+  int64_t n, k, w_stride;
+};
+bool gemv_supported(const GemvArgs& args);
+void gemv(const GemvArgs& args, Stream stream);
+
 // Generation's decode attention (src/kernels/decode_attention.cu): one query row per sequence over
 // the rows its key/value heads hold in the cache, read in place. q [b, H, D] and out [b, H, D]
 // (strides in elements, channels contiguous); k, v: the store [rows, G, D] (row stride, head
 // stride), sequence i's keys at rows key_starts[i] .. key_starts[i] + key_counts[i] (int32 on the
-// device). Query head h reads key/value head h / heads_per_group. Work in 128-key chunks:
+// device). Query head h reads key/value head h / heads_per_group. Work in chunks of decode_attention_chunk(D) keys:
 // max_chunks >= the longest sequence's chunks; the workspace holds [b, G, max_chunks, P(, D)]
 // partials in fp32; counters [b * G] int32 start zeroed and are left zeroed.
 struct DecodeAttentionArgs {
@@ -167,7 +181,7 @@ struct DecodeAttentionArgs {
   int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h, kv_stride_row, kv_stride_h;
   float scale;
 };
-int64_t decode_attention_chunk();
+int64_t decode_attention_chunk(int64_t head_dim);  // keys a block (64 or 32)
 bool decode_attention_supported(int64_t head_dim, int64_t heads_per_group, DType dtype);
 void decode_attention(const DecodeAttentionArgs& args, Stream stream);
 

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/gemv_ops.h"
 #include "kernels/ops.h"
 
 namespace megatron::tp {
@@ -128,6 +129,8 @@ bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!weight.requires_grad() || !at::GradMode::is_enabled() || find_target(weight) == nullptr) {
+    // One row and no gradient: a batch-1 decode step, which streams the weight once.
+    if (kernels::gemv_takes(x, weight, bias)) return kernels::gemv(x, weight, bias);
     return at::linear(x, weight, bias);
   }
   // The bias stays outside the function: autograd functions cannot take an undefined tensor.

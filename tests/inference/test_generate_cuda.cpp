@@ -4,7 +4,8 @@
 // logits against a full forward of the same model over the whole sequence and against the
 // gathered cache, with sequences of different lengths in slots given out of order and a step of
 // several new tokens; and the engine's decode steps replayed from CUDA graphs against eager steps.
-// The decode attention kernel (one new token a sequence) on its own against the arithmetic and FA2.
+// The decode attention kernel (one new token a sequence) on its own against the arithmetic and FA2;
+// the one-row linear layer (batch-1 decode) against the fp32 product.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include "inference/engine.h"
 #include "inference/generation_model.h"
 #include "kernels/attention_ops.h"
+#include "kernels/gemv_ops.h"
 #include "kernels/ops.h"
 #include "model/core_attention.h"
 #include "model/gpt_model.h"
@@ -72,15 +74,16 @@ TEST(GenerationCudaKernels, QkvRopeIntoCacheEqualsSplitThenWrite) {
 }
 
 // The decode attention kernel against the fp32 arithmetic, sequence by sequence, and against
-// FlashAttention-2's variable-length kernel reading the same store: three sequences in slots given
-// out of order, of 1 key, exactly one 128-key chunk, and many chunks; 1 and 8 query heads a
+// FlashAttention-2's variable-length kernel reading the same store: four sequences in slots given
+// out of order, of 1 key, one or two whole chunks (64 keys: one at head dim 64, two at 128), four
+// or two, and many chunks ending part-way; 1 and 8 query heads a
 // key/value head; head dims 64 and 128; bf16 and fp16. A second call gives the same bits (the
 // kernel's counters are left at zero).
 TEST(GenerationCudaKernels, DecodeAttentionEqualsTheArithmeticAndFlashAttention) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(4);
   const int64_t slots = 5, capacity = 700, groups = 4;
-  const std::vector<int64_t> seq_slots = {3, 0, 4}, lengths = {1, 128, 653};
+  const std::vector<int64_t> seq_slots = {3, 0, 4, 1}, lengths = {1, 64, 128, 653};
   const int64_t b = static_cast<int64_t>(seq_slots.size());
   const at::Device gpu(at::kCUDA, 0);
   std::vector<int32_t> starts, counts;
@@ -117,6 +120,44 @@ TEST(GenerationCudaKernels, DecodeAttentionEqualsTheArithmeticAndFlashAttention)
             << what;
       }
     }
+  }
+}
+
+// The one-row linear layer against the fp32 product: output sizes that do and do not fill the
+// kernel's four-row blocks, a reduction length of whole and partial 128-thread strides, with and
+// without a bias, bf16 and fp16, a weight that is a row-strided view; and the cases it refuses
+// (two rows, a gradient wanted, a misaligned view), which callers send to cuBLAS.
+TEST(GenerationCudaKernels, GemvEqualsTheFp32Product) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(5);
+  const at::Device gpu(at::kCUDA, 0);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    const at::TensorOptions o = at::TensorOptions().device(gpu).dtype(dtype);
+    for (int64_t n : {4, 2050, 32003}) {
+      for (int64_t k : {2048, 5632, 1032}) {
+        const at::Tensor x = at::randn({1, 1, k}, o);
+        const at::Tensor weight = at::randn({n, k + 16}, o).narrow(1, 8, k);  // rows 16-byte aligned, stride k + 16
+        const at::Tensor bias = at::randn({n}, o);
+        for (bool with_bias : {false, true}) {
+          const at::Tensor b = with_bias ? bias : at::Tensor();
+          ASSERT_TRUE(kernels::gemv_takes(x, weight, b));
+          const at::Tensor got = kernels::gemv(x, weight, b);
+          at::Tensor want = at::matmul(x.to(at::kFloat), weight.to(at::kFloat).t());  // [1, 1, n]
+          if (with_bias) want = want + bias.to(at::kFloat);
+          ASSERT_EQ(got.sizes(), want.sizes());
+          const std::string what = std::string(c10::toString(dtype)) + " n " + std::to_string(n) + " k " + std::to_string(k);
+          EXPECT_LT((got.to(at::kFloat) - want).abs().max().item<double>(), 2e-2 * want.abs().max().item<double>()) << what;
+          EXPECT_LT((got.to(at::kFloat) - want).norm().item<double>() / want.norm().item<double>(), 5e-3) << what;
+        }
+      }
+    }
+    const at::Tensor weight = at::randn({64, 256}, o);
+    EXPECT_FALSE(kernels::gemv_takes(at::randn({2, 1, 256}, o), weight, {}));                       // two rows
+    EXPECT_FALSE(kernels::gemv_takes(at::randn({1, 256}, o).requires_grad_(), weight, {}));         // a gradient wanted
+    EXPECT_FALSE(kernels::gemv_takes(at::randn({1, 264}, o).narrow(1, 4, 256), weight, {}));        // not 16-byte aligned
+    EXPECT_FALSE(kernels::gemv_takes(at::randn({1, 256}, o.dtype(at::kFloat)), weight.to(at::kFloat), {}));  // fp32: cuBLAS
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(kernels::gemv_takes(at::randn({1, 256}, o).requires_grad_(), weight, {}));  // no grad mode: no gradient
   }
 }
 

@@ -1,0 +1,47 @@
+#include "kernels/gemv_ops.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda_dispatch.h"
+#include "kernels/ops.h"
+
+namespace megatron::kernels {
+
+bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!uses_kernel(x) || x.scalar_type() == at::kFloat || x.dim() < 1 || !x.is_contiguous()) return false;
+  if (weight.dim() != 2 || x.numel() != weight.size(1) || x.size(-1) != weight.size(1)) return false;
+  if (weight.scalar_type() != x.scalar_type() || weight.device() != x.device() || weight.stride(1) != 1) return false;
+  if (weight.size(1) % 8 != 0 || weight.stride(0) % 8 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 || reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 != 0) return false;
+  if (bias.defined() && (bias.dim() != 1 || bias.numel() != weight.size(0) || !bias.is_contiguous() ||
+                         bias.scalar_type() != x.scalar_type() || bias.device() != x.device())) {
+    return false;
+  }
+  const bool wants_grad = x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad());
+  return !(c10::GradMode::is_enabled() && wants_grad);
+}
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  TORCH_CHECK(gemv_takes(x, weight, bias), "gemv: x ", x.sizes(), " and weight ", weight.sizes(),
+              " are not one row and a weight of a kind the kernel takes (gemv_takes)");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = weight.size(0);
+  at::Tensor y = at::empty(shape, x.options());  // [..., n]
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  cuda::GemvArgs a{};
+  a.x = x.data_ptr();
+  a.w = weight.data_ptr();
+  a.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  a.y = y.data_ptr();
+  a.dtype = storage_type(x);
+  a.n = weight.size(0), a.k = weight.size(1), a.w_stride = weight.stride(0);
+  cuda::gemv(a, current_stream());
+#endif
+  return y;
+}
+
+}  // namespace megatron::kernels

@@ -1,0 +1,18 @@
+// The one-row linear layer (src/kernels/gemv.cu) as LibTorch sees it: a batch-1 decode step's
+// projections, where cuBLAS's M = 1 tiles leave bandwidth unused. No autograd: callers take it only
+// where no gradient is wanted (gemv_takes says so).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace megatron::kernels {
+
+// Whether gemv() runs for these: a CUDA build; x bf16 / fp16 on a CUDA device holding one row
+// ([..., k] with every leading dim 1, contiguous); weight [n, k] of x's dtype with contiguous rows,
+// k and the row stride multiples of 8; bias undefined or [n] contiguous of x's dtype; and no
+// gradient wanted (grad mode off, or none of them requires one).
+bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// y [..., n] = x W^T (+ bias), fp32 accumulation, rounded once.
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+}  // namespace megatron::kernels
