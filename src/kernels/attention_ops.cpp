@@ -2,9 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <limits>
 
 #include "kernels/cuda_dispatch.h"
 
@@ -48,56 +46,6 @@ void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Ten
   a.part_lse_stride_b = part_lse.stride(0), a.part_lse_stride_h = part_lse.stride(1), a.part_lse_stride_row = part_lse.stride(2);
   cuda::attention_merge(a, current_stream());
 #endif
-}
-
-bool decode_attention_takes(const at::Tensor& q, int64_t kv_heads) {
-#ifdef MEGATRON_WITH_CUDA_KERNELS
-  const int64_t heads = q.size(-2);
-  return uses_kernel(q) && q.scalar_type() != at::kFloat && kv_heads > 0 && heads % kv_heads == 0 &&
-         cuda::decode_attention_supported(q.size(-1), heads / kv_heads, storage_type(q));
-#else
-  return false;
-#endif
-}
-
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
-                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& counters) {
-  const int64_t b = q.size(0), heads = q.size(1), d = q.size(2), groups = k_store.size(1);
-  TORCH_CHECK(q.dim() == 3 && k_store.dim() == 3 && k_store.sizes() == v_store.sizes() && k_store.size(2) == d &&
-                  k_store.strides() == v_store.strides() && decode_attention_takes(q, groups),
-              "decode_attention: q [b, H, d] and stores [rows, G, d] of a kind the kernel takes (decode_attention_takes)");
-  TORCH_CHECK(q.stride(2) == 1 && k_store.stride(2) == 1 && k_store.scalar_type() == q.scalar_type() &&
-                  key_starts.scalar_type() == at::kInt && key_counts.scalar_type() == at::kInt && key_counts.numel() == b &&
-                  key_starts.numel() >= b && counters.scalar_type() == at::kInt && counters.numel() >= b * groups &&
-                  key_starts.is_contiguous() && key_counts.is_contiguous() && k_store.stride(0) % 8 == 0 && k_store.stride(1) % 8 == 0 &&
-                  reinterpret_cast<uintptr_t>(k_store.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(v_store.data_ptr()) % 16 == 0,
-              "decode_attention: contiguous channels, the stores in q's dtype in 16-byte rows, int32 starts / counts / counters");
-  at::Tensor out = at::empty({b, heads, d}, q.options());
-#ifdef MEGATRON_WITH_CUDA_KERNELS
-  const int64_t chunk = cuda::decode_attention_chunk(d), max_chunks = std::max<int64_t>(1, (longest + chunk - 1) / chunk);
-  const int64_t per_group = heads / groups;
-  const at::TensorOptions f = q.options().dtype(at::kFloat);
-  const at::Tensor partial_out = at::empty({b, groups, max_chunks, per_group, d}, f);
-  const at::Tensor partial_stats = at::empty({2, b, groups, max_chunks, per_group}, f);
-  cuda::DecodeAttentionArgs a{};
-  a.q = q.data_ptr();
-  a.k = k_store.data_ptr();
-  a.v = v_store.data_ptr();
-  a.out = out.data_ptr();
-  a.key_starts = key_starts.data_ptr<int>();
-  a.key_counts = key_counts.data_ptr<int>();
-  a.partial_out = partial_out.data_ptr<float>();
-  a.partial_max = partial_stats[0].data_ptr<float>();
-  a.partial_sum = partial_stats[1].data_ptr<float>();
-  a.counters = counters.data_ptr<int>();
-  a.dtype = storage_type(q);
-  a.b = b, a.groups = groups, a.heads_per_group = per_group, a.head_dim = d, a.max_chunks = max_chunks;
-  a.q_stride_b = q.stride(0), a.q_stride_h = q.stride(1), a.out_stride_b = out.stride(0), a.out_stride_h = out.stride(1);
-  a.kv_stride_row = k_store.stride(0), a.kv_stride_h = k_store.stride(1);
-  a.scale = static_cast<float>(scale);
-  cuda::decode_attention(a, current_stream());
-#endif
-  return out;
 }
 
 bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at::Tensor& cos) {

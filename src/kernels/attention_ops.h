@@ -17,17 +17,6 @@ namespace megatron::kernels {
 void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& part_out, const at::Tensor& part_lse,
                      Impl impl = Impl::Auto);
 
-// Generation's decode step: one query row per sequence attending every row its key/value head holds
-// in the cache, read where it lies (one launch; src/kernels/decode_attention.cu).
-// decode_attention_takes: a CUDA build, q on a CUDA device in bf16 / fp16, head dim 64 or 128,
-// 1, 2, 4 or 8 query heads a key/value head.
-bool decode_attention_takes(const at::Tensor& q, int64_t kv_heads);
-// q [b, H, d] (channels contiguous); k_store, v_store [rows, G, d]; sequence i's keys at rows
-// key_starts[i] .. + key_counts[i] (int32 on the device; counts at most `longest`); counters: int32
-// [>= b * G] on the device, zero, and zero again afterwards. Returns [b, H, d] in q's dtype.
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
-                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& counters);
-
 // The decode step's QKV output [s, b, G, (P + 2) * d] (split_qkv_rope's layout) in one pass: the
 // queries rotated into the result [s, b, G * P, d], the key rotated and the value copied into the
 // cache's stores [rows, G, d] at rows store_rows ([b s] int64, sequence-major). No autograd.

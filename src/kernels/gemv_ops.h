@@ -9,7 +9,7 @@ namespace megatron::kernels {
 
 // Whether gemv() runs for these: a CUDA build; x bf16 / fp16 on a CUDA device holding one row
 // ([..., k] with every leading dim 1, contiguous); weight [n, k] of x's dtype with contiguous rows,
-// k and the row stride multiples of 8; bias undefined or [n] contiguous of x's dtype; and no
+// k and the row stride multiples of 8, k at most 8192 (longer ones stream faster through cuBLAS); bias undefined or [n] contiguous of x's dtype; and no
 // gradient wanted (grad mode off, or none of them requires one).
 bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 // y [..., n] = x W^T (+ bias), fp32 accumulation, rounded once.

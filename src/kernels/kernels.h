@@ -158,33 +158,6 @@ struct GemvArgs {
 bool gemv_supported(const GemvArgs& args);
 void gemv(const GemvArgs& args, Stream stream);
 
-// Generation's decode attention (src/kernels/decode_attention.cu): one query row per sequence over
-// the rows its key/value heads hold in the cache, read in place. q [b, H, D] and out [b, H, D]
-// (strides in elements, channels contiguous); k, v: the store [rows, G, D] (row stride, head
-// stride), sequence i's keys at rows key_starts[i] .. key_starts[i] + key_counts[i] (int32 on the
-// device). Query head h reads key/value head h / heads_per_group. Work in chunks of decode_attention_chunk(D) keys:
-// max_chunks >= the longest sequence's chunks; the workspace holds [b, G, max_chunks, P(, D)]
-// partials in fp32; counters [b * G] int32 start zeroed and are left zeroed.
-struct DecodeAttentionArgs {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* out;
-  const int* key_starts;
-  const int* key_counts;
-  float* partial_out;
-  float* partial_max;
-  float* partial_sum;
-  int* counters;
-  DType dtype;
-  int64_t b, groups, heads_per_group, head_dim, max_chunks;
-  int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h, kv_stride_row, kv_stride_h;
-  float scale;
-};
-int64_t decode_attention_chunk(int64_t head_dim);  // keys a block (64 or 32)
-bool decode_attention_supported(int64_t head_dim, int64_t heads_per_group, DType dtype);
-void decode_attention(const DecodeAttentionArgs& args, Stream stream);
-
 // The MoE dispatcher's permutations (src/kernels/moe_permute.cu), rows of h channels
 // (row-contiguous), fp32 arithmetic. A layer routes T tokens to k experts each; pair p = t k + j
 // is token t's j-th choice.

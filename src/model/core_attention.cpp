@@ -6,7 +6,6 @@
 
 #include "context_parallel/partial_attention.h"
 #include "core/cuda_device.h"
-#include "kernels/attention_ops.h"
 #include "model/document_attention.h"
 #include "tensor_parallel/recompute.h"
 
@@ -59,19 +58,12 @@ at::Tensor SdpaAttention::forward_over_written_cache(const at::Tensor& q, const 
   const at::Tensor v_store = cache.stored(1).flatten(0, 1);
   KvCacheStep& step = *cache.step;
   const at::Tensor rows = q.transpose(0, 1).reshape({b * s, heads, d});  // [b s, H/tp, d], sequence-major
-  const double scale = softmax_scale_.value_or(1.0 / std::sqrt(double(d)));
-  if (s == 1 && kernels::decode_attention_takes(rows, k_store.size(1))) {
-    // A decode step: one launch over every sequence's rows (FA2's split-KV kernel and its combine were two).
-    const at::Tensor out = kernels::decode_attention(rows, k_store, v_store, step.key_starts(), step.key_counts(), step.longest(), scale,
-                                                     step.zeroed_counters(b * k_store.size(1), q.device()));  // [b, H/tp, d]
-    return out.view({1, b, heads * d});                                                                       // [1, b, H/tp * d]
-  }
   // Causal alignment is bottom-right (the last query sees every key of its sequence): new token i
   // of a sequence holding n rows after the step sees rows 0 ..= n - s + i, as the mask would say.
   const at::Tensor out = std::get<0>(at::_flash_attention_forward(
       rows, k_store, v_store, step.query_starts(), step.key_starts(), s, step.longest(), /*dropout_p=*/0.0,
-      /*is_causal=*/true, /*return_debug_mask=*/false, scale, std::nullopt, std::nullopt, step.key_counts()));  // [b s, H/tp, d]
-  return out.view({b, s, heads * d}).transpose(0, 1).reshape({s, b, heads * d});                                 // [s, b, H/tp * d]
+      /*is_causal=*/true, /*return_debug_mask=*/false, softmax_scale_, std::nullopt, std::nullopt, step.key_counts()));  // [b s, H/tp, d]
+  return out.view({b, s, heads * d}).transpose(0, 1).reshape({s, b, heads * d});                                           // [s, b, H/tp * d]
 }
 
 at::Tensor attend(const CoreAttention& core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

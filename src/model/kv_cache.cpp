@@ -173,11 +173,6 @@ void KvCacheStep::make_varlen_offsets() {
   key_counts_ = all.narrow(0, 2 * b + 2, b);
 }
 
-const at::Tensor& KvCacheStep::zeroed_counters(int64_t n, const at::Device& device) {
-  if (!counters_.defined() || counters_.numel() < n) counters_ = at::zeros({n}, at::TensorOptions().dtype(at::kInt).device(device));
-  return counters_;
-}
-
 const at::Tensor& KvCacheStep::query_starts() {
   if (!query_starts_.defined()) make_varlen_offsets();
   return query_starts_;

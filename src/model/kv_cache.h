@@ -103,9 +103,6 @@ class KvCacheStep {
   const at::Tensor& key_starts();
   // [b] the rows each sequence holds once this step's are written.
   const at::Tensor& key_counts();
-  // int32 [n] zeros on `device` for a kernel that counts in them and leaves them zero (decode
-  // attention): made at the first call (for a fixed step, in the eager run before its capture).
-  const at::Tensor& zeroed_counters(int64_t n, const at::Device& device);
   // The sequences hold their new tokens from now on: once, after the forward has run.
   void commit();
 
@@ -130,7 +127,6 @@ class KvCacheStep {
   at::Tensor position_ids_;  // [b, s]
   at::Tensor attention_mask_;
   at::Tensor query_starts_, key_starts_, key_counts_;  // made by make_varlen_offsets()
-  at::Tensor counters_;
   void make_varlen_offsets();
 };
 

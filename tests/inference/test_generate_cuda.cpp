@@ -4,7 +4,7 @@
 // logits against a full forward of the same model over the whole sequence and against the
 // gathered cache, with sequences of different lengths in slots given out of order and a step of
 // several new tokens; and the engine's decode steps replayed from CUDA graphs against eager steps.
-// The decode attention kernel (one new token a sequence) on its own against the arithmetic and FA2;
+// The decode step's QKV split into the cache against the split then the write, and
 // the one-row linear layer (batch-1 decode) against the fp32 product.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -73,60 +73,10 @@ TEST(GenerationCudaKernels, QkvRopeIntoCacheEqualsSplitThenWrite) {
   }
 }
 
-// The decode attention kernel against the fp32 arithmetic, sequence by sequence, and against
-// FlashAttention-2's variable-length kernel reading the same store: four sequences in slots given
-// out of order, of 1 key, one or two whole chunks (64 keys: one at head dim 64, two at 128), four
-// or two, and many chunks ending part-way; 1 and 8 query heads a
-// key/value head; head dims 64 and 128; bf16 and fp16. A second call gives the same bits (the
-// kernel's counters are left at zero).
-TEST(GenerationCudaKernels, DecodeAttentionEqualsTheArithmeticAndFlashAttention) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
-  at::manual_seed(4);
-  const int64_t slots = 5, capacity = 700, groups = 4;
-  const std::vector<int64_t> seq_slots = {3, 0, 4, 1}, lengths = {1, 64, 128, 653};
-  const int64_t b = static_cast<int64_t>(seq_slots.size());
-  const at::Device gpu(at::kCUDA, 0);
-  std::vector<int32_t> starts, counts;
-  for (int64_t i = 0; i < b; ++i) starts.push_back(int32_t(seq_slots[size_t(i)] * capacity)), counts.push_back(int32_t(lengths[size_t(i)]));
-  starts.push_back(int32_t(slots * capacity));
-  const at::Tensor key_starts = at::tensor(starts, at::kInt).to(gpu), key_counts = at::tensor(counts, at::kInt).to(gpu);
-  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    for (int64_t d : {64, 128}) {
-      for (int64_t per_group : {1, 8}) {
-        const at::TensorOptions o = at::TensorOptions().device(gpu).dtype(dtype);
-        const int64_t heads = groups * per_group;
-        const at::Tensor q = at::randn({b, heads, d}, o), k_store = at::randn({slots * capacity, groups, d}, o),
-                         v_store = at::randn({slots * capacity, groups, d}, o);
-        const double scale = 1.0 / std::sqrt(double(d));
-        ASSERT_TRUE(kernels::decode_attention_takes(q, groups));
-        const at::Tensor counters = at::zeros({b * groups}, o.dtype(at::kInt));
-        const at::Tensor got = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, capacity, scale, counters);
-        const at::Tensor again = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, capacity, scale, counters);
-        EXPECT_TRUE(at::equal(got, again));
-        EXPECT_EQ(counters.abs().max().item<int64_t>(), 0);
-        const std::string what = std::string(c10::toString(dtype)) + " d " + std::to_string(d) + " heads/group " + std::to_string(per_group);
-        for (int64_t i = 0; i < b; ++i) {
-          const at::Tensor keys = k_store.narrow(0, starts[size_t(i)], lengths[size_t(i)]).to(at::kFloat);  // [n, G, d]
-          const at::Tensor values = v_store.narrow(0, starts[size_t(i)], lengths[size_t(i)]).to(at::kFloat);
-          const at::Tensor qi = q[i].to(at::kFloat).view({groups, per_group, d});                            // [G, P, d]
-          const at::Tensor scores = at::einsum("gpd,ngd->gpn", {qi, keys}) * scale;
-          const at::Tensor want = at::einsum("gpn,ngd->gpd", {scores.softmax(-1), values}).reshape({heads, d});
-          EXPECT_LT((got[i].to(at::kFloat) - want).norm().item<double>() / want.norm().item<double>(), 1e-2) << what << " sequence " << i;
-        }
-        const at::Tensor flash = std::get<0>(at::_flash_attention_forward(
-            q, k_store, v_store, at::arange(b + 1, o.dtype(at::kInt)), key_starts, 1, capacity, 0.0, /*is_causal=*/true,
-            /*return_debug_mask=*/false, scale, std::nullopt, std::nullopt, key_counts));
-        EXPECT_LT((got.to(at::kFloat) - flash.to(at::kFloat)).norm().item<double>() / flash.to(at::kFloat).norm().item<double>(), 1e-2)
-            << what;
-      }
-    }
-  }
-}
-
 // The one-row linear layer against the fp32 product: output sizes that do and do not fill the
 // kernel's four-row blocks, a reduction length of whole and partial 128-thread strides, with and
 // without a bias, bf16 and fp16, a weight that is a row-strided view; and the cases it refuses
-// (two rows, a gradient wanted, a misaligned view), which callers send to cuBLAS.
+// (two rows, a gradient wanted, a misaligned view, fp32, k past 8192), which callers send to cuBLAS.
 TEST(GenerationCudaKernels, GemvEqualsTheFp32Product) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(5);
@@ -156,6 +106,7 @@ TEST(GenerationCudaKernels, GemvEqualsTheFp32Product) {
     EXPECT_FALSE(kernels::gemv_takes(at::randn({1, 256}, o).requires_grad_(), weight, {}));         // a gradient wanted
     EXPECT_FALSE(kernels::gemv_takes(at::randn({1, 264}, o).narrow(1, 4, 256), weight, {}));        // not 16-byte aligned
     EXPECT_FALSE(kernels::gemv_takes(at::randn({1, 256}, o.dtype(at::kFloat)), weight.to(at::kFloat), {}));  // fp32: cuBLAS
+    EXPECT_FALSE(kernels::gemv_takes(at::randn({1, 8200}, o), at::randn({64, 8200}, o), {}));  // a long reduction: cuBLAS
     at::NoGradGuard no_grad;
     EXPECT_TRUE(kernels::gemv_takes(at::randn({1, 256}, o).requires_grad_(), weight, {}));  // no grad mode: no gradient
   }
