@@ -104,6 +104,7 @@ int generate(const Args& args) {
   const GenerationModel g = load_inference_model(model_flags, "generate");
   const Tokenizer& tokenizer = *g.tokenizer;
   engine_options.cuda_graphs = decode_cuda_graphs(model_flags, g);
+  engine_options.decode_ahead = model_flags.decode_ahead;
   engine_options.vocab_size = g.vocab_size;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, engine_options);
@@ -174,7 +175,8 @@ int generate(const Args& args) {
                "(%.3f ms a step, %.0f tokens/s; %s)\n", (long long)t.prefill_tokens, (long long)t.prefills, 1e3 * t.prefill_seconds,
                t.prefill_tokens / std::max(t.prefill_seconds, 1e-9), (long long)t.decode_steps, (long long)t.decode_tokens,
                1e3 * t.decode_seconds, 1e3 * t.decode_seconds / std::max<int64_t>(t.decode_steps, 1),
-               t.decode_tokens / std::max(t.decode_seconds, 1e-9), engine.decode_mode().c_str());
+               t.decode_tokens / std::max(t.decode_seconds, 1e-9),
+               (engine.decode_mode() + (engine_options.decode_ahead ? ", " + std::to_string(t.steps_ahead) + " launched ahead" : "")).c_str());
   return 0;
 }
 

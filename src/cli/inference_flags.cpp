@@ -25,7 +25,9 @@ const char* kInferenceModelFlagsHelp =
     "  --bf16                       run in bf16 (default fp32)\n"
     "  --tensor-model-parallel-size N  split the model over N ranks (run under `megatron launch --nproc-per-node N`)\n"
     "  --cuda-graph-impl auto|none|local  decode steps replayed from CUDA graphs, attention reading the KV cache\n"
-    "                               in place (default auto: on a GPU where the model allows; none: eager steps)\n";
+    "                               in place (default auto: on a GPU where the model allows; none: eager steps)\n"
+    "  --decode-ahead               greedy decoding launches each step before the host reads the last one's\n"
+    "                               tokens (same tokens; overlaps the host's work with the GPU's; default off)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -39,6 +41,10 @@ double number_flag(const std::string& flag, const std::string& text) {
 bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags) {
   if (args[i] == "--bf16") {
     flags.bf16 = true;
+    return true;
+  }
+  if (args[i] == "--decode-ahead") {
+    flags.decode_ahead = true;
     return true;
   }
   if (args[i] == "--enable-cuda-graph") {

@@ -18,6 +18,7 @@ struct InferenceModelFlags {
   bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
   std::string tensor_parallel;  // --tensor-model-parallel-size N ("": 1); N ranks of `megatron launch`
   std::string cuda_graph_impl = "auto";  // --cuda-graph-impl auto|none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
+  bool decode_ahead = false;             // --decode-ahead: EngineOptions::decode_ahead
 };
 
 // Whether decode steps replay CUDA graphs (EngineOptions::cuda_graphs): --cuda-graph-impl local, or

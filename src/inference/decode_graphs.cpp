@@ -64,6 +64,9 @@ struct DecodeGraphs::State {
   std::vector<std::pair<int64_t, std::unique_ptr<Graph>>> graphs;  // by batch size
 
   Graph& capture(int64_t batch);
+  // The graph for a step of n sequences (the smallest batch of 1, 2, 4, ... that holds them),
+  // captured at its first use; null, with `failure` saying why, when the capture fails.
+  Graph* graph_for(int64_t n, std::string& failure);
 };
 
 Graph& DecodeGraphs::State::capture(int64_t batch) {
@@ -106,32 +109,54 @@ DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens) {
-  const int64_t n = static_cast<int64_t>(slots.size()), most = state_->cache.slots() - 1;  // all but the scratch slot
-  TORCH_CHECK(n >= 1 && n <= most && tokens.size() == slots.size(), "DecodeGraphs::run: ", n, " sequences, ", tokens.size(),
-              " tokens, ", most, " slots");
+Graph* DecodeGraphs::State::graph_for(int64_t n, std::string& failure) {
+  const int64_t most = cache.slots() - 1;  // all but the scratch slot
+  TORCH_CHECK(n >= 1 && n <= most, "DecodeGraphs::run: ", n, " sequences, ", most, " slots");
   int64_t batch = 1;
   while (batch < n) batch *= 2;
   batch = std::min(batch, most);
-  Graph* g = nullptr;
-  for (auto& [b, graph] : state_->graphs) {
-    if (b == batch) g = graph.get();
+  for (auto& [b, graph] : graphs) {
+    if (b == batch) return graph.get();
   }
-  if (g == nullptr) {
-    try {
-      g = &state_->capture(batch);
-    } catch (const std::exception& e) {
-      failure_ = e.what();  // nothing was written but the scratch slot: the caller runs the step eagerly
-      return {};
-    }
+  try {
+    return &capture(batch);
+  } catch (const std::exception& e) {
+    failure = e.what();  // nothing was written but the scratch slot: the caller runs the step eagerly
+    return nullptr;
   }
+}
+
+namespace {
+
+// Refills the step's slots and lengths, replays, and commits the new tokens to the cache.
+at::Tensor replay(Graph& g, const std::vector<int64_t>& slots, bool non_blocking) {
+  g.step->assign(slots, non_blocking);
+  g.graph.replay();
+  g.step->commit();
+  return g.logits.narrow(0, 0, static_cast<int64_t>(slots.size()));
+}
+
+}  // namespace
+
+at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens) {
+  TORCH_CHECK(tokens.size() == slots.size(), "DecodeGraphs::run: ", slots.size(), " sequences, ", tokens.size(), " tokens");
+  Graph* g = state_->graph_for(static_cast<int64_t>(slots.size()), failure_);
+  if (g == nullptr) return {};
   std::vector<int64_t> padded = tokens;
-  padded.resize(static_cast<size_t>(batch), 0);
-  g->tokens.copy_(at::tensor(padded, at::kLong).view({batch, 1}));
-  g->step->assign(slots);
-  g->graph.replay();
-  g->step->commit();
-  return g->logits.narrow(0, 0, n);
+  padded.resize(static_cast<size_t>(g->tokens.size(0)), 0);
+  g->tokens.copy_(at::tensor(padded, at::kLong).view({-1, 1}));
+  return replay(*g, slots, /*non_blocking=*/false);
+}
+
+at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const at::Tensor& tokens) {
+  const int64_t n = static_cast<int64_t>(slots.size());
+  TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == n && tokens.scalar_type() == at::kLong, "DecodeGraphs::run: tokens ", tokens.sizes(),
+              " for ", n, " sequences");
+  Graph* g = state_->graph_for(n, failure_);
+  if (g == nullptr) return {};
+  // The rows past n keep what they held: they decode the scratch slot, whatever its token.
+  g->tokens.narrow(0, 0, n).copy_(tokens.view({n, 1}), /*non_blocking=*/true);
+  return replay(*g, slots, /*non_blocking=*/true);
 }
 
 #else  // a build without CUDA
@@ -143,6 +168,7 @@ DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache&, int64_t, const c10::Device
 }
 DecodeGraphs::~DecodeGraphs() = default;
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>&, const std::vector<int64_t>&) { return {}; }
+at::Tensor DecodeGraphs::run(const std::vector<int64_t>&, const at::Tensor&) { return {}; }
 
 #endif
 

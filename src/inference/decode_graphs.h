@@ -47,6 +47,9 @@ class DecodeGraphs {
   // tensor: read it before the next run); the cache holds the new tokens from now on. Undefined,
   // with nothing done, when the step could not be captured: failure() says why.
   at::Tensor run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens);
+  // The same with the tokens [b] (int64) already on the device (the step before's choice): nothing
+  // in it waits for the device, so the host can go on while the step before still runs.
+  at::Tensor run(const std::vector<int64_t>& slots, const at::Tensor& tokens);
   const std::string& failure() const { return failure_; }
 
  private:

@@ -51,6 +51,14 @@ namespace {
 
 constexpr const char* kCudaGraphs = "CUDA graphs";
 
+// `values` as an int64 tensor on `device`; on a GPU copied from pinned memory without waiting
+// for the stream's earlier work.
+at::Tensor to_device_without_waiting(const std::vector<int64_t>& values, const at::Device& device) {
+  const at::Tensor host = at::tensor(values, at::kLong);
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 std::string decode_mode_of(const GPTModel& model, const EngineOptions& options) {
   if (!options.cuda_graphs) return "eager";
   const std::string why = decode_graphs_unsupported(model, model.word_embeddings.device());
@@ -103,51 +111,19 @@ int64_t Engine::submit(GenerationRequest request) {
 void Engine::step() {
   at::NoGradGuard no_grad;
   const CudnnAttentionOff no_cudnn_attention;
-  const at::Device device = model_.word_embeddings.device();
   if (!running_.empty()) {
     const auto began = std::chrono::steady_clock::now();
-    // One token for every running sequence, in one forward over the cache.
-    std::vector<int64_t> slots, last;
-    for (const auto& s : running_) {
-      slots.push_back(s->slot);
-      last.push_back(s->seen.back());
+    const bool greedy = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
+    if (options_.decode_ahead && greedy) {
+      decode_ahead();
+    } else {
+      if (in_flight_) accept_step(*in_flight_);  // a sampled request joined: back to step by step
+      in_flight_.reset();
+      if (!running_.empty()) decode_step();
     }
-    at::Tensor logits;  // [b, V]
-    if (decode_graphs_) {
-      logits = decode_graphs_->run(slots, last);
-      if (logits.defined()) {
-        logits = logits.narrow(1, 0, vocab_);
-      } else {
-        decode_mode_ = "eager (" + decode_graphs_->failure() + ")";
-        std::fprintf(stderr, "warning: decode steps run eagerly from now on: %s\n", decode_graphs_->failure().c_str());
-        decode_graphs_.reset();
-      }
-    }
-    if (!logits.defined()) {
-      KvCacheStep decode(cache_, slots, 1, device);
-      if (options_.cuda_graphs) decode.allow_reading_in_place();
-      const at::Tensor tokens = at::tensor(last, at::kLong).view({-1, 1}).to(device);  // [b, 1]
-      logits = whole_vocabulary(model_.forward_cached(tokens, decode))[0].narrow(1, 0, vocab_);
-      decode.commit();
-    }
-    const bool argmax_only = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
-    // Either the batch's argmaxes [b] or its logits [b, V], on the host.
-    const at::Tensor rows = argmax_only ? logits.argmax(-1).to(at::kCPU) : logits.to(at::kCPU, at::kFloat);
-    const int64_t* argmaxes = argmax_only ? rows.data_ptr<int64_t>() : nullptr;
-    std::vector<std::unique_ptr<Sequence>> still;
-    for (size_t i = 0; i < running_.size(); ++i) {
-      const bool finished = argmax_only ? accept(*running_[i], argmaxes[i], {}) : advance(*running_[i], rows[static_cast<int64_t>(i)]);
-      if (finished) {
-        finish(*running_[i]);
-      } else {
-        still.push_back(std::move(running_[i]));
-      }
-    }
-    running_ = std::move(still);
-    stats_.decode_steps += 1;
-    stats_.decode_tokens += static_cast<int64_t>(slots.size());
     stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   }
+  if (running_.empty()) in_flight_.reset();  // its rows all belong to finished sequences
   while (!waiting_.empty() && !free_slots_.empty()) {
     // The first waiting request, and those right behind it whose prompts have its length, share
     // one forward (first come, first served), up to the free slots and kPrefillTokens.
@@ -169,6 +145,138 @@ void Engine::step() {
       if (sequence->slot >= 0) running_.push_back(std::move(sequence));
     }
   }
+}
+
+at::Tensor Engine::decode_logits(const std::vector<int64_t>& slots, const at::Tensor& tokens, const std::vector<int64_t>& last) {
+  at::Tensor logits;  // [b, V]
+  if (decode_graphs_) {
+    logits = tokens.defined() ? decode_graphs_->run(slots, tokens) : decode_graphs_->run(slots, last);
+    if (logits.defined()) return logits.narrow(1, 0, vocab_);
+    decode_mode_ = "eager (" + decode_graphs_->failure() + ")";
+    std::fprintf(stderr, "warning: decode steps run eagerly from now on: %s\n", decode_graphs_->failure().c_str());
+    decode_graphs_.reset();
+  }
+  const at::Device device = model_.word_embeddings.device();
+  KvCacheStep decode(cache_, slots, 1, device);
+  if (options_.cuda_graphs) decode.allow_reading_in_place();
+  const at::Tensor fed = tokens.defined() ? tokens.view({-1, 1}) : at::tensor(last, at::kLong).view({-1, 1}).to(device);  // [b, 1]
+  logits = whole_vocabulary(model_.forward_cached(fed, decode))[0].narrow(1, 0, vocab_);
+  decode.commit();
+  return logits;
+}
+
+void Engine::decode_step() {
+  // One token for every running sequence, in one forward over the cache.
+  std::vector<int64_t> slots, last;
+  for (const auto& s : running_) {
+    slots.push_back(s->slot);
+    last.push_back(s->seen.back());
+  }
+  const at::Tensor logits = decode_logits(slots, {}, last);  // [b, V]
+  const bool argmax_only = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
+  // Either the batch's argmaxes [b] or its logits [b, V], on the host.
+  const at::Tensor rows = argmax_only ? logits.argmax(-1).to(at::kCPU) : logits.to(at::kCPU, at::kFloat);
+  const int64_t* argmaxes = argmax_only ? rows.data_ptr<int64_t>() : nullptr;
+  std::vector<std::unique_ptr<Sequence>> still;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const bool finished = argmax_only ? accept(*running_[i], argmaxes[i], {}) : advance(*running_[i], rows[static_cast<int64_t>(i)]);
+    if (finished) {
+      finish(*running_[i]);
+    } else {
+      still.push_back(std::move(running_[i]));
+    }
+  }
+  running_ = std::move(still);
+  stats_.decode_steps += 1;
+  stats_.decode_tokens += static_cast<int64_t>(slots.size());
+}
+
+void Engine::decode_ahead() {
+  std::vector<Sequence*> everyone;
+  for (const auto& s : running_) everyone.push_back(s.get());
+  std::optional<std::vector<int64_t>> rows;  // each running sequence's row in the step in flight
+  if (in_flight_) {
+    rows = rows_in(*in_flight_);
+    if (!rows) {
+      // Requests joined since it was launched: its tokens for those it holds, then a step of
+      // everyone from the host's tokens, read by the next call.
+      accept_step(*in_flight_);
+      in_flight_.reset();
+      everyone.clear();
+      for (const auto& s : running_) everyone.push_back(s.get());
+      if (!everyone.empty()) in_flight_ = launch_greedy_step(everyone, {});
+      return;
+    }
+  } else {
+    in_flight_ = launch_greedy_step(everyone, {});
+    rows = rows_in(*in_flight_);
+  }
+  // The next step, fed this one's argmaxes on the device (the rows of those still running), goes
+  // in before the host waits for them.
+  std::optional<StepInFlight> next;
+  if (may_run_ahead()) {
+    const at::Tensor& chosen = in_flight_->tokens.on_device();  // [rows of the step in flight]
+    bool same_rows = rows->size() == in_flight_->ids.size();
+    for (size_t i = 0; i < rows->size() && same_rows; ++i) same_rows = (*rows)[i] == static_cast<int64_t>(i);
+    next = launch_greedy_step(everyone, same_rows ? chosen : chosen.index_select(0, to_device_without_waiting(*rows, chosen.device())));
+    stats_.steps_ahead += 1;
+  }
+  accept_step(*in_flight_);
+  in_flight_ = std::move(next);
+}
+
+Engine::StepInFlight Engine::launch_greedy_step(const std::vector<Sequence*>& sequences, const at::Tensor& tokens) {
+  std::vector<int64_t> ids, slots, last;
+  for (const Sequence* s : sequences) {
+    ids.push_back(s->id);
+    slots.push_back(s->slot);
+    last.push_back(s->seen.back());
+  }
+  const at::Tensor logits = decode_logits(slots, tokens, last);  // [b, V]
+  return StepInFlight{std::move(ids), TokensInFlight(logits.argmax(-1))};
+}
+
+std::optional<std::vector<int64_t>> Engine::rows_in(const StepInFlight& step) const {
+  std::vector<int64_t> rows;
+  for (const auto& s : running_) {
+    const auto row = std::find(step.ids.begin(), step.ids.end(), s->id);
+    if (row == step.ids.end()) return std::nullopt;
+    rows.push_back(row - step.ids.begin());
+  }
+  return rows;
+}
+
+bool Engine::may_run_ahead() const {
+  bool someone_goes_on = false;
+  for (const auto& s : running_) {
+    // After the step in flight it holds one token more; the step ahead writes that token's row.
+    if (static_cast<int64_t>(s->seen.size()) + 1 >= cache_.capacity()) return false;
+    someone_goes_on = someone_goes_on || static_cast<int64_t>(s->result.tokens.size()) + 1 < s->request.max_new_tokens;
+  }
+  return someone_goes_on;
+}
+
+void Engine::accept_step(StepInFlight& step) {
+  const at::Tensor& chosen = step.tokens.on_host();  // waits for this step only
+  const int64_t* next = chosen.data_ptr<int64_t>();
+  std::vector<std::unique_ptr<Sequence>> still;
+  int64_t taken = 0;
+  for (auto& s : running_) {
+    const auto row = std::find(step.ids.begin(), step.ids.end(), s->id);
+    if (row == step.ids.end()) {  // joined after the step was launched
+      still.push_back(std::move(s));
+      continue;
+    }
+    taken += 1;
+    if (accept(*s, next[row - step.ids.begin()], {})) {
+      finish(*s);
+    } else {
+      still.push_back(std::move(s));
+    }
+  }
+  running_ = std::move(still);
+  stats_.decode_steps += 1;
+  stats_.decode_tokens += taken;
 }
 
 void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {

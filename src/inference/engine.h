@@ -27,6 +27,7 @@
 
 #include "inference/decode_graphs.h"
 #include "inference/sampling.h"
+#include "inference/tokens_in_flight.h"
 #include "model/kv_cache.h"
 
 namespace megatron {
@@ -74,6 +75,7 @@ struct EngineStats {
   int64_t decode_steps = 0;
   int64_t decode_tokens = 0;  // one per running sequence per step
   double decode_seconds = 0;
+  int64_t steps_ahead = 0;  // decode steps launched before the host had read the step before (decode_ahead)
 };
 
 struct EngineOptions {
@@ -86,6 +88,13 @@ struct EngineOptions {
   // step. The commands turn it on on a GPU (--cuda-graph-impl auto, the default); measured on one
   // H200: 6.16 -> 1.75 ms a decode step at batch 1, 12.1 -> 2.15 ms at 64 (docs/performance.md).
   bool cuda_graphs = false;
+  // Greedy decoding one step ahead (--decode-ahead): while every running sequence is greedy,
+  // unpenalised and without log-probabilities, step n + 1 is launched fed step n's argmaxes on the
+  // device before the host reads them, so on a GPU the host's per-step work (reading the tokens,
+  // stop checks, the next launch) overlaps the device's. A sequence that ends at step n has its
+  // row of step n + 1 dropped. The tokens are the ones a step-by-step run chooses. Off by default
+  // until a GPU measures it.
+  bool decode_ahead = false;
 };
 
 class Engine {
@@ -129,6 +138,30 @@ class Engine {
     at::Generator generator;
     bool text_final = false;  // result.text already cut before a stop string
   };
+  // A decode step launched and not yet read: its sequences (by id, in row order) and their tokens
+  // on the way to the host.
+  struct StepInFlight {
+    std::vector<int64_t> ids;
+    TokensInFlight tokens;
+  };
+  // One decode step of every running sequence, read at once (sampling, log-probabilities).
+  void decode_step();
+  // One decode step of greedy sequences with the next launched before this one is read.
+  void decode_ahead();
+  // Launches a decode step of `sequences`, fed `tokens` [b] on the device, or (undefined) their
+  // last tokens from the host; their argmaxes start towards the host.
+  StepInFlight launch_greedy_step(const std::vector<Sequence*>& sequences, const at::Tensor& tokens);
+  // The logits [b, V] of a decode step of the sequences in `slots`, fed `tokens` on the device or
+  // else `last` from the host; the cache holds the new rows afterwards.
+  at::Tensor decode_logits(const std::vector<int64_t>& slots, const at::Tensor& tokens, const std::vector<int64_t>& last);
+  // Each running sequence's row in `step`; nullopt when one has none (it joined after the step
+  // was launched). Rows of sequences that ended or were cancelled since are left out.
+  std::optional<std::vector<int64_t>> rows_in(const StepInFlight& step) const;
+  // Whether the step after the one in flight may be launched before that one is read: some
+  // sequence may still be running after it, and every one has a row to spare.
+  bool may_run_ahead() const;
+  // Accepts `step`'s tokens for the sequences still running (joined ones had no row in it).
+  void accept_step(StepInFlight& step);
   // Chooses the sequence's next token from its logits [V] (the real vocabulary); true once it
   // has finished.
   bool advance(Sequence& sequence, const at::Tensor& logits);
@@ -160,6 +193,7 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::map<int64_t, GenerationResult> finished_;
+  std::optional<StepInFlight> in_flight_;  // decode_ahead: launched, not read yet
   int64_t next_id_ = 0;
   EngineStats stats_;
 };

@@ -88,7 +88,7 @@ KvCacheStep::KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_s
   assign({});
 }
 
-void KvCacheStep::assign(const std::vector<int64_t>& slots) {
+void KvCacheStep::assign(const std::vector<int64_t>& slots, bool non_blocking) {
   TORCH_CHECK(scratch_slot_ >= 0, "KvCacheStep::assign: only a fixed decode step is reassigned");
   const int64_t b = batch();
   TORCH_CHECK(static_cast<int64_t>(slots.size()) <= b, "KvCacheStep::assign: ", slots.size(), " sequences for a step of ", b);
@@ -110,8 +110,10 @@ void KvCacheStep::assign(const std::vector<int64_t>& slots) {
     ints[size_t(b + 1 + i)] = static_cast<int32_t>(held + 1);
   }
   ints[size_t(b)] = static_cast<int32_t>(cache_.slots() * cache_.capacity());
-  fixed_longs_.copy_(at::tensor(longs, at::kLong));
-  fixed_ints_.copy_(at::tensor(ints, at::kInt));
+  // Non-blocking copies come from pinned memory, which the host allocator keeps until they ran.
+  const auto staged = [non_blocking](at::Tensor host) { return non_blocking ? host.pin_memory() : host; };
+  fixed_longs_.copy_(staged(at::tensor(longs, at::kLong)), non_blocking);
+  fixed_ints_.copy_(staged(at::tensor(ints, at::kInt)), non_blocking);
   assigned_ = slots.size();
   committed_ = false;
 }

@@ -72,8 +72,9 @@ class KvCacheStep {
   // cache's `scratch_slot`, which no sequence may hold.
   static std::unique_ptr<KvCacheStep> fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device);
   // A fixed decode step's sequences for its next run: at most its batch, distinct; a UserError when
-  // one is full. Copies what it says to the device (on the current stream).
-  void assign(const std::vector<int64_t>& slots);
+  // one is full. Copies what it says to the device (on the current stream); non_blocking: from pinned
+  // memory, without waiting for the stream's earlier work.
+  void assign(const std::vector<int64_t>& slots, bool non_blocking = false);
 
   LayerKvCache layer(int64_t index) { return {this, index}; }
   // Attention may read this step's cache in place (CoreAttention::forward_over_cache) rather than

@@ -192,6 +192,92 @@ TEST(Engine, RequestsBeyondTheModelAreRefusedAndNothingIsQueued) {
   EXPECT_EQ(full[0].tokens.size(), 8u);
 }
 
+GenerationRequest greedy(std::vector<int64_t> prompt, int64_t new_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = new_tokens;
+  r.sampling.greedy = true;
+  return r;
+}
+
+// Greedy decoding one step ahead (EngineOptions::decode_ahead) chooses what step-by-step decoding
+// chooses, through everything that changes the batch while a step is in flight: more requests
+// than slots (they join as others finish), a stop id and a stop string ending sequences a step
+// before the rows launched for them, a request that runs to the model's length (no row to spare
+// for a step ahead), streaming, a sampled request joining (back to step by step), a cancel.
+TEST(Engine, DecodeAheadChoosesTheTokensOfStepByStep) {
+  const auto model = tiny_model();
+  auto letters = [](const std::vector<int64_t>& ids) {
+    std::string s;
+    for (int64_t id : ids) s += char('a' + id % 26);
+    return s;
+  };
+  // What step-by-step decoding writes for one request tells where to stop two others.
+  const GenerationResult free_run = Engine(*model, {.max_batch = 1, .vocab_size = 64}).generate({greedy({3, 4, 5}, 12)})[0];
+  auto run = [&](bool ahead, std::vector<std::vector<int64_t>>& streamed) {
+    EngineOptions options{.max_batch = 3, .vocab_size = 64, .detokenize = letters};
+    options.decode_ahead = ahead;
+    Engine engine(*model, options);
+    std::vector<GenerationRequest> requests = {greedy({3, 4, 5}, 12), greedy({9, 8, 7, 6}, 5), greedy({1}, 9),
+                                               greedy(std::vector<int64_t>(40, 2), 8), greedy({3, 4, 5}, 12), greedy({5, 6}, 7),
+                                               sampled({2, 2}, 3, 6)};
+    requests[4].stop_ids = {free_run.tokens[4]};
+    requests[0].stop_strings = {letters({free_run.tokens[6], free_run.tokens[7]})};
+    streamed.assign(requests.size(), {});
+    for (size_t i = 0; i < requests.size(); ++i) requests[i].on_token = [&streamed, i](int64_t id) { streamed[i].push_back(id); };
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i + 1 < requests.size(); ++i) ids.push_back(engine.submit(requests[i]));
+    std::vector<GenerationResult> results;
+    for (int steps = 0; !engine.idle(); ++steps) {
+      if (steps == 6) ids.push_back(engine.submit(requests.back()));  // a sampled request joins late
+      engine.step();
+    }
+    for (int64_t id : ids) results.push_back(*engine.take_result(id));
+    // A cancel while steps are in flight: the others go on as if it had never run.
+    Engine second(*model, options);
+    const int64_t kept = second.submit(greedy({7, 7}, 10)), dropped = second.submit(greedy({4}, 10));
+    for (int i = 0; i < 3; ++i) second.step();
+    EXPECT_TRUE(second.cancel(dropped));
+    while (!second.idle()) second.step();
+    results.push_back(*second.take_result(kept));
+    EXPECT_FALSE(second.take_result(dropped).has_value());
+    return std::make_pair(results, engine.stats());
+  };
+  std::vector<std::vector<int64_t>> streamed_by_step, streamed_ahead;
+  const auto [by_step, stats_by_step] = run(false, streamed_by_step);
+  const auto [ahead, stats_ahead] = run(true, streamed_ahead);
+  ASSERT_EQ(by_step.size(), ahead.size());
+  for (size_t i = 0; i < by_step.size(); ++i) {
+    EXPECT_EQ(ahead[i].tokens, by_step[i].tokens) << "request " << i;
+    EXPECT_EQ(ahead[i].finish_reason, by_step[i].finish_reason) << "request " << i;
+    EXPECT_EQ(ahead[i].text, by_step[i].text) << "request " << i;
+  }
+  EXPECT_EQ(streamed_ahead, streamed_by_step);
+  EXPECT_EQ(stats_ahead.decode_tokens, stats_by_step.decode_tokens);  // rows dropped after a sequence ended are not counted
+  EXPECT_EQ(stats_by_step.steps_ahead, 0);
+  EXPECT_GT(stats_ahead.steps_ahead, 0);
+  // Three requests prefilled together, ending at different steps: every step after the first is
+  // launched ahead (the rows of those still running picked from the step before's argmaxes).
+  const std::vector<GenerationRequest> three = {greedy({3, 4, 5}, 5), greedy({9, 8}, 12), greedy({1, 2}, 9)};
+  Engine by_step_engine(*model, {.max_batch = 3, .vocab_size = 64});
+  EngineOptions ahead_options{.max_batch = 3, .vocab_size = 64};
+  ahead_options.decode_ahead = true;
+  Engine ahead_engine(*model, ahead_options);
+  const auto three_by_step = by_step_engine.generate(three), three_ahead = ahead_engine.generate(three);
+  for (size_t i = 0; i < three.size(); ++i) EXPECT_EQ(three_ahead[i].tokens, three_by_step[i].tokens) << "request " << i;
+  EXPECT_EQ(ahead_engine.stats().decode_steps, 11);
+  EXPECT_EQ(ahead_engine.stats().steps_ahead, 10);
+  EXPECT_EQ(ahead_engine.stats().decode_tokens, by_step_engine.stats().decode_tokens);
+  // The cases happened: a stop id, a stop string, the model's length, a late sampled request.
+  EXPECT_EQ(by_step[4].finish_reason, "stop");
+  EXPECT_LE(by_step[4].tokens.size(), 5u);
+  EXPECT_EQ(by_step[0].finish_reason, "stop");
+  EXPECT_LE(by_step[0].tokens.size(), 8u);
+  EXPECT_EQ(by_step[3].tokens.size(), 8u);
+  EXPECT_EQ(by_step[6].tokens.size(), 6u);
+  EXPECT_EQ(by_step[7].tokens.size(), 10u);
+}
+
 // The fixed decode step of the CUDA graphs (KvCacheStep::fixed_decode): what it writes to its
 // device tensors for the sequences assigned, the scratch slot on the rows past them, only the
 // assigned slots grown on commit, and what it refuses.
@@ -233,6 +319,13 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   ASSERT_EQ(gen.status, 0) << gen.output;
   EXPECT_NE(gen.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << gen.output;
   EXPECT_NE(gen.output.find("tokens/s; eager)"), std::string::npos) << "the default (auto) on the CPU: eager steps\n" << gen.output;
+  // Each step launched before the last one's tokens are read: the same text, and the count.
+  auto ahead = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--ignore-eos",
+                                   "--max-new-tokens", "6", "--device", "cpu", "--decode-ahead"});
+  ASSERT_EQ(ahead.status, 0) << ahead.output;
+  EXPECT_NE(ahead.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << ahead.output;
+  EXPECT_NE(ahead.output.find("decode: 5 steps, 5 tokens in"), std::string::npos) << ahead.output;
+  EXPECT_NE(ahead.output.find("tokens/s; eager, 4 launched ahead)"), std::string::npos) << ahead.output;
   // bf16, past EOS, with the engine's steps 10 and 11 profiled: the timing line and the table.
   // CUDA graphs asked for on the CPU: the steps run eagerly and the line says why.
   auto profiled = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--bf16",
@@ -245,10 +338,11 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   EXPECT_EQ(bad_graphs.status, 2);
   EXPECT_NE(bad_graphs.output.find("--cuda-graph-impl: expected auto, none or local, got full"), std::string::npos) << bad_graphs.output;
   EXPECT_NE(profiled.output.find("> profile of iterations 10-11"), std::string::npos) << profiled.output;
-  // Split over two tensor-parallel ranks: the checkpoint (saved on one) resharded, the same text.
+  // Split over two tensor-parallel ranks: the checkpoint (saved on one) resharded, the same text;
+  // with steps launched ahead, which every rank does alike (their collectives stay matched).
   auto split = test::run_megatron({"launch", "--nproc-per-node", "2", "--master-port", "0", "generate", "--load", dir / "ckpt",
                                    "--prompt", "40 41 42 43", "--greedy", "--max-new-tokens", "6", "--device", "cpu",
-                                   "--cpu-threads", "1", "--tensor-model-parallel-size", "2"});
+                                   "--cpu-threads", "1", "--tensor-model-parallel-size", "2", "--decode-ahead"});
   ASSERT_EQ(split.status, 0) << split.output;
   EXPECT_NE(split.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << split.output;
   EXPECT_EQ(split.output.find("[rank 1] 40 41"), std::string::npos) << "only the first rank prints:\n" << split.output;
