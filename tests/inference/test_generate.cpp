@@ -144,14 +144,15 @@ TEST(Engine, PromptsOfOneLengthArePrefilledTogetherAsAlone) {
   EXPECT_EQ(grouped[1].prompt_logprobs.size(), 2u);
 }
 
+// A detokenizer for the tiny model: each id decodes as one letter.
+std::string letters(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (int64_t id : ids) s += char('a' + id % 26);
+  return s;
+}
+
 TEST(Engine, StopIdsStopStringsAndStreaming) {
   const auto model = tiny_model();
-  // Each id decodes as one letter: the continuation's text is its ids as letters.
-  auto letters = [](const std::vector<int64_t>& ids) {
-    std::string s;
-    for (int64_t id : ids) s += char('a' + id % 26);
-    return s;
-  };
   Engine engine(*model, {.max_batch = 2, .vocab_size = 64, .detokenize = letters});
   const GenerationResult free_run = engine.generate({sampled({3, 4, 5}, 11, 12)})[0];
   ASSERT_EQ(free_run.tokens.size(), 12u);
@@ -207,11 +208,6 @@ GenerationRequest greedy(std::vector<int64_t> prompt, int64_t new_tokens) {
 // for a step ahead), streaming, a sampled request joining (back to step by step), a cancel.
 TEST(Engine, DecodeAheadChoosesTheTokensOfStepByStep) {
   const auto model = tiny_model();
-  auto letters = [](const std::vector<int64_t>& ids) {
-    std::string s;
-    for (int64_t id : ids) s += char('a' + id % 26);
-    return s;
-  };
   // What step-by-step decoding writes for one request tells where to stop two others.
   const GenerationResult free_run = Engine(*model, {.max_batch = 1, .vocab_size = 64}).generate({greedy({3, 4, 5}, 12)})[0];
   auto run = [&](bool ahead, std::vector<std::vector<int64_t>>& streamed) {
