@@ -167,20 +167,23 @@ at::Tensor Engine::decode_logits(const std::vector<int64_t>& slots, const at::Te
 
 void Engine::decode_step() {
   // One token for every running sequence, in one forward over the cache.
+  const bool argmax_only = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
+  if (argmax_only) {
+    // Only the batch's argmaxes [b] come to the host, not its logits.
+    std::vector<Sequence*> everyone;
+    for (const auto& s : running_) everyone.push_back(s.get());
+    StepInFlight step = launch_greedy_step(everyone, {});
+    return accept_step(step);
+  }
   std::vector<int64_t> slots, last;
   for (const auto& s : running_) {
     slots.push_back(s->slot);
     last.push_back(s->seen.back());
   }
-  const at::Tensor logits = decode_logits(slots, {}, last);  // [b, V]
-  const bool argmax_only = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
-  // Either the batch's argmaxes [b] or its logits [b, V], on the host.
-  const at::Tensor rows = argmax_only ? logits.argmax(-1).to(at::kCPU) : logits.to(at::kCPU, at::kFloat);
-  const int64_t* argmaxes = argmax_only ? rows.data_ptr<int64_t>() : nullptr;
+  const at::Tensor rows = decode_logits(slots, {}, last).to(at::kCPU, at::kFloat);  // [b, V]
   std::vector<std::unique_ptr<Sequence>> still;
   for (size_t i = 0; i < running_.size(); ++i) {
-    const bool finished = argmax_only ? accept(*running_[i], argmaxes[i], {}) : advance(*running_[i], rows[static_cast<int64_t>(i)]);
-    if (finished) {
+    if (advance(*running_[i], rows[static_cast<int64_t>(i)])) {
       finish(*running_[i]);
     } else {
       still.push_back(std::move(running_[i]));
@@ -236,12 +239,16 @@ Engine::StepInFlight Engine::launch_greedy_step(const std::vector<Sequence*>& se
   return StepInFlight{std::move(ids), TokensInFlight(logits.argmax(-1))};
 }
 
+int64_t Engine::StepInFlight::row_of(int64_t id) const {
+  const auto row = std::find(ids.begin(), ids.end(), id);
+  return row == ids.end() ? -1 : row - ids.begin();
+}
+
 std::optional<std::vector<int64_t>> Engine::rows_in(const StepInFlight& step) const {
   std::vector<int64_t> rows;
   for (const auto& s : running_) {
-    const auto row = std::find(step.ids.begin(), step.ids.end(), s->id);
-    if (row == step.ids.end()) return std::nullopt;
-    rows.push_back(row - step.ids.begin());
+    rows.push_back(step.row_of(s->id));
+    if (rows.back() < 0) return std::nullopt;
   }
   return rows;
 }
@@ -262,13 +269,13 @@ void Engine::accept_step(StepInFlight& step) {
   std::vector<std::unique_ptr<Sequence>> still;
   int64_t taken = 0;
   for (auto& s : running_) {
-    const auto row = std::find(step.ids.begin(), step.ids.end(), s->id);
-    if (row == step.ids.end()) {  // joined after the step was launched
+    const int64_t row = step.row_of(s->id);
+    if (row < 0) {  // joined after the step was launched
       still.push_back(std::move(s));
       continue;
     }
     taken += 1;
-    if (accept(*s, next[row - step.ids.begin()], {})) {
+    if (accept(*s, next[row], {})) {
       finish(*s);
     } else {
       still.push_back(std::move(s));

@@ -143,8 +143,9 @@ class Engine {
   struct StepInFlight {
     std::vector<int64_t> ids;
     TokensInFlight tokens;
+    int64_t row_of(int64_t id) const;  // the sequence's row, -1 when it has none
   };
-  // One decode step of every running sequence, read at once (sampling, log-probabilities).
+  // One decode step of every running sequence, read at once.
   void decode_step();
   // One decode step of greedy sequences with the next launched before this one is read.
   void decode_ahead();

@@ -51,4 +51,8 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   return y;
 }
 
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return gemv_takes(x, weight, bias) ? gemv(x, weight, bias) : at::linear(x, weight, bias);
+}
+
 }  // namespace megatron::kernels

@@ -14,5 +14,7 @@ namespace megatron::kernels {
 bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 // y [..., n] = x W^T (+ bias), fp32 accumulation, rounded once.
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// at::linear(x, weight, bias), through gemv() where it takes them (a batch-1 decode step's layers).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 }  // namespace megatron::kernels

@@ -231,8 +231,7 @@ at::Tensor GPTModel::output_logits(const at::Tensor& normed) {
   // Untied: the output weight's gradient may accumulate in the GEMM (its only use). Tied: the
   // embedding lookup adds to the same gradient, so it takes the ordinary path.
   if (output_layer_weight.defined()) return tp::linear(hidden, out_weight);  // [s, b, V/tp]
-  if (kernels::gemv_takes(hidden, out_weight, {})) return kernels::gemv(hidden, out_weight, {});  // batch-1 decode
-  return at::linear(hidden, out_weight);
+  return kernels::linear(hidden, out_weight, {});
 }
 
 at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& attention_mask,

@@ -129,9 +129,7 @@ bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!weight.requires_grad() || !at::GradMode::is_enabled() || find_target(weight) == nullptr) {
-    // One row and no gradient: a batch-1 decode step, which streams the weight once.
-    if (kernels::gemv_takes(x, weight, bias)) return kernels::gemv(x, weight, bias);
-    return at::linear(x, weight, bias);
+    return kernels::linear(x, weight, bias);  // one row and no gradient (a batch-1 decode step): the GEMV
   }
   // The bias stays outside the function: autograd functions cannot take an undefined tensor.
   at::Tensor y = LinearAccumulatingWeightGrad::apply(x, weight);
