@@ -2,7 +2,8 @@
 // the layers of the 1.1B reference shape and of Llama 3 8B, timed as the engine runs them: inside
 // a CUDA graph (20 calls captured once, the graph replayed), so launch latency is what a replay
 // pays, and each call reading a weight of its own (the step's weights do not stay in L2). Prints
-// microseconds a call, the weight bytes streamed a second and the ratio gemv / cuBLAS.
+// microseconds a call, the weight bytes streamed a second and the ratio gemv / cuBLAS; then the
+// projections of a whole 1.1B step with and without programmatic dependent launch.
 // (Session 31 also timed a decode attention kernel here against FA2's split-KV pair; it lost at
 // every length past 512 keys and was removed: docs/performance.md.)
 //   megatron_bench_decode_kernels [--iters N]
@@ -12,6 +13,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +22,8 @@
 #include <vector>
 
 #include "kernels/gemv_ops.h"
+#include "kernels/kernels.h"
+#include "kernels/ops.h"
 
 namespace {
 
@@ -50,8 +54,20 @@ struct LinearShape {
   int64_t out, in;
 };
 
+// kernels::cuda::gemv on tensors, launched to overlap the kernel before or not.
+at::Tensor raw_gemv(const at::Tensor& x, const at::Tensor& weight, bool gated, bool overlap) {
+  at::Tensor y = at::empty({1, 1, gated ? weight.size(0) / 2 : weight.size(0)}, x.options());  // [1, 1, n]
+  kernels::cuda::GemvArgs a{};
+  a.x = x.data_ptr(), a.w = weight.data_ptr(), a.bias = nullptr, a.y = y.data_ptr();
+  a.dtype = kernels::cuda::DType::BFloat16;
+  a.n = y.size(-1), a.k = weight.size(1), a.w_stride = weight.stride(0);
+  a.gated = gated, a.overlap_previous = overlap;
+  kernels::cuda::gemv(a, c10::cuda::getCurrentCUDAStream().stream());
+  return y;
+}
+
 void linear_table(int iters) {
-  std::printf("one-row linear layers, bf16 (us a call; GB/s of weight read):\n");
+  std::printf("one-row linear layers, bf16 (us a call; GB/s of weight read; gemv launched to overlap the last call):\n");
   std::printf("| layer | out x in | cuBLAS (at::linear) | GB/s | gemv | GB/s | gemv / cuBLAS |\n|---|---|---|---|---|---|---|\n");
   const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const c10::NoGradGuard no_grad;
@@ -68,9 +84,59 @@ void linear_table(int iters) {
     const double bytes = double(shape.out) * double(shape.in) * 2.0;
     size_t next = 0;
     const double cublas = graph_microseconds([&] { at::linear(x, weights[next++ % weights.size()]); }, iters);
+    if (!kernels::gemv_takes(x, weights[0], {})) {  // past the GEMV's longest reduction: cuBLAS's
+      std::printf("| %s | %lld x %lld | %.2f | %.0f | (cuBLAS) | | |\n", shape.name, (long long)shape.out, (long long)shape.in, cublas,
+                  bytes / cublas / 1e3);
+      continue;
+    }
     const double gemv = graph_microseconds([&] { kernels::gemv(x, weights[next++ % weights.size()], {}); }, iters);
     std::printf("| %s | %lld x %lld | %.2f | %.0f | %.2f | %.0f | %.3f |\n", shape.name, (long long)shape.out, (long long)shape.in, cublas,
                 bytes / cublas / 1e3, gemv, bytes / gemv / 1e3, gemv / cublas);
+    std::fflush(stdout);
+  }
+}
+
+// The projections of a whole 1.1B decode step (22 layers: QKV, output, fc1 with SwiGLU, fc2),
+// each layer's weights its own (2 GB: nothing stays in L2), in one graph as the engine replays
+// them: cuBLAS with the SwiGLU kernel, the GEMVs launched the ordinary way, and the GEMVs
+// launched to overlap the kernel before (weights streaming while the last layer finishes).
+void step_table(int iters) {
+  constexpr int kLayers = 22;
+  constexpr int64_t h = 2048, qkv = 2560, f = 5632;
+  const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const c10::NoGradGuard no_grad;
+  struct Layer {
+    at::Tensor qkv, proj, fc1, fc2;
+  };
+  std::vector<Layer> layers;
+  for (int i = 0; i < kLayers; ++i) {
+    layers.push_back({at::randn({qkv, h}, o) * 0.02, at::randn({h, h}, o) * 0.02, at::randn({2 * f, h}, o) * 0.02, at::randn({h, f}, o) * 0.02});
+  }
+  const at::Tensor x0 = at::randn({1, 1, h}, o);
+  const double bytes = double(kLayers) * double(qkv * h + h * h + 2 * f * h + h * f) * 2.0;
+  auto step = [&](int mode) {  // 0: cuBLAS, 1: gemv, 2: gemv overlapping
+    at::Tensor x = x0;
+    for (const Layer& l : layers) {
+      if (mode == 0) {
+        const at::Tensor a = at::linear(x, l.qkv).narrow(-1, 0, h);
+        const at::Tensor m = at::linear(a.contiguous(), l.proj);
+        x = at::linear(kernels::swiglu(at::linear(m, l.fc1)), l.fc2);
+      } else {
+        const at::Tensor a = raw_gemv(x, l.qkv, false, mode == 2).narrow(-1, 0, h);
+        const at::Tensor m = raw_gemv(a.contiguous(), l.proj, false, mode == 2);
+        x = raw_gemv(raw_gemv(m, l.fc1, true, mode == 2), l.fc2, false, mode == 2);
+      }
+    }
+  };
+  std::printf("\nthe projections of a 1.1B decode step (22 layers, %.2f GB of weights; the kernels of one step in a graph):\n", bytes / 1e9);
+  std::printf("| kernels | us a step | GB/s | / cuBLAS |\n|---|---|---|---|\n");
+  double cublas = 0.0;
+  for (int mode : {0, 1, 2}) {
+    const double us = graph_microseconds([&] { step(mode); }, iters);
+    if (mode == 0) cublas = us;
+    std::printf("| %s | %.1f | %.0f | %.3f |\n", mode == 0 ? "cuBLAS + SwiGLU kernel" : mode == 1 ? "gemv (fc1 gated), ordinary launches" : "gemv, overlapping launches",
+                us, bytes / us / 1e3, us / cublas);
+    std::fflush(stdout);
   }
 }
 
@@ -90,5 +156,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   linear_table(iters);
+  step_table(std::max(iters / 10, 3));
   return 0;
 }

@@ -180,7 +180,7 @@ int eval_task(const Args& args) {
   const GenerationModel g = load_inference_model(model_flags, "eval");
   EngineOptions options;
   options.cuda_graphs = decode_cuda_graphs(model_flags, g);
-  options.decode_ahead = model_flags.decode_ahead;
+  options.decode_ahead = decode_one_step_ahead(model_flags, g);
   options.max_batch = max_batch;
   options.vocab_size = g.vocab_size;
   const Tokenizer& tokenizer = *g.tokenizer;

@@ -26,8 +26,9 @@ const char* kInferenceModelFlagsHelp =
     "  --tensor-model-parallel-size N  split the model over N ranks (run under `megatron launch --nproc-per-node N`)\n"
     "  --cuda-graph-impl auto|none|local  decode steps replayed from CUDA graphs, attention reading the KV cache\n"
     "                               in place (default auto: on a GPU where the model allows; none: eager steps)\n"
-    "  --decode-ahead               greedy decoding launches each step before the host reads the last one's\n"
-    "                               tokens (same tokens; overlaps the host's work with the GPU's; default off)\n";
+    "  --decode-ahead, --no-decode-ahead  greedy decoding launches each step before the host reads the last\n"
+    "                               one's tokens (same tokens; overlaps the host's work with the GPU's;\n"
+    "                               default: on a GPU)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -43,8 +44,8 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
     flags.bf16 = true;
     return true;
   }
-  if (args[i] == "--decode-ahead") {
-    flags.decode_ahead = true;
+  if (args[i] == "--decode-ahead" || args[i] == "--no-decode-ahead") {
+    flags.decode_ahead = args[i] == "--decode-ahead" ? "on" : "off";
     return true;
   }
   if (args[i] == "--enable-cuda-graph") {
@@ -83,6 +84,10 @@ void check_cuda_graph_impl(const InferenceModelFlags& flags) {
 bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g) {
   check_cuda_graph_impl(flags);
   return flags.cuda_graph_impl == "local" || (flags.cuda_graph_impl == "auto" && g.model->word_embeddings.device().is_cuda());
+}
+
+bool decode_one_step_ahead(const InferenceModelFlags& flags, const GenerationModel& g) {
+  return flags.decode_ahead == "on" || (flags.decode_ahead == "auto" && g.model->word_embeddings.device().is_cuda());
 }
 
 GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command) {

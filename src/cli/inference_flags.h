@@ -18,8 +18,14 @@ struct InferenceModelFlags {
   bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
   std::string tensor_parallel;  // --tensor-model-parallel-size N ("": 1); N ranks of `megatron launch`
   std::string cuda_graph_impl = "auto";  // --cuda-graph-impl auto|none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
-  bool decode_ahead = false;             // --decode-ahead: EngineOptions::decode_ahead
+  std::string decode_ahead = "auto";     // --decode-ahead / --no-decode-ahead: EngineOptions::decode_ahead
 };
+
+// Whether greedy decoding runs one step ahead (EngineOptions::decode_ahead): on with the model on a
+// GPU unless --no-decode-ahead (measured there: 1.96 -> 1.80 ms a step at batch 1, docs/performance.md);
+// off on the CPU (nothing to overlap: the step ahead of a sequence's last is work thrown away)
+// unless --decode-ahead.
+bool decode_one_step_ahead(const InferenceModelFlags& flags, const GenerationModel& g);
 
 // Whether decode steps replay CUDA graphs (EngineOptions::cuda_graphs): --cuda-graph-impl local, or
 // auto (the default) with the model on a GPU; none turns them off. UserError for any other value.

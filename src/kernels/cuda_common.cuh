@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/kernels.h"
 
@@ -83,6 +84,47 @@ void with_storage_type(DType dtype, F&& f) {
     case DType::BFloat16: f(__nv_bfloat16{}); break;
     case DType::Float16: f(__half{}); break;
   }
+}
+
+// Programmatic dependent launch (sm_90 and later): a kernel launched with launch_overlapping()
+// may start while the kernel before it on the stream still runs, once every block of that one has
+// called let_next_kernel_start() (or ended). Such a kernel does what needs nothing of the kernel
+// before (a GEMV's first weight loads), then wait_for_kernel_before(), which returns when that
+// kernel has ended and its writes are visible. A decode step is ~200 launches of a few
+// microseconds each: the overlap hides each launch's start-up behind the last one's tail. Both
+// are no-ops on older devices and in kernels launched the ordinary way.
+__device__ __forceinline__ void wait_for_kernel_before() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_kernel_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether the current device takes programmatic dependent launches (compute capability 9.0+).
+bool overlapping_launch_supported();
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to overlap the kernel before it
+// (above) where `overlap` and the device allow. The kernel must call wait_for_kernel_before()
+// before it reads anything an earlier kernel wrote or writes anything one may still read.
+template <typename... Params, typename... Args>
+void launch_overlapping(bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
+                        Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = overlap && overlapping_launch_supported() ? 1 : 0;
+  const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
+  if (error != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel launch failed: ") + cudaGetErrorString(error));
 }
 
 inline void check_launch(const char* kernel) {

@@ -32,11 +32,12 @@ bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   return !(c10::GradMode::is_enabled() && wants_grad);
 }
 
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  TORCH_CHECK(gemv_takes(x, weight, bias), "gemv: x ", x.sizes(), " and weight ", weight.sizes(),
-              " are not one row and a weight of a kind the kernel takes (gemv_takes)");
+namespace {
+
+// y [..., n] (n: the weight's rows, half of them when gated) from the kernel.
+at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = weight.size(0);
+  shape.back() = gated ? weight.size(0) / 2 : weight.size(0);
   at::Tensor y = at::empty(shape, x.options());  // [..., n]
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   cuda::GemvArgs a{};
@@ -45,14 +46,32 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   a.bias = bias.defined() ? bias.data_ptr() : nullptr;
   a.y = y.data_ptr();
   a.dtype = storage_type(x);
-  a.n = weight.size(0), a.k = weight.size(1), a.w_stride = weight.stride(0);
+  a.n = shape.back(), a.k = weight.size(1), a.w_stride = weight.stride(0);
+  a.gated = gated;
   cuda::gemv(a, current_stream());
+#else
+  (void)bias;
 #endif
   return y;
 }
 
+}  // namespace
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  TORCH_CHECK(gemv_takes(x, weight, bias), "gemv: x ", x.sizes(), " and weight ", weight.sizes(),
+              " are not one row and a weight of a kind the kernel takes (gemv_takes)");
+  return run_gemv(x, weight, bias, /*gated=*/false);
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   return gemv_takes(x, weight, bias) ? gemv(x, weight, bias) : at::linear(x, weight, bias);
+}
+
+at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 2 == 0, "linear_swiglu: the weight ", weight.sizes(),
+              " is not [2f, k] ([gate; up] rows)");
+  if (gemv_takes(x, weight, {})) return run_gemv(x, weight, {}, /*gated=*/true);
+  return swiglu(at::linear(x, weight));
 }
 
 }  // namespace megatron::kernels

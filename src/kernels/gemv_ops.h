@@ -16,5 +16,10 @@ bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 // at::linear(x, weight, bias), through gemv() where it takes them (a batch-1 decode step's layers).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// swiglu(at::linear(x, weight)) for SwiGLU's fc1 weight [2f, k] ([gate; up] rows), no bias:
+// [..., f]. Where gemv_takes(x, weight, {}) one GEMV computes it with the activation in its
+// epilogue (the fc1 output rounded as the unfused one is, so the two agree to the last bit but
+// for the order of the sums); otherwise the linear layer and kernels::swiglu.
+at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight);
 
 }  // namespace megatron::kernels

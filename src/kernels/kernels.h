@@ -146,7 +146,9 @@ void attention_merge(const AttentionMergeArgs& args, Stream stream);
 
 // y [n] = W [n, k] x [k] (+ bias [n]) for one row x, fp32 accumulation (src/kernels/gemv.cu): the
 // decode step's linear layers at batch 1. bf16 / fp16; k and W's row stride multiples of 8, x and
-// W 16-byte aligned; bias may be null.
+// W 16-byte aligned; bias may be null. gated (SwiGLU's fc1): W holds 2n rows [gate; up] and
+// y [n] = silu(gate x) * (up x), no bias. overlap_previous: launched to overlap the kernel before
+// it on the stream (programmatic dependent launch, sm_90+; cuda_common.cuh).
 struct GemvArgs {
   const void* x;
   const void* w;
@@ -154,6 +156,8 @@ struct GemvArgs {
   void* y;
   DType dtype;
   int64_t n, k, w_stride;
+  bool gated = false;
+  bool overlap_previous = true;
 };
 bool gemv_supported(const GemvArgs& args);
 void gemv(const GemvArgs& args, Stream stream);

@@ -18,6 +18,9 @@ __global__ void rms_norm_forward_kernel(const T* a, const T* b, const T* weight,
   const int64_t packs = h / N;
   const bool active = threadIdx.x < packs;
   const int64_t at = blockIdx.x * packs + threadIdx.x;  // this thread's pack in the flat tensor
+  // Launched to overlap the kernel before (the norms of a decode step, one block each).
+  let_next_kernel_start();
+  wait_for_kernel_before();
   float x[N];
   float squares = 0.0f;
   if (active) {
@@ -138,11 +141,10 @@ void rms_norm_forward(const void* a, const void* b, const void* weight, void* su
   if (rows == 0) return;
   with_storage_type(dtype, [&](auto type) {
     using T = decltype(type);
-    rms_norm_forward_kernel<T><<<static_cast<unsigned>(rows), threads_for(h / kPack<T>), 0, stream>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const T*>(weight), static_cast<T*>(sum),
-        static_cast<T*>(y), rstd, h, eps);
+    launch_overlapping(true, rms_norm_forward_kernel<T>, static_cast<unsigned>(rows), threads_for(h / kPack<T>), 0, stream,
+                       static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const T*>(weight), static_cast<T*>(sum),
+                       static_cast<T*>(y), rstd, h, eps);
   });
-  check_launch("rms_norm_forward");
 }
 
 int64_t rms_norm_backward_blocks(int64_t rows) {

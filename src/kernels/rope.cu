@@ -82,6 +82,8 @@ template <typename T, int N>
 __global__ void rope_qkv_into_cache_kernel(QkvIntoCacheArgs a) {
   const int64_t half = a.d / 2, packs = half / N, heads = a.groups * (a.heads_per_group + 2), per_token = heads * packs;
   const int64_t items = a.s * a.b * per_token;
+  let_next_kernel_start();  // launched to overlap the QKV projection before it
+  wait_for_kernel_before();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < items; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t token = i / per_token, slot = (i % per_token) / packs, j = (i % packs) * N;
     const int64_t si = token / a.b, bi = token % a.b;
@@ -160,9 +162,8 @@ void rope_qkv_into_cache(const QkvIntoCacheArgs& args, Stream stream) {
     using T = decltype(type);
     constexpr int N = kPack<T>, threads = 256;
     const int64_t items = args.s * args.b * args.groups * (args.heads_per_group + 2) * (args.d / 2 / N);
-    rope_qkv_into_cache_kernel<T, N><<<grid_for(items, threads), threads, 0, stream>>>(args);
+    launch_overlapping(true, rope_qkv_into_cache_kernel<T, N>, grid_for(items, threads), threads, 0, stream, args);
   });
-  check_launch("rope_qkv_into_cache");
 }
 
 }  // namespace megatron::kernels::cuda

@@ -30,10 +30,10 @@ std::optional<NormParams> MLP::fused_norm() const {
 }
 
 at::Tensor MLP::forward(const at::Tensor& normed) {
+  // The fused activation: for a batch-1 decode step one GEMV with SwiGLU in its epilogue.
+  if (swiglu_ && swiglu_fusion_) return linear_fc2->forward(linear_fc1->forward_swiglu(normed));  // fc1 out [s, b, f/tp]
   at::Tensor h = linear_fc1->forward(normed);  // [s, b, 2f/tp] or [s, b, f/tp]
-  if (swiglu_ && swiglu_fusion_) {
-    h = kernels::swiglu(h);                    // [s, b, f/tp]
-  } else if (swiglu_) {
+  if (swiglu_) {
     auto gate_up = h.chunk(2, -1);
     h = at::silu(gate_up[0]) * gate_up[1];    // [s, b, f/tp]
   } else {

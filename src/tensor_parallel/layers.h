@@ -65,6 +65,10 @@ class ColumnParallelLinear : public DescribedModule {
                        const LinearOptions& options = {});
   // x: [s, b, in] ([s/tp, b, in] with sequence parallelism) -> [s, b, out/tp]
   at::Tensor forward(const at::Tensor& x) const;
+  // swiglu(forward(x)) for SwiGLU's fc1 ([gate; up] columns of this rank): [s, b, out/tp/2]. One
+  // row without gradient, bias or FP8 (a batch-1 decode step) takes one GEMV with the activation
+  // in its epilogue (kernels::linear_swiglu).
+  at::Tensor forward_swiglu(const at::Tensor& x) const;
 
   at::Tensor weight;  // [out/tp, in]
   at::Tensor bias;    // [out/tp] or undefined

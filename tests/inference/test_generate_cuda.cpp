@@ -112,6 +112,32 @@ TEST(GenerationCudaKernels, GemvEqualsTheFp32Product) {
   }
 }
 
+// SwiGLU's fc1 in one GEMV (kernels::linear_swiglu: the activation in the epilogue) equals the
+// fp32 product of the gate and up rows through silu(gate) * up; where the GEMV does not take the
+// operands (two rows) it is the linear layer and the SwiGLU kernel.
+TEST(GenerationCudaKernels, GemvWithSwigluEqualsTheFp32Layer) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(6);
+  const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::NoGradGuard no_grad;
+  for (int64_t f : {4, 5632, 1030}) {
+    for (int64_t rows : {1, 2}) {
+      const int64_t k = 2048;
+      const at::Tensor x = at::randn({1, rows, k}, o);
+      const at::Tensor weight = at::randn({2 * f, k}, o) * 0.05;
+      const at::Tensor got = kernels::linear_swiglu(x, weight);  // [1, rows, f]
+      const at::Tensor product = at::matmul(x.to(at::kFloat), weight.to(at::kFloat).t());  // [1, rows, 2f]
+      const at::Tensor gate = product.narrow(-1, 0, f), up = product.narrow(-1, f, f);
+      const at::Tensor want = at::silu(gate) * up;
+      ASSERT_EQ(got.sizes(), want.sizes());
+      const std::string what = "f " + std::to_string(f) + " rows " + std::to_string(rows);
+      EXPECT_LT((got.to(at::kFloat) - want).norm().item<double>() / want.norm().item<double>(), 1e-2) << what;
+      EXPECT_LT((got.to(at::kFloat) - want).abs().max().item<double>(), 3e-2 * want.abs().max().item<double>()) << what;
+    }
+  }
+  EXPECT_THROW(kernels::linear_swiglu(at::randn({1, 1, 256}, o), at::randn({7, 256}, o)), c10::Error);  // not [gate; up]
+}
+
 // The fixture `variant` on the first GPU in `dtype`.
 GenerationModel gpu_model(const test::TempDir& dir, const std::string& variant, at::ScalarType dtype) {
   test::make_hf_model(dir.path(), variant);
