@@ -29,7 +29,8 @@
 # blocks against one fused attention at seq 32k-128k, and the 1.1B shape at seq 32k and 64k
 # against HF + torch.compile.
 # `generate-test`: the binary and the test program, the generation CUDA tests, the decode kernels against
-# what they replace (bench/decode_kernels_bench.cpp), then `generate`'s figures.
+# what they replace (bench/decode_kernels_bench.cpp), then `generate`'s figures. `generate-bench`: the
+# binary and the kernels bench, no tests: the bench, GENERATE_QUICK's figures, then GENERATE_PROFILE's.
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
@@ -76,6 +77,7 @@ cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
 targets=(); case $what in generate-test) targets=(--target megatron megatron_tests megatron_bench_decode_kernels) ;; esac
+case $what in generate-bench) targets=(--target megatron megatron_bench_decode_kernels) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
 case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
@@ -239,6 +241,13 @@ if [ "$what" = generate-test ]; then
   # The decode step's kernels against what they replace (bench/decode_kernels_bench.cpp).
   build-gpu/megatron_bench_decode_kernels 2>&1 | tee "$out/decode-kernels.log"
   bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
+fi
+if [ "$what" = generate-bench ]; then
+  # No tests: the decode kernels' bench, the quick generation figures, then where a step goes.
+  build-gpu/megatron_bench_decode_kernels 2>&1 | tee "$out/decode-kernels.log"
+  GENERATE_QUICK=1 bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
+  GENERATE_PROFILE=1 bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate > "$out/generate-profile.log" 2>&1
+  grep -A24 "profile of iterations" "$out/generate-profile.log" | head -26
 fi
 if [ "$what" = generate ]; then
   # Issue #23's generation figures on the 1.1B shape against HF generate (bench/gpu_generate.sh).
