@@ -31,6 +31,7 @@
 # `generate-test`: the binary and the test program, the generation CUDA tests, the decode kernels against
 # what they replace (bench/decode_kernels_bench.cpp), then `generate`'s figures. `generate-bench`: the
 # binary and the kernels bench, no tests: the bench, GENERATE_QUICK's figures, then GENERATE_PROFILE's.
+# `decode-kernels`: only the kernels bench (DECODE_BENCH_FLAGS, e.g. "--only attention").
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
@@ -78,6 +79,7 @@ cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -
   || { tail -40 "$out/configure.log"; exit 1; }
 targets=(); case $what in generate-test) targets=(--target megatron megatron_tests megatron_bench_decode_kernels) ;; esac
 case $what in generate-bench) targets=(--target megatron megatron_bench_decode_kernels) ;; esac
+case $what in decode-kernels) targets=(--target megatron_bench_decode_kernels) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
 case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
@@ -241,6 +243,9 @@ if [ "$what" = generate-test ]; then
   # The decode step's kernels against what they replace (bench/decode_kernels_bench.cpp).
   build-gpu/megatron_bench_decode_kernels 2>&1 | tee "$out/decode-kernels.log"
   bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
+fi
+if [ "$what" = decode-kernels ]; then
+  build-gpu/megatron_bench_decode_kernels ${DECODE_BENCH_FLAGS:-} 2>&1 | tee "$out/decode-kernels.log"
 fi
 if [ "$what" = generate-bench ]; then
   # No tests: the decode kernels' bench, the quick generation figures, then where a step goes.
