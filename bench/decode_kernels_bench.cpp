@@ -3,11 +3,12 @@
 // a CUDA graph (20 calls captured once, the graph replayed), so launch latency is what a replay
 // pays, and each call reading a weight of its own (the step's weights do not stay in L2). Prints
 // microseconds a call, the weight bytes streamed a second and the ratio gemv / cuBLAS; then the
-// projections of a whole 1.1B step with and without programmatic dependent launch. First, the
-// one-launch decode attention against FA2's split-KV pair.
+// projections of a whole 1.1B step with and without programmatic dependent launch. (Session 32
+// also timed a one-launch decode attention kernel here against FA2's pair; it won only at 128
+// keys and stays on the branch session32-decode-attention: docs/performance.md.)
 // (Session 31 also timed a decode attention kernel here against FA2's split-KV pair; it lost at
 // every length past 512 keys and was removed: docs/performance.md.)
-//   megatron_bench_decode_kernels [--iters N] [--only attention|linear|step]
+//   megatron_bench_decode_kernels [--iters N] [--only linear|step]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/GradMode.h>
@@ -16,14 +17,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "kernels/attention_ops.h"
 #include "kernels/gemv_ops.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
@@ -143,58 +142,16 @@ void step_table(int iters) {
   }
 }
 
-// Attention of a decode step (one new query a sequence over its cache) as the engine's graph runs
-// it: FA2's variable-length call (split-KV kernel + combine; the cache's capacity as its longest
-// key count, the real counts on the device) against kernels::decode_attention (one launch), us a
-// layer, with the largest difference between their outputs.
-void attention_table(int iters) {
-  std::printf("\ndecode attention, bf16 (us a layer; FA2's longest = max(keys, 2048), the 1.1B model's length):\n");
-  std::printf("| shape | batch | keys | FA2 | one launch | / FA2 | max diff |\n|---|---|---|---|---|---|---|\n");
-  const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  const at::TensorOptions ints = at::TensorOptions().device(at::kCUDA).dtype(at::kInt);
-  const c10::NoGradGuard no_grad;
-  struct Shape {
-    const char* name;
-    int64_t heads, groups, d;
-  };
-  for (const Shape shape : {Shape{"1.1B", 32, 4, 64}, Shape{"8B", 32, 8, 128}}) {
-    for (int64_t b : {1, 16, 64}) {
-      for (int64_t keys : {128, 512, 2048, 8192}) {
-        const int64_t capacity = std::max<int64_t>(keys, 2048);
-        const at::Tensor q = at::randn({b, shape.heads, shape.d}, o);
-        const at::Tensor k_store = at::randn({b * capacity, shape.groups, shape.d}, o);
-        const at::Tensor v_store = at::randn({b * capacity, shape.groups, shape.d}, o);
-        const at::Tensor key_starts = at::arange(b + 1, ints) * capacity;
-        const at::Tensor key_counts = at::full({b}, keys, ints);
-        const at::Tensor query_starts = at::arange(b + 1, ints);
-        const at::Tensor tickets = at::zeros({b * shape.heads}, ints);
-        const double scale = 1.0 / std::sqrt(double(shape.d));
-        auto fa2 = [&] {
-          return std::get<0>(at::_flash_attention_forward(q, k_store, v_store, query_starts, key_starts, 1, capacity, 0.0, true, false, scale,
-                                                          std::nullopt, std::nullopt, key_counts));
-        };
-        auto one = [&] { return kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, capacity, scale, tickets); };
-        const double diff = (fa2().to(at::kFloat) - one().to(at::kFloat)).abs().max().item<double>();
-        const double us_fa2 = graph_microseconds([&] { fa2(); }, iters);
-        const double us_one = graph_microseconds([&] { one(); }, iters);
-        std::printf("| %s | %lld | %lld | %.2f | %.2f | %.3f | %.1e |\n", shape.name, (long long)b, (long long)keys, us_fa2, us_one,
-                    us_one / us_fa2, diff);
-        std::fflush(stdout);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   int iters = 50;
-  std::string only;  // attention | linear | step; all three when empty
+  std::string only;  // linear | step; both when empty
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
     else {
-      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only attention|linear|step)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step)\n", argv[i]);
       return 2;
     }
   }
@@ -202,7 +159,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "megatron_bench_decode_kernels needs a CUDA device\n");
     return 1;
   }
-  if (only.empty() || only == "attention") attention_table(iters);
   if (only.empty() || only == "linear") linear_table(iters);
   if (only.empty() || only == "step") step_table(std::max(iters / 10, 3));
   return 0;

@@ -31,7 +31,7 @@
 # `generate-test`: the binary and the test program, the generation CUDA tests, the decode kernels against
 # what they replace (bench/decode_kernels_bench.cpp), then `generate`'s figures. `generate-bench`: the
 # binary and the kernels bench, no tests: the bench, GENERATE_QUICK's figures, then GENERATE_PROFILE's.
-# `decode-kernels`: only the kernels bench (DECODE_BENCH_FLAGS, e.g. "--only attention").
+# `decode-kernels`: only the kernels bench (DECODE_BENCH_FLAGS, e.g. "--only step").
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).

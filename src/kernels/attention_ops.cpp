@@ -87,44 +87,4 @@ at::Tensor qkv_rope_into_cache(const at::Tensor& qkv, int64_t heads_per_group, c
   return q;
 }
 
-bool decode_attention_takes(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store) {
-  if (!uses_kernel(q) || q.scalar_type() == at::kFloat || q.dim() != 3 || !q.is_contiguous()) return false;
-  const int64_t d = q.size(2);
-  if ((d != 64 && d != 128) || k_store.dim() != 3 || k_store.sizes() != v_store.sizes() || k_store.strides() != v_store.strides()) return false;
-  if (k_store.size(2) != d || k_store.stride(2) != 1 || k_store.stride(1) != d || k_store.stride(0) % 8 != 0) return false;
-  if (k_store.scalar_type() != q.scalar_type() || v_store.scalar_type() != q.scalar_type() || k_store.device() != q.device()) return false;
-  const int64_t groups = k_store.size(1);
-  return groups >= 1 && q.size(1) % groups == 0;
-}
-
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
-                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& tickets) {
-  TORCH_CHECK(decode_attention_takes(q, k_store, v_store), "decode_attention: q ", q.sizes(), " and the stores ", k_store.sizes(),
-              " are not of a kind the kernel takes (decode_attention_takes)");
-  const int64_t b = q.size(0), heads = q.size(1);
-  TORCH_CHECK(key_starts.scalar_type() == at::kInt && key_starts.is_contiguous() && key_starts.numel() >= b &&
-                  key_counts.scalar_type() == at::kInt && key_counts.is_contiguous() && key_counts.numel() == b,
-              "decode_attention: key_starts [b + 1] and key_counts [b], int32");
-  TORCH_CHECK(tickets.scalar_type() == at::kInt && tickets.is_contiguous() && tickets.numel() >= b * heads,
-              "decode_attention: tickets: at least b * H int32 zeros");
-  TORCH_CHECK(longest >= 1, "decode_attention: longest must be positive, got ", longest);
-  at::Tensor out = at::empty_like(q);  // [b, H, d]
-#ifdef MEGATRON_WITH_CUDA_KERNELS
-  cuda::DecodeAttentionArgs a{};
-  a.q = q.data_ptr(), a.k = k_store.data_ptr(), a.v = v_store.data_ptr();
-  a.key_starts = key_starts.data_ptr<int>(), a.key_counts = key_counts.data_ptr<int>();
-  a.out = out.data_ptr(), a.tickets = tickets.data_ptr<int>();
-  a.dtype = storage_type(q);
-  a.b = b, a.heads = heads, a.groups = k_store.size(1), a.d = q.size(2), a.row_stride = k_store.stride(0), a.longest = longest;
-  a.scale = static_cast<float>(scale);
-  a.splits = cuda::decode_attention_splits(a);
-  const at::Tensor partials = at::empty({cuda::decode_attention_partials(a)}, q.options().dtype(at::kFloat));
-  a.partials = partials.data_ptr<float>();
-  cuda::decode_attention(a, current_stream());
-#else
-  (void)v_store, (void)scale;
-#endif
-  return out;
-}
-
 }  // namespace megatron::kernels

@@ -26,16 +26,4 @@ bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at
 at::Tensor qkv_rope_into_cache(const at::Tensor& qkv, int64_t heads_per_group, const at::Tensor& cos, const at::Tensor& sin,
                                const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& store_rows);
 
-// Attention of one new query per sequence over its key/value cache, in one launch (a decode
-// step; src/kernels/decode_attention.cu): q [b, H, d] (rotated), the stores [rows, G, d] with a
-// sequence's keys in consecutive rows from key_starts[i] (int32 [b + 1] or [b], on the device),
-// key_counts[i] of them (int32 [b], the newest last), all of them attended (the new query is the
-// last position). longest: the most keys a sequence may hold (it sizes the split over blocks).
-// tickets: int32 zeros, at least b * H of them, left zero (one tensor serves every layer of a
-// step). Returns [b, H, d]. decode_attention_takes: a CUDA build, bf16 / fp16 on a CUDA device,
-// d 64 or 128, q contiguous, the stores' rows in 16-byte packs. No autograd.
-bool decode_attention_takes(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store);
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
-                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& tickets);
-
 }  // namespace megatron::kernels

@@ -162,35 +162,6 @@ struct GemvArgs {
 bool gemv_supported(const GemvArgs& args);
 void gemv(const GemvArgs& args, Stream stream);
 
-// Attention of one new query per sequence over its key/value cache, in one launch
-// (src/kernels/decode_attention.cu): q [b, H, d] (rotated), the stores [rows, G, d] with
-// row_stride elements between rows (sequence i's keys are rows key_starts[i] ..
-// key_starts[i] + key_counts[i], the newest last), out [b, H, d]. bf16 / fp16, d 64 or 128. The
-// keys split over `splits` blocks (decode_attention_splits: for `longest`, the most keys a
-// sequence may hold), whose partial results go to `partials` (decode_attention_partials floats)
-// and are combined by the last block to finish; `tickets` ([b * head chunks] int32, zero) count
-// the finished blocks and are left zero.
-struct DecodeAttentionArgs {
-  const void* q;
-  const void* k;
-  const void* v;
-  const int* key_starts;
-  const int* key_counts;
-  void* out;
-  float* partials;
-  int* tickets;
-  DType dtype;
-  int64_t b, heads, groups, d, row_stride, longest;
-  int splits;
-  float scale;
-  bool overlap_previous = true;
-};
-bool decode_attention_supported(const DecodeAttentionArgs& args);
-int decode_attention_splits(const DecodeAttentionArgs& args);
-int64_t decode_attention_head_chunks(const DecodeAttentionArgs& args);
-int64_t decode_attention_partials(const DecodeAttentionArgs& args);
-void decode_attention(const DecodeAttentionArgs& args, Stream stream);
-
 // The MoE dispatcher's permutations (src/kernels/moe_permute.cu), rows of h channels
 // (row-contiguous), fp32 arithmetic. A layer routes T tokens to k experts each; pair p = t k + j
 // is token t's j-th choice.

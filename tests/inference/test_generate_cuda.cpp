@@ -112,52 +112,6 @@ TEST(GenerationCudaKernels, GemvEqualsTheFp32Product) {
   }
 }
 
-// The one-launch decode attention (kernels::decode_attention) equals fp32 attention of each
-// sequence's new query over its keys, for sequences of 1 to 1500 keys in scattered slots, head
-// dims 64 and 128, query heads a group of 8, 4 and 7 (head chunks of 8, 4 and 1); called twice
-// with the same tickets (the last block of each head leaves its ticket at zero).
-TEST(GenerationCudaKernels, DecodeAttentionEqualsTheFp32Attention) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
-  at::manual_seed(7);
-  struct Shape {
-    int64_t heads, groups, d;
-  };
-  const std::vector<int64_t> lengths = {37, 1, 1500, 300};  // keys of each sequence, the newest included
-  const std::vector<int64_t> slot_of = {2, 0, 3, 1};
-  const int64_t capacity = 1536, b = static_cast<int64_t>(lengths.size());
-  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    for (const Shape shape : {Shape{32, 4, 64}, Shape{32, 8, 128}, Shape{28, 4, 64}}) {
-      const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-      const int64_t per_group = shape.heads / shape.groups;
-      const at::Tensor q = at::randn({b, shape.heads, shape.d}, o);
-      const at::Tensor k_store = at::randn({4 * capacity, shape.groups, shape.d}, o);  // [slots * capacity, G, d]
-      const at::Tensor v_store = at::randn({4 * capacity, shape.groups, shape.d}, o);
-      std::vector<int> starts, counts;
-      for (int64_t i = 0; i < b; ++i) starts.push_back(int(slot_of[size_t(i)] * capacity)), counts.push_back(int(lengths[size_t(i)]));
-      starts.push_back(int(4 * capacity));
-      const at::Tensor key_starts = at::tensor(starts, at::kInt).to(at::kCUDA), key_counts = at::tensor(counts, at::kInt).to(at::kCUDA);
-      const at::Tensor tickets = at::zeros({b * shape.heads}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
-      const double scale = 1.0 / std::sqrt(double(shape.d));
-      ASSERT_TRUE(kernels::decode_attention_takes(q, k_store, v_store));
-      const at::Tensor got = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, capacity, scale, tickets);
-      const at::Tensor again = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, capacity, scale, tickets);
-      ASSERT_EQ(got.sizes(), q.sizes());
-      for (int64_t i = 0; i < b; ++i) {
-        const at::Tensor keys = k_store.narrow(0, starts[size_t(i)], counts[size_t(i)]).to(at::kFloat);  // [n, G, d]
-        const at::Tensor values = v_store.narrow(0, starts[size_t(i)], counts[size_t(i)]).to(at::kFloat);
-        const at::Tensor qi = q[i].to(at::kFloat).view({shape.groups, per_group, shape.d});                // [G, P, d]
-        const at::Tensor scores = at::einsum("gpd,ngd->gpn", {qi, keys}) * scale;                          // [G, P, n]
-        const at::Tensor want = at::einsum("gpn,ngd->gpd", {at::softmax(scores, -1), values}).reshape({shape.heads, shape.d});
-        const std::string what = std::string(c10::toString(dtype)) + " H " + std::to_string(shape.heads) + " G " +
-                                 std::to_string(shape.groups) + " d " + std::to_string(shape.d) + " keys " + std::to_string(counts[size_t(i)]);
-        EXPECT_LT((got[i].to(at::kFloat) - want).abs().max().item<double>(), 2e-2) << what;
-        EXPECT_TRUE(at::equal(got[i], again[i])) << what << ": a second call with the same tickets";
-      }
-      EXPECT_EQ(tickets.abs().sum().item<int64_t>(), 0) << "every ticket back at zero";
-    }
-  }
-}
-
 // SwiGLU's fc1 in one GEMV (kernels::linear_swiglu: the activation in the epilogue) equals the
 // fp32 product of the gate and up rows through silu(gate) * up; where the GEMV does not take the
 // operands (two rows) it is the linear layer and the SwiGLU kernel.
