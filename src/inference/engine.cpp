@@ -113,8 +113,7 @@ void Engine::step() {
   const CudnnAttentionOff no_cudnn_attention;
   if (!running_.empty()) {
     const auto began = std::chrono::steady_clock::now();
-    const bool greedy = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
-    if (options_.decode_ahead && greedy) {
+    if (options_.decode_ahead && all_greedy()) {
       decode_ahead();
     } else {
       if (in_flight_) accept_step(*in_flight_);  // a sampled request joined: back to step by step
@@ -165,14 +164,21 @@ at::Tensor Engine::decode_logits(const std::vector<int64_t>& slots, const at::Te
   return logits;
 }
 
+std::vector<Engine::Sequence*> Engine::running_sequences() const {
+  std::vector<Sequence*> sequences;
+  for (const auto& s : running_) sequences.push_back(s.get());
+  return sequences;
+}
+
+bool Engine::all_greedy() const {
+  return std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
+}
+
 void Engine::decode_step() {
   // One token for every running sequence, in one forward over the cache.
-  const bool argmax_only = std::all_of(running_.begin(), running_.end(), [](const auto& s) { return argmax_is_enough(*s); });
-  if (argmax_only) {
+  if (all_greedy()) {
     // Only the batch's argmaxes [b] come to the host, not its logits.
-    std::vector<Sequence*> everyone;
-    for (const auto& s : running_) everyone.push_back(s.get());
-    StepInFlight step = launch_greedy_step(everyone, {});
+    StepInFlight step = launch_greedy_step(running_sequences(), {});
     return accept_step(step);
   }
   std::vector<int64_t> slots, last;
@@ -195,8 +201,7 @@ void Engine::decode_step() {
 }
 
 void Engine::decode_ahead() {
-  std::vector<Sequence*> everyone;
-  for (const auto& s : running_) everyone.push_back(s.get());
+  const std::vector<Sequence*> everyone = running_sequences();
   std::optional<std::vector<int64_t>> rows;  // each running sequence's row in the step in flight
   if (in_flight_) {
     rows = rows_in(*in_flight_);
@@ -205,9 +210,7 @@ void Engine::decode_ahead() {
       // everyone from the host's tokens, read by the next call.
       accept_step(*in_flight_);
       in_flight_.reset();
-      everyone.clear();
-      for (const auto& s : running_) everyone.push_back(s.get());
-      if (!everyone.empty()) in_flight_ = launch_greedy_step(everyone, {});
+      if (!running_.empty()) in_flight_ = launch_greedy_step(running_sequences(), {});
       return;
     }
   } else {

@@ -145,6 +145,10 @@ class Engine {
     TokensInFlight tokens;
     int64_t row_of(int64_t id) const;  // the sequence's row, -1 when it has none
   };
+  // The running sequences, in order.
+  std::vector<Sequence*> running_sequences() const;
+  // Whether every running sequence takes its argmax (argmax_is_enough).
+  bool all_greedy() const;
   // One decode step of every running sequence, read at once.
   void decode_step();
   // One decode step of greedy sequences with the next launched before this one is read.

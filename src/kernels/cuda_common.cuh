@@ -104,15 +104,27 @@ __device__ __forceinline__ void let_next_kernel_start() {
 #endif
 }
 
-// Whether the current device takes programmatic dependent launches (compute capability 9.0+).
+// Thrown where the kernel named `kernel` failed to launch.
+inline void throw_launch_error(const char* kernel, cudaError_t error) {
+  throw std::runtime_error(std::string("CUDA kernel ") + kernel + " failed to launch: " + cudaGetErrorString(error));
+}
+
+inline void check_launch(const char* kernel) {
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) throw_launch_error(kernel, error);
+}
+
+// Whether the current device takes programmatic dependent launches (compute capability 9.0+;
+// cuda_common.cu).
 bool overlapping_launch_supported();
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to overlap the kernel before it
-// (above) where `overlap` and the device allow. The kernel must call wait_for_kernel_before()
-// before it reads anything an earlier kernel wrote or writes anything one may still read.
+// (above) where `overlap` and the device allow; `name` for the error when it fails to launch. The
+// kernel must call wait_for_kernel_before() before it reads anything an earlier kernel wrote or
+// writes anything one may still read.
 template <typename... Params, typename... Args>
-void launch_overlapping(bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
-                        Args&&... args) {
+void launch_overlapping(const char* name, bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                        Stream stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
@@ -124,14 +136,8 @@ void launch_overlapping(bool overlap, void (*kernel)(Params...), dim3 grid, dim3
   config.attrs = attribute;
   config.numAttrs = overlap && overlapping_launch_supported() ? 1 : 0;
   const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
-  if (error != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel launch failed: ") + cudaGetErrorString(error));
+  if (error != cudaSuccess) throw_launch_error(name, error);
 }
 
-inline void check_launch(const char* kernel) {
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) {
-    throw std::runtime_error(std::string("CUDA kernel ") + kernel + " failed to launch: " + cudaGetErrorString(error));
-  }
-}
 
 }  // namespace megatron::kernels::cuda

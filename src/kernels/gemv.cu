@@ -12,8 +12,6 @@
 // (programmatic dependent launch, cuda_common.cuh), so under a CUDA graph the weights stream while
 // the last kernel finishes. With `gated` (SwiGLU's fc1, rows [gate; up]) a block takes gate rows
 // r.. and up rows f + r.. and writes silu(gate) * up: the MLP's activation without a launch.
-#include <cuda_runtime.h>
-
 #include "kernels/cuda_common.cuh"
 
 namespace megatron::kernels::cuda {
@@ -111,21 +109,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 template <typename T>
 void launch(const GemvArgs& args, Stream stream) {
   const unsigned blocks = static_cast<unsigned>((args.n + kRows - 1) / kRows);
-  if (args.gated) launch_overlapping(args.overlap_previous, gemv_kernel<T, true>, blocks, kThreads, 0, stream, args);
-  else launch_overlapping(args.overlap_previous, gemv_kernel<T, false>, blocks, kThreads, 0, stream, args);
+  if (args.gated) launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, true>, blocks, kThreads, 0, stream, args);
+  else launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, false>, blocks, kThreads, 0, stream, args);
 }
 
 }  // namespace
-
-bool overlapping_launch_supported() {
-  constexpr int kDevices = 64;
-  static int major[kDevices] = {};  // 0: not asked yet (every CUDA device has major >= 1)
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return false;
-  if (device >= kDevices) return false;
-  if (major[device] == 0) cudaDeviceGetAttribute(&major[device], cudaDevAttrComputeCapabilityMajor, device);
-  return major[device] >= 9;
-}
 
 bool gemv_supported(const GemvArgs& a) {
   return (a.dtype == DType::BFloat16 || a.dtype == DType::Float16) && a.k % 8 == 0 && a.w_stride % 8 == 0 && aligned16(a.x) &&

@@ -141,9 +141,10 @@ void rms_norm_forward(const void* a, const void* b, const void* weight, void* su
   if (rows == 0) return;
   with_storage_type(dtype, [&](auto type) {
     using T = decltype(type);
-    launch_overlapping(true, rms_norm_forward_kernel<T>, static_cast<unsigned>(rows), threads_for(h / kPack<T>), 0, stream,
-                       static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const T*>(weight), static_cast<T*>(sum),
-                       static_cast<T*>(y), rstd, h, eps);
+    launch_overlapping("rms_norm_forward", true, rms_norm_forward_kernel<T>, static_cast<unsigned>(rows), threads_for(h / kPack<T>), 0,
+                       stream,
+                       static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const T*>(weight),
+                       static_cast<T*>(sum), static_cast<T*>(y), rstd, h, eps);
   });
 }
 

@@ -162,7 +162,7 @@ void rope_qkv_into_cache(const QkvIntoCacheArgs& args, Stream stream) {
     using T = decltype(type);
     constexpr int N = kPack<T>, threads = 256;
     const int64_t items = args.s * args.b * args.groups * (args.heads_per_group + 2) * (args.d / 2 / N);
-    launch_overlapping(true, rope_qkv_into_cache_kernel<T, N>, grid_for(items, threads), threads, 0, stream, args);
+    launch_overlapping("rope_qkv_into_cache", true, rope_qkv_into_cache_kernel<T, N>, grid_for(items, threads), threads, 0, stream, args);
   });
 }
 

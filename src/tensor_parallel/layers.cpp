@@ -1,7 +1,6 @@
 #include "tensor_parallel/layers.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 
 #include "kernels/gemv_ops.h"
 #include "kernels/ops.h"
@@ -60,9 +59,8 @@ at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const {
 at::Tensor ColumnParallelLinear::forward_swiglu(const at::Tensor& x) const {
   if (fp8 || bias.defined()) return kernels::swiglu(forward(x));
   const at::Tensor in = enter(x);  // [s, b, in]
-  // Autograd's path when a gradient is wanted: linear_swiglu takes the GEMV only where none is.
-  if (at::GradMode::is_enabled() && (in.requires_grad() || weight.requires_grad())) return kernels::swiglu(tp::linear(in, weight, {}));
-  return kernels::linear_swiglu(in, weight);
+  if (kernels::gemv_takes(in, weight, {})) return kernels::linear_swiglu(in, weight);  // one row, no gradient: one GEMV
+  return kernels::swiglu(tp::linear(in, weight, {}));
 }
 
 LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, const NormSpec& norm,
