@@ -3,12 +3,11 @@
 // a CUDA graph (20 calls captured once, the graph replayed), so launch latency is what a replay
 // pays, and each call reading a weight of its own (the step's weights do not stay in L2). Prints
 // microseconds a call, the weight bytes streamed a second and the ratio gemv / cuBLAS; then the
-// projections of a whole 1.1B step with and without programmatic dependent launch. (Session 32
-// also timed a one-launch decode attention kernel here against FA2's pair; it won only at 128
-// keys and stays on the branch session32-decode-attention: docs/performance.md.)
-// (Session 31 also timed a decode attention kernel here against FA2's split-KV pair; it lost at
-// every length past 512 keys and was removed: docs/performance.md.)
-//   megatron_bench_decode_kernels [--iters N] [--only linear|step]
+// projections of a whole 1.1B step with and without programmatic dependent launch; then decode
+// attention over the cache in place, kernels::decode_attention against FA2's varlen kernel as
+// SdpaAttention calls it (the grid sized for the cache's capacity, as under a decode graph), each
+// call over a cache of its own.
+//   megatron_bench_decode_kernels [--iters N] [--only linear|step|attention]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/GradMode.h>
@@ -23,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_ops.h"
 #include "kernels/gemv_ops.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
@@ -142,16 +142,54 @@ void step_table(int iters) {
   }
 }
 
+// The 1.1B shape's attention (32 query heads in 4 KV groups of 64 channels) for b sequences
+// holding `keys` keys each in a cache of 2048 a sequence.
+void attention_table(int iters) {
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::TensorOptions i32 = bf16.dtype(at::kInt);
+  const int64_t heads = 32, groups = 4, d = 64, capacity = 2048;
+  const double scale = 1.0 / 8.0;
+  std::printf("\ndecode attention over the cache (1.1B heads, capacity %lld): us a call\n", (long long)capacity);
+  std::printf("%6s %6s %10s %10s %8s\n", "batch", "keys", "FA2", "decode", "ratio");
+  for (int64_t b : {1, 16, 64}) {
+    for (int64_t keys : {128, 512, 2048}) {
+      std::vector<at::Tensor> k_stores, v_stores;
+      for (int i = 0; i < kCallsAGraph; ++i) {
+        k_stores.push_back(at::randn({b * capacity, groups, d}, bf16));  // [slots * capacity, G, d]
+        v_stores.push_back(at::randn({b * capacity, groups, d}, bf16));
+      }
+      const at::Tensor q = at::randn({b, heads, d}, bf16);  // [b, H, d]
+      const at::Tensor key_starts = at::arange(b + 1, i32) * capacity;
+      const at::Tensor key_counts = at::full({b}, keys, i32);
+      const at::Tensor query_starts = at::arange(b + 1, i32);
+      const at::Tensor tickets = at::zeros({kernels::decode_attention_tickets(b, groups)}, i32);
+      int call = 0;
+      const double flash = graph_microseconds([&] {
+        const int i = call++ % kCallsAGraph;
+        at::_flash_attention_forward(q, k_stores[i], v_stores[i], query_starts, key_starts, 1, capacity, 0.0, true, false, scale,
+                                     std::nullopt, std::nullopt, key_counts);
+      }, iters);
+      call = 0;
+      const double decode = graph_microseconds([&] {
+        const int i = call++ % kCallsAGraph;
+        kernels::decode_attention(q, k_stores[i], v_stores[i], key_starts, key_counts, capacity, scale, tickets);
+      }, iters);
+      std::printf("%6lld %6lld %10.2f %10.2f %8.3f\n", (long long)b, (long long)keys, flash, decode, decode / flash);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int iters = 50;
-  std::string only;  // linear | step; both when empty
+  std::string only;  // linear | step | attention; all when empty
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
     else {
-      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step|attention)\n", argv[i]);
       return 2;
     }
   }
@@ -161,5 +199,6 @@ int main(int argc, char** argv) {
   }
   if (only.empty() || only == "linear") linear_table(iters);
   if (only.empty() || only == "step") step_table(std::max(iters / 10, 3));
+  if (only.empty() || only == "attention") attention_table(iters);
   return 0;
 }

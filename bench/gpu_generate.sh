@@ -7,7 +7,7 @@
 # prompts decoded together (128 new tokens each): output tokens/s with and without the prefills;
 # each eagerly (--cuda-graph-impl none) and with decode graphs (the default on a GPU: attention over the
 # cache in place). GENERATE_QUICK=1: only the default engine (batch 1 and 64; batch 1 alternated
-# three times with step-by-step decoding, --no-decode-ahead), and HF compiled.
+# three times, batch 64 once, with GENERATE_AB's flags, default --attention-backend flash), and HF compiled.
 set -uo pipefail
 bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
 mkdir -p "$out"
@@ -39,13 +39,18 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
   prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
   echo "megatron.cpp batch 64: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
     --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
-  # The default (each step launched before the host reads the last one's tokens) alternated with
-  # step by step (--no-decode-ahead): batch 1 moves by up to 25% between runs of one binary.
+  # The default alternated with GENERATE_AB's flags (default: FA2 for the decode attention,
+  # --attention-backend flash): batch 1 moves by up to 25% between runs of one binary.
+  ab=${GENERATE_AB:---attention-backend flash}
   for round in 1 2 3; do
-    for flag in "" --no-decode-ahead; do
+    for flag in "" "$ab"; do
       echo "megatron.cpp batch 1 ${flag:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy \
         --ignore-eos --max-new-tokens 256 $flag --prompt "$text" 2>&1 >/dev/null | grep -o 'decode: .*')"
     done
+  done
+  for flag in "" "$ab"; do
+    echo "megatron.cpp batch 64 ${flag:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+      --max-new-tokens 128 --inference-max-batch-size 64 $flag "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
   done
   "$py" bench/hf_generate_baseline.py "$out/model" "$text" --compile 2>&1 | grep -E "baseline|Error"
   exit 0

@@ -28,7 +28,9 @@ const char* kInferenceModelFlagsHelp =
     "                               in place (default auto: on a GPU where the model allows; none: eager steps)\n"
     "  --decode-ahead, --no-decode-ahead  greedy decoding launches each step before the host reads the last\n"
     "                               one's tokens (same tokens; overlaps the host's work with the GPU's;\n"
-    "                               default: on a GPU)\n";
+    "                               default: on a GPU)\n"
+    "  --attention-backend auto|flash  attention of decode steps over the KV cache: auto (default) this\n"
+    "                               project's one-launch kernel where it takes the step, else FA2; flash: FA2\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -58,6 +60,7 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
                         : args[i] == "--device"          ? &flags.device
                         : args[i] == "--cpu-threads"     ? &flags.cpu_threads
                         : args[i] == "--cuda-graph-impl" ? &flags.cuda_graph_impl
+                        : args[i] == "--attention-backend" ? &flags.attention_backend
                         : args[i] == "--tensor-model-parallel-size" ? &flags.tensor_parallel
                                                          : nullptr;
   if (target == nullptr) return false;
@@ -79,7 +82,18 @@ void check_cuda_graph_impl(const InferenceModelFlags& flags) {
   }
 }
 
+void check_attention_backend(const InferenceModelFlags& flags) {
+  if (flags.attention_backend != "auto" && flags.attention_backend != "flash") {
+    throw UserError("--attention-backend: expected auto or flash for generation, got " + flags.attention_backend);
+  }
+}
+
 }  // namespace
+
+bool decode_attention_kernel(const InferenceModelFlags& flags) {
+  check_attention_backend(flags);
+  return flags.attention_backend == "auto";
+}
 
 bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g) {
   check_cuda_graph_impl(flags);
@@ -91,7 +105,8 @@ bool decode_one_step_ahead(const InferenceModelFlags& flags, const GenerationMod
 }
 
 GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command) {
-  check_cuda_graph_impl(flags);  // a bad value is refused before the model loads
+  check_cuda_graph_impl(flags);  // bad values are refused before the model loads
+  check_attention_backend(flags);
   const double tp = flags.tensor_parallel.empty() ? 1.0 : number_flag("--tensor-model-parallel-size", flags.tensor_parallel);
   if (tp < 1 || tp != std::floor(tp)) throw UserError("--tensor-model-parallel-size must be a whole number >= 1, got " + flags.tensor_parallel);
   const dist::LaunchEnv env = dist::launch_env_from_environment();

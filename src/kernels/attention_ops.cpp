@@ -87,4 +87,55 @@ at::Tensor qkv_rope_into_cache(const at::Tensor& qkv, int64_t heads_per_group, c
   return q;
 }
 
+bool decode_attention_takes(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store) {
+  if (!uses_kernel(q) || q.scalar_type() == at::kFloat || q.dim() != 3 || !q.is_contiguous()) return false;
+  const int64_t heads = q.size(1), d = q.size(2);
+  if (d != 64 && d != 128) return false;
+  for (const at::Tensor& store : {k_store, v_store}) {
+    if (store.dim() != 3 || store.scalar_type() != q.scalar_type() || store.device() != q.device() || store.size(2) != d ||
+        store.stride(2) != 1 || store.stride(1) != d || store.stride(0) % 8 != 0 || reinterpret_cast<uintptr_t>(store.data_ptr()) % 16 != 0) {
+      return false;
+    }
+  }
+  const int64_t groups = k_store.size(1);
+  return v_store.size(1) == groups && heads % groups == 0 && heads / groups <= 8 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0;
+}
+
+int64_t decode_attention_tickets(int64_t batch, int64_t groups) { return batch * groups; }
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
+                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& tickets) {
+  TORCH_CHECK(decode_attention_takes(q, k_store, v_store), "decode_attention: q ", q.sizes(), " and stores ", k_store.sizes(),
+              " are not of a kind the kernel takes (decode_attention_takes)");
+  const int64_t b = q.size(0), groups = k_store.size(1);
+  for (const at::Tensor* t : {&key_starts, &key_counts, &tickets}) {
+    TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->device() == q.device(), "decode_attention: key_starts, key_counts "
+                "and tickets are int32 on q's device");
+  }
+  TORCH_CHECK(key_starts.numel() >= b && key_counts.numel() >= b && tickets.numel() >= decode_attention_tickets(b, groups),
+              "decode_attention: ", b, " sequences need as many key starts and counts and ", decode_attention_tickets(b, groups), " tickets");
+  at::Tensor out = at::empty_like(q);  // [b, H, d]
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  cuda::DecodeAttentionArgs a{};
+  a.q = q.data_ptr();
+  a.k = k_store.data_ptr();
+  a.v = v_store.data_ptr();
+  a.out = out.data_ptr();
+  a.key_starts = key_starts.data_ptr<int32_t>();
+  a.key_counts = key_counts.data_ptr<int32_t>();
+  a.tickets = tickets.data_ptr<int32_t>();
+  a.dtype = storage_type(q);
+  a.batch = b, a.heads = q.size(1), a.groups = groups, a.heads_per_group = q.size(1) / groups, a.head_dim = q.size(2);
+  a.k_row_stride = k_store.stride(0), a.v_row_stride = v_store.stride(0);
+  a.splits = cuda::decode_attention_splits(longest, b, groups);
+  a.scale = static_cast<float>(scale);
+  const at::Tensor partials = at::empty({cuda::decode_attention_partial_floats(a)}, q.options().dtype(at::kFloat));
+  a.partials = partials.data_ptr<float>();
+  cuda::decode_attention(a, current_stream());
+#else
+  (void)longest, (void)scale;
+#endif
+  return out;
+}
+
 }  // namespace megatron::kernels

@@ -26,4 +26,17 @@ bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at
 at::Tensor qkv_rope_into_cache(const at::Tensor& qkv, int64_t heads_per_group, const at::Tensor& cos, const at::Tensor& sin,
                                const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& store_rows);
 
+// Attention of a decode step over the cache where it lies, in one launch (decode_attention.cu):
+// q [b, H, d] (one new token per sequence, its key and value already in the stores); k_store,
+// v_store [rows, G, d]; sequence i's keys are the rows key_starts[i] .. + key_counts[i] (int32 on
+// the device). longest: the most keys any sequence may hold (under a CUDA graph the cache's
+// capacity), which fixes the grid; tickets: int32 zeros on the device, at least
+// decode_attention_tickets(b, G) of them, left zero (shared by the layers of a step). -> [b, H, d].
+// decode_attention_takes: a CUDA build; q bf16 / fp16 on a CUDA device, contiguous; stores of its
+// dtype, 16-byte rows; d 64 or 128; at most 8 query heads a KV group.
+bool decode_attention_takes(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store);
+int64_t decode_attention_tickets(int64_t batch, int64_t groups);
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
+                            const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& tickets);
+
 }  // namespace megatron::kernels

@@ -162,6 +162,34 @@ struct GemvArgs {
 bool gemv_supported(const GemvArgs& args);
 void gemv(const GemvArgs& args, Stream stream);
 
+// Attention of one new token per sequence over the key/value cache where it lies, one launch
+// (src/kernels/decode_attention.cu): out [b, H, d] = softmax(scale q k^T) v for q [b, H, d], each
+// sequence's keys the rows key_starts[i] .. + key_counts[i] of the stores ([rows, G, d] with the
+// given row strides, in elements; query head h reads group h / heads_per_group). bf16 / fp16, d 64
+// or 128, at most 8 query heads a group. splits (decode_attention_splits) fixes the grid; with
+// more than one, `partials` holds decode_attention_partial_floats() floats and `tickets` b * G
+// int32 zeros, which the kernel leaves zero.
+struct DecodeAttentionArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  const int32_t* key_starts;  // [b] (more entries are ignored)
+  const int32_t* key_counts;  // [b]
+  float* partials;
+  int32_t* tickets;
+  DType dtype;
+  int64_t batch, heads, groups, heads_per_group, head_dim, k_row_stride, v_row_stride;
+  int splits = 1;
+  float scale = 1.0f;
+  bool overlap_previous = true;
+};
+// Key splits for sequences of at most `longest` keys (a CUDA graph: the cache's capacity).
+int decode_attention_splits(int64_t longest, int64_t batch, int64_t groups);
+int64_t decode_attention_partial_floats(const DecodeAttentionArgs& args);
+bool decode_attention_supported(const DecodeAttentionArgs& args);
+void decode_attention(const DecodeAttentionArgs& args, Stream stream);
+
 // The MoE dispatcher's permutations (src/kernels/moe_permute.cu), rows of h channels
 // (row-contiguous), fp32 arithmetic. A layer routes T tokens to k experts each; pair p = t k + j
 // is token t's j-th choice.

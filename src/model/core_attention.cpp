@@ -6,6 +6,7 @@
 
 #include "context_parallel/partial_attention.h"
 #include "core/cuda_device.h"
+#include "kernels/attention_ops.h"
 #include "model/document_attention.h"
 #include "tensor_parallel/recompute.h"
 
@@ -57,6 +58,17 @@ at::Tensor SdpaAttention::forward_over_written_cache(const at::Tensor& q, const 
   const at::Tensor k_store = cache.stored(0).flatten(0, 1);  // [slots * capacity, G/tp, d]
   const at::Tensor v_store = cache.stored(1).flatten(0, 1);
   KvCacheStep& step = *cache.step;
+  const double scale = softmax_scale_.value_or(1.0 / std::sqrt(double(d)));
+  if (s == 1 && step.decode_attention_kernel() && q.is_contiguous()) {
+    // A decode step: one launch that overlaps the kernel before, rather than FA2's two.
+    const at::Tensor tokens = q.view({b, heads, d});  // [b, H/tp, d]
+    if (kernels::decode_attention_takes(tokens, k_store, v_store)) {
+      const at::Tensor& tickets = step.attention_tickets(kernels::decode_attention_tickets(b, k_store.size(1)));
+      const at::Tensor out = kernels::decode_attention(tokens, k_store, v_store, step.key_starts(), step.key_counts(), step.longest(), scale,
+                                                       tickets);  // [b, H/tp, d]
+      return out.view({1, b, heads * d});
+    }
+  }
   const at::Tensor rows = q.transpose(0, 1).reshape({b * s, heads, d});  // [b s, H/tp, d], sequence-major
   // Causal alignment is bottom-right (the last query sees every key of its sequence): new token i
   // of a sequence holding n rows after the step sees rows 0 ..= n - s + i, as the mask would say.

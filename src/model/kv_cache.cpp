@@ -65,6 +65,14 @@ void KvCacheStep::check_room(int64_t slot) const {
   }
 }
 
+const at::Tensor& KvCache::attention_tickets(int64_t count, const at::Device& device) {
+  if (!attention_tickets_.defined() || attention_tickets_.numel() < count || attention_tickets_.device() != device) {
+    constexpr int64_t kGroupsPerSlot = 64;  // KV groups a rank's layer has, at most, in most models
+    attention_tickets_ = at::zeros({std::max(count, slots() * kGroupsPerSlot)}, at::TensorOptions().dtype(at::kInt).device(device));
+  }
+  return attention_tickets_;
+}
+
 std::unique_ptr<KvCacheStep> KvCacheStep::fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device) {
   return std::unique_ptr<KvCacheStep>(new KvCacheStep(Fixed{}, cache, batch, scratch_slot, device));
 }

@@ -28,9 +28,20 @@ class KvCache {
   int64_t length(int64_t slot) const { return lengths_.at(static_cast<size_t>(slot)); }
   // The slot holds nothing any more (its rows are overwritten by the next sequence).
   void clear(int64_t slot) { lengths_.at(static_cast<size_t>(slot)) = 0; }
+  // Decode steps that read the cache in place may attend with the one-launch decode kernel
+  // (kernels::decode_attention) where it takes them, rather than FA2: the engine's choice
+  // (EngineOptions::decode_attention_kernel).
+  void use_decode_attention_kernel(bool on) { decode_attention_kernel_ = on; }
+  bool decode_attention_kernel() const { return decode_attention_kernel_; }
+  // int32 zeros on `device`, at least `count` of them: the decode attention kernel's tickets, which
+  // it leaves zero, shared by every layer and step (they run one after another on one stream).
+  // Made at the first call with room for every slot, so a CUDA graph's capture rarely makes them.
+  const at::Tensor& attention_tickets(int64_t count, const at::Device& device);
 
  private:
   friend class KvCacheStep;
+  bool decode_attention_kernel_ = false;
+  at::Tensor attention_tickets_;
   int64_t capacity_;
   std::vector<std::vector<at::Tensor>> parts_;  // [layer][part]: [slots, capacity, ...], made at the first write
   std::vector<int64_t> lengths_;                // [slot] tokens held
@@ -106,6 +117,9 @@ class KvCacheStep {
   const at::Tensor& key_counts();
   // The sequences hold their new tokens from now on: once, after the forward has run.
   void commit();
+  // The cache's choice of decode attention kernel and its tickets (KvCache above).
+  bool decode_attention_kernel() const { return cache_.decode_attention_kernel(); }
+  const at::Tensor& attention_tickets(int64_t count) { return cache_.attention_tickets(count, position_ids_.device()); }
 
  private:
   struct Fixed {};  // tells fixed_decode's constructor from the other (a braced slot list converts to int64_t)
