@@ -12,6 +12,9 @@
 // (programmatic dependent launch, cuda_common.cuh), so under a CUDA graph the weights stream while
 // the last kernel finishes. With `gated` (SwiGLU's fc1, rows [gate; up]) a block takes gate rows
 // r.. and up rows f + r.. and writes silu(gate) * up: the MLP's activation without a launch.
+// With a pending RMSNorm (norm_weight) each block first normalises the residual sum x + add into
+// shared memory (the whole row: 4 KB at k = 2048, from L2), so the norm in front of QKV and fc1 is
+// no launch of its own either; block 0 also writes the sum, the residual stream's next value.
 #include "kernels/cuda_common.cuh"
 
 namespace megatron::kernels::cuda {
@@ -26,8 +29,41 @@ __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
 
-// kGated: kRows gate rows and the kRows up rows f = n further on; else kRows rows.
-template <typename T, bool kGated>
+// The pending norm's output into `normed` ([k] in shared memory): the rounded sum x + add (written
+// to sum_out by block 0), its root mean square over the block, then sum * rstd * weight rounded.
+template <typename T>
+__device__ __forceinline__ void normalise_input(const GemvArgs& a, T* normed) {
+  constexpr int N = kPack<T>;
+  __shared__ float scratch[32];
+  const int64_t packs = a.k / N;
+  const bool write_sum = blockIdx.x == 0 && a.sum_out != nullptr;
+  float squares = 0.0f;
+  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
+    Pack<T, N> x = load_pack<T, N>(static_cast<const T*>(a.x) + p * N);
+    if (a.add != nullptr) {
+      const Pack<T, N> d = load_pack<T, N>(static_cast<const T*>(a.add) + p * N);
+#pragma unroll
+      for (int j = 0; j < N; ++j) x.v[j] = from_float<T>(to_float(x.v[j]) + to_float(d.v[j]));
+      if (write_sum) reinterpret_cast<Pack<T, N>*>(a.sum_out)[p] = x;
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) squares += to_float(x.v[j]) * to_float(x.v[j]);
+    reinterpret_cast<Pack<T, N>*>(normed)[p] = x;
+  }
+  const float r = rsqrtf(block_sum(squares, scratch) / static_cast<float>(a.k) + a.norm_eps);
+  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {  // this thread's own packs: no barrier needed
+    Pack<T, N> x = reinterpret_cast<const Pack<T, N>*>(normed)[p];
+    const Pack<T, N> w = load_pack<T, N>(static_cast<const T*>(a.norm_weight) + p * N);
+#pragma unroll
+    for (int j = 0; j < N; ++j) x.v[j] = from_float<T>(to_float(x.v[j]) * r * to_float(w.v[j]));
+    reinterpret_cast<Pack<T, N>*>(normed)[p] = x;
+  }
+  __syncthreads();
+}
+
+// kGated: kRows gate rows and the kRows up rows f = n further on; else kRows rows. kNormed: the
+// input is the pending norm's output (normalise_input).
+template <typename T, bool kGated, bool kNormed>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int N = kPack<T>;
   constexpr int kLoads = kGated ? 2 * kRows : kRows;  // weight rows this block reads
@@ -53,6 +89,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   }
   let_next_kernel_start();
   wait_for_kernel_before();
+  if constexpr (kNormed) {
+    __shared__ alignas(16) T normed[kGemvLongestNormed];
+    normalise_input<T>(a, normed);
+    x = normed;
+  }
   float acc[kLoads] = {};
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
@@ -106,23 +147,31 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   }
 }
 
-template <typename T>
+template <typename T, bool kNormed>
 void launch(const GemvArgs& args, Stream stream) {
   const unsigned blocks = static_cast<unsigned>((args.n + kRows - 1) / kRows);
-  if (args.gated) launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, true>, blocks, kThreads, 0, stream, args);
-  else launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, false>, blocks, kThreads, 0, stream, args);
+  if (args.gated) launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, true, kNormed>, blocks, kThreads, 0, stream, args);
+  else launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, false, kNormed>, blocks, kThreads, 0, stream, args);
+}
+
+template <typename T>
+void launch(const GemvArgs& args, Stream stream) {
+  if (args.norm_weight != nullptr) launch<T, true>(args, stream);
+  else launch<T, false>(args, stream);
 }
 
 }  // namespace
 
 bool gemv_supported(const GemvArgs& a) {
+  const bool norm_ok = a.norm_weight == nullptr || (a.k <= kGemvLongestNormed && aligned16(a.norm_weight) &&
+                                                    (a.add == nullptr || aligned16(a.add)) && (a.sum_out == nullptr || aligned16(a.sum_out)));
   return (a.dtype == DType::BFloat16 || a.dtype == DType::Float16) && a.k % 8 == 0 && a.w_stride % 8 == 0 && aligned16(a.x) &&
-         aligned16(a.w) && !(a.gated && a.bias != nullptr);
+         aligned16(a.w) && !(a.gated && a.bias != nullptr) && norm_ok;
 }
 
 void gemv(const GemvArgs& args, Stream stream) {
   if (args.n == 0) return;
-  if (!gemv_supported(args)) throw std::runtime_error("gemv: bf16 / fp16 rows in 16-byte packs (and no bias when gated)");
+  if (!gemv_supported(args)) throw std::runtime_error("gemv: bf16 / fp16 rows in 16-byte packs (no bias when gated; a pending norm over at most 8192)");
   if (args.dtype == DType::BFloat16) launch<__nv_bfloat16>(args, stream);
   else launch<__half>(args, stream);
 }

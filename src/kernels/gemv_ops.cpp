@@ -34,13 +34,25 @@ bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 
 namespace {
 
+// A pending RMSNorm for run_gemv: the input is rms_norm(x + add) * gamma, the sum written to sum.
+struct PendingNorm {
+  at::Tensor add, gamma, sum;
+  double eps = 0.0;
+};
+
 // y [..., n] (n: the weight's rows, half of them when gated) from the kernel.
-at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated) {
+at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated, const PendingNorm* norm = nullptr) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = gated ? weight.size(0) / 2 : weight.size(0);
   at::Tensor y = at::empty(shape, x.options());  // [..., n]
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   cuda::GemvArgs a{};
+  if (norm != nullptr) {
+    a.add = norm->add.defined() ? norm->add.data_ptr() : nullptr;
+    a.norm_weight = norm->gamma.data_ptr();
+    a.sum_out = norm->sum.defined() ? norm->sum.data_ptr() : nullptr;
+    a.norm_eps = static_cast<float>(norm->eps);
+  }
   a.x = x.data_ptr();
   a.w = weight.data_ptr();
   a.bias = bias.defined() ? bias.data_ptr() : nullptr;
@@ -50,7 +62,7 @@ at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   a.gated = gated;
   cuda::gemv(a, current_stream());
 #else
-  (void)bias;
+  (void)bias, (void)norm;
 #endif
   return y;
 }
@@ -72,6 +84,28 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight) {
               " is not [2f, k] ([gate; up] rows)");
   if (gemv_takes(x, weight, {})) return run_gemv(x, weight, {}, /*gated=*/true);
   return swiglu(at::linear(x, weight));
+}
+
+bool gemv_after_norm_takes(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, const at::Tensor& weight,
+                           const at::Tensor& bias, bool gated) {
+  if (gated && bias.defined()) return false;
+  // gemv_takes bounds k by kGemvLongestReduction, which is the kernel's kGemvLongestNormed too.
+  if (!gemv_takes(base, weight, bias)) return false;
+  auto fits = [&](const at::Tensor& t, int64_t numel) {
+    return t.scalar_type() == base.scalar_type() && t.device() == base.device() && t.is_contiguous() && t.numel() == numel &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && !(c10::GradMode::is_enabled() && t.requires_grad());
+  };
+  return fits(gamma, base.size(-1)) && (!add.defined() || (add.sizes() == base.sizes() && fits(add, base.numel())));
+}
+
+NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, double eps, const at::Tensor& weight,
+                             const at::Tensor& bias, bool gated) {
+  TORCH_CHECK(!gated || weight.size(0) % 2 == 0, "gemv_after_norm: the gated weight ", weight.sizes(), " is not [2f, k]");
+  TORCH_CHECK(gemv_after_norm_takes(base, add, gamma, weight, bias, gated), "gemv_after_norm: base ", base.sizes(), ", weight ",
+              weight.sizes(), " and gamma ", gamma.sizes(), " are not of a kind the kernel takes (gemv_after_norm_takes)");
+  PendingNorm norm{add, gamma, add.defined() ? at::empty_like(base) : at::Tensor(), eps};
+  at::Tensor y = run_gemv(base, weight, bias, gated, &norm);
+  return {add.defined() ? norm.sum : base, y};
 }
 
 }  // namespace megatron::kernels

@@ -22,4 +22,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // for the order of the sums); otherwise the linear layer and kernels::swiglu.
 at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight);
 
+// The RMSNorm in front of a linear layer computed in the GEMV's prologue (a batch-1 decode step's
+// input norm before QKV and pre-MLP norm before fc1): sum = base + add (rounded; base itself when
+// add is undefined), y = the layer (gated: SwiGLU's fc1, as linear_swiglu) applied to
+// rms_norm(sum) * gamma. What add_rms_norm then linear / linear_swiglu compute, but for the order
+// of the norm's sum of squares.
+struct NormedLinear {
+  at::Tensor sum;  // [..., k]
+  at::Tensor y;    // [..., n]
+};
+// gemv_takes(base, weight, bias) (no bias when gated), and add (if defined) and gamma [k] of base's
+// dtype and device, contiguous, 16-byte aligned; k at most 8192.
+bool gemv_after_norm_takes(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, const at::Tensor& weight,
+                           const at::Tensor& bias, bool gated);
+NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, double eps, const at::Tensor& weight,
+                             const at::Tensor& bias, bool gated);
+
 }  // namespace megatron::kernels

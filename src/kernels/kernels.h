@@ -158,7 +158,16 @@ struct GemvArgs {
   int64_t n, k, w_stride;
   bool gated = false;
   bool overlap_previous = true;
+  // A pending RMSNorm (norm_weight non-null): the GEMV's input is rms_norm(x + add) * norm_weight
+  // (add null: rms_norm(x)), the sum rounded to the storage type first and the norm's output
+  // rounded, as kernels::add_rms_norm computes them; each block normalises x for itself (k at most
+  // kGemvLongestNormed), and block 0 writes the rounded sum to sum_out (where non-null).
+  const void* add = nullptr;
+  const void* norm_weight = nullptr;
+  void* sum_out = nullptr;
+  float norm_eps = 0.0f;
 };
+constexpr int64_t kGemvLongestNormed = 8192;
 bool gemv_supported(const GemvArgs& args);
 void gemv(const GemvArgs& args, Stream stream);
 

@@ -57,7 +57,17 @@ std::optional<NormParams> SelfAttention::fused_norm() const {
 
 at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
                                   const LayerKvCache* cache) {
-  at::Tensor qkv = linear_qkv->forward(normed);  // [s, b, (H + 2G) * d / tp], whole sequence
+  return attend_qkv(linear_qkv->forward(normed), rope, attention_mask, cache);  // qkv: [s, b, (H + 2G) * d / tp], whole sequence
+}
+
+std::optional<AfterNorm> SelfAttention::forward_after_norm(const PendingNorm& pending, const RopeTables* rope,
+                                                           const at::Tensor& attention_mask, const LayerKvCache* cache) {
+  std::optional<kernels::NormedLinear> qkv = linear_qkv->forward_after_norm(pending, /*gated=*/false);
+  if (!qkv) return std::nullopt;
+  return AfterNorm{qkv->sum, attend_qkv(qkv->y, rope, attention_mask, cache)};
+}
+
+at::Tensor SelfAttention::attend_qkv(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask, const LayerKvCache* cache) {
   const int64_t per_group = heads_ / groups_;
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups_, (per_group + 2) * head_dim_});

@@ -17,6 +17,8 @@ class SelfAttention : public AttentionBlock {
   // keys and values after RoPE are what it keeps (parts 0 and 1: [s, b, G/tp, d] a token).
   at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
                      const LayerKvCache* cache = nullptr) override;
+  std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending, const RopeTables* rope, const at::Tensor& attention_mask,
+                                              const LayerKvCache* cache) override;
   std::optional<NormParams> fused_norm() const override;
 
   // weight [(H + 2G) * d / tp, h]; a LayerNormColumnParallelLinear when the input norm lives in it
@@ -26,6 +28,8 @@ class SelfAttention : public AttentionBlock {
   at::Tensor k_layernorm_weight;                       // [d]
 
  private:
+  // linear_qkv's output [s, b, (H + 2G) * d / tp] -> proj output: RoPE, core attention, linear_proj.
+  at::Tensor attend_qkv(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask, const LayerKvCache* cache);
   // The heads (q: [s, b, H/tp, d], k and v: [s, b, G/tp, d]) -> proj output, with recomputation.
   at::Tensor attend_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& attention_mask,
                           const LayerKvCache* cache);

@@ -74,8 +74,21 @@ class LayerPart : public tp::DescribedModule {
   virtual std::optional<NormParams> fused_norm() const = 0;
 };
 
+// What a part returns from hidden states whose norm is still pending (forward_after_norm): the
+// residual sum it computed (the stream's next value) and its output.
+struct AfterNorm {
+  at::Tensor sum;
+  at::Tensor out;
+};
+
 class AttentionBlock : public LayerPart {
  public:
+  // forward(pending's norm of base + delta, ...) with the norm computed inside the block's first
+  // kernel; nullopt, with nothing run, where the block cannot (the layer then applies the norm).
+  virtual std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending, const RopeTables* rope,
+                                                      const at::Tensor& attention_mask, const LayerKvCache* cache) {
+    return std::nullopt;
+  }
   // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
   // rope: tables for the positions, or null without rotary embeddings. cache (generation only):
   // the block appends what it needs of the new tokens and attends over the cached tokens too,
@@ -86,6 +99,8 @@ class AttentionBlock : public LayerPart {
 
 class FeedForward : public LayerPart {
  public:
+  // As AttentionBlock::forward_after_norm.
+  virtual std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending) { return std::nullopt; }
   // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
   virtual at::Tensor forward(const at::Tensor& normed) = 0;
 };

@@ -32,14 +32,20 @@ std::optional<NormParams> MLP::fused_norm() const {
 at::Tensor MLP::forward(const at::Tensor& normed) {
   // The fused activation: for a batch-1 decode step one GEMV with SwiGLU in its epilogue.
   if (swiglu_ && swiglu_fusion_) return linear_fc2->forward(linear_fc1->forward_swiglu(normed));  // fc1 out [s, b, f/tp]
-  at::Tensor h = linear_fc1->forward(normed);  // [s, b, 2f/tp] or [s, b, f/tp]
-  if (swiglu_) {
-    auto gate_up = h.chunk(2, -1);
-    h = at::silu(gate_up[0]) * gate_up[1];    // [s, b, f/tp]
-  } else {
-    h = at::gelu(h);
-  }
-  return linear_fc2->forward(h);
+  return linear_fc2->forward(activate(linear_fc1->forward(normed)));
+}
+
+std::optional<AfterNorm> MLP::forward_after_norm(const PendingNorm& pending) {
+  const bool gated = swiglu_ && swiglu_fusion_;  // the activation in fc1's epilogue too
+  std::optional<kernels::NormedLinear> fc1 = linear_fc1->forward_after_norm(pending, gated);
+  if (!fc1) return std::nullopt;
+  return AfterNorm{fc1->sum, linear_fc2->forward(gated ? fc1->y : activate(fc1->y))};
+}
+
+at::Tensor MLP::activate(const at::Tensor& h) const {
+  if (!swiglu_) return at::gelu(h);
+  auto gate_up = h.chunk(2, -1);
+  return at::silu(gate_up[0]) * gate_up[1];  // [s, b, f/tp]
 }
 
 }  // namespace megatron

@@ -13,6 +13,7 @@ class MLP : public FeedForward {
   // ffn_hidden_size 0: the model's (--ffn-hidden-size); MoE's shared experts give theirs.
   explicit MLP(const PartContext& context, int64_t ffn_hidden_size = 0);
   at::Tensor forward(const at::Tensor& normed) override;  // [s, b, h] -> [s, b, h] (dim 0 s/tp under sequence parallelism)
+  std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending) override;
   std::optional<NormParams> fused_norm() const override;
 
   // [2f/tp, h] = [gate block; up block] of this rank with SwiGLU, else [f/tp, h]; a
@@ -21,6 +22,8 @@ class MLP : public FeedForward {
   std::shared_ptr<tp::RowParallelLinear> linear_fc2;  // weight [h, f/tp]
 
  private:
+  // fc1's output [s, b, 2f/tp] ([gate; up]) or [s, b, f/tp] -> the activation's [s, b, f/tp].
+  at::Tensor activate(const at::Tensor& h) const;
   std::shared_ptr<tp::LayerNormColumnParallelLinear> norm_in_fc1_;
   bool swiglu_;
   bool swiglu_fusion_;

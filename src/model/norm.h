@@ -43,4 +43,13 @@ struct NormParams {
   at::Tensor apply(const at::Tensor& x) const { return apply_norm(x, gamma(), bias, kind, eps); }
 };
 
+// A norm not applied yet: `norm` of the residual sum base + delta (delta undefined: base alone).
+// A part whose first linear can apply it inside its own kernel (a batch-1 decode step's GEMV)
+// takes it as it is (LayerPart::forward_after_norm), saving the norm's launch.
+struct PendingNorm {
+  at::Tensor base;
+  at::Tensor delta;
+  NormParams norm;
+};
+
 }  // namespace megatron

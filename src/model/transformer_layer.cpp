@@ -60,21 +60,32 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
   if (fuse_add_norm_ && (!train || hidden_dropout_ == 0.0) && first_gamma.scalar_type() == in.base.scalar_type() &&
       second_gamma.scalar_type() == in.base.scalar_type()) {
     // h = base + delta with the input norm, then x = h + attn with the pre-MLP norm: one kernel
-    // each way for each add + norm; the MLP output goes on as the next delta.
-    const kernels::AddRmsNorm h = in.delta.defined()
-                                      ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
-                                      : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
-    const at::Tensor attention = self_attention->forward(h.normed, rope, attention_mask, cache);
-    // The fused kernel normalises the rounded sum, as rms_norm of the sum does.
-    if (recompute_norms_) {
-      discard_norm_output(h.normed, attention, [sum = h.sum, gamma = first_gamma, eps = first.eps] { return kernels::rms_norm(sum, gamma, eps); });
+    // each way for each add + norm; the MLP output goes on as the next delta. Outside training a
+    // part may take its norm still pending and compute it in its first kernel (a batch-1 decode
+    // step's GEMV): no launch of the norm's own.
+    std::optional<AfterNorm> h_attention;
+    if (!train) h_attention = self_attention->forward_after_norm(PendingNorm{in.base, in.delta, first}, rope, attention_mask, cache);
+    if (!h_attention) {
+      const kernels::AddRmsNorm h = in.delta.defined()
+                                        ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
+                                        : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
+      h_attention = AfterNorm{h.sum, self_attention->forward(h.normed, rope, attention_mask, cache)};
+      // The fused kernel normalises the rounded sum, as rms_norm of the sum does.
+      if (recompute_norms_) {
+        discard_norm_output(h.normed, h_attention->out,
+                            [sum = h.sum, gamma = first_gamma, eps = first.eps] { return kernels::rms_norm(sum, gamma, eps); });
+      }
     }
-    const kernels::AddRmsNorm x = kernels::add_rms_norm(h.sum, attention, second_gamma, second.eps);
-    const at::Tensor mlp_out = feed_forward(x.normed);
-    if (recompute_norms_) {
-      discard_norm_output(x.normed, mlp_out, [sum = x.sum, gamma = second_gamma, eps = second.eps] { return kernels::rms_norm(sum, gamma, eps); });
+    std::optional<AfterNorm> x_mlp;
+    if (!train) x_mlp = mlp->forward_after_norm(PendingNorm{h_attention->sum, h_attention->out, second});
+    if (!x_mlp) {
+      const kernels::AddRmsNorm x = kernels::add_rms_norm(h_attention->sum, h_attention->out, second_gamma, second.eps);
+      x_mlp = AfterNorm{x.sum, feed_forward(x.normed)};
+      if (recompute_norms_) {
+        discard_norm_output(x.normed, x_mlp->out, [sum = x.sum, gamma = second_gamma, eps = second.eps] { return kernels::rms_norm(sum, gamma, eps); });
+      }
     }
-    return {x.sum, mlp_out};
+    return {x_mlp->sum, x_mlp->out};
   }
   // Under sequence parallelism each TP rank holds different tokens: independent masks.
   const bool sharded = tp_.sequence_parallel && train && hidden_dropout_ > 0.0;

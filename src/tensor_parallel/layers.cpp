@@ -63,6 +63,14 @@ at::Tensor ColumnParallelLinear::forward_swiglu(const at::Tensor& x) const {
   return kernels::swiglu(tp::linear(in, weight, {}));
 }
 
+std::optional<kernels::NormedLinear> ColumnParallelLinear::forward_after_norm(const PendingNorm& pending, bool gated) const {
+  // Without sequence parallelism enter() is the identity forward, so the GEMV reads the row as is.
+  if (fp8 || tp_.sequence_parallel || pending.norm.kind != NormKind::RMSNorm) return std::nullopt;
+  const at::Tensor gamma = pending.norm.gamma();  // [in] the scale applied
+  if (!kernels::gemv_after_norm_takes(pending.base, pending.delta, gamma, weight, bias, gated)) return std::nullopt;
+  return kernels::gemv_after_norm(pending.base, pending.delta, gamma, pending.norm.eps, weight, bias, gated);
+}
+
 LayerNormColumnParallelLinear::LayerNormColumnParallelLinear(int64_t in, int64_t out, bool bias, const NormSpec& norm,
                                                              const TensorParallel& tp, const LinearOptions& options)
     : ColumnParallelLinear(in, out, bias, tp, options), norm_(norm) {

@@ -10,8 +10,10 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 
 #include "distributed/process_group.h"
+#include "kernels/gemv_ops.h"
 #include "model/norm.h"
 #include "tensor_parallel/fp8_linear.h"
 #include "tensor_parallel/parameters.h"
@@ -69,6 +71,10 @@ class ColumnParallelLinear : public DescribedModule {
   // row without gradient, bias or FP8 (a batch-1 decode step) takes one GEMV with the activation
   // in its epilogue (kernels::linear_swiglu).
   at::Tensor forward_swiglu(const at::Tensor& x) const;
+  // forward(pending's RMSNorm output) (gated: forward_swiglu) with the norm in the GEMV's prologue
+  // (kernels::gemv_after_norm): one row without gradient, FP8 or sequence parallelism; nullopt
+  // where it cannot. -> the residual sum and the output.
+  std::optional<kernels::NormedLinear> forward_after_norm(const PendingNorm& pending, bool gated) const;
 
   at::Tensor weight;  // [out/tp, in]
   at::Tensor bias;    // [out/tp] or undefined

@@ -202,6 +202,54 @@ TEST(GenerationCudaKernels, GemvWithSwigluEqualsTheFp32Layer) {
   EXPECT_THROW(kernels::linear_swiglu(at::randn({1, 1, 256}, o), at::randn({7, 256}, o)), c10::Error);  // not [gate; up]
 }
 
+// The norm in the GEMV's prologue (kernels::gemv_after_norm) against add_rms_norm and then the
+// GEMV: the same residual sum to the bit, the output within the rounding of a norm whose sum of
+// squares is added in another order; with and without a delta (the first layer's input norm), a
+// bias, gated (fc1 with SwiGLU), k of 64 (fewer packs than threads), 2048, 5632 and 8192, bf16 and
+// fp16; and what it refuses.
+TEST(GenerationCudaKernels, GemvAfterNormEqualsTheNormThenTheGemv) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(7);
+  const at::NoGradGuard no_grad;
+  const double eps = 1e-6;
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+    for (int64_t k : {64, 2048, 5632, 8192}) {
+      const at::Tensor base = at::randn({1, 1, k}, o) * 3.0, delta = at::randn({1, 1, k}, o);
+      const at::Tensor gamma = at::rand({k}, o) + 0.5;
+      for (bool gated : {false, true}) {
+        for (bool with_delta : {false, true}) {
+          const int64_t n = gated ? 2 * 1030 : 2050;
+          const at::Tensor weight = at::randn({n, k}, o) * (1.0 / std::sqrt(double(k)));
+          const at::Tensor bias = gated ? at::Tensor() : at::randn({n}, o);
+          const at::Tensor d = with_delta ? delta : at::Tensor();
+          ASSERT_TRUE(kernels::gemv_after_norm_takes(base, d, gamma, weight, bias, gated));
+          const kernels::NormedLinear got = kernels::gemv_after_norm(base, d, gamma, eps, weight, bias, gated);
+          const kernels::AddRmsNorm norm =
+              with_delta ? kernels::add_rms_norm(base, delta, gamma, eps) : kernels::AddRmsNorm{base, kernels::rms_norm(base, gamma, eps)};
+          const at::Tensor want = gated ? kernels::linear_swiglu(norm.normed, weight) : kernels::gemv(norm.normed, weight, bias);
+          const std::string what = std::string(c10::toString(dtype)) + " k " + std::to_string(k) + (gated ? " gated" : "") +
+                                   (with_delta ? " with delta" : "");
+          EXPECT_TRUE(at::equal(got.sum, norm.sum)) << what;
+          ASSERT_EQ(got.y.sizes(), want.sizes()) << what;
+          const double scale = want.to(at::kFloat).abs().max().item<double>();
+          EXPECT_LT((got.y.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), 1e-2 * scale) << what;
+          if (!gated) {  // the check can tell: the norm without its scale lands far outside it
+            const at::Tensor unscaled = kernels::gemv(kernels::rms_norm(norm.sum, at::ones_like(gamma), eps), weight, bias);
+            EXPECT_GT((unscaled.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), 5e-2 * scale) << what;
+          }
+        }
+      }
+    }
+    const at::Tensor weight = at::randn({64, 256}, o), gamma = at::ones({256}, o);
+    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({2, 1, 256}, o), {}, gamma, weight, {}, false));  // two rows
+    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({1, 256}, o), at::randn({1, 264}, o).narrow(1, 4, 256), gamma, weight, {},
+                                                false));  // a delta off the 16-byte grid
+    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({1, 256}, o), {}, gamma.to(at::kFloat), weight, {}, false));  // fp32 gamma
+    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({1, 256}, o), {}, gamma, weight, at::ones({64}, o), true));   // gated with bias
+  }
+}
+
 // The fixture `variant` on the first GPU in `dtype`.
 GenerationModel gpu_model(const test::TempDir& dir, const std::string& variant, at::ScalarType dtype) {
   test::make_hf_model(dir.path(), variant);
@@ -284,6 +332,35 @@ TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForwardAndTheGatheredCache) {
       const at::Tensor other = model.forward(at::tensor(altered, at::kLong).view({1, -1}).to(gpu))[-1][0];
       ASSERT_GT(relative_gap(other, want), 4 * kTolerance) << GetParam() << ": the fixture cannot tell a wrong key";
     }
+  }
+}
+
+// One sequence decoding alone (batch 1: the GEMVs with the norms in their prologues, the decode
+// attention kernel where the heads take it) against a full forward over the same tokens.
+TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::NoGradGuard no_grad;
+  test::TempDir dir;
+  GenerationModel g = gpu_model(dir, GetParam(), at::kHalf);
+  GPTModel& model = *g.model;
+  const at::Device gpu(at::kCUDA, 0);
+  KvCache cache(static_cast<int64_t>(model.layers.size()), 2, 48);
+  cache.use_decode_attention_kernel(true);
+  Ids sequence = prompt_of(7, 3, g.vocab_size);
+  auto step = [&](const Ids& tokens) {
+    KvCacheStep s(cache, {1}, static_cast<int64_t>(tokens.size()), gpu);
+    s.allow_reading_in_place();
+    const at::Tensor logits = model.forward_cached(at::tensor(tokens, at::kLong).view({1, -1}).to(gpu), s);  // [1, 1, V]: the last position
+    s.commit();
+    return logits;
+  };
+  step(sequence);
+  for (int i = 0; i < 6; ++i) {
+    const Ids next = {(11 * i + 4) % g.vocab_size};
+    const at::Tensor logits = step(next)[-1][0];  // [V]
+    sequence.push_back(next[0]);
+    const at::Tensor want = model.forward(at::tensor(sequence, at::kLong).view({1, -1}).to(gpu))[-1][0];  // [V]
+    EXPECT_LE(relative_gap(logits, want), kTolerance) << GetParam() << ": decode step " << i;
   }
 }
 
