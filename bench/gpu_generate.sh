@@ -7,7 +7,8 @@
 # prompts decoded together (128 new tokens each): output tokens/s with and without the prefills;
 # each eagerly (--cuda-graph-impl none) and with decode graphs (the default on a GPU: attention over the
 # cache in place). GENERATE_QUICK=1: only the default engine (batch 1 and 64; batch 1 alternated
-# three times, batch 64 once, with GENERATE_AB's flags, default --attention-backend flash), and HF compiled.
+# three times, batch 64 once, with GENERATE_AB's flags, default --attention-backend flash; with
+# GENERATE_BEFORE=BINARY also against that binary), and HF compiled.
 set -uo pipefail
 bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
 mkdir -p "$out"
@@ -52,6 +53,19 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
     echo "megatron.cpp batch 64 ${flag:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
       --max-new-tokens 128 --inference-max-batch-size 64 $flag "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
   done
+  if [ -n "${GENERATE_BEFORE:-}" ]; then
+    # An earlier commit's binary (run.sh builds .gpu/before's tree) alternated with this one's default.
+    for round in 1 2 3; do
+      for b in "$GENERATE_BEFORE" "$bin"; do
+        echo "batch 1 $( [ "$b" = "$bin" ] && echo this || echo before ): $("$b" generate --load-hf "$out/model" --bf16 --device cuda --greedy \
+          --ignore-eos --max-new-tokens 256 --prompt "$text" 2>&1 >/dev/null | grep -o 'decode: .*')"
+      done
+    done
+    for b in "$GENERATE_BEFORE" "$bin"; do
+      echo "batch 64 $( [ "$b" = "$bin" ] && echo this || echo before ): $("$b" generate --load-hf "$out/model" --bf16 --device cuda --greedy \
+        --ignore-eos --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
+    done
+  fi
   "$py" bench/hf_generate_baseline.py "$out/model" "$text" --compile 2>&1 | grep -E "baseline|Error"
   exit 0
 fi

@@ -248,11 +248,23 @@ if [ "$what" = decode-kernels ]; then
   build-gpu/megatron_bench_decode_kernels ${DECODE_BENCH_FLAGS:-} 2>&1 | tee "$out/decode-kernels.log"
 fi
 if [ "$what" = generate-bench ]; then
-  # No tests: the decode kernels' bench, the quick generation figures, then where a step goes.
-  build-gpu/megatron_bench_decode_kernels 2>&1 | tee "$out/decode-kernels.log"
-  GENERATE_QUICK=1 bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
-  GENERATE_PROFILE=1 bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate > "$out/generate-profile.log" 2>&1
-  grep -A24 "profile of iterations" "$out/generate-profile.log" | head -26
+  # No tests: the decode kernels' bench, the quick generation figures (against .gpu/before's
+  # binary too where scripts/gpu/prepare.sh BEFORE_COMMIT put a tree there), then where a step goes.
+  before=""
+  if [ -d .gpu/before ]; then
+    (cmake -S .gpu/before -B build-before -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
+       -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure-before.log" 2>&1 &&
+     cmake --build build-before -j "$(nproc)" --target megatron > "$out/build-before.log" 2>&1) \
+      || { grep -E "error|Error" -A3 "$out/build-before.log" | head -40; exit 1; }
+    echo "build (before): $(( $(date +%s) - start )) s"
+    before=$(realpath build-before/megatron)
+  fi
+  build-gpu/megatron_bench_decode_kernels ${DECODE_BENCH_FLAGS:-} 2>&1 | tee "$out/decode-kernels.log"
+  GENERATE_BEFORE=$before GENERATE_QUICK=1 bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
+  if [ "${GENERATE_NO_PROFILE:-0}" != 1 ]; then
+    GENERATE_PROFILE=1 bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate > "$out/generate-profile.log" 2>&1
+    grep -A24 "profile of iterations" "$out/generate-profile.log" | head -26
+  fi
 fi
 if [ "$what" = generate ]; then
   # Issue #23's generation figures on the 1.1B shape against HF generate (bench/gpu_generate.sh).
