@@ -6,9 +6,9 @@
 # `megatron generate --load-hf`. Ours: decode at batch 1 (ms a step: 256 new tokens), then 64
 # prompts decoded together (128 new tokens each): output tokens/s with and without the prefills;
 # each eagerly (--cuda-graph-impl none) and with decode graphs (the default on a GPU: attention over the
-# cache in place). GENERATE_QUICK=1: only the default engine (batch 1 and 64; batch 1 alternated
-# three times, batch 64 once, with GENERATE_AB's flags, default --attention-backend flash; with
-# GENERATE_BEFORE=BINARY also against that binary), and HF compiled.
+# cache in place). GENERATE_QUICK=1: only the default engine (batch 1 and 64) alternated with
+# GENERATE_VARIANTS's flag sets (batch 1 three rounds, batch 64 one; with GENERATE_BEFORE=BINARY
+# also against that binary), and HF compiled.
 set -uo pipefail
 bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
 mkdir -p "$out"
@@ -40,18 +40,19 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
   prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
   echo "megatron.cpp batch 64: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
     --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep '^> prefill')"
-  # The default alternated with GENERATE_AB's flags (default: FA2 for the decode attention,
-  # --attention-backend flash): batch 1 moves by up to 25% between runs of one binary.
-  ab=${GENERATE_AB:---attention-backend flash}
+  # The default alternated with the variants in GENERATE_VARIANTS (";"-separated flag sets; by
+  # default the newer decode kernels, off by default, each alone and together): batch 1 moves by
+  # up to 25% between runs of one binary, so rounds alternate.
+  IFS=';' read -r -a variants <<< "${GENERATE_VARIANTS:-;--attention-backend decode;--decode-norms-in-gemv;--attention-backend decode --decode-norms-in-gemv}"
   for round in 1 2 3; do
-    for flag in "" "$ab"; do
-      echo "megatron.cpp batch 1 ${flag:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy \
-        --ignore-eos --max-new-tokens 256 $flag --prompt "$text" 2>&1 >/dev/null | grep -o 'decode: .*')"
+    for flags in "${variants[@]}"; do
+      echo "megatron.cpp batch 1 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy \
+        --ignore-eos --max-new-tokens 256 $flags --prompt "$text" 2>&1 >/dev/null | grep -o 'decode: .*')"
     done
   done
-  for flag in "" "$ab"; do
-    echo "megatron.cpp batch 64 ${flag:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
-      --max-new-tokens 128 --inference-max-batch-size 64 $flag "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
+  for flags in "${variants[@]}"; do
+    echo "megatron.cpp batch 64 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+      --max-new-tokens 128 --inference-max-batch-size 64 $flags "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
   done
   if [ -n "${GENERATE_BEFORE:-}" ]; then
     # An earlier commit's binary (run.sh builds .gpu/before's tree) alternated with this one's default.

@@ -29,8 +29,11 @@ const char* kInferenceModelFlagsHelp =
     "  --decode-ahead, --no-decode-ahead  greedy decoding launches each step before the host reads the last\n"
     "                               one's tokens (same tokens; overlaps the host's work with the GPU's;\n"
     "                               default: on a GPU)\n"
-    "  --attention-backend auto|flash  attention of decode steps over the KV cache: auto (default) this\n"
-    "                               project's one-launch kernel where it takes the step, else FA2; flash: FA2\n";
+    "  --attention-backend auto|flash|decode  attention of decode steps over the KV cache: auto (default) and\n"
+    "                               flash: FA2; decode: this project's one-launch kernel where it takes the\n"
+    "                               step (not yet measured on a GPU)\n"
+    "  --decode-norms-in-gemv       batch-1 decode steps compute the norms before QKV and fc1 inside their\n"
+    "                               GEMVs (not yet measured on a GPU)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -48,6 +51,10 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
   }
   if (args[i] == "--decode-ahead" || args[i] == "--no-decode-ahead") {
     flags.decode_ahead = args[i] == "--decode-ahead" ? "on" : "off";
+    return true;
+  }
+  if (args[i] == "--decode-norms-in-gemv") {
+    flags.decode_norms_in_gemv = true;
     return true;
   }
   if (args[i] == "--enable-cuda-graph") {
@@ -83,16 +90,19 @@ void check_cuda_graph_impl(const InferenceModelFlags& flags) {
 }
 
 void check_attention_backend(const InferenceModelFlags& flags) {
-  if (flags.attention_backend != "auto" && flags.attention_backend != "flash") {
-    throw UserError("--attention-backend: expected auto or flash for generation, got " + flags.attention_backend);
+  if (flags.attention_backend != "auto" && flags.attention_backend != "flash" && flags.attention_backend != "decode") {
+    throw UserError("--attention-backend: expected auto, flash or decode for generation, got " + flags.attention_backend);
   }
 }
 
 }  // namespace
 
-bool decode_attention_kernel(const InferenceModelFlags& flags) {
+DecodeKernels decode_kernels(const InferenceModelFlags& flags) {
   check_attention_backend(flags);
-  return flags.attention_backend == "auto";
+  DecodeKernels kernels;
+  kernels.attention = flags.attention_backend == "decode";
+  kernels.norms_in_gemv = flags.decode_norms_in_gemv;
+  return kernels;
 }
 
 bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g) {

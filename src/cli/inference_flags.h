@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "inference/generation_model.h"
+#include "model/kv_cache.h"
 
 namespace megatron::cli {
 
@@ -19,13 +20,13 @@ struct InferenceModelFlags {
   std::string tensor_parallel;  // --tensor-model-parallel-size N ("": 1); N ranks of `megatron launch`
   std::string cuda_graph_impl = "auto";  // --cuda-graph-impl auto|none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
   std::string decode_ahead = "auto";     // --decode-ahead / --no-decode-ahead: EngineOptions::decode_ahead
-  std::string attention_backend = "auto";  // --attention-backend auto|flash: EngineOptions::decode_attention_kernel
+  std::string attention_backend = "auto";  // --attention-backend auto|flash|decode: EngineOptions::decode_kernels
+  bool decode_norms_in_gemv = false;       // --decode-norms-in-gemv: EngineOptions::decode_kernels
 };
 
-// Whether decode steps attend with the one-launch decode kernel where it takes them
-// (EngineOptions::decode_attention_kernel): --attention-backend auto (the default); flash keeps
-// FA2 for every step. UserError for any other value.
-bool decode_attention_kernel(const InferenceModelFlags& flags);
+// The newer decode kernels asked for (EngineOptions::decode_kernels): --attention-backend decode
+// (auto, the default, and flash: FA2), --decode-norms-in-gemv. UserError for another backend.
+DecodeKernels decode_kernels(const InferenceModelFlags& flags);
 
 // Whether greedy decoding runs one step ahead (EngineOptions::decode_ahead): on with the model on a
 // GPU unless --no-decode-ahead (measured there: 1.96 -> 1.80 ms a step at batch 1, docs/performance.md);

@@ -78,7 +78,7 @@ Engine::Engine(GPTModel& model, EngineOptions options)
   if (options_.max_batch < 1) throw UserError("generation: the batch of sequences must hold at least one, got " + std::to_string(options_.max_batch));
   for (int64_t slot = max_batch_ - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   model_.eval();
-  cache_.use_decode_attention_kernel(options_.decode_attention_kernel);
+  cache_.use_decode_kernels(options_.decode_kernels);
   if (cache_.slots() > max_batch_) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, cache_, /*scratch_slot=*/max_batch_, model_.word_embeddings.device());
 }
 

@@ -95,9 +95,9 @@ struct EngineOptions {
   // row of step n + 1 dropped. The tokens are the ones a step-by-step run chooses. The commands
   // turn it on on a GPU (one H200, 1.1B shape: 1.96 -> 1.80 ms a step at batch 1, 2.30 -> 2.09 at 64).
   bool decode_ahead = false;
-  // Decode steps that read the cache in place (cuda_graphs) attend with the one-launch decode
-  // kernel (kernels::decode_attention) where it takes them, else with FA2 (--attention-backend flash).
-  bool decode_attention_kernel = true;
+  // The newer decode kernels (model/kv_cache.h), off unless asked for: --attention-backend decode
+  // (with cuda_graphs, where attention reads the cache in place), --decode-norms-in-gemv.
+  DecodeKernels decode_kernels;
 };
 
 class Engine {

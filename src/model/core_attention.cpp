@@ -59,7 +59,7 @@ at::Tensor SdpaAttention::forward_over_written_cache(const at::Tensor& q, const 
   const at::Tensor v_store = cache.stored(1).flatten(0, 1);
   KvCacheStep& step = *cache.step;
   const double scale = softmax_scale_.value_or(1.0 / std::sqrt(double(d)));
-  if (s == 1 && step.decode_attention_kernel() && q.is_contiguous()) {
+  if (s == 1 && step.decode_kernels().attention && q.is_contiguous()) {
     // A decode step: one launch that overlaps the kernel before, rather than FA2's two.
     const at::Tensor tokens = q.view({b, heads, d});  // [b, H/tp, d]
     if (kernels::decode_attention_takes(tokens, k_store, v_store)) {

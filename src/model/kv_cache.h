@@ -17,6 +17,17 @@
 
 namespace megatron {
 
+// The decode-step kernels this project wrote beyond the ones measured on a GPU and on by default
+// (EngineOptions::decode_kernels; both off until measured: docs/inference.md):
+struct DecodeKernels {
+  // Attention of a decode step over the cache read in place with the one-launch kernel
+  // (kernels::decode_attention) where it takes the step, instead of FA2 (--attention-backend decode).
+  bool attention = false;
+  // The RMSNorms in front of QKV and fc1 computed in the prologue of their GEMVs
+  // (kernels::gemv_after_norm) at batch 1, instead of a launch each (--decode-norms-in-gemv).
+  bool norms_in_gemv = false;
+};
+
 class KvCache {
  public:
   // layers: the model's decoder layers (indices into the chunk's layers); slots: the sequences
@@ -28,11 +39,9 @@ class KvCache {
   int64_t length(int64_t slot) const { return lengths_.at(static_cast<size_t>(slot)); }
   // The slot holds nothing any more (its rows are overwritten by the next sequence).
   void clear(int64_t slot) { lengths_.at(static_cast<size_t>(slot)) = 0; }
-  // Decode steps that read the cache in place may attend with the one-launch decode kernel
-  // (kernels::decode_attention) where it takes them, rather than FA2: the engine's choice
-  // (EngineOptions::decode_attention_kernel).
-  void use_decode_attention_kernel(bool on) { decode_attention_kernel_ = on; }
-  bool decode_attention_kernel() const { return decode_attention_kernel_; }
+  // Which of the newer decode kernels the steps over this cache use: the engine's choice.
+  void use_decode_kernels(const DecodeKernels& kernels) { decode_kernels_ = kernels; }
+  const DecodeKernels& decode_kernels() const { return decode_kernels_; }
   // int32 zeros on `device`, at least `count` of them: the decode attention kernel's tickets, which
   // it leaves zero, shared by every layer and step (they run one after another on one stream).
   // Made at the first call with room for every slot, so a CUDA graph's capture rarely makes them.
@@ -40,7 +49,7 @@ class KvCache {
 
  private:
   friend class KvCacheStep;
-  bool decode_attention_kernel_ = false;
+  DecodeKernels decode_kernels_;
   at::Tensor attention_tickets_;
   int64_t capacity_;
   std::vector<std::vector<at::Tensor>> parts_;  // [layer][part]: [slots, capacity, ...], made at the first write
@@ -117,8 +126,8 @@ class KvCacheStep {
   const at::Tensor& key_counts();
   // The sequences hold their new tokens from now on: once, after the forward has run.
   void commit();
-  // The cache's choice of decode attention kernel and its tickets (KvCache above).
-  bool decode_attention_kernel() const { return cache_.decode_attention_kernel(); }
+  // The cache's choice of decode kernels and the attention kernel's tickets (KvCache above).
+  const DecodeKernels& decode_kernels() const { return cache_.decode_kernels(); }
   const at::Tensor& attention_tickets(int64_t count) { return cache_.attention_tickets(count, position_ids_.device()); }
 
  private:

@@ -60,11 +60,12 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
   if (fuse_add_norm_ && (!train || hidden_dropout_ == 0.0) && first_gamma.scalar_type() == in.base.scalar_type() &&
       second_gamma.scalar_type() == in.base.scalar_type()) {
     // h = base + delta with the input norm, then x = h + attn with the pre-MLP norm: one kernel
-    // each way for each add + norm; the MLP output goes on as the next delta. Outside training a
-    // part may take its norm still pending and compute it in its first kernel (a batch-1 decode
-    // step's GEMV): no launch of the norm's own.
+    // each way for each add + norm; the MLP output goes on as the next delta. In a decode step
+    // that asks for it (DecodeKernels::norms_in_gemv) a part may take its norm still pending and
+    // compute it in its first kernel (a batch-1 step's GEMV): no launch of the norm's own.
+    const bool pending_norms = !train && cache != nullptr && cache->step->decode_kernels().norms_in_gemv;
     std::optional<AfterNorm> h_attention;
-    if (!train) h_attention = self_attention->forward_after_norm(PendingNorm{in.base, in.delta, first}, rope, attention_mask, cache);
+    if (pending_norms) h_attention = self_attention->forward_after_norm(PendingNorm{in.base, in.delta, first}, rope, attention_mask, cache);
     if (!h_attention) {
       const kernels::AddRmsNorm h = in.delta.defined()
                                         ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
@@ -77,7 +78,7 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
       }
     }
     std::optional<AfterNorm> x_mlp;
-    if (!train) x_mlp = mlp->forward_after_norm(PendingNorm{h_attention->sum, h_attention->out, second});
+    if (pending_norms) x_mlp = mlp->forward_after_norm(PendingNorm{h_attention->sum, h_attention->out, second});
     if (!x_mlp) {
       const kernels::AddRmsNorm x = kernels::add_rms_norm(h_attention->sum, h_attention->out, second_gamma, second.eps);
       x_mlp = AfterNorm{x.sum, feed_forward(x.normed)};

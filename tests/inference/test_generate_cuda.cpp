@@ -345,7 +345,9 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
   GPTModel& model = *g.model;
   const at::Device gpu(at::kCUDA, 0);
   KvCache cache(static_cast<int64_t>(model.layers.size()), 2, 48);
-  cache.use_decode_attention_kernel(true);
+  DecodeKernels all;
+  all.attention = all.norms_in_gemv = true;
+  cache.use_decode_kernels(all);
   Ids sequence = prompt_of(7, 3, g.vocab_size);
   auto step = [&](const Ids& tokens) {
     KvCacheStep s(cache, {1}, static_cast<int64_t>(tokens.size()), gpu);
