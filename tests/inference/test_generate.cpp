@@ -323,16 +323,22 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   EXPECT_NE(ahead.output.find("decode: 5 steps, 5 tokens in"), std::string::npos) << ahead.output;
   EXPECT_NE(ahead.output.find("tokens/s; eager, 4 launched ahead)"), std::string::npos) << ahead.output;
   // bf16, past EOS, with the engine's steps 10 and 11 profiled: the timing line and the table.
-  // CUDA graphs asked for on the CPU: the steps run eagerly and the line says why.
+  // CUDA graphs asked for on the CPU: the steps run eagerly and the line says why. The newer
+  // decode kernels asked for: taken, and nothing on the CPU runs them.
   auto profiled = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--bf16",
                                       "--ignore-eos", "--max-new-tokens", "14", "--profile", "--tensorboard-dir", dir.path(),
-                                      "--device", "cpu", "--cuda-graph-impl", "local", "--no-decode-ahead"});
+                                      "--device", "cpu", "--cuda-graph-impl", "local", "--no-decode-ahead",
+                                      "--attention-backend", "decode", "--decode-norms-in-gemv"});
   ASSERT_EQ(profiled.status, 0) << profiled.output;
   EXPECT_NE(profiled.output.find("decode: 13 steps, 13 tokens in"), std::string::npos) << profiled.output;
   EXPECT_NE(profiled.output.find("tokens/s; eager (the model runs on cpu))"), std::string::npos) << profiled.output;
   auto bad_graphs = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "1", "--cuda-graph-impl", "full"});
   EXPECT_EQ(bad_graphs.status, 2);
   EXPECT_NE(bad_graphs.output.find("--cuda-graph-impl: expected auto, none or local, got full"), std::string::npos) << bad_graphs.output;
+  auto bad_backend = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "1", "--attention-backend", "fused"});
+  EXPECT_EQ(bad_backend.status, 2);
+  EXPECT_NE(bad_backend.output.find("--attention-backend: expected auto, flash or decode for generation, got fused"), std::string::npos)
+      << bad_backend.output;
   EXPECT_NE(profiled.output.find("> profile of iterations 10-11"), std::string::npos) << profiled.output;
   // Split over two tensor-parallel ranks: the checkpoint (saved on one) resharded, the same text;
   // with steps launched ahead, which every rank does alike (their collectives stay matched).
