@@ -43,7 +43,8 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
   # The default alternated with the variants in GENERATE_VARIANTS (";"-separated flag sets; by
   # default the newer decode kernels, off by default, each alone and together): batch 1 moves by
   # up to 25% between runs of one binary, so rounds alternate.
-  IFS=';' read -r -a variants <<< "${GENERATE_VARIANTS:-;--attention-backend decode;--decode-norms-in-gemv;--attention-backend decode --decode-norms-in-gemv}"
+  all_new="--attention-backend decode --decode-norms-in-gemv --decode-rope-in-gemv"
+  IFS=';' read -r -a variants <<< "${GENERATE_VARIANTS:-;--attention-backend decode;--decode-norms-in-gemv;--decode-rope-in-gemv;$all_new}"
   for round in 1 2 3; do
     for flags in "${variants[@]}"; do
       echo "megatron.cpp batch 1 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy \

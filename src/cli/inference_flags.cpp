@@ -33,7 +33,9 @@ const char* kInferenceModelFlagsHelp =
     "                               flash: FA2; decode: this project's one-launch kernel where it takes the\n"
     "                               step (not yet measured on a GPU)\n"
     "  --decode-norms-in-gemv       batch-1 decode steps compute the norms before QKV and fc1 inside their\n"
-    "                               GEMVs (not yet measured on a GPU)\n";
+    "                               GEMVs (not yet measured on a GPU)\n"
+    "  --decode-rope-in-gemv        batch-1 decode steps rotate the queries and keys into the KV cache in\n"
+    "                               the QKV GEMV's epilogue (not yet measured on a GPU)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -55,6 +57,10 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
   }
   if (args[i] == "--decode-norms-in-gemv") {
     flags.decode_norms_in_gemv = true;
+    return true;
+  }
+  if (args[i] == "--decode-rope-in-gemv") {
+    flags.decode_rope_in_gemv = true;
     return true;
   }
   if (args[i] == "--enable-cuda-graph") {
@@ -102,6 +108,7 @@ DecodeKernels decode_kernels(const InferenceModelFlags& flags) {
   DecodeKernels kernels;
   kernels.attention = flags.attention_backend == "decode";
   kernels.norms_in_gemv = flags.decode_norms_in_gemv;
+  kernels.rope_in_gemv = flags.decode_rope_in_gemv;
   return kernels;
 }
 

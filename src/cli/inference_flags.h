@@ -22,10 +22,12 @@ struct InferenceModelFlags {
   std::string decode_ahead = "auto";     // --decode-ahead / --no-decode-ahead: EngineOptions::decode_ahead
   std::string attention_backend = "auto";  // --attention-backend auto|flash|decode: EngineOptions::decode_kernels
   bool decode_norms_in_gemv = false;       // --decode-norms-in-gemv: EngineOptions::decode_kernels
+  bool decode_rope_in_gemv = false;        // --decode-rope-in-gemv: EngineOptions::decode_kernels
 };
 
 // The newer decode kernels asked for (EngineOptions::decode_kernels): --attention-backend decode
-// (auto, the default, and flash: FA2), --decode-norms-in-gemv. UserError for another backend.
+// (auto, the default, and flash: FA2), --decode-norms-in-gemv, --decode-rope-in-gemv. UserError
+// for another backend.
 DecodeKernels decode_kernels(const InferenceModelFlags& flags);
 
 // Whether greedy decoding runs one step ahead (EngineOptions::decode_ahead): on with the model on a

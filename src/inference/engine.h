@@ -96,7 +96,8 @@ struct EngineOptions {
   // turn it on on a GPU (one H200, 1.1B shape: 1.96 -> 1.80 ms a step at batch 1, 2.30 -> 2.09 at 64).
   bool decode_ahead = false;
   // The newer decode kernels (model/kv_cache.h), off unless asked for: --attention-backend decode
-  // (with cuda_graphs, where attention reads the cache in place), --decode-norms-in-gemv.
+  // and --decode-rope-in-gemv (with cuda_graphs, where attention reads the cache in place),
+  // --decode-norms-in-gemv.
   DecodeKernels decode_kernels;
 };
 

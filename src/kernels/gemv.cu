@@ -15,6 +15,8 @@
 // With a pending RMSNorm (norm_weight) each block first normalises the residual sum x + add into
 // shared memory (the whole row: 4 KB at k = 2048, from L2), so the norm in front of QKV and fc1 is
 // no launch of its own either; block 0 also writes the sum, the residual stream's next value.
+// With RoPE into the cache (a decode step's QKV) a block takes the two rotation pairs of one head
+// and writes them rotated where rope_qkv_into_cache would: the RoPE kernel's launch saved too.
 #include "kernels/cuda_common.cuh"
 
 namespace megatron::kernels::cuda {
@@ -61,11 +63,28 @@ __device__ __forceinline__ void normalise_input(const GemvArgs& a, T* normed) {
   __syncthreads();
 }
 
-// kGated: kRows gate rows and the kRows up rows f = n further on; else kRows rows. kNormed: the
-// input is the pending norm's output (normalise_input).
-template <typename T, bool kGated, bool kNormed>
+// What a block writes: kRows rows of y; SwiGLU of kRows gate rows and the kRows up rows n further
+// on; or the rows of a rotation pair, rotated into the query output or the cache (GemvRopeIntoCache).
+enum class Epilogue { Plain, Gated, RopeIntoCache };
+
+// The output row of a block's i-th row: consecutive rows, or for RoPE rows j, j + 1, j + d/2,
+// j + d/2 + 1 of one head (two rotation pairs, i and i ^ 2).
+template <Epilogue E>
+__device__ __forceinline__ int64_t output_row(const GemvArgs& a, int i) {
+  if constexpr (E == Epilogue::RopeIntoCache) {
+    const int64_t d = a.rope.head_dim, blocks_a_head = d / 4;
+    const int64_t head = blockIdx.x / blocks_a_head, j = (blockIdx.x % blocks_a_head) * 2;
+    return head * d + j + (i & 1) + (i >> 1) * (d / 2);
+  } else {
+    return int64_t(blockIdx.x) * kRows + i;
+  }
+}
+
+// kNormed: the input is the pending norm's output (normalise_input).
+template <typename T, Epilogue E, bool kNormed>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int N = kPack<T>;
+  constexpr bool kGated = E == Epilogue::Gated;
   constexpr int kLoads = kGated ? 2 * kRows : kRows;  // weight rows this block reads
   const int64_t first = int64_t(blockIdx.x) * kRows;
   const int rows = a.n - first < kRows ? int(a.n - first) : kRows;
@@ -76,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
   for (int r = 0; r < kLoads; ++r) {
     const int i = r % kRows;
-    row[r] = w + ((r < kRows ? 0 : a.n) + first + (i < rows ? i : 0)) * a.w_stride;  // past the end: re-read row 0
+    row[r] = w + ((r < kRows ? 0 : a.n) + output_row<E>(a, i < rows ? i : 0)) * a.w_stride;  // past the end: re-read row 0
   }
   Pack<T, N> ahead[kAhead][kLoads];
 #pragma unroll
@@ -135,8 +154,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     for (int i = 0; i < kThreads / 32; ++i) v += warp_sums[r][i];
     return v;
   };
-  const int64_t out = first + threadIdx.x;
-  if constexpr (kGated) {
+  const int64_t out = output_row<E>(a, threadIdx.x);
+  if constexpr (E == Epilogue::RopeIntoCache) {
+    // The output rounded as the QKV layer's would be, then rope_qkv_into_cache's arithmetic; the
+    // partner of a rotation pair is thread i ^ 2 (threads 0-3, one warp).
+    float v = total(threadIdx.x);
+    if (a.bias != nullptr) v += to_float(static_cast<const T*>(a.bias)[out]);
+    const float own = to_float(from_float<T>(v));
+    const float partner = __shfl_xor_sync(0xf, own, 2);
+    const GemvRopeIntoCache& r = a.rope;
+    const int64_t d = r.head_dim, head = out / d, channel = out % d;
+    const int64_t group = head / (r.heads_per_group + 2), slot = head % (r.heads_per_group + 2);
+    float value = own;  // the value: copied as it is
+    if (slot <= r.heads_per_group) {  // a query or the key: x1 cos - x2 sin, x2 cos + x1 sin
+      value = threadIdx.x < 2 ? own * r.cos[channel] - partner * r.sin[channel] : own * r.cos[channel] + partner * r.sin[channel];
+    }
+    T* destination = slot < r.heads_per_group
+                         ? static_cast<T*>(r.q_out) + (group * r.heads_per_group + slot) * d
+                         : static_cast<T*>(slot == r.heads_per_group ? r.k_store : r.v_store) + r.store_row[0] * r.store_stride_row +
+                               group * r.store_stride_group;
+    destination[channel] = from_float<T>(value);
+  } else if constexpr (kGated) {
     // Rounded as the unfused fc1 output would be, then the SwiGLU kernel's arithmetic.
     const float gate = to_float(from_float<T>(total(threadIdx.x))), up = to_float(from_float<T>(total(threadIdx.x + kRows)));
     static_cast<T*>(a.y)[out] = from_float<T>(gate / (1.0f + __expf(-gate)) * up);
@@ -150,8 +188,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 template <typename T, bool kNormed>
 void launch(const GemvArgs& args, Stream stream) {
   const unsigned blocks = static_cast<unsigned>((args.n + kRows - 1) / kRows);
-  if (args.gated) launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, true, kNormed>, blocks, kThreads, 0, stream, args);
-  else launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, false, kNormed>, blocks, kThreads, 0, stream, args);
+  if (args.rope.q_out != nullptr) {
+    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::RopeIntoCache, kNormed>, blocks, kThreads, 0, stream, args);
+  } else if (args.gated) {
+    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::Gated, kNormed>, blocks, kThreads, 0, stream, args);
+  } else {
+    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::Plain, kNormed>, blocks, kThreads, 0, stream, args);
+  }
 }
 
 template <typename T>
@@ -165,8 +208,13 @@ void launch(const GemvArgs& args, Stream stream) {
 bool gemv_supported(const GemvArgs& a) {
   const bool norm_ok = a.norm_weight == nullptr || (a.k <= kGemvLongestNormed && aligned16(a.norm_weight) &&
                                                     (a.add == nullptr || aligned16(a.add)) && (a.sum_out == nullptr || aligned16(a.sum_out)));
+  const GemvRopeIntoCache& r = a.rope;
+  const bool rope_ok = r.q_out == nullptr || (!a.gated && r.head_dim > 0 && r.head_dim % 4 == 0 && r.heads_per_group > 0 &&
+                                              a.n == a.n / (r.head_dim * (r.heads_per_group + 2)) * r.head_dim * (r.heads_per_group + 2) &&
+                                              r.k_store != nullptr && r.v_store != nullptr && r.store_row != nullptr && r.cos != nullptr &&
+                                              r.sin != nullptr);
   return (a.dtype == DType::BFloat16 || a.dtype == DType::Float16) && a.k % 8 == 0 && a.w_stride % 8 == 0 && aligned16(a.x) &&
-         aligned16(a.w) && !(a.gated && a.bias != nullptr) && norm_ok;
+         aligned16(a.w) && !(a.gated && a.bias != nullptr) && norm_ok && rope_ok;
 }
 
 void gemv(const GemvArgs& args, Stream stream) {

@@ -34,35 +34,47 @@ bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 
 namespace {
 
-// A pending RMSNorm for run_gemv: the input is rms_norm(x + add) * gamma, the sum written to sum.
-struct PendingNorm {
-  at::Tensor add, gamma, sum;
-  double eps = 0.0;
-};
-
-// y [..., n] (n: the weight's rows, half of them when gated) from the kernel.
-at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated, const PendingNorm* norm = nullptr) {
+// y [..., n] (n: the weight's rows, half of them when gated) from the kernel; with `norm` its
+// input is the norm's output and `sum` (defined when norm->add is) receives the residual sum; with
+// `rope` the output goes where it says (y is then a [..., H, d] tensor of the rotated queries).
+at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated, const InputNorm* norm = nullptr,
+                    const at::Tensor& sum = {}, const QkvIntoCache* rope = nullptr) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = gated ? weight.size(0) / 2 : weight.size(0);
+  if (rope != nullptr) {  // the queries: [..., G P, d]
+    const int64_t d = rope->k_store.size(2), groups = rope->k_store.size(1);
+    shape.back() = groups * rope->heads_per_group;
+    shape.push_back(d);
+  }
   at::Tensor y = at::empty(shape, x.options());  // [..., n]
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   cuda::GemvArgs a{};
   if (norm != nullptr) {
     a.add = norm->add.defined() ? norm->add.data_ptr() : nullptr;
     a.norm_weight = norm->gamma.data_ptr();
-    a.sum_out = norm->sum.defined() ? norm->sum.data_ptr() : nullptr;
+    a.sum_out = sum.defined() ? sum.data_ptr() : nullptr;
     a.norm_eps = static_cast<float>(norm->eps);
+  }
+  if (rope != nullptr) {
+    a.rope.q_out = y.data_ptr();
+    a.rope.k_store = rope->k_store.data_ptr();
+    a.rope.v_store = rope->v_store.data_ptr();
+    a.rope.store_row = rope->store_rows.data_ptr<int64_t>();
+    a.rope.cos = rope->cos.data_ptr<float>();
+    a.rope.sin = rope->sin.data_ptr<float>();
+    a.rope.head_dim = rope->k_store.size(2), a.rope.heads_per_group = rope->heads_per_group;
+    a.rope.store_stride_row = rope->k_store.stride(0), a.rope.store_stride_group = rope->k_store.stride(1);
   }
   a.x = x.data_ptr();
   a.w = weight.data_ptr();
   a.bias = bias.defined() ? bias.data_ptr() : nullptr;
   a.y = y.data_ptr();
   a.dtype = storage_type(x);
-  a.n = shape.back(), a.k = weight.size(1), a.w_stride = weight.stride(0);
+  a.n = gated ? weight.size(0) / 2 : weight.size(0), a.k = weight.size(1), a.w_stride = weight.stride(0);
   a.gated = gated;
   cuda::gemv(a, current_stream());
 #else
-  (void)bias, (void)norm;
+  (void)bias, (void)norm, (void)sum;
 #endif
   return y;
 }
@@ -103,9 +115,37 @@ NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, cons
   TORCH_CHECK(!gated || weight.size(0) % 2 == 0, "gemv_after_norm: the gated weight ", weight.sizes(), " is not [2f, k]");
   TORCH_CHECK(gemv_after_norm_takes(base, add, gamma, weight, bias, gated), "gemv_after_norm: base ", base.sizes(), ", weight ",
               weight.sizes(), " and gamma ", gamma.sizes(), " are not of a kind the kernel takes (gemv_after_norm_takes)");
-  PendingNorm norm{add, gamma, add.defined() ? at::empty_like(base) : at::Tensor(), eps};
-  at::Tensor y = run_gemv(base, weight, bias, gated, &norm);
-  return {add.defined() ? norm.sum : base, y};
+  const InputNorm norm{add, gamma, eps};
+  const at::Tensor sum = add.defined() ? at::empty_like(base) : base;
+  at::Tensor y = run_gemv(base, weight, bias, gated, &norm, add.defined() ? sum : at::Tensor());
+  return {sum, y};
+}
+
+bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
+                                const InputNorm* norm) {
+  if (norm != nullptr ? !gemv_after_norm_takes(x, norm->add, norm->gamma, weight, bias, false) : !gemv_takes(x, weight, bias)) return false;
+  const at::Tensor& k = into.k_store;
+  if (k.dim() != 3 || !k.is_cuda() || k.sizes() != into.v_store.sizes() || k.strides() != into.v_store.strides() || k.stride(2) != 1 ||
+      k.scalar_type() != x.scalar_type() || k.device() != x.device()) {
+    return false;
+  }
+  const int64_t groups = k.size(1), d = k.size(2);
+  if (d % 4 != 0 || into.heads_per_group < 1 || weight.size(0) != groups * (into.heads_per_group + 2) * d) return false;
+  for (const at::Tensor* table : {&into.cos, &into.sin}) {
+    if (table->scalar_type() != at::kFloat || table->device() != x.device() || table->size(-1) != d || table->stride(-1) != 1) return false;
+  }
+  return into.store_rows.scalar_type() == at::kLong && into.store_rows.numel() == 1 && into.store_rows.device() == x.device();
+}
+
+at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
+                                const InputNorm* norm, at::Tensor* sum) {
+  TORCH_CHECK(gemv_rope_into_cache_takes(x, weight, bias, into, norm), "gemv_rope_into_cache: x ", x.sizes(), ", weight ", weight.sizes(),
+              " and stores ", into.k_store.sizes(), " are not of a kind the kernel takes (gemv_rope_into_cache_takes)");
+  at::Tensor residual;
+  if (norm != nullptr) residual = norm->add.defined() ? at::empty_like(x) : x;
+  at::Tensor q = run_gemv(x, weight, bias, /*gated=*/false, norm, norm != nullptr && norm->add.defined() ? residual : at::Tensor(), &into);
+  if (sum != nullptr) *sum = residual;
+  return q;  // [..., H, d]
 }
 
 }  // namespace megatron::kernels

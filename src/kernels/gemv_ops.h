@@ -27,6 +27,13 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight);
 // add is undefined), y = the layer (gated: SwiGLU's fc1, as linear_swiglu) applied to
 // rms_norm(sum) * gamma. What add_rms_norm then linear / linear_swiglu compute, but for the order
 // of the norm's sum of squares.
+// A pending RMSNorm in front of a GEMV: its input is rms_norm(x + add) * gamma (add undefined:
+// rms_norm(x) * gamma).
+struct InputNorm {
+  at::Tensor add, gamma;
+  double eps = 0.0;
+};
+
 struct NormedLinear {
   at::Tensor sum;  // [..., k]
   at::Tensor y;    // [..., n]
@@ -37,5 +44,21 @@ bool gemv_after_norm_takes(const at::Tensor& base, const at::Tensor& add, const 
                            const at::Tensor& bias, bool gated);
 NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, double eps, const at::Tensor& weight,
                              const at::Tensor& bias, bool gated);
+
+// A batch-1 decode step's QKV layer with RoPE into the key/value cache in its epilogue (and the
+// input norm in its prologue where `norm` is given): what linear (or gemv_after_norm) and then
+// qkv_rope_into_cache compute, in one launch. x [1, 1, k] (with a norm: the residual base);
+// weight [G (P + 2) d, k] ([P queries, key, value] a group); bias [G (P + 2) d] or undefined.
+struct QkvIntoCache {
+  int64_t heads_per_group = 0;  // P
+  at::Tensor cos, sin;          // fp32 [..., d]: this token's RoPE tables first
+  at::Tensor k_store, v_store;  // [rows, G, d] in x's dtype
+  at::Tensor store_rows;        // [1] int64: the row this token's key and value go to
+};
+bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
+                                const InputNorm* norm);
+// -> the rotated queries [1, 1, G P, d]; with a norm, *sum (where non-null) = the residual sum.
+at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
+                                const InputNorm* norm, at::Tensor* sum);
 
 }  // namespace megatron::kernels

@@ -144,6 +144,21 @@ struct AttentionMergeArgs {
 };
 void attention_merge(const AttentionMergeArgs& args, Stream stream);
 
+// A batch-1 decode step's QKV GEMV with RoPE in its epilogue (GemvArgs::rope, q_out non-null):
+// its n = G (P + 2) d output rows are G groups of P query heads, a key and a value of d channels;
+// the queries rotate into q_out [G P d], the key rotates into its cache row, the value is copied
+// there: what rope_qkv_into_cache does with the rounded output (whole-head rotation, channel j
+// paired with j + d/2; d a multiple of 4).
+struct GemvRopeIntoCache {
+  void* q_out = nullptr;
+  void* k_store = nullptr;  // the cache's stores: row store_row[0], group g at + g * store_stride_group
+  void* v_store = nullptr;
+  const int64_t* store_row = nullptr;
+  const float* cos = nullptr;  // [d]: this token's tables
+  const float* sin = nullptr;
+  int64_t head_dim = 0, heads_per_group = 0, store_stride_row = 0, store_stride_group = 0;
+};
+
 // y [n] = W [n, k] x [k] (+ bias [n]) for one row x, fp32 accumulation (src/kernels/gemv.cu): the
 // decode step's linear layers at batch 1. bf16 / fp16; k and W's row stride multiples of 8, x and
 // W 16-byte aligned; bias may be null. gated (SwiGLU's fc1): W holds 2n rows [gate; up] and
@@ -166,6 +181,7 @@ struct GemvArgs {
   const void* norm_weight = nullptr;
   void* sum_out = nullptr;
   float norm_eps = 0.0f;
+  GemvRopeIntoCache rope;  // q_out non-null: RoPE into the cache in the epilogue (y unused; not gated)
 };
 constexpr int64_t kGemvLongestNormed = 8192;
 bool gemv_supported(const GemvArgs& args);

@@ -57,14 +57,44 @@ std::optional<NormParams> SelfAttention::fused_norm() const {
 
 at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
                                   const LayerKvCache* cache) {
+  if (std::optional<AfterNorm> decoded = decode_with_rope_in_gemv(normed, nullptr, rope, cache)) return decoded->out;
   return attend_qkv(linear_qkv->forward(normed), rope, attention_mask, cache);  // qkv: [s, b, (H + 2G) * d / tp], whole sequence
 }
 
 std::optional<AfterNorm> SelfAttention::forward_after_norm(const PendingNorm& pending, const RopeTables* rope,
                                                            const at::Tensor& attention_mask, const LayerKvCache* cache) {
+  if (std::optional<AfterNorm> decoded = decode_with_rope_in_gemv(pending.base, &pending, rope, cache)) return decoded;
   std::optional<kernels::NormedLinear> qkv = linear_qkv->forward_after_norm(pending, /*gated=*/false);
   if (!qkv) return std::nullopt;
   return AfterNorm{qkv->sum, attend_qkv(qkv->y, rope, attention_mask, cache)};
+}
+
+std::optional<AfterNorm> SelfAttention::decode_with_rope_in_gemv(const at::Tensor& x, const PendingNorm* pending, const RopeTables* rope,
+                                                                 const LayerKvCache* cache) {
+  if (cache == nullptr || rope == nullptr || !rope_fusion_ || q_layernorm_weight.defined() || !cache->step->decode_kernels().rope_in_gemv ||
+      !linear_qkv->computes_plain_linear() || (pending != nullptr && pending->norm.kind != NormKind::RMSNorm) || x.dim() != 3 ||
+      x.size(0) * x.size(1) != 1) {
+    return std::nullopt;
+  }
+  const at::TensorOptions o = x.options();
+  const at::Tensor probe = at::empty({1, 1, groups_, 1, head_dim_}, o);  // q's dtype, device and head dim
+  if (!core_attention_->reads_cache_in_place(probe, *cache)) return std::nullopt;
+  kernels::QkvIntoCache into;
+  into.heads_per_group = heads_ / groups_;
+  into.cos = rope->cos, into.sin = rope->sin;
+  into.store_rows = cache->step->store_rows();
+  std::optional<kernels::InputNorm> norm;
+  if (pending != nullptr) norm = kernels::InputNorm{pending->delta, pending->norm.gamma(), pending->norm.eps};
+  // The stores are made (zeros) at the first write; checked with a stand-in first so a refusal
+  // makes nothing.
+  const at::Tensor stand_in = at::empty({1, groups_, head_dim_}, o);
+  into.k_store = into.v_store = stand_in;
+  if (!kernels::gemv_rope_into_cache_takes(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr)) return std::nullopt;
+  into.k_store = cache->store(0, {groups_, head_dim_}, o).flatten(0, 1);  // [slots * capacity, G/tp, d]
+  into.v_store = cache->store(1, {groups_, head_dim_}, o).flatten(0, 1);
+  at::Tensor sum;
+  const at::Tensor q = kernels::gemv_rope_into_cache(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr, &sum);  // [1, 1, H/tp, d]
+  return AfterNorm{sum, linear_proj->forward(core_attention_->forward_over_written_cache(q, *cache))};
 }
 
 at::Tensor SelfAttention::attend_qkv(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask, const LayerKvCache* cache) {

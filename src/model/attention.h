@@ -28,6 +28,12 @@ class SelfAttention : public AttentionBlock {
   at::Tensor k_layernorm_weight;                       // [d]
 
  private:
+  // A batch-1 decode step reading the cache in place with RoPE in the QKV GEMV's epilogue
+  // (DecodeKernels::rope_in_gemv) and, given `pending`, the input norm in its prologue (x is then
+  // pending's base, else the normed row): one launch up to attention. nullopt, with nothing run,
+  // where it does not apply.
+  std::optional<AfterNorm> decode_with_rope_in_gemv(const at::Tensor& x, const PendingNorm* pending, const RopeTables* rope,
+                                                    const LayerKvCache* cache);
   // linear_qkv's output [s, b, (H + 2G) * d / tp] -> proj output: RoPE, core attention, linear_proj.
   at::Tensor attend_qkv(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask, const LayerKvCache* cache);
   // The heads (q: [s, b, H/tp, d], k and v: [s, b, G/tp, d]) -> proj output, with recomputation.

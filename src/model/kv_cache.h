@@ -26,6 +26,10 @@ struct DecodeKernels {
   // The RMSNorms in front of QKV and fc1 computed in the prologue of their GEMVs
   // (kernels::gemv_after_norm) at batch 1, instead of a launch each (--decode-norms-in-gemv).
   bool norms_in_gemv = false;
+  // RoPE of a batch-1 decode step in the epilogue of the QKV GEMV, which writes the rotated
+  // queries, keys and values where the RoPE-into-cache kernel would (kernels::gemv_rope_into_cache;
+  // --decode-rope-in-gemv).
+  bool rope_in_gemv = false;
 };
 
 class KvCache {

@@ -65,7 +65,7 @@ at::Tensor ColumnParallelLinear::forward_swiglu(const at::Tensor& x) const {
 
 std::optional<kernels::NormedLinear> ColumnParallelLinear::forward_after_norm(const PendingNorm& pending, bool gated) const {
   // Without sequence parallelism enter() is the identity forward, so the GEMV reads the row as is.
-  if (fp8 || tp_.sequence_parallel || pending.norm.kind != NormKind::RMSNorm) return std::nullopt;
+  if (!computes_plain_linear() || pending.norm.kind != NormKind::RMSNorm) return std::nullopt;
   const at::Tensor gamma = pending.norm.gamma();  // [in] the scale applied
   if (!kernels::gemv_after_norm_takes(pending.base, pending.delta, gamma, weight, bias, gated)) return std::nullopt;
   return kernels::gemv_after_norm(pending.base, pending.delta, gamma, pending.norm.eps, weight, bias, gated);

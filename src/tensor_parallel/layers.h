@@ -75,6 +75,9 @@ class ColumnParallelLinear : public DescribedModule {
   // (kernels::gemv_after_norm): one row without gradient, FP8 or sequence parallelism; nullopt
   // where it cannot. -> the residual sum and the output.
   std::optional<kernels::NormedLinear> forward_after_norm(const PendingNorm& pending, bool gated) const;
+  // Whether forward(x) is at::linear(x, weight, bias) on the row as given: no FP8, no sequence
+  // parallelism's gather (a caller may then run the product in a kernel of its own).
+  bool computes_plain_linear() const { return !fp8 && !tp_.sequence_parallel; }
 
   at::Tensor weight;  // [out/tp, in]
   at::Tensor bias;    // [out/tp] or undefined

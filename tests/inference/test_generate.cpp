@@ -328,7 +328,7 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   auto profiled = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--bf16",
                                       "--ignore-eos", "--max-new-tokens", "14", "--profile", "--tensorboard-dir", dir.path(),
                                       "--device", "cpu", "--cuda-graph-impl", "local", "--no-decode-ahead",
-                                      "--attention-backend", "decode", "--decode-norms-in-gemv"});
+                                      "--attention-backend", "decode", "--decode-norms-in-gemv", "--decode-rope-in-gemv"});
   ASSERT_EQ(profiled.status, 0) << profiled.output;
   EXPECT_NE(profiled.output.find("decode: 13 steps, 13 tokens in"), std::string::npos) << profiled.output;
   EXPECT_NE(profiled.output.find("tokens/s; eager (the model runs on cpu))"), std::string::npos) << profiled.output;

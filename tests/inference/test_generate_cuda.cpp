@@ -250,6 +250,66 @@ TEST(GenerationCudaKernels, GemvAfterNormEqualsTheNormThenTheGemv) {
   }
 }
 
+// RoPE in the QKV GEMV's epilogue (kernels::gemv_rope_into_cache) against the GEMV and then
+// rope_qkv_into_cache: the same queries and cache rows within a rounding step, the same values
+// and residual sum to the bit; with the input norm in its
+// prologue against gemv_after_norm then the same; with a bias (Qwen2's QKV), bf16 and fp16, heads of
+// 64 and 128 channels; nothing else in the stores written.
+TEST(GenerationCudaKernels, GemvWithRopeIntoCacheEqualsGemvThenRope) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(10);
+  const at::NoGradGuard no_grad;
+  const int64_t k = 512, rows = 12, groups = 2, per_group = 3;
+  const at::Device gpu(at::kCUDA, 0);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    const at::TensorOptions o = at::TensorOptions().device(gpu).dtype(dtype);
+    for (int64_t d : {64, 128}) {
+      const int64_t n = groups * (per_group + 2) * d;
+      const at::Tensor x = at::randn({1, 1, k}, o), delta = at::randn({1, 1, k}, o), gamma = at::rand({k}, o) + 0.5;
+      const at::Tensor weight = at::randn({n, k}, o) * (1.0 / std::sqrt(double(k)));
+      const at::Tensor bias = at::randn({n}, o) * 0.1;
+      const at::Tensor angles = at::rand({1, 1, 1, d}, o.dtype(at::kFloat)) * 6.0;
+      const at::Tensor cos = angles.cos(), sin = angles.sin();
+      const at::Tensor store_rows = at::tensor(std::vector<int64_t>{7}, at::kLong).to(gpu);
+      for (bool with_norm : {false, true}) {
+        for (bool with_bias : {false, true}) {
+          const std::string what = std::string(c10::toString(dtype)) + " d " + std::to_string(d) + (with_norm ? " norm" : "") +
+                                   (with_bias ? " bias" : "");
+          const at::Tensor b = with_bias ? bias : at::Tensor();
+          const kernels::InputNorm norm{delta, gamma, 1e-6};
+          kernels::QkvIntoCache into;
+          into.heads_per_group = per_group;
+          into.cos = cos, into.sin = sin, into.store_rows = store_rows;
+          into.k_store = at::zeros({rows, groups, d}, o), into.v_store = at::zeros({rows, groups, d}, o);
+          ASSERT_TRUE(kernels::gemv_rope_into_cache_takes(x, weight, b, into, with_norm ? &norm : nullptr)) << what;
+          at::Tensor sum;
+          const at::Tensor q = kernels::gemv_rope_into_cache(x, weight, b, into, with_norm ? &norm : nullptr, &sum);  // [1, 1, G P, d]
+          // The reference: the GEMV (after the norm), then the RoPE-into-cache kernel.
+          const kernels::NormedLinear qkv = with_norm ? kernels::gemv_after_norm(x, delta, gamma, 1e-6, weight, b, false)
+                                                      : kernels::NormedLinear{x, kernels::gemv(x, weight, b)};
+          const at::Tensor k_store = at::zeros({rows, groups, d}, o), v_store = at::zeros({rows, groups, d}, o);
+          const at::Tensor want_q = kernels::qkv_rope_into_cache(qkv.y.view({1, 1, groups, (per_group + 2) * d}), per_group, cos, sin,
+                                                                 k_store, v_store, store_rows);  // [1, 1, G P, d]
+          ASSERT_EQ(q.sizes(), want_q.sizes()) << what;
+          // The same rounded QKV output and the same rotation; the compiler may contract the
+          // rotation's products differently in the two kernels: at most a rounding step apart.
+          auto gap = [](const at::Tensor& a, const at::Tensor& b) {
+            return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / b.to(at::kFloat).abs().max().item<double>();
+          };
+          EXPECT_LE(gap(q, want_q), 1.0 / 128) << what;
+          EXPECT_LE(gap(into.k_store, k_store), 1.0 / 128) << what;
+          EXPECT_TRUE(at::equal(into.v_store, v_store)) << what << ": the value copied as the GEMV rounds it";
+          // The check can tell: unrotated queries land far outside it.
+          EXPECT_GT(gap(qkv.y.view({1, 1, groups, per_group + 2, d}).narrow(3, 0, per_group).reshape(q.sizes()), want_q), 0.1) << what;
+          if (with_norm) EXPECT_TRUE(at::equal(sum, qkv.sum)) << what;
+          EXPECT_GT(into.k_store[7].abs().sum().item<double>(), 0.0) << what << ": row 7 written";
+          EXPECT_EQ(into.k_store.narrow(0, 0, 7).abs().sum().item<double>(), 0.0) << what << ": no other row";
+        }
+      }
+    }
+  }
+}
+
 // The fixture `variant` on the first GPU in `dtype`.
 GenerationModel gpu_model(const test::TempDir& dir, const std::string& variant, at::ScalarType dtype) {
   test::make_hf_model(dir.path(), variant);
@@ -335,8 +395,9 @@ TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForwardAndTheGatheredCache) {
   }
 }
 
-// One sequence decoding alone (batch 1: the GEMVs with the norms in their prologues, the decode
-// attention kernel where the heads take it) against a full forward over the same tokens.
+// One sequence decoding alone (batch 1) with the newer decode kernels (the decode attention
+// kernel where the heads take it, the norms in the GEMVs' prologues, RoPE in the QKV GEMV's
+// epilogue), alone and together, against a full forward over the same tokens.
 TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::NoGradGuard no_grad;
@@ -344,25 +405,29 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
   GenerationModel g = gpu_model(dir, GetParam(), at::kHalf);
   GPTModel& model = *g.model;
   const at::Device gpu(at::kCUDA, 0);
-  KvCache cache(static_cast<int64_t>(model.layers.size()), 2, 48);
-  DecodeKernels all;
-  all.attention = all.norms_in_gemv = true;
-  cache.use_decode_kernels(all);
-  Ids sequence = prompt_of(7, 3, g.vocab_size);
-  auto step = [&](const Ids& tokens) {
-    KvCacheStep s(cache, {1}, static_cast<int64_t>(tokens.size()), gpu);
-    s.allow_reading_in_place();
-    const at::Tensor logits = model.forward_cached(at::tensor(tokens, at::kLong).view({1, -1}).to(gpu), s);  // [1, 1, V]: the last position
-    s.commit();
-    return logits;
-  };
-  step(sequence);
-  for (int i = 0; i < 6; ++i) {
-    const Ids next = {(11 * i + 4) % g.vocab_size};
-    const at::Tensor logits = step(next)[-1][0];  // [V]
-    sequence.push_back(next[0]);
-    const at::Tensor want = model.forward(at::tensor(sequence, at::kLong).view({1, -1}).to(gpu))[-1][0];  // [V]
-    EXPECT_LE(relative_gap(logits, want), kTolerance) << GetParam() << ": decode step " << i;
+  for (int which = 0; which < 4; ++which) {
+    DecodeKernels kernels;  // each alone, then all three
+    kernels.attention = which == 0 || which == 3;
+    kernels.norms_in_gemv = which == 1 || which == 3;
+    kernels.rope_in_gemv = which == 2 || which == 3;
+    KvCache cache(static_cast<int64_t>(model.layers.size()), 2, 48);
+    cache.use_decode_kernels(kernels);
+    Ids sequence = prompt_of(7, 3, g.vocab_size);
+    auto step = [&](const Ids& tokens) {
+      KvCacheStep s(cache, {1}, static_cast<int64_t>(tokens.size()), gpu);
+      s.allow_reading_in_place();
+      const at::Tensor logits = model.forward_cached(at::tensor(tokens, at::kLong).view({1, -1}).to(gpu), s);  // [1, 1, V]: the last position
+      s.commit();
+      return logits;
+    };
+    step(sequence);
+    for (int i = 0; i < 6; ++i) {
+      const Ids next = {(11 * i + 4) % g.vocab_size};
+      const at::Tensor logits = step(next)[-1][0];  // [V]
+      sequence.push_back(next[0]);
+      const at::Tensor want = model.forward(at::tensor(sequence, at::kLong).view({1, -1}).to(gpu))[-1][0];  // [V]
+      EXPECT_LE(relative_gap(logits, want), kTolerance) << GetParam() << ", kernels " << which << ": decode step " << i;
+    }
   }
 }
 
