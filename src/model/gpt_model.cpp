@@ -254,9 +254,23 @@ at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step,
     const LayerKvCache cache = step.layer(static_cast<int64_t>(l));
     stream = layers[l]->forward(stream, gathered ? &*gathered : nullptr, {}, &cache);
   }
+  if (step.decode_kernels().norms_in_gemv) {
+    if (std::optional<at::Tensor> logits = output_logits_after_norm(stream)) return *logits;  // [1, 1, V/tp]
+  }
   at::Tensor normed = final_normed(stream);  // [s, b, h]
   if (last_position_only) normed = normed.narrow(0, normed.size(0) - 1, 1);
   return output_logits(normed);  // [s or 1, b, V/tp]
+}
+
+std::optional<at::Tensor> GPTModel::output_logits_after_norm(const ResidualStream& stream) {
+  const NormParams final_norm = final_layernorm->params();
+  // The output layer's input is the row as it is without sequence parallelism (copy_to_tp).
+  if (final_norm.kind != NormKind::RMSNorm || tp_.sequence_parallel) return std::nullopt;
+  const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
+  const at::Tensor gamma = final_norm.gamma();  // [h]
+  if (!kernels::gemv_after_norm_takes(stream.base, stream.delta, gamma, out_weight, {}, /*gated=*/false)) return std::nullopt;
+  if (before_use) before_use({final_norm.weight, final_norm.bias, output_layer_weight, word_embeddings});
+  return kernels::gemv_after_norm(stream.base, stream.delta, gamma, final_norm.eps, out_weight, {}, /*gated=*/false).y;
 }
 
 ResidualStream GPTModel::run_layers(size_t first, size_t count, ResidualStream stream, const RopeTables* tables,
