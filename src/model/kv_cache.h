@@ -23,8 +23,8 @@ struct DecodeKernels {
   // Attention of a decode step over the cache read in place with the one-launch kernel
   // (kernels::decode_attention) where it takes the step, instead of FA2 (--attention-backend decode).
   bool attention = false;
-  // The RMSNorms in front of QKV and fc1 computed in the prologue of their GEMVs
-  // (kernels::gemv_after_norm) at batch 1, instead of a launch each (--decode-norms-in-gemv).
+  // The RMSNorms in front of QKV, fc1 and the output layer computed in the prologue of their
+  // GEMVs (kernels::gemv_after_norm) at batch 1, instead of a launch each (--decode-norms-in-gemv).
   bool norms_in_gemv = false;
   // RoPE of a batch-1 decode step in the epilogue of the QKV GEMV, which writes the rotated
   // queries, keys and values where the RoPE-into-cache kernel would (kernels::gemv_rope_into_cache;
