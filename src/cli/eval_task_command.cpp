@@ -181,7 +181,7 @@ int eval_task(const Args& args) {
   EngineOptions options;
   options.cuda_graphs = decode_cuda_graphs(model_flags, g);
   options.decode_ahead = decode_one_step_ahead(model_flags, g);
-  options.decode_kernels = decode_kernels(model_flags);
+  options.decode_kernels = decode_kernels(model_flags, g);
   options.max_batch = max_batch;
   options.vocab_size = g.vocab_size;
   const Tokenizer& tokenizer = *g.tokenizer;

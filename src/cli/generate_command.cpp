@@ -105,7 +105,7 @@ int generate(const Args& args) {
   const Tokenizer& tokenizer = *g.tokenizer;
   engine_options.cuda_graphs = decode_cuda_graphs(model_flags, g);
   engine_options.decode_ahead = decode_one_step_ahead(model_flags, g);
-  engine_options.decode_kernels = decode_kernels(model_flags);
+  engine_options.decode_kernels = decode_kernels(model_flags, g);
   engine_options.vocab_size = g.vocab_size;
   engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, engine_options);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -103,12 +104,20 @@ void check_attention_backend(const InferenceModelFlags& flags) {
 
 }  // namespace
 
-DecodeKernels decode_kernels(const InferenceModelFlags& flags) {
+DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationModel& g) {
   check_attention_backend(flags);
   DecodeKernels kernels;
   kernels.attention = flags.attention_backend == "decode";
   kernels.norms_in_gemv = flags.decode_norms_in_gemv;
   kernels.rope_in_gemv = flags.decode_rope_in_gemv;
+  const bool asked = kernels.attention || kernels.norms_in_gemv || kernels.rope_in_gemv;
+  if (asked && !g.model->word_embeddings.device().is_cuda()) {
+    std::fprintf(stderr, "warning: --attention-backend decode, --decode-norms-in-gemv and --decode-rope-in-gemv are CUDA kernels; "
+                         "with the model on the CPU they change nothing\n");
+  } else if ((kernels.attention || kernels.rope_in_gemv) && !decode_cuda_graphs(flags, g)) {
+    std::fprintf(stderr, "warning: --attention-backend decode and --decode-rope-in-gemv need decode steps that read the KV cache "
+                         "in place (--cuda-graph-impl auto or local); with --cuda-graph-impl none they change nothing\n");
+  }
   return kernels;
 }
 

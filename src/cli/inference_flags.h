@@ -27,8 +27,9 @@ struct InferenceModelFlags {
 
 // The newer decode kernels asked for (EngineOptions::decode_kernels): --attention-backend decode
 // (auto, the default, and flash: FA2), --decode-norms-in-gemv, --decode-rope-in-gemv. UserError
-// for another backend.
-DecodeKernels decode_kernels(const InferenceModelFlags& flags);
+// for another backend; a warning on stderr where those asked for cannot run (the model on the
+// CPU; attention and RoPE without decode steps reading the cache in place, --cuda-graph-impl none).
+DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationModel& g);
 
 // Whether greedy decoding runs one step ahead (EngineOptions::decode_ahead): on with the model on a
 // GPU unless --no-decode-ahead (measured there: 1.96 -> 1.80 ms a step at batch 1, docs/performance.md);

@@ -92,7 +92,7 @@ int serve(const Args& args) {
   EngineOptions engine_options;
   engine_options.cuda_graphs = decode_cuda_graphs(model_flags, g);
   engine_options.decode_ahead = decode_one_step_ahead(model_flags, g);
-  engine_options.decode_kernels = decode_kernels(model_flags);
+  engine_options.decode_kernels = decode_kernels(model_flags, g);
   engine_options.max_batch = int64_t(batch);
   engine_options.vocab_size = g.vocab_size;
   const Tokenizer& tokenizer = *g.tokenizer;
