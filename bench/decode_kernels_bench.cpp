@@ -3,7 +3,8 @@
 // a CUDA graph (20 calls captured once, the graph replayed), so launch latency is what a replay
 // pays, and each call reading a weight of its own (the step's weights do not stay in L2). Prints
 // microseconds a call, the weight bytes streamed a second and the ratio gemv / cuBLAS; then the
-// projections of a whole 1.1B step with and without programmatic dependent launch; then decode
+// projections of a whole 1.1B step with and without programmatic dependent launch, and with the
+// layer's RMSNorms as kernels of their own or in the GEMVs' prologue; then decode
 // attention over the cache in place, kernels::decode_attention against FA2's varlen kernel as
 // SdpaAttention calls it (the grid sized for the cache's capacity, as under a decode graph), each
 // call over a cache of its own.
@@ -115,11 +116,25 @@ void step_table(int iters) {
     layers.push_back({at::randn({qkv, h}, o) * 0.02, at::randn({h, h}, o) * 0.02, at::randn({2 * f, h}, o) * 0.02, at::randn({h, f}, o) * 0.02});
   }
   const at::Tensor x0 = at::randn({1, 1, h}, o);
+  const at::Tensor gamma = at::rand({h}, o) + 0.5;
   const double bytes = double(kLayers) * double(qkv * h + h * h + 2 * f * h + h * f) * 2.0;
-  auto step = [&](int mode) {  // 0: cuBLAS, 1: gemv, 2: gemv overlapping
+  // 0: cuBLAS, 1: gemv, 2: gemv overlapping; with the layer's two residual adds + RMSNorms, 3: as
+  // kernels of their own (the default step), 4: in the GEMVs' prologue (--decode-norms-in-gemv).
+  auto step = [&](int mode) {
     at::Tensor x = x0;
+    at::Tensor base = x0, delta = x0;  // the residual stream
     for (const Layer& l : layers) {
-      if (mode == 0) {
+      if (mode == 3) {
+        const kernels::AddRmsNorm hn = kernels::add_rms_norm(base, delta, gamma, 1e-6);
+        const at::Tensor m = kernels::gemv(kernels::gemv(hn.normed, l.qkv, {}).narrow(-1, 0, h).contiguous(), l.proj, {});
+        const kernels::AddRmsNorm xn = kernels::add_rms_norm(hn.sum, m, gamma, 1e-6);
+        base = xn.sum, delta = kernels::gemv(kernels::linear_swiglu(xn.normed, l.fc1), l.fc2, {});
+      } else if (mode == 4) {
+        const kernels::NormedLinear a = kernels::gemv_after_norm(base, delta, gamma, 1e-6, l.qkv, {}, false);
+        const at::Tensor m = kernels::gemv(a.y.narrow(-1, 0, h).contiguous(), l.proj, {});
+        const kernels::NormedLinear up = kernels::gemv_after_norm(a.sum, m, gamma, 1e-6, l.fc1, {}, true);
+        base = up.sum, delta = kernels::gemv(up.y, l.fc2, {});
+      } else if (mode == 0) {
         const at::Tensor a = at::linear(x, l.qkv).narrow(-1, 0, h);
         const at::Tensor m = at::linear(a.contiguous(), l.proj);
         x = at::linear(kernels::swiglu(at::linear(m, l.fc1)), l.fc2);
@@ -133,11 +148,12 @@ void step_table(int iters) {
   std::printf("\nthe projections of a 1.1B decode step (22 layers, %.2f GB of weights; the kernels of one step in a graph):\n", bytes / 1e9);
   std::printf("| kernels | us a step | GB/s | / cuBLAS |\n|---|---|---|---|\n");
   double cublas = 0.0;
-  for (int mode : {0, 1, 2}) {
+  const char* names[] = {"cuBLAS + SwiGLU kernel", "gemv (fc1 gated), ordinary launches", "gemv, overlapping launches",
+                         "gemv overlapping + 2 add+RMSNorm kernels a layer", "gemv overlapping, the norms in its prologue"};
+  for (int mode : {0, 1, 2, 3, 4}) {
     const double us = graph_microseconds([&] { step(mode); }, iters);
     if (mode == 0) cublas = us;
-    std::printf("| %s | %.1f | %.0f | %.3f |\n", mode == 0 ? "cuBLAS + SwiGLU kernel" : mode == 1 ? "gemv (fc1 gated), ordinary launches" : "gemv, overlapping launches",
-                us, bytes / us / 1e3, us / cublas);
+    std::printf("| %s | %.1f | %.0f | %.3f |\n", names[mode], us, bytes / us / 1e3, us / cublas);
     std::fflush(stdout);
   }
 }
