@@ -75,7 +75,7 @@ TEST(GenerationCudaKernels, QkvRopeIntoCacheEqualsSplitThenWrite) {
 
 // The one-launch decode attention against fp32 attention over each sequence's rows: bf16 and fp16,
 // heads of 64 and 128 channels, 8, 7 (rounded up to 8 inside), 3 and 1 query heads a KV group,
-// sequences of 1, 300 and 2100 keys in slots out of order (one split, several, the most), the grid
+// sequences of 1 to 2100 keys in slots out of order (one split, several, the most), the grid
 // sized for the cache's capacity (a decode graph) and for the longest sequence (an eager step);
 // twice in a row (the tickets come back zero) with the same bits; and what it refuses.
 TEST(GenerationCudaKernels, DecodeAttentionEqualsTheFp32Attention) {
@@ -83,34 +83,38 @@ TEST(GenerationCudaKernels, DecodeAttentionEqualsTheFp32Attention) {
   at::manual_seed(9);
   const at::Device gpu(at::kCUDA, 0);
   const int64_t slots = 4, capacity = 2100;
-  const std::vector<int64_t> sequence_slots = {2, 0, 3}, counts = {1, 300, 2100};
+  const std::vector<int64_t> sequence_slots = {2, 0, 3};
   const int64_t b = static_cast<int64_t>(sequence_slots.size());
-  std::vector<int32_t> starts, count32;
-  for (int64_t i = 0; i < b; ++i) {
-    starts.push_back(static_cast<int32_t>(sequence_slots[size_t(i)] * capacity));
-    count32.push_back(static_cast<int32_t>(counts[size_t(i)]));
-  }
-  const at::Tensor key_starts = at::tensor(starts, at::kInt).to(gpu), key_counts = at::tensor(count32, at::kInt).to(gpu);
+  std::vector<int32_t> starts;
+  for (int64_t slot : sequence_slots) starts.push_back(static_cast<int32_t>(slot * capacity));
+  const at::Tensor key_starts = at::tensor(starts, at::kInt).to(gpu);
   struct Heads {
     int64_t heads, groups, d;
   };
-  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    const double tolerance = dtype == at::kBFloat16 ? 8e-3 : 1.5e-3;
-    for (const Heads& h : {Heads{32, 4, 64}, Heads{14, 2, 64}, Heads{12, 4, 128}, Heads{8, 8, 128}}) {
-      const at::TensorOptions o = at::TensorOptions().device(gpu).dtype(dtype);
-      const at::Tensor k_store = at::randn({slots * capacity, h.groups, h.d}, o);  // [rows, G, d]
-      const at::Tensor v_store = at::randn({slots * capacity, h.groups, h.d}, o);
-      const at::Tensor q = at::randn({b, h.heads, h.d}, o);  // [b, H, d]
-      const double scale = 1.0 / std::sqrt(double(h.d));
-      ASSERT_TRUE(kernels::decode_attention_takes(q, k_store, v_store)) << h.heads << " heads of " << h.d;
-      const at::Tensor tickets = at::zeros({kernels::decode_attention_tickets(b, h.groups)}, o.dtype(at::kInt));
-      for (int64_t longest : {capacity, int64_t(2100)}) {
-        const at::Tensor out = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, longest, scale, tickets);
-        const at::Tensor again = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, longest, scale, tickets);
+  // The grid for the cache's capacity (a decode graph: 16 splits, of which the sequences use 1, 3
+  // and 16), and for the longest of short sequences (an eager step: one split, no merge).
+  struct Lengths {
+    int64_t longest;
+    std::vector<int32_t> counts;
+  };
+  for (const Lengths& lengths : {Lengths{capacity, {1, 300, 2100}}, Lengths{128, {1, 77, 128}}}) {
+    const at::Tensor key_counts = at::tensor(lengths.counts, at::kInt).to(gpu);
+    for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      const double tolerance = dtype == at::kBFloat16 ? 8e-3 : 1.5e-3;
+      for (const Heads& h : {Heads{32, 4, 64}, Heads{14, 2, 64}, Heads{12, 4, 128}, Heads{8, 8, 128}}) {
+        const at::TensorOptions o = at::TensorOptions().device(gpu).dtype(dtype);
+        const at::Tensor k_store = at::randn({slots * capacity, h.groups, h.d}, o);  // [rows, G, d]
+        const at::Tensor v_store = at::randn({slots * capacity, h.groups, h.d}, o);
+        const at::Tensor q = at::randn({b, h.heads, h.d}, o);  // [b, H, d]
+        const double scale = 1.0 / std::sqrt(double(h.d));
+        ASSERT_TRUE(kernels::decode_attention_takes(q, k_store, v_store)) << h.heads << " heads of " << h.d;
+        const at::Tensor tickets = at::zeros({kernels::decode_attention_tickets(b, h.groups)}, o.dtype(at::kInt));
+        const at::Tensor out = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, lengths.longest, scale, tickets);
+        const at::Tensor again = kernels::decode_attention(q, k_store, v_store, key_starts, key_counts, lengths.longest, scale, tickets);
         EXPECT_TRUE(at::equal(out, again)) << "the same bits twice";
         EXPECT_EQ(tickets.abs().sum().item<int64_t>(), 0) << "the tickets are left zero";
         for (int64_t i = 0; i < b; ++i) {
-          const int64_t start = starts[size_t(i)], n = counts[size_t(i)], per_group = h.heads / h.groups;
+          const int64_t start = starts[size_t(i)], n = lengths.counts[size_t(i)], per_group = h.heads / h.groups;
           auto rows = [&](const at::Tensor& store, int64_t count) {  // [count, H, d] fp32, each group's rows for its heads
             return store.narrow(0, start, count).to(at::kFloat).repeat_interleave(per_group, 1);
           };
@@ -121,7 +125,7 @@ TEST(GenerationCudaKernels, DecodeAttentionEqualsTheFp32Attention) {
           const at::Tensor want = attention(n);
           const double gap = (out[i].to(at::kFloat) - want).abs().max().item<double>();
           EXPECT_LE(gap, tolerance) << dtype << ", " << h.heads << " heads in " << h.groups << " groups of " << h.d << ", sequence " << i
-                                    << " of " << n << " keys, grid for " << longest;
+                                    << " of " << n << " keys, grid for " << lengths.longest;
           if (n > 1) {  // the check can tell: half the keys land far outside it
             EXPECT_GT((attention(n / 2) - want).abs().max().item<double>(), 4 * tolerance);
           }
