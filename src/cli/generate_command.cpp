@@ -177,7 +177,9 @@ int generate(const Args& args) {
                t.prefill_tokens / std::max(t.prefill_seconds, 1e-9), (long long)t.decode_steps, (long long)t.decode_tokens,
                1e3 * t.decode_seconds, 1e3 * t.decode_seconds / std::max<int64_t>(t.decode_steps, 1),
                t.decode_tokens / std::max(t.decode_seconds, 1e-9),
-               (engine.decode_mode() + (engine_options.decode_ahead ? ", " + std::to_string(t.steps_ahead) + " launched ahead" : "")).c_str());
+               (engine.decode_mode() + (engine_options.decode_ahead ? ", " + std::to_string(t.steps_ahead) + " launched ahead" : "") +
+                decode_kernels_note(engine_options.decode_kernels, engine.decode_kernels_run()))
+                   .c_str());
   return 0;
 }
 

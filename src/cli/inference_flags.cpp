@@ -121,6 +121,19 @@ DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationM
   return kernels;
 }
 
+std::string decode_kernels_note(const DecodeKernels& asked, const DecodeKernels& run) {
+  std::string ran, missed;
+  auto add = [&](bool was_asked, bool did_run, const char* name) {
+    if (!was_asked) return;
+    std::string& list = did_run ? ran : missed;
+    list += (list.empty() ? "" : ", ") + std::string(name);
+  };
+  add(asked.attention, run.attention, "decode attention");
+  add(asked.norms_in_gemv, run.norms_in_gemv, "norms in GEMVs");
+  add(asked.rope_in_gemv, run.rope_in_gemv, "RoPE in the QKV GEMV");
+  return (ran.empty() ? "" : ", decode kernels run: " + ran) + (missed.empty() ? "" : ", asked for, not run: " + missed);
+}
+
 bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g) {
   check_cuda_graph_impl(flags);
   return flags.cuda_graph_impl == "local" || (flags.cuda_graph_impl == "auto" && g.model->word_embeddings.device().is_cuda());

@@ -30,6 +30,9 @@ struct InferenceModelFlags {
 // for another backend; a warning on stderr where those asked for cannot run (the model on the
 // CPU; attention and RoPE without decode steps reading the cache in place, --cuda-graph-impl none).
 DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationModel& g);
+// For the timing line: ", decode kernels run: ..." and ", asked for, not run: ..." over those asked
+// for; "" when none was.
+std::string decode_kernels_note(const DecodeKernels& asked, const DecodeKernels& run);
 
 // Whether greedy decoding runs one step ahead (EngineOptions::decode_ahead): on with the model on a
 // GPU unless --no-decode-ahead (measured there: 1.96 -> 1.80 ms a step at batch 1, docs/performance.md);

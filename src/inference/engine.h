@@ -130,6 +130,8 @@ class Engine {
   int64_t max_batch() const { return max_batch_; }
   // How decode steps run: "CUDA graphs", or "eager" and why.
   const std::string& decode_mode() const { return decode_mode_; }
+  // Which of the newer decode kernels asked for (EngineOptions::decode_kernels) the steps ran.
+  const DecodeKernels& decode_kernels_run() const { return cache_.decode_kernels_run(); }
   const EngineStats& stats() const { return stats_; }
 
  private:

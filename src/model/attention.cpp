@@ -92,6 +92,7 @@ std::optional<AfterNorm> SelfAttention::decode_with_rope_in_gemv(const at::Tenso
   if (!kernels::gemv_rope_into_cache_takes(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr)) return std::nullopt;
   into.k_store = cache->store(0, {groups_, head_dim_}, o).flatten(0, 1);  // [slots * capacity, G/tp, d]
   into.v_store = cache->store(1, {groups_, head_dim_}, o).flatten(0, 1);
+  cache->step->decode_kernels_run().rope_in_gemv = true;
   at::Tensor sum;
   const at::Tensor q = kernels::gemv_rope_into_cache(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr, &sum);  // [1, 1, H/tp, d]
   return AfterNorm{sum, linear_proj->forward(core_attention_->forward_over_written_cache(q, *cache))};

@@ -63,6 +63,7 @@ at::Tensor SdpaAttention::forward_over_written_cache(const at::Tensor& q, const 
     // A decode step: one launch that overlaps the kernel before, rather than FA2's two.
     const at::Tensor tokens = q.view({b, heads, d});  // [b, H/tp, d]
     if (kernels::decode_attention_takes(tokens, k_store, v_store)) {
+      step.decode_kernels_run().attention = true;
       const at::Tensor& tickets = step.attention_tickets(kernels::decode_attention_tickets(b, k_store.size(1)));
       const at::Tensor out = kernels::decode_attention(tokens, k_store, v_store, step.key_starts(), step.key_counts(), step.longest(), scale,
                                                        tickets);  // [b, H/tp, d]

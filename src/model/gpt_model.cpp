@@ -255,7 +255,10 @@ at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step,
     stream = layers[l]->forward(stream, gathered ? &*gathered : nullptr, {}, &cache);
   }
   if (step.decode_kernels().norms_in_gemv) {
-    if (std::optional<at::Tensor> logits = output_logits_after_norm(stream)) return *logits;  // [1, 1, V/tp]
+    if (std::optional<at::Tensor> logits = output_logits_after_norm(stream)) {
+      step.decode_kernels_run().norms_in_gemv = true;
+      return *logits;  // [1, 1, V/tp]
+    }
   }
   at::Tensor normed = final_normed(stream);  // [s, b, h]
   if (last_position_only) normed = normed.narrow(0, normed.size(0) - 1, 1);

@@ -46,6 +46,10 @@ class KvCache {
   // Which of the newer decode kernels the steps over this cache use: the engine's choice.
   void use_decode_kernels(const DecodeKernels& kernels) { decode_kernels_ = kernels; }
   const DecodeKernels& decode_kernels() const { return decode_kernels_; }
+  // Which of them a step has run: the layers mark each as they choose it (on the host: for a
+  // CUDA graph at its capture), so the commands can say whether what was asked for ran.
+  const DecodeKernels& decode_kernels_run() const { return decode_kernels_run_; }
+  DecodeKernels& decode_kernels_run() { return decode_kernels_run_; }
   // int32 zeros on `device`, at least `count` of them: the decode attention kernel's tickets, which
   // it leaves zero, shared by every layer and step (they run one after another on one stream).
   // Made at the first call with room for every slot, so a CUDA graph's capture rarely makes them.
@@ -53,7 +57,7 @@ class KvCache {
 
  private:
   friend class KvCacheStep;
-  DecodeKernels decode_kernels_;
+  DecodeKernels decode_kernels_, decode_kernels_run_;
   at::Tensor attention_tickets_;
   int64_t capacity_;
   std::vector<std::vector<at::Tensor>> parts_;  // [layer][part]: [slots, capacity, ...], made at the first write
@@ -132,6 +136,7 @@ class KvCacheStep {
   void commit();
   // The cache's choice of decode kernels and the attention kernel's tickets (KvCache above).
   const DecodeKernels& decode_kernels() const { return cache_.decode_kernels(); }
+  DecodeKernels& decode_kernels_run() { return cache_.decode_kernels_run(); }
   const at::Tensor& attention_tickets(int64_t count) { return cache_.attention_tickets(count, position_ids_.device()); }
 
  private:

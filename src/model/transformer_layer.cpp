@@ -65,7 +65,10 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
     // compute it in its first kernel (a batch-1 step's GEMV): no launch of the norm's own.
     const bool pending_norms = !train && cache != nullptr && cache->step->decode_kernels().norms_in_gemv;
     std::optional<AfterNorm> h_attention;
-    if (pending_norms) h_attention = self_attention->forward_after_norm(PendingNorm{in.base, in.delta, first}, rope, attention_mask, cache);
+    if (pending_norms) {
+      h_attention = self_attention->forward_after_norm(PendingNorm{in.base, in.delta, first}, rope, attention_mask, cache);
+      if (h_attention) cache->step->decode_kernels_run().norms_in_gemv = true;
+    }
     if (!h_attention) {
       const kernels::AddRmsNorm h = in.delta.defined()
                                         ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
@@ -78,7 +81,10 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
       }
     }
     std::optional<AfterNorm> x_mlp;
-    if (pending_norms) x_mlp = mlp->forward_after_norm(PendingNorm{h_attention->sum, h_attention->out, second});
+    if (pending_norms) {
+      x_mlp = mlp->forward_after_norm(PendingNorm{h_attention->sum, h_attention->out, second});
+      if (x_mlp) cache->step->decode_kernels_run().norms_in_gemv = true;
+    }
     if (!x_mlp) {
       const kernels::AddRmsNorm x = kernels::add_rms_norm(h_attention->sum, h_attention->out, second_gamma, second.eps);
       x_mlp = AfterNorm{x.sum, feed_forward(x.normed)};

@@ -432,6 +432,12 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
       const at::Tensor want = model.forward(at::tensor(sequence, at::kLong).view({1, -1}).to(gpu))[-1][0];  // [V]
       EXPECT_LE(relative_gap(logits, want), kTolerance) << GetParam() << ", kernels " << which << ": decode step " << i;
     }
+    // The paths were taken where the fixture allows them: the decode attention kernel for heads
+    // of 64 channels, RoPE in the GEMV without q/k norms (llama3), the norms in every fixture.
+    const DecodeKernels& run = cache.decode_kernels_run();
+    EXPECT_EQ(run.attention, kernels.attention && GetParam() == "qwen3_head64") << GetParam() << ", kernels " << which;
+    EXPECT_EQ(run.norms_in_gemv, kernels.norms_in_gemv) << GetParam() << ", kernels " << which;
+    EXPECT_EQ(run.rope_in_gemv, kernels.rope_in_gemv && GetParam() == "llama3") << GetParam() << ", kernels " << which;
   }
 }
 
