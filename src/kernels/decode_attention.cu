@@ -37,6 +37,11 @@ __device__ __forceinline__ Pack<T, 8> load8(const T* p) {
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// The kernel's P for `heads_per_group` query heads a group: the next power of two, at most 8.
+inline int rounded_heads(int64_t heads_per_group) {
+  return heads_per_group <= 1 ? 1 : heads_per_group <= 2 ? 2 : heads_per_group <= 4 ? 4 : 8;
+}
+
 // Splits this sequence's keys take: at most `splits` (the grid's), each at least kMinSplitKeys.
 __device__ __forceinline__ int used_splits(int count, int splits) {
   const int wanted = (count + kMinSplitKeys - 1) / kMinSplitKeys;
@@ -57,6 +62,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
 
   const int sequence = blockIdx.z, group = blockIdx.x, split = blockIdx.y;
   const int team = threadIdx.x / kTeam, lane_in_team = threadIdx.x % kTeam;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Written before this step's first kernel (the graph's copies or the step's set-up), never by
   // the kernel before: safe to read before waiting for it.
   const int count = a.key_counts[sequence];
@@ -134,7 +140,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
     __syncthreads();
     // The tile's softmax statistics, a warp a head: the new running max, the weights against it,
     // and how much the sums so far shrink.
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int p = warp; p < P; p += kWarps) {
       float m = -INFINITY;
       for (int j = lane; j < n; j += 32) m = fmaxf(m, scores[p][j]);
@@ -183,7 +188,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   }
 
   // Sum the teams: within a warp by shuffles (teams are lane groups), then the warps in shared memory.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int p = 0; p < P; ++p) {
 #pragma unroll
@@ -243,11 +247,12 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
 template <typename T, int D>
 void launch_for_dim(const DecodeAttentionArgs& a, Stream stream) {
   const dim3 grid(static_cast<unsigned>(a.groups), static_cast<unsigned>(a.splits), static_cast<unsigned>(a.batch));
-  const int p = int(a.heads_per_group);
-  if (p <= 1) launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 1>, grid, kThreads, 0, stream, a);
-  else if (p <= 2) launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 2>, grid, kThreads, 0, stream, a);
-  else if (p <= 4) launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 4>, grid, kThreads, 0, stream, a);
-  else launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 8>, grid, kThreads, 0, stream, a);
+  switch (rounded_heads(a.heads_per_group)) {
+    case 1: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 1>, grid, kThreads, 0, stream, a); break;
+    case 2: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 2>, grid, kThreads, 0, stream, a); break;
+    case 4: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 4>, grid, kThreads, 0, stream, a); break;
+    default: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 8>, grid, kThreads, 0, stream, a);
+  }
 }
 
 template <typename T>
@@ -268,7 +273,7 @@ int decode_attention_splits(int64_t longest, int64_t batch, int64_t groups) {
 }
 
 int64_t decode_attention_partial_floats(const DecodeAttentionArgs& a) {
-  const int64_t p = a.heads_per_group <= 1 ? 1 : a.heads_per_group <= 2 ? 2 : a.heads_per_group <= 4 ? 4 : 8;
+  const int64_t p = rounded_heads(a.heads_per_group);  // the kernel's record holds P heads
   return a.splits > 1 ? a.batch * a.groups * a.splits * (p * a.head_dim + 2 * p) : 0;
 }
 

@@ -35,10 +35,12 @@ bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 namespace {
 
 // y [..., n] (n: the weight's rows, half of them when gated) from the kernel; with `norm` its
-// input is the norm's output and `sum` (defined when norm->add is) receives the residual sum; with
-// `rope` the output goes where it says (y is then a [..., H, d] tensor of the rotated queries).
+// input is the norm's output, and *sum (non-null with a norm) the residual sum: a new tensor the
+// kernel writes, or x itself without norm->add; with `rope` the output goes where it says (y is
+// then a [..., H, d] tensor of the rotated queries).
 at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated, const InputNorm* norm = nullptr,
-                    const at::Tensor& sum = {}, const QkvIntoCache* rope = nullptr) {
+                    at::Tensor* sum = nullptr, const QkvIntoCache* rope = nullptr) {
+  if (norm != nullptr) *sum = norm->add.defined() ? at::empty_like(x) : x;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = gated ? weight.size(0) / 2 : weight.size(0);
   if (rope != nullptr) {  // the queries: [..., G P, d]
@@ -52,7 +54,7 @@ at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   if (norm != nullptr) {
     a.add = norm->add.defined() ? norm->add.data_ptr() : nullptr;
     a.norm_weight = norm->gamma.data_ptr();
-    a.sum_out = sum.defined() ? sum.data_ptr() : nullptr;
+    a.sum_out = norm->add.defined() ? sum->data_ptr() : nullptr;
     a.norm_eps = static_cast<float>(norm->eps);
   }
   if (rope != nullptr) {
@@ -116,16 +118,16 @@ NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, cons
   TORCH_CHECK(gemv_after_norm_takes(base, add, gamma, weight, bias, gated), "gemv_after_norm: base ", base.sizes(), ", weight ",
               weight.sizes(), " and gamma ", gamma.sizes(), " are not of a kind the kernel takes (gemv_after_norm_takes)");
   const InputNorm norm{add, gamma, eps};
-  const at::Tensor sum = add.defined() ? at::empty_like(base) : base;
-  at::Tensor y = run_gemv(base, weight, bias, gated, &norm, add.defined() ? sum : at::Tensor());
-  return {sum, y};
+  NormedLinear out;
+  out.y = run_gemv(base, weight, bias, gated, &norm, &out.sum);
+  return out;
 }
 
 bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
                                 const InputNorm* norm) {
   if (norm != nullptr ? !gemv_after_norm_takes(x, norm->add, norm->gamma, weight, bias, false) : !gemv_takes(x, weight, bias)) return false;
   const at::Tensor& k = into.k_store;
-  if (k.dim() != 3 || !k.is_cuda() || k.sizes() != into.v_store.sizes() || k.strides() != into.v_store.strides() || k.stride(2) != 1 ||
+  if (k.dim() != 3 || k.sizes() != into.v_store.sizes() || k.strides() != into.v_store.strides() || k.stride(2) != 1 ||
       k.scalar_type() != x.scalar_type() || k.device() != x.device()) {
     return false;
   }
@@ -142,10 +144,9 @@ at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, c
   TORCH_CHECK(gemv_rope_into_cache_takes(x, weight, bias, into, norm), "gemv_rope_into_cache: x ", x.sizes(), ", weight ", weight.sizes(),
               " and stores ", into.k_store.sizes(), " are not of a kind the kernel takes (gemv_rope_into_cache_takes)");
   at::Tensor residual;
-  if (norm != nullptr) residual = norm->add.defined() ? at::empty_like(x) : x;
-  at::Tensor q = run_gemv(x, weight, bias, /*gated=*/false, norm, norm != nullptr && norm->add.defined() ? residual : at::Tensor(), &into);
+  at::Tensor q = run_gemv(x, weight, bias, /*gated=*/false, norm, &residual, &into);  // [..., H, d]
   if (sum != nullptr) *sum = residual;
-  return q;  // [..., H, d]
+  return q;
 }
 
 }  // namespace megatron::kernels

@@ -85,13 +85,10 @@ std::optional<AfterNorm> SelfAttention::decode_with_rope_in_gemv(const at::Tenso
   into.store_rows = cache->step->store_rows();
   std::optional<kernels::InputNorm> norm;
   if (pending != nullptr) norm = kernels::InputNorm{pending->delta, pending->norm.gamma(), pending->norm.eps};
-  // The stores are made (zeros) at the first write; checked with a stand-in first so a refusal
-  // makes nothing.
-  const at::Tensor stand_in = at::empty({1, groups_, head_dim_}, o);
-  into.k_store = into.v_store = stand_in;
-  if (!kernels::gemv_rope_into_cache_takes(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr)) return std::nullopt;
+  // The stores as every cached path makes them at its first write (zeros, rows [G/tp, d]).
   into.k_store = cache->store(0, {groups_, head_dim_}, o).flatten(0, 1);  // [slots * capacity, G/tp, d]
   into.v_store = cache->store(1, {groups_, head_dim_}, o).flatten(0, 1);
+  if (!kernels::gemv_rope_into_cache_takes(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr)) return std::nullopt;
   cache->step->decode_kernels_run().rope_in_gemv = true;
   at::Tensor sum;
   const at::Tensor q = kernels::gemv_rope_into_cache(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr, &sum);  // [1, 1, H/tp, d]

@@ -58,13 +58,13 @@ at::Tensor SdpaAttention::forward_over_written_cache(const at::Tensor& q, const 
   const at::Tensor k_store = cache.stored(0).flatten(0, 1);  // [slots * capacity, G/tp, d]
   const at::Tensor v_store = cache.stored(1).flatten(0, 1);
   KvCacheStep& step = *cache.step;
-  const double scale = softmax_scale_.value_or(1.0 / std::sqrt(double(d)));
   if (s == 1 && step.decode_kernels().attention && q.is_contiguous()) {
     // A decode step: one launch that overlaps the kernel before, rather than FA2's two.
     const at::Tensor tokens = q.view({b, heads, d});  // [b, H/tp, d]
     if (kernels::decode_attention_takes(tokens, k_store, v_store)) {
       step.decode_kernels_run().attention = true;
       const at::Tensor& tickets = step.attention_tickets(kernels::decode_attention_tickets(b, k_store.size(1)));
+      const double scale = softmax_scale_.value_or(1.0 / std::sqrt(double(d)));
       const at::Tensor out = kernels::decode_attention(tokens, k_store, v_store, step.key_starts(), step.key_counts(), step.longest(), scale,
                                                        tickets);  // [b, H/tp, d]
       return out.view({1, b, heads * d});
