@@ -111,8 +111,9 @@ void copy_resharded_weights(const std::string& dir, ShardedCheckpointReader& rea
 }  // namespace
 
 void load_model_weights(const std::string& dir, GPTModel& model, const dist::ParallelState& ps) {
-  const tp::TensorParallel& tensor_parallel = model.tensor_parallel();
-  if (tensor_parallel.size() == 1 && tensor_parallel.expert_group.size() == 1) {
+  // One process reads the file one process saved; any other layout (a checkpoint saved split, a
+  // model split over ranks or pipeline stages) reshards.
+  if (ps.world_size == 1 && fs::exists(dir + "/" + checkpoint_file("model", ps, false))) {
     SafetensorsFile weights(dir + "/" + checkpoint_file("model", ps, false));
     weights.verify_checksum();
     load_parameters(weights, chunk_parameters({&model}));

@@ -178,14 +178,9 @@ int eval_task(const Args& args) {
   }
 
   const GenerationModel g = load_inference_model(model_flags, "eval");
-  EngineOptions options;
-  options.cuda_graphs = decode_cuda_graphs(model_flags, g);
-  options.decode_ahead = decode_one_step_ahead(model_flags, g);
-  options.decode_kernels = decode_kernels(model_flags, g);
+  EngineOptions options = engine_options_for(model_flags, g);
   options.max_batch = max_batch;
-  options.vocab_size = g.vocab_size;
   const Tokenizer& tokenizer = *g.tokenizer;
-  options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, options);
   // Under tensor parallelism every rank scores the same documents alike; the first reports.
   const bool reports = g.parallel.rank == 0;

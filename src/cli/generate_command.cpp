@@ -96,18 +96,15 @@ int generate(const Args& args) {
     throw UserError("generate: need --max-new-tokens >= 1, --temperature >= 0, --top-k >= 0, 0 < --top-p <= 1, "
                     "0 <= --min-p <= 1, --repetition-penalty > 0");
   }
-  EngineOptions engine_options;
+  int64_t max_batch = EngineOptions().max_batch;
   if (values.count("--inference-max-batch-size")) {
-    engine_options.max_batch = static_cast<int64_t>(number_flag("--inference-max-batch-size", values["--inference-max-batch-size"]));
-    if (engine_options.max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
+    max_batch = static_cast<int64_t>(number_flag("--inference-max-batch-size", values["--inference-max-batch-size"]));
+    if (max_batch < 1) throw UserError("--inference-max-batch-size must be at least 1");
   }
   const GenerationModel g = load_inference_model(model_flags, "generate");
   const Tokenizer& tokenizer = *g.tokenizer;
-  engine_options.cuda_graphs = decode_cuda_graphs(model_flags, g);
-  engine_options.decode_ahead = decode_one_step_ahead(model_flags, g);
-  engine_options.decode_kernels = decode_kernels(model_flags, g);
-  engine_options.vocab_size = g.vocab_size;
-  engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
+  EngineOptions engine_options = engine_options_for(model_flags, g);
+  engine_options.max_batch = max_batch;
   Engine engine(*g.model, engine_options);
   if (!ignore_eos) request.stop_ids = g.stop_ids;
   request.stop_strings = stops;
@@ -123,7 +120,7 @@ int generate(const Args& args) {
   TrainConfig profile_window;
   profile_window.profile = profile;
   if (values.count("--tensorboard-dir")) profile_window.tensorboard_dir = values["--tensorboard-dir"];
-  StepProfiler profiler(profile_window, g.parallel.rank, g.model->word_embeddings.device());
+  StepProfiler profiler(profile_window, g.parallel.rank, g.device);
   // Under tensor parallelism every rank generates the same text; the first prints it.
   const bool prints = g.parallel.rank == 0;
   auto run = [&](std::vector<GenerationRequest> all) {

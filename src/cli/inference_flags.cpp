@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <tuple>
 
 #include "core/errors.h"
 #include "distributed/launch_env.h"
 #include "distributed/world.h"
 #include "model/gpt_model.h"
+#include "tokenizer/tokenizer.h"
 #include "train/rank_resources.h"
 
 namespace megatron::cli {
@@ -24,7 +26,11 @@ const char* kInferenceModelFlagsHelp =
     "  --device auto|cpu|cuda       where to run (default auto)\n"
     "  --cpu-threads N              intra-op threads on CPU (default: one per core)\n"
     "  --bf16                       run in bf16 (default fp32)\n"
-    "  --tensor-model-parallel-size N  split the model over N ranks (run under `megatron launch --nproc-per-node N`)\n"
+    "  --tensor-model-parallel-size N  split each layer over N ranks (run under `megatron launch --nproc-per-node N`)\n"
+    "  --pipeline-model-parallel-size N  split the layers into N stages, one a rank (the ranks of `megatron launch`:\n"
+    "                               tensor x pipeline)\n"
+    "  --decoder-first-pipeline-num-layers N, --decoder-last-pipeline-num-layers N  the first / last stage's\n"
+    "                               layers (default: an even share; the rest evenly over the stages between)\n"
     "  --cuda-graph-impl auto|none|local  decode steps replayed from CUDA graphs, attention reading the KV cache\n"
     "                               in place (default auto: on a GPU where the model allows; none: eager steps)\n"
     "  --decode-ahead, --no-decode-ahead  greedy decoding launches each step before the host reads the last\n"
@@ -76,6 +82,9 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
                         : args[i] == "--cuda-graph-impl" ? &flags.cuda_graph_impl
                         : args[i] == "--attention-backend" ? &flags.attention_backend
                         : args[i] == "--tensor-model-parallel-size" ? &flags.tensor_parallel
+                        : args[i] == "--pipeline-model-parallel-size" ? &flags.pipeline_parallel
+                        : args[i] == "--decoder-first-pipeline-num-layers" ? &flags.first_stage_layers
+                        : args[i] == "--decoder-last-pipeline-num-layers" ? &flags.last_stage_layers
                                                          : nullptr;
   if (target == nullptr) return false;
   if (i + 1 >= args.size()) throw UserError(args[i] + ": expects a value");
@@ -84,8 +93,10 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
 }
 
 std::string tensor_parallel_note(const GenerationModel& g, const std::string& separator) {
-  const int n = g.parallel.tp.size();
-  return n > 1 ? separator + "the model split over " + std::to_string(n) + " tensor-parallel ranks" : "";
+  const int tp = g.parallel.tp.size(), pp = g.parallel.pp.size();
+  if (tp == 1 && pp == 1) return "";
+  const std::string over_tp = std::to_string(tp) + " tensor-parallel ranks", over_pp = std::to_string(pp) + " pipeline stages";
+  return separator + "the model split over " + (pp == 1 ? over_tp : tp == 1 ? over_pp : over_pp + " of " + over_tp);
 }
 
 namespace {
@@ -102,6 +113,13 @@ void check_attention_backend(const InferenceModelFlags& flags) {
   }
 }
 
+// --tensor-model-parallel-size / --pipeline-model-parallel-size: 1 when not given.
+int whole_parallel_size(const std::string& flag, const std::string& text) {
+  const double n = text.empty() ? 1.0 : number_flag(flag, text);
+  if (n < 1 || n != std::floor(n) || n > 65536) throw UserError(flag + " must be a whole number >= 1, got " + text);
+  return static_cast<int>(n);
+}
+
 }  // namespace
 
 DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationModel& g) {
@@ -111,7 +129,7 @@ DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationM
   kernels.norms_in_gemv = flags.decode_norms_in_gemv;
   kernels.rope_in_gemv = flags.decode_rope_in_gemv;
   const bool asked = kernels.attention || kernels.norms_in_gemv || kernels.rope_in_gemv;
-  if (asked && !g.model->word_embeddings.device().is_cuda()) {
+  if (asked && !g.device.is_cuda()) {
     std::fprintf(stderr, "warning: --attention-backend decode, --decode-norms-in-gemv and --decode-rope-in-gemv are CUDA kernels; "
                          "with the model on the CPU they change nothing\n");
   } else if ((kernels.attention || kernels.rope_in_gemv) && !decode_cuda_graphs(flags, g)) {
@@ -136,24 +154,42 @@ std::string decode_kernels_note(const DecodeKernels& asked, const DecodeKernels&
 
 bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g) {
   check_cuda_graph_impl(flags);
-  return flags.cuda_graph_impl == "local" || (flags.cuda_graph_impl == "auto" && g.model->word_embeddings.device().is_cuda());
+  return flags.cuda_graph_impl == "local" || (flags.cuda_graph_impl == "auto" && g.device.is_cuda());
 }
 
 bool decode_one_step_ahead(const InferenceModelFlags& flags, const GenerationModel& g) {
-  return flags.decode_ahead == "on" || (flags.decode_ahead == "auto" && g.model->word_embeddings.device().is_cuda());
+  return flags.decode_ahead == "on" || (flags.decode_ahead == "auto" && g.device.is_cuda());
+}
+
+EngineOptions engine_options_for(const InferenceModelFlags& flags, const GenerationModel& g) {
+  EngineOptions options;
+  options.cuda_graphs = decode_cuda_graphs(flags, g);
+  options.decode_ahead = decode_one_step_ahead(flags, g);
+  options.decode_kernels = decode_kernels(flags, g);
+  options.vocab_size = g.vocab_size;
+  if (g.tokenizer) {
+    const Tokenizer* tokenizer = g.tokenizer.get();
+    options.detokenize = [tokenizer](const std::vector<int64_t>& ids) { return tokenizer->decode(ids); };
+  }
+  options.pipeline = g.parallel.pp;
+  return options;
 }
 
 GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command) {
   check_cuda_graph_impl(flags);  // bad values are refused before the model loads
   check_attention_backend(flags);
-  const double tp = flags.tensor_parallel.empty() ? 1.0 : number_flag("--tensor-model-parallel-size", flags.tensor_parallel);
-  if (tp < 1 || tp != std::floor(tp)) throw UserError("--tensor-model-parallel-size must be a whole number >= 1, got " + flags.tensor_parallel);
+  const int tp = whole_parallel_size("--tensor-model-parallel-size", flags.tensor_parallel);
+  const int pp = whole_parallel_size("--pipeline-model-parallel-size", flags.pipeline_parallel);
   const dist::LaunchEnv env = dist::launch_env_from_environment();
-  if (env.world_size != static_cast<int>(tp)) {
-    throw UserError(tp > 1 ? "--tensor-model-parallel-size " + flags.tensor_parallel + " needs as many ranks: run `megatron launch --nproc-per-node " +
-                                 flags.tensor_parallel + " " + command + " ...` (this process is one of " + std::to_string(env.world_size) + ")"
-                           : command + " runs on one rank, or splits the model over all " + std::to_string(env.world_size) +
-                                 " ranks of the job with --tensor-model-parallel-size " + std::to_string(env.world_size));
+  if (env.world_size != tp * pp) {
+    const std::string asked = (tp > 1 ? "--tensor-model-parallel-size " + std::to_string(tp) : "") + (tp > 1 && pp > 1 ? " with " : "") +
+                              (pp > 1 ? "--pipeline-model-parallel-size " + std::to_string(pp) : "");
+    throw UserError(tp * pp > 1 ? asked + " needs " + (tp > 1 && pp > 1 ? std::to_string(tp * pp) + " ranks" : "as many ranks") +
+                                      ": run `megatron launch --nproc-per-node " + std::to_string(tp * pp) + " " + command +
+                                      " ...` (this process is one of " + std::to_string(env.world_size) + ")"
+                                : command + " runs on one rank, or splits the model over all " + std::to_string(env.world_size) +
+                                      " ranks of the job with --tensor-model-parallel-size and --pipeline-model-parallel-size (their "
+                                      "product the ranks)");
   }
   if (flags.load.empty() == flags.load_hf.empty()) {
     throw UserError("need one of --load DIR (a checkpoint directory) and --load-hf DIR (a Hugging Face model)");
@@ -175,11 +211,20 @@ GenerationModel load_inference_model(const InferenceModelFlags& flags, const std
   if (env.world_size > 1) {
     world = std::make_shared<dist::World>(dist::World::connect(env, cuda ? "nccl" : "gloo", std::chrono::minutes(10)));
     ParallelConfig layout;
-    layout.tensor_model_parallel_size = env.world_size;
+    layout.tensor_model_parallel_size = tp;
+    layout.pipeline_model_parallel_size = pp;
     ps = dist::ParallelState::build(*world, layout);
   }
-  GenerationModel g = flags.load.empty() ? load_hf_for_generation(flags.load_hf, flags.tokenizer_model, device, true, ps)
-                                         : load_native_for_generation(flags.load, flags.tokenizer_model, device, ps);
+  StageSplit split;
+  for (auto [flag, text, layers] : {std::tuple{"--decoder-first-pipeline-num-layers", &flags.first_stage_layers, &split.first_stage_layers},
+                                    std::tuple{"--decoder-last-pipeline-num-layers", &flags.last_stage_layers, &split.last_stage_layers}}) {
+    if (text->empty()) continue;
+    const double n = number_flag(flag, *text);
+    if (n < 1 || n != std::floor(n) || n > 1e6) throw UserError(std::string(flag) + " must be a whole number >= 1, got " + *text);
+    *layers = static_cast<int>(n);
+  }
+  GenerationModel g = flags.load.empty() ? load_hf_for_generation(flags.load_hf, flags.tokenizer_model, device, true, ps, split)
+                                         : load_native_for_generation(flags.load, flags.tokenizer_model, device, ps, split);
   g.world = world;
   g.parallel = ps;
   if (flags.bf16) g.model->to(device, at::kBFloat16);

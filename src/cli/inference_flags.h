@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "inference/engine.h"
 #include "inference/generation_model.h"
 #include "model/kv_cache.h"
 
@@ -18,6 +19,9 @@ struct InferenceModelFlags {
   std::string cpu_threads;      // --cpu-threads N ("": one per core)
   bool bf16 = false;            // --bf16: weights and activations in bf16 (fp32 otherwise)
   std::string tensor_parallel;  // --tensor-model-parallel-size N ("": 1); N ranks of `megatron launch`
+  std::string pipeline_parallel;  // --pipeline-model-parallel-size N ("": 1); tensor x pipeline ranks
+  std::string first_stage_layers;  // --decoder-first-pipeline-num-layers N ("": an even share)
+  std::string last_stage_layers;   // --decoder-last-pipeline-num-layers N ("": an even share)
   std::string cuda_graph_impl = "auto";  // --cuda-graph-impl auto|none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
   std::string decode_ahead = "auto";     // --decode-ahead / --no-decode-ahead: EngineOptions::decode_ahead
   std::string attention_backend = "auto";  // --attention-backend auto|flash|decode: EngineOptions::decode_kernels
@@ -44,6 +48,11 @@ bool decode_one_step_ahead(const InferenceModelFlags& flags, const GenerationMod
 // auto (the default) with the model on a GPU; none turns them off. UserError for any other value.
 bool decode_cuda_graphs(const InferenceModelFlags& flags, const GenerationModel& g);
 
+// The engine's options these flags and the model set (all but max_batch): CUDA graphs, decoding
+// ahead, the decode kernels, the real vocabulary, the tokenizer's decoding (the engine must not
+// outlive `g`), the pipeline stages.
+EngineOptions engine_options_for(const InferenceModelFlags& flags, const GenerationModel& g);
+
 // The help lines of these flags.
 extern const char* kInferenceModelFlagsHelp;
 
@@ -51,10 +60,11 @@ extern const char* kInferenceModelFlagsHelp;
 bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags& flags);
 
 // Checks the flags (exactly one of --load and --load-hf), sets the CPU threads, joins the other
-// ranks under tensor parallelism (`command` names the subcommand in errors), and loads.
+// ranks under tensor and pipeline parallelism (`command` names the subcommand in errors), and loads.
 GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command);
 
-// Under tensor parallelism `separator` + "the model split over N tensor-parallel ranks" (for the
+// Under tensor or pipeline parallelism `separator` + "the model split over N tensor-parallel ranks"
+// (or "P pipeline stages", or "P pipeline stages of N tensor-parallel ranks"; for the
 // subcommands' banners); "" on one rank.
 std::string tensor_parallel_note(const GenerationModel& g, const std::string& separator);
 

@@ -89,24 +89,18 @@ int serve(const Args& args) {
       std::fprintf(stderr, "> no chat template (%s): /v1/chat/completions is off\n", e.what());
     }
   }
-  EngineOptions engine_options;
-  engine_options.cuda_graphs = decode_cuda_graphs(model_flags, g);
-  engine_options.decode_ahead = decode_one_step_ahead(model_flags, g);
-  engine_options.decode_kernels = decode_kernels(model_flags, g);
+  EngineOptions engine_options = engine_options_for(model_flags, g);
   engine_options.max_batch = int64_t(batch);
-  engine_options.vocab_size = g.vocab_size;
-  const Tokenizer& tokenizer = *g.tokenizer;
-  engine_options.detokenize = [&tokenizer](const std::vector<int64_t>& ids) { return tokenizer.decode(ids); };
   Engine engine(*g.model, engine_options);
-  const c10::Device device = g.model->word_embeddings.device();
   if (g.parallel.rank != 0) {
-    // The other tensor-parallel ranks: their engines do what the first rank's server asks of its
-    // own (leading_engine.h); stop signals are the first rank's to act on (they stay blocked here).
-    follow_leading_engine(engine, g.parallel.tp, device);
+    // The other tensor-parallel ranks and pipeline stages (the model-parallel group: every rank of
+    // the job): their engines do what the first rank's server asks of its own (leading_engine.h);
+    // stop signals are the first rank's to act on (they stay blocked here).
+    follow_leading_engine(engine, g.parallel.model_parallel, g.device);
     if (g.world) g.world->shutdown();
     return 0;
   }
-  LeadingEngine lead(engine, g.parallel.tp, device);
+  LeadingEngine lead(engine, g.parallel.model_parallel, g.device);
 
   serve::ServedModel served{name.empty() ? std::filesystem::path(g.source).filename().string() : name,
                             g.tokenizer.get(), chat_template.get(), g.stop_ids, engine.max_length(), g.vocab_size};

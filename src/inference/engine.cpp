@@ -59,9 +59,19 @@ at::Tensor to_device_without_waiting(const std::vector<int64_t>& values, const a
   return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
+// The device and dtype of the chunk's weights (a middle pipeline stage has no embedding); a
+// parameter kept in fp32 under bf16 (a router's) says nothing of the activations.
+std::pair<at::Device, at::ScalarType> weights_of(const GPTModel& model) {
+  for (const auto& item : model.named_parameters()) {
+    if (!model.parameter_table().at(item.key()).keep_fp32) return {item.value().device(), item.value().scalar_type()};
+  }
+  TORCH_CHECK(false, "generation: the model chunk holds no weights");
+}
+
 std::string decode_mode_of(const GPTModel& model, const EngineOptions& options) {
   if (!options.cuda_graphs) return "eager";
-  const std::string why = decode_graphs_unsupported(model, model.word_embeddings.device());
+  if (options.pipeline.size() > 1) return "eager (not yet under pipeline parallelism)";
+  const std::string why = decode_graphs_unsupported(model, weights_of(model).first);
   return why.empty() ? kCudaGraphs : "eager (" + why + ")";
 }
 
@@ -70,6 +80,8 @@ std::string decode_mode_of(const GPTModel& model, const EngineOptions& options) 
 Engine::Engine(GPTModel& model, EngineOptions options)
     : model_(model),
       options_(std::move(options)),
+      device_(weights_of(model).first),
+      activation_dtype_(weights_of(model).second),
       vocab_(options_.vocab_size > 0 ? options_.vocab_size : model.config().padded_vocab_size),
       max_batch_(std::max<int64_t>(1, options_.max_batch)),
       decode_mode_(decode_mode_of(model, options_)),
@@ -79,7 +91,7 @@ Engine::Engine(GPTModel& model, EngineOptions options)
   for (int64_t slot = max_batch_ - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   model_.eval();
   cache_.use_decode_kernels(options_.decode_kernels);
-  if (cache_.slots() > max_batch_) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, cache_, /*scratch_slot=*/max_batch_, model_.word_embeddings.device());
+  if (cache_.slots() > max_batch_) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, cache_, /*scratch_slot=*/max_batch_, device_);
 }
 
 Engine::~Engine() = default;
@@ -156,11 +168,10 @@ at::Tensor Engine::decode_logits(const std::vector<int64_t>& slots, const at::Te
     std::fprintf(stderr, "warning: decode steps run eagerly from now on: %s\n", decode_graphs_->failure().c_str());
     decode_graphs_.reset();
   }
-  const at::Device device = model_.word_embeddings.device();
-  KvCacheStep decode(cache_, slots, 1, device);
+  KvCacheStep decode(cache_, slots, 1, device_);
   if (options_.cuda_graphs) decode.allow_reading_in_place();
-  const at::Tensor fed = tokens.defined() ? tokens.view({-1, 1}) : at::tensor(last, at::kLong).view({-1, 1}).to(device);  // [b, 1]
-  logits = whole_vocabulary(model_.forward_cached(fed, decode))[0].narrow(1, 0, vocab_);
+  const at::Tensor fed = tokens.defined() ? tokens.view({-1, 1}) : at::tensor(last, at::kLong).view({-1, 1}).to(device_);  // [b, 1]
+  logits = logits_of(fed, decode, true)[0];
   decode.commit();
   return logits;
 }
@@ -291,7 +302,6 @@ void Engine::accept_step(StepInFlight& step) {
 }
 
 void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {
-  const at::Device device = model_.word_embeddings.device();
   const int64_t b = static_cast<int64_t>(group.size()), s = static_cast<int64_t>(group[0]->request.prompt.size());
   std::vector<int64_t> slots, ids;
   bool every_position = false;
@@ -300,11 +310,11 @@ void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {
     ids.insert(ids.end(), sequence->request.prompt.begin(), sequence->request.prompt.end());
     every_position = every_position || sequence->request.prompt_logprobs;
   }
-  KvCacheStep step(cache_, slots, s, device);
+  KvCacheStep step(cache_, slots, s, device_);
   if (options_.cuda_graphs) step.allow_reading_in_place();
-  const at::Tensor tokens = at::tensor(ids, at::kLong).view({b, s}).to(device);  // [b, s]
+  const at::Tensor tokens = at::tensor(ids, at::kLong).view({b, s}).to(device_);  // [b, s]
   // Every position's logits when a prompt's own log-probabilities are asked for, else the last's.
-  const at::Tensor logits = whole_vocabulary(model_.forward_cached(tokens, step, !every_position)).narrow(-1, 0, vocab_);  // [s or 1, b, V]
+  const at::Tensor logits = logits_of(tokens, step, !every_position);  // [s or 1, b, V]
   step.commit();
   for (int64_t j = 0; j < b; ++j) {
     Sequence& sequence = *group[size_t(j)];
@@ -325,6 +335,26 @@ at::Tensor Engine::whole_vocabulary(const at::Tensor& logits) const {
   // the sequence's generator: the ranks stay in step without sending tokens around.
   const dist::Group& tp = model_.tensor_parallel().group;
   return tp.size() > 1 ? tp::gather_from_tp(logits, tp) : logits;
+}
+
+at::Tensor Engine::logits_of(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only) {
+  const dist::Group& pp = options_.pipeline;
+  if (pp.size() == 1) return whole_vocabulary(model_.forward_cached(tokens, step, last_position_only)).narrow(-1, 0, vocab_);
+  // Every stage knows the step's shape (they run the same engine), so nothing but the tensors is sent.
+  const int64_t s = step.new_tokens(), b = step.batch(), h = model_.config().hidden_size;
+  const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
+  at::Tensor input;  // [s, b, h]
+  if (!first) {
+    input = at::empty({s, b, h}, at::TensorOptions().dtype(activation_dtype_).device(device_));
+    pp.recv(input, pp.rank() - 1);
+  }
+  const at::Tensor out = model_.forward_cached(tokens, step, last_position_only, input);
+  if (!last) pp.send(out.contiguous(), pp.rank() + 1);
+  // [s or 1, b, V]: the last stage's candidates, the same rows on every stage.
+  at::Tensor logits = last ? whole_vocabulary(out).narrow(-1, 0, vocab_).contiguous()
+                           : at::empty({last_position_only ? 1 : s, b, vocab_}, at::TensorOptions().dtype(activation_dtype_).device(device_));
+  pp.broadcast(logits, pp.size() - 1);
+  return logits;
 }
 
 bool Engine::argmax_is_enough(const Sequence& s) {

@@ -11,7 +11,9 @@
 //   GenerationResult r = engine.take_result(id);
 //
 // The engine is driven from one thread. Under tensor parallelism every TP rank runs the same
-// engine on the same requests, in step (the logits gathered whole on each); no PP yet.
+// engine on the same requests, in step (the logits gathered whole on each). Under pipeline
+// parallelism every stage does too: a forward passes its hidden states from stage to stage and
+// the last stage's logits are broadcast to the others (EngineOptions::pipeline).
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -28,6 +30,7 @@
 #include "inference/decode_graphs.h"
 #include "inference/sampling.h"
 #include "inference/tokens_in_flight.h"
+#include "distributed/process_group.h"
 #include "model/kv_cache.h"
 
 namespace megatron {
@@ -99,6 +102,10 @@ struct EngineOptions {
   // and --decode-rope-in-gemv (with cuda_graphs, where attention reads the cache in place),
   // --decode-norms-in-gemv.
   DecodeKernels decode_kernels;
+  // The pipeline stages (the model is this stage's chunk; its rank in the group is its stage):
+  // each forward runs stage by stage, the hidden states [s, b, h] sent to the next, and the last
+  // stage's logits broadcast to all, so every stage draws the same tokens. Default: one stage.
+  dist::Group pipeline;
 };
 
 class Engine {
@@ -183,6 +190,9 @@ class Engine {
   static bool argmax_is_enough(const Sequence& sequence);
   // [..., V/tp] -> [..., V]: under tensor parallelism the vocabulary slices of every TP rank.
   at::Tensor whole_vocabulary(const at::Tensor& logits) const;
+  // The model's forward over `step` (tokens [b, s]) through every pipeline stage -> the candidate
+  // logits [s (1 with last_position_only), b, vocab_] on every stage.
+  at::Tensor logits_of(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only);
   // Prompts of one length (a group of waiting requests) in one forward, each choosing its first token.
   void prefill(const std::vector<std::unique_ptr<Sequence>>& group);
   // The tokens one prefill forward takes at most when it holds several prompts (one prompt alone
@@ -195,6 +205,8 @@ class Engine {
 
   GPTModel& model_;
   EngineOptions options_;
+  at::Device device_;                 // where this stage's chunk lives
+  at::ScalarType activation_dtype_;   // of the hidden states and logits (its weights')
   int64_t vocab_;  // candidate ids [0, vocab_): options_.vocab_size, else the whole output layer
   int64_t max_batch_;
   std::string decode_mode_;

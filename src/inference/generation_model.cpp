@@ -9,6 +9,7 @@
 #include "core/errors.h"
 #include "core/json_text.h"
 #include "model/gpt_model.h"
+#include "pipeline/layout.h"
 #include "tokenizer/tokenizer.h"
 #include "train/arguments.h"
 
@@ -46,10 +47,22 @@ tp::TensorParallel tensor_parallel_of(const dist::ParallelState& ps) {
   return t;
 }
 
+// This rank's pipeline stage as `split` lays the layers over `ps.pp` (a UserError naming the flag
+// when they do not divide); the whole model on one stage.
+pipeline::ChunkLayers stage_of(const ModelConfig& m, const dist::ParallelState& ps, const StageSplit& split) {
+  ParallelConfig layout;
+  layout.tensor_model_parallel_size = ps.tp.size();
+  layout.pipeline_model_parallel_size = ps.pp.size();
+  layout.decoder_first_pipeline_num_layers = split.first_stage_layers;
+  layout.decoder_last_pipeline_num_layers = split.last_stage_layers;
+  pipeline::check_pipeline_layout(layout, m.num_layers);
+  return pipeline::chunk_layers(layout, m.num_layers, ps.pp.rank(), 0);
+}
+
 }  // namespace
 
 GenerationModel load_native_for_generation(const std::string& load_dir, const std::string& tokenizer_model, const at::Device& device,
-                                           const dist::ParallelState& ps) {
+                                           const dist::ParallelState& ps, const StageSplit& split) {
   const std::string dir = latest_checkpoint_directory(load_dir);
   if (dir.empty()) throw UserError("--load " + load_dir + ": no latest_checkpointed_iteration.txt; is this a checkpoint directory?");
   const nlohmann::json state = read_checkpoint_state(dir);
@@ -71,9 +84,10 @@ GenerationModel load_native_for_generation(const std::string& load_dir, const st
                                                                      : 0;
   GenerationModel g;
   g.tokenizer = make_tokenizer(tokenizer_spec(data, vocab_flag));
-  g.model = std::make_shared<GPTModel>(model_config, tensor_parallel_of(ps));
+  g.model = std::make_shared<GPTModel>(model_config, tensor_parallel_of(ps), stage_of(model_config, ps, split));
   load_model_weights(dir, *g.model, ps);
   g.model->to(device);
+  g.device = device;
   if (auto eod = g.tokenizer->eod_id()) g.stop_ids.push_back(*eod);
   g.vocab_size = model_config.vocab_size;
   g.source = dir;
@@ -81,7 +95,7 @@ GenerationModel load_native_for_generation(const std::string& load_dir, const st
 }
 
 GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::string& tokenizer_model, const at::Device& device,
-                                       bool need_tokenizer, const dist::ParallelState& ps) {
+                                       bool need_tokenizer, const dist::ParallelState& ps, const StageSplit& split) {
   GenerationModel g;
   ModelConfig model_config = model_config_from_hf(hf_dir);
   model_config.padded_vocab_size = padded_for_tensor_parallel(model_config.padded_vocab_size, ps);
@@ -92,9 +106,10 @@ GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::str
   } else if (need_tokenizer) {
     throw UserError("--load-hf " + hf_dir + ": no tokenizer.json there; pass --tokenizer-model with the model's tokenizer");
   }
-  g.model = std::make_shared<GPTModel>(model_config, tensor_parallel_of(ps));
+  g.model = std::make_shared<GPTModel>(model_config, tensor_parallel_of(ps), stage_of(model_config, ps, split));
   load_hf_weights(hf_dir, *g.model);
   g.model->to(device);
+  g.device = device;
   // HF generate's rule: generation_config.json's eos_token_id, else config.json's.
   const fs::path generation_config = fs::path(hf_dir) / "generation_config.json";
   if (fs::exists(generation_config)) g.stop_ids = eos_ids_of(generation_config.string());

