@@ -264,4 +264,12 @@ for metric in ("acc,none", "acc_norm,none"):
 for one, two in zip(mc["samples"]["mc_test"], split["samples"]["mc_test"], strict=True):
     assert max(abs(a - b) for a, b in zip(one["loglikelihoods"], two["loglikelihoods"], strict=True)) < 1e-5, (one, two)
 print("multiple choice over two tensor-parallel ranks: the scores and log-likelihoods of one rank", flush=True)
+# 5. And over two pipeline stages (one layer each; the logits broadcast from the last).
+staged = ours("mc_test", "multiple_choice", "mc_dev", 1, ["--pipeline-model-parallel-size", "2"],
+              launch=["launch", "--nproc-per-node", "2", "--master-port", "0"], out=f"{work}/mc_test_pp2.json")
+for metric in ("acc,none", "acc_norm,none"):
+    assert staged["results"]["mc_test"][metric] == mc["results"]["mc_test"][metric], (metric, staged["results"], mc["results"])
+for one, two in zip(mc["samples"]["mc_test"], staged["samples"]["mc_test"], strict=True):
+    assert max(abs(a - b) for a, b in zip(one["loglikelihoods"], two["loglikelihoods"], strict=True)) < 1e-5, (one, two)
+print("multiple choice over two pipeline stages: the scores and log-likelihoods of one rank", flush=True)
 print("all checks passed")

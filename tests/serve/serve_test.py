@@ -279,6 +279,28 @@ stopped = any("[rank 0] > stopped" in line for line in log) and not any("SIGKILL
 check(code == 128 + signal.SIGTERM and stopped,  # the launcher's status after a signal, as a shell's
       f"two ranks: SIGTERM stops both, the first after answering, the other after it (status {code})")
 
+# --- over two pipeline stages: the first rank's server leads the other stage's engine too (the
+# model-parallel group); the greedy and sampled text of one rank; SIGTERM stops both
+proc, port, log = start("--pipeline-model-parallel-size", "2",
+                        launch=["launch", "--nproc-per-node", "2", "--master-port", "0", "--kill-timeout", "120"])
+staged = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+check(any("split over 2 pipeline stages" in line for line in log), "two stages: the banner says the model is split")
+greedy_staged = staged.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+check(greedy_staged.choices[0].text == a.choices[0].text, "two stages: the greedy text of one rank")
+with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    sampled = list(pool.map(lambda _: staged.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=1.0,
+                                                                seed=5).choices[0].text, range(2)))
+check(sampled == [s1.choices[0].text] * 2, "two stages: two sampled requests at once, each the text of one rank")
+proc.send_signal(signal.SIGTERM)
+try:
+    code = proc.wait(timeout=120)
+except subprocess.TimeoutExpired:
+    proc.kill()
+    code = "hung"
+time.sleep(0.5)
+stopped = any("[rank 0] > stopped" in line for line in log) and not any("SIGKILL" in line or "launch: rank" in line for line in log)
+check(code == 128 + signal.SIGTERM and stopped, f"two stages: SIGTERM stops both (status {code})")
+
 if failures:
     print("\n".join(["", "server log:"] + log[-20:]))
     sys.exit(f"{len(failures)} check(s) failed")
