@@ -44,34 +44,34 @@ GenerationRequest request_from_json(const json& j) {
   return r;
 }
 
-// A message from the first rank of `tp` to the others: its length, then its bytes.
-std::string broadcast_text(const dist::Group& tp, const c10::Device& device, const std::string& text) {
+// A message from the first rank of `group` to the others: its length, then its bytes.
+std::string broadcast_text(const dist::Group& group, const c10::Device& device, const std::string& text) {
   const at::TensorOptions on = at::TensorOptions().device(device);
   at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), on.dtype(at::kLong));
-  tp.broadcast(length, 0);
+  group.broadcast(length, 0);
   const int64_t n = length.item<int64_t>();
   at::Tensor bytes = at::empty({n}, at::TensorOptions().dtype(at::kByte));
-  if (tp.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), static_cast<size_t>(n));
+  if (group.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), static_cast<size_t>(n));
   at::Tensor on_device = bytes.to(device);
-  tp.broadcast(on_device, 0);
+  group.broadcast(on_device, 0);
   bytes = on_device.to(at::kCPU);
   return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
 }
 
 }  // namespace
 
-LeadingEngine::LeadingEngine(Engine& engine, dist::Group tp, const c10::Device& device)
-    : engine_(engine), tp_(std::move(tp)), device_(device) {}
+LeadingEngine::LeadingEngine(Engine& engine, dist::Group group, const c10::Device& device)
+    : engine_(engine), group_(std::move(group)), device_(device) {}
 
 int64_t LeadingEngine::submit(GenerationRequest request) {
-  const std::string recorded = tp_.size() > 1 ? json{{"submit", request_to_json(request)}}.dump() : "";
+  const std::string recorded = group_.size() > 1 ? json{{"submit", request_to_json(request)}}.dump() : "";
   const int64_t id = engine_.submit(std::move(request));  // a refused request is not recorded
-  if (tp_.size() > 1) record_.push_back(recorded);
+  if (group_.size() > 1) record_.push_back(recorded);
   return id;
 }
 
 bool LeadingEngine::cancel(int64_t id) {
-  if (tp_.size() > 1) record_.push_back(json{{"cancel", id}}.dump());
+  if (group_.size() > 1) record_.push_back(json{{"cancel", id}}.dump());
   return engine_.cancel(id);
 }
 
@@ -89,17 +89,17 @@ void LeadingEngine::finish() {
 }
 
 void LeadingEngine::send(bool step, bool stop) {
-  if (tp_.size() == 1) return;
+  if (group_.size() == 1) return;
   // The recorded calls are JSON already: joined into the message as they are.
   std::string calls;
   for (const std::string& call : record_) calls += (calls.empty() ? "" : ",") + call;
   record_.clear();
-  broadcast_text(tp_, device_, "{\"calls\":[" + calls + "],\"step\":" + (step ? "true" : "false") + ",\"stop\":" + (stop ? "true" : "false") + "}");
+  broadcast_text(group_, device_, "{\"calls\":[" + calls + "],\"step\":" + (step ? "true" : "false") + ",\"stop\":" + (stop ? "true" : "false") + "}");
 }
 
-void follow_leading_engine(Engine& engine, const dist::Group& tp, const c10::Device& device) {
+void follow_leading_engine(Engine& engine, const dist::Group& group, const c10::Device& device) {
   for (;;) {
-    const json message = json::parse(broadcast_text(tp, device, ""));
+    const json message = json::parse(broadcast_text(group, device, ""));
     for (const json& call : message.at("calls")) {
       // The leader's engine took these calls, so this one takes them alike (same model, same state).
       if (call.contains("submit")) engine.submit(request_from_json(call["submit"]));
