@@ -85,6 +85,7 @@ Engine::Engine(GPTModel& model, EngineOptions options)
       vocab_(options_.vocab_size > 0 ? options_.vocab_size : model.config().padded_vocab_size),
       max_batch_(std::max<int64_t>(1, options_.max_batch)),
       decode_mode_(decode_mode_of(model, options_)),
+      pads_prompts_(model.config().moe_expert_capacity_factor <= 0.0),
       cache_(static_cast<int64_t>(model.layers.size()), max_batch_ + (decode_mode_ == kCudaGraphs ? 1 : 0),
              options_.max_length > 0 ? options_.max_length : model_max_length(model)) {
   if (options_.max_batch < 1) throw UserError("generation: the batch of sequences must hold at least one, got " + std::to_string(options_.max_batch));
@@ -137,19 +138,27 @@ void Engine::step() {
   }
   if (running_.empty()) in_flight_.reset();  // its rows all belong to finished sequences
   while (!waiting_.empty() && !free_slots_.empty()) {
-    // The first waiting request, and those right behind it whose prompts have its length, share
-    // one forward (first come, first served), up to the free slots and kPrefillTokens.
-    const size_t length = waiting_.front()->request.prompt.size();
+    // The first waiting request and those right behind it share one forward (first come, first
+    // served), up to the free slots and kPrefillTokens, the shorter prompts padded to the longest
+    // while padding stays within kPrefillPadding of the forward's tokens.
     std::vector<std::unique_ptr<Sequence>> group;
-    while (!waiting_.empty() && !free_slots_.empty() && waiting_.front()->request.prompt.size() == length &&
-           (group.empty() || (group.size() + 1) * length <= kPrefillTokens)) {
+    size_t longest = 0, real = 0;
+    while (!waiting_.empty() && !free_slots_.empty()) {
+      const size_t length = waiting_.front()->request.prompt.size();
+      const size_t padded_longest = std::max(longest, length), rows = (group.size() + 1) * padded_longest;
+      if (!group.empty() && (rows > kPrefillTokens || (!pads_prompts_ && length != longest) ||
+                             double(rows - real - length) > kPrefillPadding * double(rows))) {
+        break;
+      }
+      longest = padded_longest;
+      real += length;
       group.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
       group.back()->slot = free_slots_.back();
       free_slots_.pop_back();
     }
     const auto began = std::chrono::steady_clock::now();
-    stats_.prefill_tokens += static_cast<int64_t>(length * group.size());
+    stats_.prefill_tokens += static_cast<int64_t>(real);
     stats_.prefills += 1;
     prefill(group);
     stats_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
@@ -302,31 +311,38 @@ void Engine::accept_step(StepInFlight& step) {
 }
 
 void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {
-  const int64_t b = static_cast<int64_t>(group.size()), s = static_cast<int64_t>(group[0]->request.prompt.size());
-  std::vector<int64_t> slots, ids;
+  const int64_t b = static_cast<int64_t>(group.size());
+  int64_t s = 0;
+  for (const auto& sequence : group) s = std::max<int64_t>(s, int64_t(sequence->request.prompt.size()));
+  std::vector<int64_t> slots, ids, kept;
   bool every_position = false;
   for (const auto& sequence : group) {
+    const std::vector<int64_t>& prompt = sequence->request.prompt;
     slots.push_back(sequence->slot);
-    ids.insert(ids.end(), sequence->request.prompt.begin(), sequence->request.prompt.end());
+    kept.push_back(int64_t(prompt.size()));
+    ids.insert(ids.end(), prompt.begin(), prompt.end());
+    ids.insert(ids.end(), size_t(s) - prompt.size(), prompt.back());  // padding: any id, never kept
     every_position = every_position || sequence->request.prompt_logprobs;
   }
-  KvCacheStep step(cache_, slots, s, device_);
+  KvCacheStep step(cache_, slots, s, device_, kept);
   if (options_.cuda_graphs) step.allow_reading_in_place();
   const at::Tensor tokens = at::tensor(ids, at::kLong).view({b, s}).to(device_);  // [b, s]
-  // Every position's logits when a prompt's own log-probabilities are asked for, else the last's.
+  // Every position's logits when a prompt's own log-probabilities are asked for, else each
+  // prompt's last.
   const at::Tensor logits = logits_of(tokens, step, !every_position);  // [s or 1, b, V]
   step.commit();
   for (int64_t j = 0; j < b; ++j) {
     Sequence& sequence = *group[size_t(j)];
     const GenerationRequest& r = sequence.request;
+    const int64_t length = int64_t(r.prompt.size());
     const at::Tensor mine = logits.select(1, j);  // [s or 1, V]
     if (r.prompt_logprobs) {
-      const at::Tensor log_probs = mine.narrow(0, 0, s - 1).to(at::kCPU, at::kFloat).log_softmax(-1);  // [s - 1, V]
-      for (int64_t i = 1; i < s; ++i) {
+      const at::Tensor log_probs = mine.narrow(0, 0, length - 1).to(at::kCPU, at::kFloat).log_softmax(-1);  // [length - 1, V]
+      for (int64_t i = 1; i < length; ++i) {
         sequence.result.prompt_logprobs.push_back(token_logprob(log_probs[i - 1], r.prompt[size_t(i)], std::max<int64_t>(r.logprobs, 0)));
       }
     }
-    if (advance(sequence, mine[-1])) finish(sequence);
+    if (advance(sequence, mine[every_position ? length - 1 : 0])) finish(sequence);
   }
 }
 

@@ -193,11 +193,15 @@ class Engine {
   // The model's forward over `step` (tokens [b, s]) through every pipeline stage -> the candidate
   // logits [s (1 with last_position_only), b, vocab_] on every stage.
   at::Tensor logits_of(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only);
-  // Prompts of one length (a group of waiting requests) in one forward, each choosing its first token.
+  // The prompts of a group of waiting requests in one forward (the shorter ones padded to the
+  // longest: KvCacheStep's kept rows), each choosing its first token.
   void prefill(const std::vector<std::unique_ptr<Sequence>>& group);
   // The tokens one prefill forward takes at most when it holds several prompts (one prompt alone
   // may be longer): their activations live at once.
   static constexpr size_t kPrefillTokens = 8192;
+  // The share of a prefill forward's tokens that may be padding: one forward instead of one per
+  // prompt length, for at most this much more work.
+  static constexpr double kPrefillPadding = 0.25;
   // Whether a stop string shows in the decoded text of the sequence's last tokens.
   bool stop_string_in_tail(const Sequence& s) const;
   void finish(Sequence& sequence);  // its slot freed, its result kept for take_result
@@ -210,6 +214,9 @@ class Engine {
   int64_t vocab_;  // candidate ids [0, vocab_): options_.vocab_size, else the whole output layer
   int64_t max_batch_;
   std::string decode_mode_;
+  // Whether prompts of different lengths may share a prefill: padding rows change no real
+  // token's result, unless experts have a capacity (padding tokens could take real ones' places).
+  bool pads_prompts_;
   KvCache cache_;  // max_batch_ slots, and the scratch slot of decode_graphs_ after them
   std::unique_ptr<DecodeGraphs> decode_graphs_;
   std::vector<int64_t> free_slots_;

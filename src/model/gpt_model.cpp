@@ -263,7 +263,7 @@ at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step,
     }
   }
   at::Tensor normed = final_normed(stream);  // [s, b, h]
-  if (last_position_only) normed = normed.narrow(0, normed.size(0) - 1, 1);
+  if (last_position_only) normed = step.last_kept_rows(normed);  // [1, b, h]: each sequence's last token
   return output_logits(normed);  // [s or 1, b, V/tp]
 }
 

@@ -27,10 +27,13 @@ at::Tensor LayerKvCache::store(size_t part, at::IntArrayRef row_shape, const at:
 
 const at::Tensor& LayerKvCache::stored(size_t part) const { return step->stored(layer, part); }
 
-KvCacheStep::KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new_tokens, const at::Device& device)
-    : cache_(cache), slots_(std::move(slots)), assigned_(slots_.size()), new_tokens_(new_tokens) {
+KvCacheStep::KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new_tokens, const at::Device& device, std::vector<int64_t> kept)
+    : cache_(cache), slots_(std::move(slots)), assigned_(slots_.size()), new_tokens_(new_tokens), kept_(std::move(kept)) {
   TORCH_CHECK(!slots_.empty() && new_tokens_ >= 1, "KvCacheStep: need at least one sequence and one new token");
   TORCH_CHECK(std::set<int64_t>(slots_.begin(), slots_.end()).size() == slots_.size(), "KvCacheStep: a slot appears twice");
+  TORCH_CHECK(kept_.empty() || kept_.size() == slots_.size(), "KvCacheStep: ", kept_.size(), " kept counts for ", slots_.size(), " sequences");
+  for (int64_t k : kept_) TORCH_CHECK(k >= 1 && k <= new_tokens_, "KvCacheStep: a sequence keeps ", k, " of ", new_tokens_, " new tokens");
+  if (std::all_of(kept_.begin(), kept_.end(), [&](int64_t k) { return k == new_tokens_; })) kept_.clear();
   const int64_t b = batch(), s = new_tokens_;
   std::vector<int64_t> lengths;
   bool all_empty = true;
@@ -201,7 +204,20 @@ const at::Tensor& KvCacheStep::key_counts() {
 void KvCacheStep::commit() {
   TORCH_CHECK(!committed_, "KvCacheStep: committed twice");
   committed_ = true;
-  for (size_t i = 0; i < assigned_; ++i) cache_.lengths_[static_cast<size_t>(slots_[i])] += new_tokens_;
+  for (size_t i = 0; i < assigned_; ++i) cache_.lengths_[static_cast<size_t>(slots_[i])] += kept(int64_t(i));
+}
+
+at::Tensor KvCacheStep::last_kept_rows(const at::Tensor& rows) const {
+  TORCH_CHECK(rows.size(0) == new_tokens_ && rows.size(1) == batch(), "KvCacheStep::last_kept_rows: rows ", rows.sizes(), " for a step of ",
+              batch(), " x ", new_tokens_);
+  if (!padded()) return rows.narrow(0, new_tokens_ - 1, 1);
+  std::vector<int64_t> last;
+  for (int64_t k : kept_) last.push_back(k - 1);
+  std::vector<int64_t> shape = rows.sizes().vec();
+  shape[0] = 1;
+  at::Tensor index = at::tensor(last, at::kLong).to(rows.device());  // [b]
+  for (size_t d = 2; d < shape.size(); ++d) index = index.unsqueeze(-1);
+  return rows.gather(0, index.unsqueeze(0).expand(shape));  // [1, b, ...]
 }
 
 }  // namespace megatron

@@ -91,8 +91,12 @@ struct LayerKvCache {
 class KvCacheStep {
  public:
   // Sequences in `slots` (distinct), each adding `new_tokens` after what it holds; a UserError
-  // when one would pass the cache's capacity.
-  KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new_tokens, const at::Device& device);
+  // when one would pass the cache's capacity. With `kept` ([b], each from 1 to new_tokens) sequence
+  // j keeps only its first kept[j] new tokens: the rows after them are padding (prompts of
+  // different lengths in one forward), computed and written past its end like any row, but seen
+  // by none of its real tokens (causal) and overwritten by its next ones.
+  KvCacheStep(KvCache& cache, std::vector<int64_t> slots, int64_t new_tokens, const at::Device& device,
+              std::vector<int64_t> kept = {});
   // A decode step (one new token per sequence) of a fixed `batch`, for replay from a CUDA graph:
   // its device tensors keep their addresses, assign() refills them before each replay, and it
   // attends up to the cache's capacity with the real lengths read on the device, so attention
@@ -111,6 +115,11 @@ class KvCacheStep {
   bool reads_in_place() const { return in_place_; }
   int64_t batch() const { return static_cast<int64_t>(slots_.size()); }
   int64_t new_tokens() const { return new_tokens_; }
+  // Whether some sequence keeps fewer than new_tokens() (the rest padding), and how many each keeps.
+  bool padded() const { return !kept_.empty(); }
+  int64_t kept(int64_t j) const { return kept_.empty() ? new_tokens_ : kept_.at(static_cast<size_t>(j)); }
+  // [1, b, ...] each sequence's row at its last kept token, of `rows` [s, b, ...] (the step's rows).
+  at::Tensor last_kept_rows(const at::Tensor& rows) const;
   // [b, s] int64: the positions of the new tokens (the rows of RoPE they take).
   const at::Tensor& position_ids() const { return position_ids_; }
   // The largest position any sequence reaches, plus one (a fixed step: the cache's capacity).
@@ -148,6 +157,7 @@ class KvCacheStep {
   std::vector<int64_t> slots_;  // a fixed step: the assigned slots, then the scratch slot
   size_t assigned_ = 0;         // the real sequences among slots_ (the first ones)
   int64_t new_tokens_;
+  std::vector<int64_t> kept_;  // empty: every sequence keeps new_tokens_
   int64_t longest_ = 0;
   int64_t scratch_slot_ = -1;   // >= 0: a fixed decode step
   bool committed_ = false;

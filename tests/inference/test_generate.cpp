@@ -116,22 +116,25 @@ TEST(Engine, SampledTokensDependOnTheSeedOnly) {
   EXPECT_TRUE(engine.idle());
 }
 
-// Prompts of one length waiting together share one prefill forward (only consecutive ones: first
-// come, first served): each continues, and reports its prompt's log-probabilities, as alone.
-TEST(Engine, PromptsOfOneLengthArePrefilledTogetherAsAlone) {
+// Prompts waiting together share one prefill forward (only consecutive ones: first come, first
+// served), the shorter padded to the longest while padding is at most a quarter of the forward's
+// tokens: each continues, and reports its prompt's log-probabilities, as alone (a padded one too).
+TEST(Engine, PromptsWaitingTogetherArePrefilledTogetherAsAlone) {
   const auto model = tiny_model();
   auto with_logprobs = [](GenerationRequest r) {
     r.prompt_logprobs = true;
     r.logprobs = 1;
     return r;
   };
-  const std::vector<GenerationRequest> requests = {sampled({3, 4, 5}, 11), with_logprobs(sampled({7, 1, 2}, 12)),
-                                                   sampled({9, 9, 9}, 13), sampled({1, 2}, 14), sampled({6, 5, 4}, 15)};
+  const std::vector<GenerationRequest> requests = {sampled({3, 4, 5}, 11), with_logprobs(sampled({7, 1}, 12)),
+                                                   sampled({9, 9, 9}, 13), sampled({1, 2, 3, 4, 5, 6, 7, 8}, 14),
+                                                   sampled({6, 5, 4}, 15)};
   Engine together(*model, {.max_batch = 4, .vocab_size = 64});
   const auto grouped = together.generate(requests);
-  // [3 prompts of 3] [the one of 2] in the first step; the last waits for a slot, prefilled alone.
+  // [3, 2 (padded to 3), 3]: 1 row in 9 padding; the prompt of 8 would make 16 of 32 padding, so
+  // it is prefilled alone; the last waits for a slot, prefilled alone.
   EXPECT_EQ(together.stats().prefills, 3);
-  EXPECT_EQ(together.stats().prefill_tokens, 3 * 3 + 2 + 3);
+  EXPECT_EQ(together.stats().prefill_tokens, 3 + 2 + 3 + 8 + 3);
   for (size_t i = 0; i < requests.size(); ++i) {
     Engine alone_engine(*model, {.max_batch = 1, .vocab_size = 64});
     const auto alone = alone_engine.generate({requests[i]});
@@ -141,7 +144,7 @@ TEST(Engine, PromptsOfOneLengthArePrefilledTogetherAsAlone) {
       EXPECT_NEAR(grouped[i].prompt_logprobs[t].logprob, alone[0].prompt_logprobs[t].logprob, 1e-5) << "request " << i << ", token " << t;
     }
   }
-  EXPECT_EQ(grouped[1].prompt_logprobs.size(), 2u);
+  EXPECT_EQ(grouped[1].prompt_logprobs.size(), 1u);
 }
 
 // A detokenizer for the tiny model: each id decodes as one letter.
