@@ -339,9 +339,10 @@ TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForwardAndTheGatheredCache) {
     EXPECT_FALSE(flash_attention_reads_cache(q.to(at::kFloat), q.to(at::kFloat))) << "fp32 gathers";
   }
 
-  // Slots 2 and 0 of 3 (given out of order), prompts of 9 and 4 tokens; then slot 2 takes a
-  // three-token chunk after its prompt (a step of several new tokens over a cache that holds
-  // some); then both decode together for six steps. The tokens are fixed (not chosen from the
+  // Slots 2 and 0 of 3 (given out of order), prompts of 9 and 4 tokens in one step (the shorter
+  // padded: KvCacheStep's kept rows, as the engine prefills); then slot 2 takes a three-token
+  // chunk after its prompt (a step of several new tokens over a cache that holds some); then
+  // both decode together for six steps. The tokens are fixed (not chosen from the
   // logits), so both runs see the same sequences. Returns each checked position's logits [V] and
   // the whole sequence up to it.
   const std::vector<int64_t> slots = {2, 0};
@@ -350,20 +351,26 @@ TEST_P(GenerationCuda, CacheReadInPlaceEqualsFullForwardAndTheGatheredCache) {
     std::vector<Ids> sequences = {prompt_of(9, 5, g.vocab_size), prompt_of(4, 11, g.vocab_size)};
     std::vector<std::pair<at::Tensor, Ids>> checked;
     auto forward = [&](std::vector<int64_t> step_slots, const std::vector<Ids>& tokens) {
-      const int64_t s = static_cast<int64_t>(tokens[0].size());
-      KvCacheStep step(cache, std::move(step_slots), s, gpu);
+      int64_t s = 0;
+      std::vector<int64_t> kept;
+      for (const Ids& t : tokens) {
+        kept.push_back(static_cast<int64_t>(t.size()));
+        s = std::max(s, kept.back());
+      }
+      KvCacheStep step(cache, std::move(step_slots), s, gpu, kept);
       if (in_place) step.allow_reading_in_place();
       Ids flat;
-      for (const Ids& t : tokens) flat.insert(flat.end(), t.begin(), t.end());
+      for (const Ids& t : tokens) {
+        flat.insert(flat.end(), t.begin(), t.end());
+        flat.insert(flat.end(), size_t(s) - t.size(), 1);  // padding
+      }
       const at::Tensor tokens_tensor = at::tensor(flat, at::kLong).view({static_cast<int64_t>(tokens.size()), s}).to(gpu);
       const at::Tensor logits = model.forward_cached(tokens_tensor, step, /*last_position_only=*/false);  // [s, b, V]
       step.commit();
       return logits;
     };
-    for (size_t j = 0; j < 2; ++j) {
-      const at::Tensor logits = forward({slots[j]}, {sequences[j]});
-      checked.emplace_back(logits[-1][0], sequences[j]);
-    }
+    const at::Tensor prompt_logits = forward(slots, sequences);  // [9, 2, V]
+    for (size_t j = 0; j < 2; ++j) checked.emplace_back(prompt_logits[int64_t(sequences[j].size()) - 1][int64_t(j)], sequences[j]);
     const Ids chunk = {17, 3, 7};
     const at::Tensor chunk_logits = forward({slots[0]}, {chunk});  // [3, 1, V]
     for (size_t i = 0; i < chunk.size(); ++i) {
