@@ -42,7 +42,11 @@ const char* kInferenceModelFlagsHelp =
     "  --decode-norms-in-gemv       batch-1 decode steps compute the norms before QKV and fc1 inside their\n"
     "                               GEMVs (not yet measured on a GPU)\n"
     "  --decode-rope-in-gemv        batch-1 decode steps rotate the queries and keys into the KV cache in\n"
-    "                               the QKV GEMV's epilogue (not yet measured on a GPU)\n";
+    "                               the QKV GEMV's epilogue (not yet measured on a GPU)\n"
+    "  --enable-chunked-prefill     prefill a long prompt a chunk a step, the running requests decoding\n"
+    "                               between its chunks (default off: a prompt in one forward)\n"
+    "  --max-num-batched-tokens N   the chunk: the prompt tokens one prefill forward takes at most\n"
+    "                               (default 2048; implies --enable-chunked-prefill)\n";
 
 double number_flag(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -70,6 +74,10 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
     flags.decode_rope_in_gemv = true;
     return true;
   }
+  if (args[i] == "--enable-chunked-prefill") {
+    flags.chunked_prefill = true;
+    return true;
+  }
   if (args[i] == "--enable-cuda-graph") {
     flags.cuda_graph_impl = "local";
     return true;
@@ -83,6 +91,7 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
                         : args[i] == "--attention-backend" ? &flags.attention_backend
                         : args[i] == "--tensor-model-parallel-size" ? &flags.tensor_parallel
                         : args[i] == "--pipeline-model-parallel-size" ? &flags.pipeline_parallel
+                        : args[i] == "--max-num-batched-tokens" ? &flags.max_batched_tokens
                         : args[i] == "--decoder-first-pipeline-num-layers" ? &flags.first_stage_layers
                         : args[i] == "--decoder-last-pipeline-num-layers" ? &flags.last_stage_layers
                                                          : nullptr;
@@ -118,6 +127,15 @@ int whole_parallel_size(const std::string& flag, const std::string& text) {
   const double n = text.empty() ? 1.0 : number_flag(flag, text);
   if (n < 1 || n != std::floor(n) || n > 65536) throw UserError(flag + " must be a whole number >= 1, got " + text);
   return static_cast<int>(n);
+}
+
+// EngineOptions::prefill_chunk: --max-num-batched-tokens (2048 with --enable-chunked-prefill
+// alone); 0 without either.
+int64_t prefill_chunk(const InferenceModelFlags& flags) {
+  if (flags.max_batched_tokens.empty()) return flags.chunked_prefill ? 2048 : 0;
+  const double n = number_flag("--max-num-batched-tokens", flags.max_batched_tokens);
+  if (n < 1 || n != std::floor(n)) throw UserError("--max-num-batched-tokens must be a whole number >= 1, got " + flags.max_batched_tokens);
+  return static_cast<int64_t>(n);
 }
 
 }  // namespace
@@ -172,12 +190,14 @@ EngineOptions engine_options_for(const InferenceModelFlags& flags, const Generat
     options.detokenize = [tokenizer](const std::vector<int64_t>& ids) { return tokenizer->decode(ids); };
   }
   options.pipeline = g.parallel.pp;
+  options.prefill_chunk = prefill_chunk(flags);
   return options;
 }
 
 GenerationModel load_inference_model(const InferenceModelFlags& flags, const std::string& command) {
   check_cuda_graph_impl(flags);  // bad values are refused before the model loads
   check_attention_backend(flags);
+  prefill_chunk(flags);
   const int tp = whole_parallel_size("--tensor-model-parallel-size", flags.tensor_parallel);
   const int pp = whole_parallel_size("--pipeline-model-parallel-size", flags.pipeline_parallel);
   const dist::LaunchEnv env = dist::launch_env_from_environment();

@@ -27,6 +27,8 @@ struct InferenceModelFlags {
   std::string attention_backend = "auto";  // --attention-backend auto|flash|decode: EngineOptions::decode_kernels
   bool decode_norms_in_gemv = false;       // --decode-norms-in-gemv: EngineOptions::decode_kernels
   bool decode_rope_in_gemv = false;        // --decode-rope-in-gemv: EngineOptions::decode_kernels
+  bool chunked_prefill = false;            // --enable-chunked-prefill: EngineOptions::prefill_chunk
+  std::string max_batched_tokens;          // --max-num-batched-tokens N: the chunk (implies chunked prefill)
 };
 
 // The newer decode kernels asked for (EngineOptions::decode_kernels): --attention-backend decode

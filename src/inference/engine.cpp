@@ -137,16 +137,34 @@ void Engine::step() {
     stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   }
   if (running_.empty()) in_flight_.reset();  // its rows all belong to finished sequences
+  // A long prompt's next chunk (prefill_chunk): one a step, so running sequences keep decoding.
+  const bool chunk_ran = chunked_ != nullptr;
+  if (chunked_) prefill_next_chunk();
+  const size_t chunk = options_.prefill_chunk > 0 ? size_t(options_.prefill_chunk) : SIZE_MAX;
+  const size_t most_tokens = std::min(kPrefillTokens, chunk);
   while (!waiting_.empty() && !free_slots_.empty()) {
+    if (waiting_.front()->request.prompt.size() > chunk) {
+      // A prompt longer than a chunk: prefilled a chunk a step, one such prompt at a time (another
+      // waits for it, and so do the prompts behind that one: first come, first served); its first
+      // chunk in a step that ran none. Short prompts behind a prompt being chunked are prefilled
+      // meanwhile, from the next step.
+      if (chunked_ || chunk_ran) break;
+      chunked_ = std::move(waiting_.front());
+      waiting_.pop_front();
+      chunked_->slot = free_slots_.back();
+      free_slots_.pop_back();
+      prefill_next_chunk();
+      break;
+    }
     // The first waiting request and those right behind it share one forward (first come, first
-    // served), up to the free slots and kPrefillTokens, the shorter prompts padded to the longest
-    // while padding stays within kPrefillPadding of the forward's tokens.
+    // served), up to the free slots and kPrefillTokens (or a chunk), the shorter prompts padded to
+    // the longest while padding stays within kPrefillPadding of the forward's tokens.
     std::vector<std::unique_ptr<Sequence>> group;
     size_t longest = 0, real = 0;
     while (!waiting_.empty() && !free_slots_.empty()) {
       const size_t length = waiting_.front()->request.prompt.size();
       const size_t padded_longest = std::max(longest, length), rows = (group.size() + 1) * padded_longest;
-      if (!group.empty() && (rows > kPrefillTokens || (!pads_prompts_ && length != longest) ||
+      if (!group.empty() && (rows > most_tokens || (!pads_prompts_ && length != longest) ||
                              double(rows - real - length) > kPrefillPadding * double(rows))) {
         break;
       }
@@ -166,6 +184,41 @@ void Engine::step() {
       if (sequence->slot >= 0) running_.push_back(std::move(sequence));
     }
   }
+}
+
+void Engine::prefill_next_chunk() {
+  const auto began = std::chrono::steady_clock::now();
+  Sequence& sequence = *chunked_;
+  const GenerationRequest& r = sequence.request;
+  const int64_t length = int64_t(r.prompt.size()), from = sequence.prefilled;
+  const int64_t n = std::min(options_.prefill_chunk, length - from);
+  const bool last = from + n == length;
+  KvCacheStep step(cache_, {sequence.slot}, n, device_);  // after the chunks before it
+  if (options_.cuda_graphs) step.allow_reading_in_place();
+  const std::vector<int64_t> ids(r.prompt.begin() + from, r.prompt.begin() + from + n);
+  const at::Tensor tokens = at::tensor(ids, at::kLong).view({1, n}).to(device_);  // [1, n]
+  const at::Tensor logits = logits_of(tokens, step, !r.prompt_logprobs).select(1, 0);  // [n or 1, V]
+  step.commit();
+  sequence.prefilled += n;
+  stats_.prefill_tokens += n;
+  stats_.prefills += 1;
+  if (r.prompt_logprobs) {
+    // Row i predicts prompt token from + i + 1 (the last chunk's last row: the first new token).
+    const int64_t rows = last ? n - 1 : n;
+    const at::Tensor log_probs = logits.narrow(0, 0, rows).to(at::kCPU, at::kFloat).log_softmax(-1);  // [rows, V]
+    for (int64_t i = 0; i < rows; ++i) {
+      sequence.result.prompt_logprobs.push_back(token_logprob(log_probs[i], r.prompt[size_t(from + i + 1)], std::max<int64_t>(r.logprobs, 0)));
+    }
+  }
+  if (last) {
+    std::unique_ptr<Sequence> done = std::move(chunked_);
+    if (advance(*done, logits[-1])) {
+      finish(*done);
+    } else {
+      running_.push_back(std::move(done));
+    }
+  }
+  stats_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
 }
 
 at::Tensor Engine::decode_logits(const std::vector<int64_t>& slots, const at::Tensor& tokens, const std::vector<int64_t>& last) {
@@ -461,6 +514,11 @@ bool Engine::cancel(int64_t id) {
       running_.erase(it);
       return true;
     }
+  }
+  if (chunked_ && chunked_->id == id) {
+    release_slot(chunked_->slot);
+    chunked_.reset();
+    return true;
   }
   return false;
 }

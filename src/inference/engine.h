@@ -102,6 +102,11 @@ struct EngineOptions {
   // and --decode-rope-in-gemv (with cuda_graphs, where attention reads the cache in place),
   // --decode-norms-in-gemv.
   DecodeKernels decode_kernels;
+  // Chunked prefill (--enable-chunked-prefill): a prompt longer than this many tokens is prefilled
+  // that many a step, one step's chunk between two decode steps of the running sequences, so they
+  // keep decoding while it is read (and its activations stay a chunk's); prompts prefilled
+  // together take at most this many tokens too. 0: every prompt in one forward.
+  int64_t prefill_chunk = 0;
   // The pipeline stages (the model is this stage's chunk; its rank in the group is its stage):
   // each forward runs stage by stage, the hidden states [s, b, h] sent to the next, and the last
   // stage's logits broadcast to all, so every stage draws the same tokens. Default: one stage.
@@ -121,7 +126,7 @@ class Engine {
   // One step: the running requests each decode a token (one forward for all), then waiting
   // requests take the free slots and are prefilled (choosing their first token).
   void step();
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  bool idle() const { return running_.empty() && waiting_.empty() && !chunked_; }
   // Drops a waiting or running request (its slot freed, no result kept); false if it is not
   // there (finished, or unknown).
   bool cancel(int64_t id);
@@ -150,6 +155,7 @@ class Engine {
     GenerationResult result;
     at::Generator generator;
     bool text_final = false;  // result.text already cut before a stop string
+    int64_t prefilled = 0;    // prompt tokens in the cache so far (a prompt prefilled in chunks)
   };
   // A decode step launched and not yet read: its sequences (by id, in row order) and their tokens
   // on the way to the host.
@@ -202,6 +208,9 @@ class Engine {
   // The share of a prefill forward's tokens that may be padding: one forward instead of one per
   // prompt length, for at most this much more work.
   static constexpr double kPrefillPadding = 0.25;
+  // The next chunk of the prompt being prefilled in chunks (EngineOptions::prefill_chunk); after
+  // its last, the sequence chooses its first token and runs.
+  void prefill_next_chunk();
   // Whether a stop string shows in the decoded text of the sequence's last tokens.
   bool stop_string_in_tail(const Sequence& s) const;
   void finish(Sequence& sequence);  // its slot freed, its result kept for take_result
@@ -222,6 +231,7 @@ class Engine {
   std::vector<int64_t> free_slots_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
+  std::unique_ptr<Sequence> chunked_;  // holds a slot, its prompt prefilled a chunk a step
   std::map<int64_t, GenerationResult> finished_;
   std::optional<StepInFlight> in_flight_;  // decode_ahead: launched, not read yet
   int64_t next_id_ = 0;

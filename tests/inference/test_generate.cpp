@@ -147,6 +147,66 @@ TEST(Engine, PromptsWaitingTogetherArePrefilledTogetherAsAlone) {
   EXPECT_EQ(grouped[1].prompt_logprobs.size(), 1u);
 }
 
+// A prompt longer than the chunk (EngineOptions::prefill_chunk) is prefilled a chunk a step while
+// the running sequences decode between its chunks; each request continues, and reports its
+// prompt's log-probabilities, as without chunks (sampled, and greedy decoding ahead); a short
+// prompt behind it is prefilled from the step after its first chunk; one cancelled between chunks
+// frees its slot.
+TEST(Engine, LongPromptsArePrefilledAChunkAStepAsWhole) {
+  const auto model = tiny_model();
+  GenerationRequest long_one = sampled({5, 1, 7, 2, 9, 3, 8, 8, 4, 6, 2}, 21, 6);  // 11 tokens: chunks of 4, 4, 3
+  long_one.prompt_logprobs = true;
+  long_one.logprobs = 2;
+  for (const bool greedy : {false, true}) {
+    std::vector<GenerationRequest> requests = {sampled({3, 4, 5}, 11, 8), long_one, sampled({6, 5}, 15, 4)};
+    if (greedy) {
+      for (auto& r : requests) r.sampling.greedy = true;
+      requests[1].logprobs = -1;  // so every sequence decodes ahead
+      requests[1].prompt_logprobs = false;
+    }
+    Engine whole(*model, {.max_batch = 4, .vocab_size = 64});
+    const auto want = whole.generate(requests);
+    Engine chunked(*model, {.max_batch = 4, .vocab_size = 64, .decode_ahead = greedy, .prefill_chunk = 4});
+    std::vector<int64_t> first_tokens(3, 0);
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      GenerationRequest r = requests[i];
+      r.on_token = [&first_tokens, i](int64_t) { ++first_tokens[i]; };
+      ids.push_back(chunked.submit(r));
+      if (i == 0) chunked.step();  // the short prompt runs before the long one arrives
+    }
+    chunked.step();  // a decode step, the long prompt's first chunk; the one behind it waits
+    if (!greedy) EXPECT_EQ(first_tokens, (std::vector<int64_t>{2, 0, 0}));
+    chunked.step();  // a decode step, its second chunk, and the short prompt behind it
+    if (!greedy) EXPECT_EQ(first_tokens, (std::vector<int64_t>{3, 0, 1})) << "the first decodes between the chunks";
+    chunked.step();  // a decode step and its last chunk: its first token
+    if (!greedy) EXPECT_EQ(first_tokens, (std::vector<int64_t>{4, 1, 2}));
+    while (!chunked.idle()) chunked.step();
+    EXPECT_EQ(chunked.stats().prefills, 1 + 3 + 1);
+    EXPECT_EQ(chunked.stats().prefill_tokens, 3 + 11 + 2);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const GenerationResult got = *chunked.take_result(ids[i]);
+      EXPECT_EQ(got.tokens, want[i].tokens) << "request " << i << (greedy ? ", greedy" : "");
+      ASSERT_EQ(got.prompt_logprobs.size(), want[i].prompt_logprobs.size()) << "request " << i;
+      for (size_t t = 0; t < got.prompt_logprobs.size(); ++t) {
+        EXPECT_NEAR(got.prompt_logprobs[t].logprob, want[i].prompt_logprobs[t].logprob, 1e-5) << "request " << i << ", token " << t;
+        ASSERT_EQ(got.prompt_logprobs[t].top.size(), want[i].prompt_logprobs[t].top.size());
+        for (size_t k = 0; k < got.prompt_logprobs[t].top.size(); ++k) {
+          EXPECT_EQ(got.prompt_logprobs[t].top[k].first, want[i].prompt_logprobs[t].top[k].first) << "request " << i << ", token " << t;
+        }
+      }
+    }
+    if (!greedy) EXPECT_EQ(want[1].prompt_logprobs.size(), 10u);
+  }
+  Engine engine(*model, {.max_batch = 1, .vocab_size = 64, .prefill_chunk = 4});
+  const int64_t id = engine.submit(long_one);
+  engine.step();
+  EXPECT_FALSE(engine.idle());
+  EXPECT_TRUE(engine.cancel(id));
+  EXPECT_TRUE(engine.idle());
+  EXPECT_EQ(engine.generate({sampled({3, 4, 5}, 11, 8)})[0].tokens.size(), 8u) << "the slot is free again";
+}
+
 // A detokenizer for the tiny model: each id decodes as one letter.
 std::string letters(const std::vector<int64_t>& ids) {
   std::string s;
@@ -355,6 +415,15 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   ASSERT_EQ(split.status, 0) << split.output;
   EXPECT_NE(split.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << split.output;
   EXPECT_EQ(split.output.find("[rank 1] 40 41"), std::string::npos) << "only the first rank prints:\n" << split.output;
+  // The prompt in chunks of 3 (the running request decoding between them): the same text.
+  auto chunked = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--max-new-tokens", "6",
+                                     "--device", "cpu", "--max-num-batched-tokens", "3"});
+  ASSERT_EQ(chunked.status, 0) << chunked.output;
+  EXPECT_NE(chunked.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << chunked.output;
+  EXPECT_NE(chunked.output.find("prefill: 4 tokens in 2 forwards"), std::string::npos) << chunked.output;
+  auto bad_chunk = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "1", "--max-num-batched-tokens", "0"});
+  EXPECT_EQ(bad_chunk.status, 2);
+  EXPECT_NE(bad_chunk.output.find("--max-num-batched-tokens must be a whole number >= 1, got 0"), std::string::npos) << bad_chunk.output;
   // Over two pipeline stages: each loads its layer of the checkpoint (saved whole), the same text.
   auto staged = test::run_megatron({"launch", "--nproc-per-node", "2", "--master-port", "0", "generate", "--load", dir / "ckpt",
                                     "--prompt", "40 41 42 43", "--greedy", "--max-new-tokens", "6", "--device", "cpu",
