@@ -256,20 +256,14 @@ for metric in ("exact_match,strict-match", "exact_match,flexible-extract"):
     assert hf_gsm[metric] == gsm_results[metric], f"{metric}: lm-eval {hf_gsm[metric]}, megatron eval {gsm_results[metric]}"
 print(f"gsm8k: responses equal lm_eval hf's for {len(gsm_samples)} documents; exact match strict "
       f"{gsm_results['exact_match,strict-match']:.4f} flexible {gsm_results['exact_match,flexible-extract']:.4f}", flush=True)
-# 4. The model split over two tensor-parallel ranks scores what one rank scores.
-split = ours("mc_test", "multiple_choice", "mc_dev", 1, ["--tensor-model-parallel-size", "2"],
-             launch=["launch", "--nproc-per-node", "2", "--master-port", "0"], out=f"{work}/mc_test_tp2.json")
-for metric in ("acc,none", "acc_norm,none"):
-    assert split["results"]["mc_test"][metric] == mc["results"]["mc_test"][metric], (metric, split["results"], mc["results"])
-for one, two in zip(mc["samples"]["mc_test"], split["samples"]["mc_test"], strict=True):
-    assert max(abs(a - b) for a, b in zip(one["loglikelihoods"], two["loglikelihoods"], strict=True)) < 1e-5, (one, two)
-print("multiple choice over two tensor-parallel ranks: the scores and log-likelihoods of one rank", flush=True)
-# 5. And over two pipeline stages (one layer each; the logits broadcast from the last).
-staged = ours("mc_test", "multiple_choice", "mc_dev", 1, ["--pipeline-model-parallel-size", "2"],
-              launch=["launch", "--nproc-per-node", "2", "--master-port", "0"], out=f"{work}/mc_test_pp2.json")
-for metric in ("acc,none", "acc_norm,none"):
-    assert staged["results"]["mc_test"][metric] == mc["results"]["mc_test"][metric], (metric, staged["results"], mc["results"])
-for one, two in zip(mc["samples"]["mc_test"], staged["samples"]["mc_test"], strict=True):
-    assert max(abs(a - b) for a, b in zip(one["loglikelihoods"], two["loglikelihoods"], strict=True)) < 1e-5, (one, two)
-print("multiple choice over two pipeline stages: the scores and log-likelihoods of one rank", flush=True)
+# 4. The model split over two tensor-parallel ranks, or two pipeline stages (one layer each, the
+# logits broadcast from the last), scores what one rank scores.
+for flag, what in (("--tensor-model-parallel-size", "two tensor-parallel ranks"), ("--pipeline-model-parallel-size", "two pipeline stages")):
+    split = ours("mc_test", "multiple_choice", "mc_dev", 1, [flag, "2"], launch=["launch", "--nproc-per-node", "2", "--master-port", "0"],
+                 out=f"{work}/mc_test_split.json")
+    for metric in ("acc,none", "acc_norm,none"):
+        assert split["results"]["mc_test"][metric] == mc["results"]["mc_test"][metric], (what, metric, split["results"], mc["results"])
+    for one, two in zip(mc["samples"]["mc_test"], split["samples"]["mc_test"], strict=True):
+        assert max(abs(a - b) for a, b in zip(one["loglikelihoods"], two["loglikelihoods"], strict=True)) < 1e-5, (what, one, two)
+    print(f"multiple choice over {what}: the scores and log-likelihoods of one rank", flush=True)
 print("all checks passed")

@@ -250,56 +250,37 @@ except subprocess.TimeoutExpired:
     code = "hung"
 check(code == 0 and any("stopped" in line for line in log), f"SIGTERM: the server exits 0 (got {code})")
 
-# --- the model split over two tensor-parallel ranks (`megatron launch`; the first rank serves, the
-# other's engine follows it): the text of one rank, greedy and sampled, also for requests at once
-# and after an idle spell longer than the followers' keep-alive; SIGTERM stops both ranks
-# (--kill-timeout: the launcher's grace after forwarding SIGTERM must cover the drain, which waits
-# for the client's idle keep-alive connections too)
-proc, port, log = start("--tensor-model-parallel-size", "2",
-                        launch=["launch", "--nproc-per-node", "2", "--master-port", "0", "--kill-timeout", "120"])
-split = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
-check(any("split over 2 tensor-parallel ranks" in line for line in log), "two ranks: the banner says the model is split")
-greedy_split = split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
-check(greedy_split.choices[0].text == a.choices[0].text, "two ranks: the greedy text of one rank")
-with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    sampled = list(pool.map(lambda _: split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=1.0,
-                                                               seed=5).choices[0].text, range(4)))
-check(sampled == [s1.choices[0].text] * 4, "two ranks: four sampled requests at once, each the text of one rank")
-time.sleep(11)  # idle past the keep-alive the leader sends every 10 s
-again = split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
-check(again.choices[0].text == a.choices[0].text, "two ranks: answers after an idle spell")
-proc.send_signal(signal.SIGTERM)
-try:
-    code = proc.wait(timeout=120)
-except subprocess.TimeoutExpired:
-    proc.kill()
-    code = "hung"
-time.sleep(0.5)  # the reader thread takes the last lines
-stopped = any("[rank 0] > stopped" in line for line in log) and not any("SIGKILL" in line or "launch: rank" in line for line in log)
-check(code == 128 + signal.SIGTERM and stopped,  # the launcher's status after a signal, as a shell's
-      f"two ranks: SIGTERM stops both, the first after answering, the other after it (status {code})")
-
-# --- over two pipeline stages: the first rank's server leads the other stage's engine too (the
-# model-parallel group); the greedy and sampled text of one rank; SIGTERM stops both
-proc, port, log = start("--pipeline-model-parallel-size", "2",
-                        launch=["launch", "--nproc-per-node", "2", "--master-port", "0", "--kill-timeout", "120"])
-staged = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
-check(any("split over 2 pipeline stages" in line for line in log), "two stages: the banner says the model is split")
-greedy_staged = staged.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
-check(greedy_staged.choices[0].text == a.choices[0].text, "two stages: the greedy text of one rank")
-with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    sampled = list(pool.map(lambda _: staged.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=1.0,
-                                                                seed=5).choices[0].text, range(2)))
-check(sampled == [s1.choices[0].text] * 2, "two stages: two sampled requests at once, each the text of one rank")
-proc.send_signal(signal.SIGTERM)
-try:
-    code = proc.wait(timeout=120)
-except subprocess.TimeoutExpired:
-    proc.kill()
-    code = "hung"
-time.sleep(0.5)
-stopped = any("[rank 0] > stopped" in line for line in log) and not any("SIGKILL" in line or "launch: rank" in line for line in log)
-check(code == 128 + signal.SIGTERM and stopped, f"two stages: SIGTERM stops both (status {code})")
+# --- the model split over two ranks (`megatron launch`; the first rank serves, the other's engine
+# follows it): two tensor-parallel ranks, then two pipeline stages (the first rank leads the other
+# stage over the model-parallel group). The text of one rank, greedy and sampled, also for requests
+# at once and (TP) after an idle spell longer than the followers' keep-alive; SIGTERM stops both
+# ranks (--kill-timeout: the launcher's grace after forwarding SIGTERM must cover the drain, which
+# waits for the client's idle keep-alive connections too)
+for what, flag, banner, at_once, idle in (("two ranks", "--tensor-model-parallel-size", "split over 2 tensor-parallel ranks", 4, True),
+                                          ("two stages", "--pipeline-model-parallel-size", "split over 2 pipeline stages", 2, False)):
+    proc, port, log = start(flag, "2", launch=["launch", "--nproc-per-node", "2", "--master-port", "0", "--kill-timeout", "120"])
+    split = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    check(any(banner in line for line in log), f"{what}: the banner says the model is split")
+    greedy_split = split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+    check(greedy_split.choices[0].text == a.choices[0].text, f"{what}: the greedy text of one rank")
+    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+        sampled = list(pool.map(lambda _: split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=1.0,
+                                                                   seed=5).choices[0].text, range(at_once)))
+    check(sampled == [s1.choices[0].text] * at_once, f"{what}: {at_once} sampled requests at once, each the text of one rank")
+    if idle:
+        time.sleep(11)  # idle past the keep-alive the leader sends every 10 s
+        again = split.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+        check(again.choices[0].text == a.choices[0].text, f"{what}: answers after an idle spell")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = "hung"
+    time.sleep(0.5)  # the reader thread takes the last lines
+    stopped = any("[rank 0] > stopped" in line for line in log) and not any("SIGKILL" in line or "launch: rank" in line for line in log)
+    check(code == 128 + signal.SIGTERM and stopped,  # the launcher's status after a signal, as a shell's
+          f"{what}: SIGTERM stops both, the first after answering, the other after it (status {code})")
 
 if failures:
     print("\n".join(["", "server log:"] + log[-20:]))
