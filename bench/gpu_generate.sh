@@ -7,7 +7,7 @@
 # prompts decoded together (128 new tokens each): output tokens/s with and without the prefills;
 # each eagerly (--cuda-graph-impl none) and with decode graphs (the default on a GPU: attention over the
 # cache in place). GENERATE_QUICK=1: only the default engine (batch 1 and 64) alternated with
-# GENERATE_VARIANTS's flag sets (batch 1 three rounds, batch 64 one; with GENERATE_BEFORE=BINARY
+# GENERATE_VARIANTS's flag sets (batch 1 GENERATE_ROUNDS rounds, default 3, batch 64 one; with GENERATE_BEFORE=BINARY
 # also against that binary), and HF compiled.
 set -uo pipefail
 bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
@@ -45,7 +45,7 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
   # up to 25% between runs of one binary, so rounds alternate.
   all_new="--attention-backend decode --decode-norms-in-gemv --decode-rope-in-gemv"
   IFS=';' read -r -a variants <<< "${GENERATE_VARIANTS:-;--attention-backend decode;--decode-norms-in-gemv;--decode-rope-in-gemv;$all_new}"
-  for round in 1 2 3; do
+  for round in $(seq "${GENERATE_ROUNDS:-3}"); do
     for flags in "${variants[@]}"; do
       echo "megatron.cpp batch 1 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy \
         --ignore-eos --max-new-tokens 256 $flags --prompt "$text" 2>&1 >/dev/null | grep -o 'decode: .*')"

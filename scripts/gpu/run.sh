@@ -242,8 +242,13 @@ if [ "$what" = generate-test ]; then
   (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-GenerationCuda|CudaParity}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
   # The decode step's kernels against what they replace (bench/decode_kernels_bench.cpp).
   build-gpu/megatron_bench_decode_kernels ${DECODE_BENCH_FLAGS:-} 2>&1 | tee "$out/decode-kernels.log"
-  # GENERATE_FIGURES=0: the tests and the kernels bench only (generate-bench times the rest).
-  [ "${GENERATE_FIGURES:-1}" = 0 ] || bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log"
+  # GENERATE_FIGURES=0: the tests and the kernels bench only (generate-bench times the rest);
+  # quick: then GENERATE_QUICK's figures (the default against GENERATE_VARIANTS, HF compiled).
+  case "${GENERATE_FIGURES:-1}" in
+    0) ;;
+    quick) GENERATE_QUICK=1 bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log" ;;
+    *) bash bench/gpu_generate.sh build-gpu/megatron "$py" .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | tee "$out/generate.log" ;;
+  esac
 fi
 if [ "$what" = decode-kernels ]; then
   build-gpu/megatron_bench_decode_kernels ${DECODE_BENCH_FLAGS:-} 2>&1 | tee "$out/decode-kernels.log"
