@@ -175,7 +175,7 @@ int generate(const Args& args) {
                1e3 * t.decode_seconds, 1e3 * t.decode_seconds / std::max<int64_t>(t.decode_steps, 1),
                t.decode_tokens / std::max(t.decode_seconds, 1e-9),
                (engine.decode_mode() + (engine_options.decode_ahead ? ", " + std::to_string(t.steps_ahead) + " launched ahead" : "") +
-                decode_kernels_note(engine_options.decode_kernels, engine.decode_kernels_run()))
+                decode_kernels_note(asked_decode_kernels(model_flags), engine.decode_kernels_run()))
                    .c_str());
   return 0;
 }

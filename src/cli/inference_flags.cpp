@@ -38,11 +38,12 @@ const char* kInferenceModelFlagsHelp =
     "                               default: on a GPU)\n"
     "  --attention-backend auto|flash|decode  attention of decode steps over the KV cache: auto (default) and\n"
     "                               flash: FA2; decode: this project's one-launch kernel where it takes the\n"
-    "                               step (not yet measured on a GPU)\n"
+    "                               step (faster below ~1000 keys at batch <= 16, slower beyond)\n"
     "  --decode-norms-in-gemv       batch-1 decode steps compute the norms before QKV and fc1 inside their\n"
-    "                               GEMVs (not yet measured on a GPU)\n"
-    "  --decode-rope-in-gemv        batch-1 decode steps rotate the queries and keys into the KV cache in\n"
-    "                               the QKV GEMV's epilogue (not yet measured on a GPU)\n"
+    "                               GEMVs (measured slower than the norm kernels: off by default)\n"
+    "  --decode-rope-in-gemv, --no-decode-rope-in-gemv  batch-1 decode steps rotate the queries and keys\n"
+    "                               into the KV cache in the QKV GEMV's epilogue (default: on where decode\n"
+    "                               steps read the cache in place, a GPU with --cuda-graph-impl auto)\n"
     "  --enable-chunked-prefill     prefill a long prompt a chunk a step, the running requests decoding\n"
     "                               between its chunks (default off: a prompt in one forward)\n"
     "  --max-num-batched-tokens N   the chunk: the prompt tokens one prefill forward takes at most\n"
@@ -70,8 +71,8 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
     flags.decode_norms_in_gemv = true;
     return true;
   }
-  if (args[i] == "--decode-rope-in-gemv") {
-    flags.decode_rope_in_gemv = true;
+  if (args[i] == "--decode-rope-in-gemv" || args[i] == "--no-decode-rope-in-gemv") {
+    flags.decode_rope_in_gemv = args[i] == "--decode-rope-in-gemv" ? "on" : "off";
     return true;
   }
   if (args[i] == "--enable-chunked-prefill") {
@@ -140,27 +141,36 @@ int64_t prefill_chunk(const InferenceModelFlags& flags) {
 
 }  // namespace
 
-DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationModel& g) {
+DecodeKernels asked_decode_kernels(const InferenceModelFlags& flags) {
   check_attention_backend(flags);
   DecodeKernels kernels;
   kernels.attention = flags.attention_backend == "decode";
   kernels.norms_in_gemv = flags.decode_norms_in_gemv;
-  kernels.rope_in_gemv = flags.decode_rope_in_gemv;
+  kernels.rope_in_gemv = flags.decode_rope_in_gemv == "on";
+  return kernels;
+}
+
+DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationModel& g) {
+  DecodeKernels kernels = asked_decode_kernels(flags);
   const bool asked = kernels.attention || kernels.norms_in_gemv || kernels.rope_in_gemv;
+  const bool in_place = g.device.is_cuda() && decode_cuda_graphs(flags, g);
   if (asked && !g.device.is_cuda()) {
     std::fprintf(stderr, "warning: --attention-backend decode, --decode-norms-in-gemv and --decode-rope-in-gemv are CUDA kernels; "
                          "with the model on the CPU they change nothing\n");
-  } else if ((kernels.attention || kernels.rope_in_gemv) && !decode_cuda_graphs(flags, g)) {
+  } else if ((kernels.attention || kernels.rope_in_gemv) && !in_place) {
     std::fprintf(stderr, "warning: --attention-backend decode and --decode-rope-in-gemv need decode steps that read the KV cache "
                          "in place (--cuda-graph-impl auto or local); with --cuda-graph-impl none they change nothing\n");
   }
+  // RoPE in the QKV GEMV: on by default where it can run, on one GPU as measured (an H100, session
+  // 34: 1.52 -> 1.49 ms a batch-1 step; docs/performance.md).
+  if (flags.decode_rope_in_gemv == "auto") kernels.rope_in_gemv = in_place && g.parallel.world_size == 1;
   return kernels;
 }
 
 std::string decode_kernels_note(const DecodeKernels& asked, const DecodeKernels& run) {
   std::string ran, missed;
   auto add = [&](bool was_asked, bool did_run, const char* name) {
-    if (!was_asked) return;
+    if (!was_asked && !did_run) return;
     std::string& list = did_run ? ran : missed;
     list += (list.empty() ? "" : ", ") + std::string(name);
   };

@@ -26,18 +26,21 @@ struct InferenceModelFlags {
   std::string decode_ahead = "auto";     // --decode-ahead / --no-decode-ahead: EngineOptions::decode_ahead
   std::string attention_backend = "auto";  // --attention-backend auto|flash|decode: EngineOptions::decode_kernels
   bool decode_norms_in_gemv = false;       // --decode-norms-in-gemv: EngineOptions::decode_kernels
-  bool decode_rope_in_gemv = false;        // --decode-rope-in-gemv: EngineOptions::decode_kernels
+  std::string decode_rope_in_gemv = "auto";  // --decode-rope-in-gemv / --no-decode-rope-in-gemv: EngineOptions::decode_kernels
   bool chunked_prefill = false;            // --enable-chunked-prefill: EngineOptions::prefill_chunk
   std::string max_batched_tokens;          // --max-num-batched-tokens N: the chunk (implies chunked prefill)
 };
 
-// The newer decode kernels asked for (EngineOptions::decode_kernels): --attention-backend decode
-// (auto, the default, and flash: FA2), --decode-norms-in-gemv, --decode-rope-in-gemv. UserError
-// for another backend; a warning on stderr where those asked for cannot run (the model on the
-// CPU; attention and RoPE without decode steps reading the cache in place, --cuda-graph-impl none).
+// The decode kernels the flags ask for by name: --attention-backend decode (auto, the default,
+// and flash: FA2), --decode-norms-in-gemv, --decode-rope-in-gemv (UserError for another backend).
+DecodeKernels asked_decode_kernels(const InferenceModelFlags& flags);
+// Those the engine uses (EngineOptions::decode_kernels): the ones asked for, and RoPE in the QKV
+// GEMV by default where decode steps read the cache in place (a GPU with --cuda-graph-impl auto or
+// local; --no-decode-rope-in-gemv turns it off). A warning on stderr where those asked for cannot
+// run (the model on the CPU; attention and RoPE without decode steps reading the cache in place).
 DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationModel& g);
-// For the timing line: ", decode kernels run: ..." and ", asked for, not run: ..." over those asked
-// for; "" when none was.
+// For the timing line: ", decode kernels run: ..." (those the steps ran, asked for or default) and
+// ", asked for, not run: ..." (of `asked`, asked_decode_kernels); "" when none was run or asked for.
 std::string decode_kernels_note(const DecodeKernels& asked, const DecodeKernels& run);
 
 // Whether greedy decoding runs one step ahead (EngineOptions::decode_ahead): on with the model on a
