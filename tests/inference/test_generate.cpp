@@ -337,6 +337,31 @@ TEST(Engine, DecodeAheadChoosesTheTokensOfStepByStep) {
   EXPECT_EQ(by_step[7].tokens.size(), 10u);
 }
 
+// A padded step (prompts of different lengths in one forward): each sequence keeps its own
+// count of the new rows, its last kept row is read for its logits, and kept counts out of range
+// are refused.
+TEST(KvCacheStep, PaddedStepKeepsEachSequencesOwnRows) {
+  KvCache cache(1, 3, 8);
+  KvCacheStep step(cache, {2, 0}, 4, at::kCPU, {4, 2});
+  EXPECT_TRUE(step.padded());
+  EXPECT_EQ(step.kept(0), 4);
+  EXPECT_EQ(step.kept(1), 2);
+  const at::Tensor rows = at::arange(4 * 2 * 3, at::kFloat).view({4, 2, 3});  // [s, b, h]
+  const at::Tensor last = step.last_kept_rows(rows);                          // [1, b, h]
+  ASSERT_EQ(last.sizes(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(at::equal(last[0][0], rows[3][0]));
+  EXPECT_TRUE(at::equal(last[0][1], rows[1][1])) << "the second sequence's last kept token, not the padding after it";
+  step.commit();
+  EXPECT_EQ(cache.length(2), 4);
+  EXPECT_EQ(cache.length(0), 2);
+  KvCacheStep whole(cache, {1}, 3, at::kCPU, {3});
+  EXPECT_FALSE(whole.padded()) << "every sequence keeps every row: not padded";
+  EXPECT_TRUE(at::equal(whole.last_kept_rows(at::ones({3, 1, 2})), at::ones({1, 1, 2})));
+  EXPECT_THROW(KvCacheStep(cache, {1}, 3, at::kCPU, {4}), c10::Error) << "more kept than new rows";
+  EXPECT_THROW(KvCacheStep(cache, {1}, 3, at::kCPU, {0}), c10::Error) << "a sequence keeps at least one";
+  EXPECT_THROW(KvCacheStep(cache, {1, 0}, 3, at::kCPU, {2}), c10::Error) << "a count for each sequence";
+}
+
 // The fixed decode step of the CUDA graphs (KvCacheStep::fixed_decode): what it writes to its
 // device tensors for the sequences assigned, the scratch slot on the rows past them, only the
 // assigned slots grown on commit, and what it refuses.
