@@ -166,7 +166,7 @@ void attention_table(int iters) {
   const int64_t heads = 32, groups = 4, d = 64, capacity = 2048;
   const double scale = 1.0 / 8.0;
   std::printf("\ndecode attention over the cache (1.1B heads, capacity %lld): us a call\n", (long long)capacity);
-  std::printf("%6s %6s %10s %10s %8s\n", "batch", "keys", "FA2", "decode", "ratio");
+  std::printf("%6s %6s %10s %10s %8s %10s\n", "batch", "keys", "FA2", "decode", "ratio", "max |gap|");
   for (int64_t b : {1, 16, 64}) {
     for (int64_t keys : {128, 512, 2048}) {
       std::vector<at::Tensor> k_stores, v_stores;
@@ -190,7 +190,12 @@ void attention_table(int iters) {
         const int i = call++ % kCallsAGraph;
         kernels::decode_attention(q, k_stores[i], v_stores[i], key_starts, key_counts, capacity, scale, tickets);
       }, iters);
-      std::printf("%6lld %6lld %10.2f %10.2f %8.3f\n", (long long)b, (long long)keys, flash, decode, decode / flash);
+      // The two outputs side by side once (bf16: a gap of a few 1e-3 is rounding; a wrong merge is O(1)).
+      const at::Tensor want = std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1, capacity,
+                                                                       0.0, true, false, scale, std::nullopt, std::nullopt, key_counts));
+      const at::Tensor got = kernels::decode_attention(q, k_stores[0], v_stores[0], key_starts, key_counts, capacity, scale, tickets);
+      const double gap = (got.to(at::kFloat) - want.view_as(got).to(at::kFloat)).abs().max().item<double>();
+      std::printf("%6lld %6lld %10.2f %10.2f %8.3f %10.2e\n", (long long)b, (long long)keys, flash, decode, decode / flash, gap);
       std::fflush(stdout);
     }
   }
