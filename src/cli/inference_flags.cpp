@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
-#include <tuple>
 
 #include "core/errors.h"
 #include "distributed/launch_env.h"
@@ -123,20 +122,26 @@ void check_attention_backend(const InferenceModelFlags& flags) {
   }
 }
 
-// --tensor-model-parallel-size / --pipeline-model-parallel-size: 1 when not given.
-int whole_parallel_size(const std::string& flag, const std::string& text) {
-  const double n = text.empty() ? 1.0 : number_flag(flag, text);
-  if (n < 1 || n != std::floor(n) || n > 65536) throw UserError(flag + " must be a whole number >= 1, got " + text);
-  return static_cast<int>(n);
+// A flag's whole number from 1 to `most`; `fallback` when the flag was not given.
+int64_t whole_number_flag(const std::string& flag, const std::string& text, int64_t fallback, int64_t most) {
+  if (text.empty()) return fallback;
+  const double n = number_flag(flag, text);
+  if (n < 1 || n != std::floor(n) || n > double(most)) throw UserError(flag + " must be a whole number >= 1, got " + text);
+  return static_cast<int64_t>(n);
 }
 
 // EngineOptions::prefill_chunk: --max-num-batched-tokens (2048 with --enable-chunked-prefill
 // alone); 0 without either.
 int64_t prefill_chunk(const InferenceModelFlags& flags) {
-  if (flags.max_batched_tokens.empty()) return flags.chunked_prefill ? 2048 : 0;
-  const double n = number_flag("--max-num-batched-tokens", flags.max_batched_tokens);
-  if (n < 1 || n != std::floor(n)) throw UserError("--max-num-batched-tokens must be a whole number >= 1, got " + flags.max_batched_tokens);
-  return static_cast<int64_t>(n);
+  return whole_number_flag("--max-num-batched-tokens", flags.max_batched_tokens, flags.chunked_prefill ? 2048 : 0, int64_t(1) << 40);
+}
+
+// --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers (0: an even share).
+StageSplit stage_split(const InferenceModelFlags& flags) {
+  StageSplit split;
+  split.first_stage_layers = int(whole_number_flag("--decoder-first-pipeline-num-layers", flags.first_stage_layers, 0, 1000000));
+  split.last_stage_layers = int(whole_number_flag("--decoder-last-pipeline-num-layers", flags.last_stage_layers, 0, 1000000));
+  return split;
 }
 
 }  // namespace
@@ -208,8 +213,9 @@ GenerationModel load_inference_model(const InferenceModelFlags& flags, const std
   check_cuda_graph_impl(flags);  // bad values are refused before the model loads
   check_attention_backend(flags);
   prefill_chunk(flags);
-  const int tp = whole_parallel_size("--tensor-model-parallel-size", flags.tensor_parallel);
-  const int pp = whole_parallel_size("--pipeline-model-parallel-size", flags.pipeline_parallel);
+  const StageSplit split = stage_split(flags);
+  const int tp = int(whole_number_flag("--tensor-model-parallel-size", flags.tensor_parallel, 1, 65536));
+  const int pp = int(whole_number_flag("--pipeline-model-parallel-size", flags.pipeline_parallel, 1, 65536));
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   if (env.world_size != tp * pp) {
     const std::string asked = (tp > 1 ? "--tensor-model-parallel-size " + std::to_string(tp) : "") + (tp > 1 && pp > 1 ? " with " : "") +
@@ -244,14 +250,6 @@ GenerationModel load_inference_model(const InferenceModelFlags& flags, const std
     layout.tensor_model_parallel_size = tp;
     layout.pipeline_model_parallel_size = pp;
     ps = dist::ParallelState::build(*world, layout);
-  }
-  StageSplit split;
-  for (auto [flag, text, layers] : {std::tuple{"--decoder-first-pipeline-num-layers", &flags.first_stage_layers, &split.first_stage_layers},
-                                    std::tuple{"--decoder-last-pipeline-num-layers", &flags.last_stage_layers, &split.last_stage_layers}}) {
-    if (text->empty()) continue;
-    const double n = number_flag(flag, *text);
-    if (n < 1 || n != std::floor(n) || n > 1e6) throw UserError(std::string(flag) + " must be a whole number >= 1, got " + *text);
-    *layers = static_cast<int>(n);
   }
   GenerationModel g = flags.load.empty() ? load_hf_for_generation(flags.load_hf, flags.tokenizer_model, device, true, ps, split)
                                          : load_native_for_generation(flags.load, flags.tokenizer_model, device, ps, split);

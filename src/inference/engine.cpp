@@ -59,32 +59,31 @@ at::Tensor to_device_without_waiting(const std::vector<int64_t>& values, const a
   return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
+std::string decode_mode_of(const GPTModel& model, const EngineOptions& options, const at::Device& device) {
+  if (!options.cuda_graphs) return "eager";
+  if (options.pipeline.size() > 1) return "eager (not yet under pipeline parallelism)";
+  const std::string why = decode_graphs_unsupported(model, device);
+  return why.empty() ? kCudaGraphs : "eager (" + why + ")";
+}
+
+}  // namespace
+
 // The device and dtype of the chunk's weights (a middle pipeline stage has no embedding); a
 // parameter kept in fp32 under bf16 (a router's) says nothing of the activations.
-std::pair<at::Device, at::ScalarType> weights_of(const GPTModel& model) {
+Engine::ChunkWeights Engine::weights_of(const GPTModel& model) {
   for (const auto& item : model.named_parameters()) {
     if (!model.parameter_table().at(item.key()).keep_fp32) return {item.value().device(), item.value().scalar_type()};
   }
   TORCH_CHECK(false, "generation: the model chunk holds no weights");
 }
 
-std::string decode_mode_of(const GPTModel& model, const EngineOptions& options) {
-  if (!options.cuda_graphs) return "eager";
-  if (options.pipeline.size() > 1) return "eager (not yet under pipeline parallelism)";
-  const std::string why = decode_graphs_unsupported(model, weights_of(model).first);
-  return why.empty() ? kCudaGraphs : "eager (" + why + ")";
-}
-
-}  // namespace
-
 Engine::Engine(GPTModel& model, EngineOptions options)
     : model_(model),
       options_(std::move(options)),
-      device_(weights_of(model).first),
-      activation_dtype_(weights_of(model).second),
+      weights_(weights_of(model)),
       vocab_(options_.vocab_size > 0 ? options_.vocab_size : model.config().padded_vocab_size),
       max_batch_(std::max<int64_t>(1, options_.max_batch)),
-      decode_mode_(decode_mode_of(model, options_)),
+      decode_mode_(decode_mode_of(model, options_, weights_.device)),
       pads_prompts_(model.config().moe_expert_capacity_factor <= 0.0),
       cache_(static_cast<int64_t>(model.layers.size()), max_batch_ + (decode_mode_ == kCudaGraphs ? 1 : 0),
              options_.max_length > 0 ? options_.max_length : model_max_length(model)) {
@@ -92,7 +91,7 @@ Engine::Engine(GPTModel& model, EngineOptions options)
   for (int64_t slot = max_batch_ - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   model_.eval();
   cache_.use_decode_kernels(options_.decode_kernels);
-  if (cache_.slots() > max_batch_) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, cache_, /*scratch_slot=*/max_batch_, device_);
+  if (cache_.slots() > max_batch_) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, cache_, /*scratch_slot=*/max_batch_, weights_.device);
 }
 
 Engine::~Engine() = default;
@@ -175,11 +174,7 @@ void Engine::step() {
       group.back()->slot = free_slots_.back();
       free_slots_.pop_back();
     }
-    const auto began = std::chrono::steady_clock::now();
-    stats_.prefill_tokens += static_cast<int64_t>(real);
-    stats_.prefills += 1;
     prefill(group);
-    stats_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     for (auto& sequence : group) {
       if (sequence->slot >= 0) running_.push_back(std::move(sequence));
     }
@@ -193,10 +188,10 @@ void Engine::prefill_next_chunk() {
   const int64_t length = int64_t(r.prompt.size()), from = sequence.prefilled;
   const int64_t n = std::min(options_.prefill_chunk, length - from);
   const bool last = from + n == length;
-  KvCacheStep step(cache_, {sequence.slot}, n, device_);  // after the chunks before it
+  KvCacheStep step(cache_, {sequence.slot}, n, weights_.device);  // after the chunks before it
   if (options_.cuda_graphs) step.allow_reading_in_place();
   const std::vector<int64_t> ids(r.prompt.begin() + from, r.prompt.begin() + from + n);
-  const at::Tensor tokens = at::tensor(ids, at::kLong).view({1, n}).to(device_);  // [1, n]
+  const at::Tensor tokens = at::tensor(ids, at::kLong).view({1, n}).to(weights_.device);  // [1, n]
   const at::Tensor logits = logits_of(tokens, step, !r.prompt_logprobs).select(1, 0);  // [n or 1, V]
   step.commit();
   sequence.prefilled += n;
@@ -230,9 +225,9 @@ at::Tensor Engine::decode_logits(const std::vector<int64_t>& slots, const at::Te
     std::fprintf(stderr, "warning: decode steps run eagerly from now on: %s\n", decode_graphs_->failure().c_str());
     decode_graphs_.reset();
   }
-  KvCacheStep decode(cache_, slots, 1, device_);
+  KvCacheStep decode(cache_, slots, 1, weights_.device);
   if (options_.cuda_graphs) decode.allow_reading_in_place();
-  const at::Tensor fed = tokens.defined() ? tokens.view({-1, 1}) : at::tensor(last, at::kLong).view({-1, 1}).to(device_);  // [b, 1]
+  const at::Tensor fed = tokens.defined() ? tokens.view({-1, 1}) : at::tensor(last, at::kLong).view({-1, 1}).to(weights_.device);  // [b, 1]
   logits = logits_of(fed, decode, true)[0];
   decode.commit();
   return logits;
@@ -364,9 +359,14 @@ void Engine::accept_step(StepInFlight& step) {
 }
 
 void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {
+  const auto began = std::chrono::steady_clock::now();
   const int64_t b = static_cast<int64_t>(group.size());
   int64_t s = 0;
-  for (const auto& sequence : group) s = std::max<int64_t>(s, int64_t(sequence->request.prompt.size()));
+  for (const auto& sequence : group) {
+    s = std::max<int64_t>(s, int64_t(sequence->request.prompt.size()));
+    stats_.prefill_tokens += int64_t(sequence->request.prompt.size());
+  }
+  stats_.prefills += 1;
   std::vector<int64_t> slots, ids, kept;
   bool every_position = false;
   for (const auto& sequence : group) {
@@ -377,9 +377,9 @@ void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {
     ids.insert(ids.end(), size_t(s) - prompt.size(), prompt.back());  // padding: any id, never kept
     every_position = every_position || sequence->request.prompt_logprobs;
   }
-  KvCacheStep step(cache_, slots, s, device_, kept);
+  KvCacheStep step(cache_, slots, s, weights_.device, kept);
   if (options_.cuda_graphs) step.allow_reading_in_place();
-  const at::Tensor tokens = at::tensor(ids, at::kLong).view({b, s}).to(device_);  // [b, s]
+  const at::Tensor tokens = at::tensor(ids, at::kLong).view({b, s}).to(weights_.device);  // [b, s]
   // Every position's logits when a prompt's own log-probabilities are asked for, else each
   // prompt's last.
   const at::Tensor logits = logits_of(tokens, step, !every_position);  // [s or 1, b, V]
@@ -397,6 +397,7 @@ void Engine::prefill(const std::vector<std::unique_ptr<Sequence>>& group) {
     }
     if (advance(sequence, mine[every_position ? length - 1 : 0])) finish(sequence);
   }
+  stats_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
 }
 
 at::Tensor Engine::whole_vocabulary(const at::Tensor& logits) const {
@@ -414,14 +415,14 @@ at::Tensor Engine::logits_of(const at::Tensor& tokens, KvCacheStep& step, bool l
   const bool first = pp.rank() == 0, last = pp.rank() == pp.size() - 1;
   at::Tensor input;  // [s, b, h]
   if (!first) {
-    input = at::empty({s, b, h}, at::TensorOptions().dtype(activation_dtype_).device(device_));
+    input = at::empty({s, b, h}, at::TensorOptions().dtype(weights_.dtype).device(weights_.device));
     pp.recv(input, pp.rank() - 1);
   }
   const at::Tensor out = model_.forward_cached(tokens, step, last_position_only, input);
   if (!last) pp.send(out.contiguous(), pp.rank() + 1);
   // [s or 1, b, V]: the last stage's candidates, the same rows on every stage.
   at::Tensor logits = last ? whole_vocabulary(out).narrow(-1, 0, vocab_).contiguous()
-                           : at::empty({last_position_only ? 1 : s, b, vocab_}, at::TensorOptions().dtype(activation_dtype_).device(device_));
+                           : at::empty({last_position_only ? 1 : s, b, vocab_}, at::TensorOptions().dtype(weights_.dtype).device(weights_.device));
   pp.broadcast(logits, pp.size() - 1);
   return logits;
 }

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "distributed/process_group.h"
 #include "inference/decode_graphs.h"
 #include "inference/sampling.h"
 #include "inference/tokens_in_flight.h"
-#include "distributed/process_group.h"
 #include "model/kv_cache.h"
 
 namespace megatron {
@@ -219,8 +219,12 @@ class Engine {
 
   GPTModel& model_;
   EngineOptions options_;
-  at::Device device_;                 // where this stage's chunk lives
-  at::ScalarType activation_dtype_;   // of the hidden states and logits (its weights')
+  // Where this stage's chunk lives, and the dtype of its hidden states and logits (its weights').
+  struct ChunkWeights {
+    at::Device device;
+    at::ScalarType dtype;
+  } weights_;
+  static ChunkWeights weights_of(const GPTModel& model);
   int64_t vocab_;  // candidate ids [0, vocab_): options_.vocab_size, else the whole output layer
   int64_t max_batch_;
   std::string decode_mode_;

@@ -61,9 +61,10 @@ class GPTModel : public tp::DescribedModule {
 
   // Generation: tokens [b, s], the next s tokens of the step's b sequences, attending over what
   // the cache holds of them (the cache's layers are this chunk's) -> logits [s, b, V/tp] (with
-  // last_position_only [1, b, V/tp]: each sequence's last token the step keeps). The caller commits the step. Eval mode, no sequence
-  // parallelism. A pipeline chunk without pre-process starts from `input` [s, b, h], the previous
-  // stage's output; one without post-process returns its hidden states [s, b, h].
+  // last_position_only [1, b, V/tp]: each sequence's last token the step keeps). The caller
+  // commits the step. Eval mode, no sequence parallelism. A pipeline chunk without pre-process
+  // starts from `input` [s, b, h], the previous stage's output; one without post-process returns
+  // its hidden states [s, b, h].
   at::Tensor forward_cached(const at::Tensor& tokens, KvCacheStep& step, bool last_position_only = true, const at::Tensor& input = {});
 
   // Per-token cross entropy (fp32), [b, s]. Post-process chunk only.
