@@ -80,3 +80,20 @@ fp8_only() {
   echo "megatron.cpp, global batch 8, FP8, bf16 gradients and moments: tokens/s, TFLOP/s, max allocated MB = $fp8_state"
   echo "RATIO FP8 / bf16: $(ratio "$fp8" "${bf16%% *}") (default state), $(ratio "$fp8_state" "${bf16_state%% *}") (bf16 gradients and moments)"
 }
+# At global batch 8 with the baseline's precision of optimizer state or better (as precision_only),
+# the step eager and captured as one CUDA graph (--cuda-graph-impl local: the host launches nothing
+# per kernel), against the caller's `hf` baseline compiled; the ratios. The graph's capture line
+# is printed from the log: a run that fell back or failed shows none.
+graph_only() {
+  local eager graphed hf_compiled best
+  local state=(--use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)
+  eager=$(run_shape bf16_state_gbs8 8 "${state[@]}")
+  echo "megatron.cpp, global batch 8, real routing, bf16 gradients and moments, eager: tokens/s, TFLOP/s, max allocated MB = $eager"
+  graphed=$(run_shape bf16_state_graph_gbs8 8 "${state[@]}" --cuda-graph-impl local)
+  echo "megatron.cpp, global batch 8, real routing, bf16 gradients and moments, CUDA graph: tokens/s, TFLOP/s, max allocated MB = $graphed"
+  grep "CUDA graph: captured" "$out/bf16_state_graph_gbs8.log" || echo "(no capture line in the log)"
+  hf_compiled=$(hf --compile --iters 10 --grad-accum 8); echo "$hf_compiled"
+  best=$(hf_tokens "$hf_compiled" 8)
+  echo "RATIO global batch 8, to HF compiled ($best tok/s): eager $(ratio "$eager" "$best"), CUDA graph $(ratio "$graphed" "$best")" \
+       "(graph / eager $(ratio "$graphed" "${eager%% *}"))"
+}

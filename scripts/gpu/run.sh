@@ -35,6 +35,8 @@
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
+# `moe-graph`: the binary and the test program, the MoE CUDA tests (GPU_TESTS), then both MoE shapes (MOE_GRAPH_SHAPES)
+# at global batch 8 with bf16 optimizer state, eager against one CUDA graph a step, and HF compiled (GRAPH_ONLY).
 # `moe-fp8` (the megatron binary only): both MoE shapes at global batch 8 in bf16 and in FP8 (issue #24's
 # FP8 grouped GEMMs for the experts), each with default and bf16 optimizer state (FP8_ONLY).
 # `moe-test`: the whole build and the MoE and other CUDA tests. `moe` (the megatron binary only):
@@ -78,6 +80,7 @@ cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
 targets=(); case $what in generate-test) targets=(--target megatron megatron_tests megatron_bench_decode_kernels) ;; esac
+case $what in moe-graph) targets=(--target megatron megatron_tests) ;; esac
 case $what in generate-bench) targets=(--target megatron megatron_bench_decode_kernels) ;; esac
 case $what in decode-kernels) targets=(--target megatron_bench_decode_kernels) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
@@ -280,6 +283,15 @@ if [ "$what" = moe-precision ]; then
   # Both MoE shapes at global batch 8: default optimizer state, bf16 gradients and moments, HF compiled.
   PRECISION_ONLY=1 bash bench/gpu_moe.sh build-gpu/megatron "$py" /tmp/moe 2>&1 | tee "$out/moe-precision.log"
   PRECISION_ONLY=1 bash bench/gpu_deepseek.sh build-gpu/megatron "$py" /tmp/deepseek 2>&1 | tee "$out/deepseek-precision.log"
+fi
+if [ "$what" = moe-graph ]; then
+  # The MoE CUDA tests (the captured step against the eager one among them), then both MoE shapes at
+  # global batch 8 with bf16 gradients and moments, eager and as one CUDA graph a step, and HF compiled.
+  (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-MoeCuda}" > "$out/ctest.log" 2>&1)
+  tail -8 "$out/ctest.log"; grep "largest relative difference" build-gpu/Testing/Temporary/LastTest.log 2>/dev/null | head -12
+  for shape in ${MOE_GRAPH_SHAPES:-moe deepseek}; do
+    GRAPH_ONLY=1 bash "bench/gpu_$shape.sh" build-gpu/megatron "$py" "/tmp/$shape" 2>&1 | tee "$out/$shape-graph.log"
+  done
 fi
 if [ "$what" = moe-fp8 ]; then
   # Both MoE shapes at global batch 8 in bf16 and with FP8 GEMMs (the experts' grouped FP8 GEMMs).

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "moe/aux_loss.h"
+#include "moe/counts.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron::moe {
@@ -167,7 +168,7 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
     at::NoGradGuard no_grad;
     at::Tensor chosen = indices.reshape({-1});
     if (kept.defined()) chosen = at::where(kept.reshape({-1}), chosen, at::full({}, E, chosen.options()));  // dropped: bin E
-    const at::Tensor counts = at::bincount(chosen, {}, E + 1).narrow(0, 0, E).to(at::kFloat);
+    const at::Tensor counts = count_per_value(chosen, E + 1).narrow(0, 0, E).to(at::kFloat);
     expert_counts_ = expert_counts_.defined() ? expert_counts_ + counts : counts;
   }
   if (losses) probs = attach_balancing_losses(probs, logits, batch);

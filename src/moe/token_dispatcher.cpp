@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/moe_ops.h"
+#include "moe/counts.h"
 #include "tensor_parallel/mappings.h"
 
 namespace megatron::moe {
@@ -47,7 +48,7 @@ at::Tensor padded_groups(const at::Tensor& expert, int64_t experts, int64_t rows
   const at::Tensor key = at::where((expert >= 0) & (expert < experts), expert, absent);  // absent pairs sort last
   const at::Tensor order = std::get<1>(key.sort(std::optional<bool>(true), 0, false));   // [P]
   const at::Tensor sorted = key.index_select(0, order);
-  const at::Tensor counts = at::bincount(key, {}, experts + 1);
+  const at::Tensor counts = count_per_value(key, experts + 1);
   const at::Tensor rank = at::arange(P, expert.options()) - (counts.cumsum(0) - counts).index_select(0, sorted);
   const at::Tensor row = at::where((sorted < experts) & (rank < rows), sorted * rows + rank, at::full({}, experts * rows, expert.options()));
   at::Tensor pairs = at::full({experts * rows + 1}, -1, expert.options());
@@ -90,12 +91,12 @@ Dispatched TokenDispatcher::dispatch_allgather(const at::Tensor& tokens, const R
     out.counts = at::full({local_}, rows, expert.options());
   } else if (local_ == num_experts_ && !kept.defined()) {  // every pair is here: no host synchronisation
     pairs_ = std::get<1>(expert.sort(std::optional<bool>(true), 0, false));  // by expert, token order within
-    out.counts = at::bincount(expert, {}, local_);
+    out.counts = count_per_value(expert, local_);
   } else {
     const at::Tensor mine = at::nonzero((expert >= 0) & (expert < local_)).reshape({-1});
     const at::Tensor local_expert = expert.index_select(0, mine);
     pairs_ = mine.index_select(0, std::get<1>(local_expert.sort(std::optional<bool>(true), 0, false)));
-    out.counts = at::bincount(local_expert, {}, local_);
+    out.counts = count_per_value(local_expert, local_);
   }
   slots_ = slots_of(pairs_, num_pairs);
   out.rows = kernels::moe_permute(x, pairs_, slots_, topk_, permute_impl_);  // [N, h]
@@ -116,7 +117,7 @@ Dispatched TokenDispatcher::dispatch_alltoall(const at::Tensor& tokens, const Ro
   slots_ = slots_of(pairs_, num_pairs);
   const at::Tensor rows = kernels::moe_permute(tokens, pairs_, slots_, topk_, permute_impl_);  // [kept pairs, h] by expert
   // How many rows every rank sends each expert: [ep, E] on the host.
-  const at::Tensor counts = at::bincount(expert, {}, num_experts_ + 1).narrow(0, 0, num_experts_);  // dropped: bin E
+  const at::Tensor counts = count_per_value(expert, num_experts_ + 1).narrow(0, 0, num_experts_);  // dropped: bin E
   const std::vector<int64_t> all = to_host(tp::all_gather_rows(counts.unsqueeze(0), ep_));
   auto sent = [&](int from, int expert_id) { return all[size_t(from) * num_experts_ + expert_id]; };
   in_splits_.assign(size_t(ep), 0);

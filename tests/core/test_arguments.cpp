@@ -107,6 +107,26 @@ TEST(Arguments, CudaGraphFlags) {
   EXPECT_NE(error_of({"--enable-cuda-graph", "--device", "cpu"}).find("needs a CUDA device"), std::string::npos);
 }
 
+// An MoE step is captured where one process routes with static shapes (dropless or padded to
+// capacity, the grouped GEMM); each path that reads token counts on the host is named.
+TEST(Arguments, CudaGraphWithExpertsNeedsTheHostFreeRoute) {
+  const std::vector<std::string> moe = {"--enable-cuda-graph", "--swiglu", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = moe;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  EXPECT_EQ(parse(with({"--bf16", "--moe-grouped-gemm"})).train.cuda_graph_impl, "local");
+  EXPECT_TRUE(parse(with({"--bf16", "--moe-grouped-gemm", "--moe-expert-capacity-factor", "1.5", "--moe-pad-expert-input-to-capacity"}))
+                  .model.moe_pad_expert_input_to_capacity);
+  EXPECT_NE(error_of(with({"--bf16"})).find("add --moe-grouped-gemm"), std::string::npos);
+  EXPECT_NE(error_of(with({"--moe-grouped-gemm"})).find("add --bf16"), std::string::npos);
+  EXPECT_NE(error_of(with({"--bf16", "--moe-grouped-gemm", "--moe-expert-capacity-factor", "1.5"}))
+                .find("add --moe-pad-expert-input-to-capacity"),
+            std::string::npos);
+  EXPECT_NE(error_of(with({"--moe-grouped-gemm", "--bf16", "--fp8-format", "hybrid"})).find("FP8 grouped GEMMs read the group sizes"), std::string::npos);
+}
+
 TEST(Arguments, GradReduceInBf16NeedsBf16) {
   EXPECT_TRUE(parse({"--bf16", "--grad-reduce-in-bf16"}).parallel.grad_reduce_in_bf16);
   EXPECT_NE(error_of({"--grad-reduce-in-bf16"}).find("--grad-reduce-in-bf16 needs --bf16"), std::string::npos);
