@@ -32,7 +32,7 @@ megatron_tflops() { awk -v r="${1%% *}" 'BEGIN {
 # moments, and HF compiled (bench/lib.sh's precision_only).
 if [ "${PRECISION_ONLY:-0}" = 1 ]; then precision_only; exit 0; fi
 # GRAPH_ONLY=1: global batch 8, bf16 gradients and moments, eager against one CUDA graph a step (graph_only).
-if [ "${GRAPH_ONLY:-0}" = 1 ]; then graph_only; exit 0; fi
+if [ "${GRAPH_ONLY:-0}" = 1 ]; then GRAPH_BALANCED=${GRAPH_BALANCED:-1} graph_only; exit 0; fi
 # FP8_ONLY=1: global batch 8, bf16 against FP8 (the experts' grouped FP8 GEMMs), bench/lib.sh's fp8_only.
 if [ "${FP8_ONLY:-0}" = 1 ]; then fp8_only; exit 0; fi
 # FP8_PROFILE=1: where an FP8 step's time goes (global batch 1, iterations 10-11, the kernel table).

@@ -92,6 +92,10 @@ graph_only() {
   graphed=$(run_shape bf16_state_graph_gbs8 8 "${state[@]}" --cuda-graph-impl local)
   echo "megatron.cpp, global batch 8, real routing, bf16 gradients and moments, CUDA graph: tokens/s, TFLOP/s, max allocated MB = $graphed"
   grep "CUDA graph: captured" "$out/bf16_state_graph_gbs8.log" || echo "(no capture line in the log)"
+  if [ "${GRAPH_BALANCED:-0}" = 1 ]; then  # the issue's force-balanced figure too (--moe-router-force-load-balancing)
+    echo "megatron.cpp, global batch 8, force-balanced, bf16 gradients and moments, CUDA graph: tokens/s, TFLOP/s, max allocated MB =" \
+         "$(run_shape balanced_graph_gbs8 8 "${state[@]}" --cuda-graph-impl local --moe-router-force-load-balancing)"
+  fi
   hf_compiled=$(hf --compile --iters 10 --grad-accum 8); echo "$hf_compiled"
   best=$(hf_tokens "$hf_compiled" 8)
   echo "RATIO global batch 8, to HF compiled ($best tok/s): eager $(ratio "$eager" "$best"), CUDA graph $(ratio "$graphed" "$best")" \
