@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
 
 #include "core/errors.h"
 #include "model/core_attention.h"
@@ -43,6 +44,8 @@ std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& 
 
 namespace {
 
+constexpr int64_t kFewestKeys = 64;  // the shortest bound a graph attends to (then 128, 256, ...)
+
 // One batch size's graph and the tensors it reads and writes (their addresses are in it).
 struct Graph {
   std::unique_ptr<KvCacheStep> step;
@@ -61,17 +64,19 @@ struct DecodeGraphs::State {
   int64_t scratch_slot;
   c10::Device device;
   at::cuda::MempoolId_t pool;  // shared: the graphs never run at once
-  std::vector<std::pair<int64_t, std::unique_ptr<Graph>>> graphs;  // by batch size
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Graph>> graphs;  // by batch size and keys attended
 
-  Graph& capture(int64_t batch);
-  // The graph for a step of n sequences (the smallest batch of 1, 2, 4, ... that holds them),
-  // captured at its first use; null, with `failure` saying why, when the capture fails.
-  Graph* graph_for(int64_t n, std::string& failure);
+  Graph& capture(int64_t batch, int64_t keys);
+  // The graph for a step of the sequences in `slots` (the smallest batch of 1, 2, 4, ... that
+  // holds them, attending to the smallest of 64, 128, 256, ... keys, at most the cache's capacity,
+  // that holds the longest after its new token), captured at its first use; null, with `failure`
+  // saying why, when the capture fails.
+  Graph* graph_for(const std::vector<int64_t>& slots, std::string& failure);
 };
 
-Graph& DecodeGraphs::State::capture(int64_t batch) {
+Graph& DecodeGraphs::State::capture(int64_t batch, int64_t keys) {
   auto g = std::make_unique<Graph>();
-  g->step = KvCacheStep::fixed_decode(cache, batch, scratch_slot, device);  // every row on the scratch slot
+  g->step = KvCacheStep::fixed_decode(cache, batch, scratch_slot, device, keys);  // every row on the scratch slot
   g->tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
   // Capture needs a stream other than the default one; replays run on the caller's stream. The
   // eager run first makes what capture must not (cuBLAS's workspace for the stream, RoPE tables
@@ -95,8 +100,7 @@ Graph& DecodeGraphs::State::capture(int64_t batch) {
     }
     side.synchronize();
   }
-  graphs.emplace_back(batch, std::move(g));
-  return *graphs.back().second;
+  return *(graphs[{batch, keys}] = std::move(g));
 }
 
 DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot, const c10::Device& device) {
@@ -109,17 +113,23 @@ DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache& cache, int64_t scratch_slot
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-Graph* DecodeGraphs::State::graph_for(int64_t n, std::string& failure) {
-  const int64_t most = cache.slots() - 1;  // all but the scratch slot
+Graph* DecodeGraphs::State::graph_for(const std::vector<int64_t>& slots, std::string& failure) {
+  const int64_t n = static_cast<int64_t>(slots.size()), most = cache.slots() - 1;  // all but the scratch slot
   TORCH_CHECK(n >= 1 && n <= most, "DecodeGraphs::run: ", n, " sequences, ", most, " slots");
   int64_t batch = 1;
   while (batch < n) batch *= 2;
   batch = std::min(batch, most);
-  for (auto& [b, graph] : graphs) {
-    if (b == batch) return graph.get();
-  }
+  // Attention's work and its split over blocks follow the longest sequence the kernel is told
+  // of, not the real lengths it reads on the device: a step of short sequences in a long cache
+  // would launch blocks for keys nobody holds.
+  int64_t needed = 1;
+  for (int64_t slot : slots) needed = std::max(needed, cache.length(slot) + 1);
+  int64_t keys = kFewestKeys;
+  while (keys < needed) keys *= 2;
+  keys = std::min(keys, cache.capacity());
+  if (auto it = graphs.find({batch, keys}); it != graphs.end()) return it->second.get();
   try {
-    return &capture(batch);
+    return &capture(batch, keys);
   } catch (const std::exception& e) {
     failure = e.what();  // nothing was written but the scratch slot: the caller runs the step eagerly
     return nullptr;
@@ -140,7 +150,7 @@ at::Tensor replay(Graph& g, const std::vector<int64_t>& slots, bool non_blocking
 
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens) {
   TORCH_CHECK(tokens.size() == slots.size(), "DecodeGraphs::run: ", slots.size(), " sequences, ", tokens.size(), " tokens");
-  Graph* g = state_->graph_for(static_cast<int64_t>(slots.size()), failure_);
+  Graph* g = state_->graph_for(slots, failure_);
   if (g == nullptr) return {};
   std::vector<int64_t> padded = tokens;
   padded.resize(static_cast<size_t>(g->tokens.size(0)), 0);
@@ -152,7 +162,7 @@ at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const at::Tensor
   const int64_t n = static_cast<int64_t>(slots.size());
   TORCH_CHECK(tokens.dim() == 1 && tokens.size(0) == n && tokens.scalar_type() == at::kLong, "DecodeGraphs::run: tokens ", tokens.sizes(),
               " for ", n, " sequences");
-  Graph* g = state_->graph_for(n, failure_);
+  Graph* g = state_->graph_for(slots, failure_);
   if (g == nullptr) return {};
   // The rows past n keep what they held: they decode the scratch slot, whatever its token.
   g->tokens.narrow(0, 0, n).copy_(tokens.view({n, 1}), /*non_blocking=*/true);

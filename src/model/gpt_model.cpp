@@ -249,7 +249,9 @@ at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step,
   const at::Tensor& positions = step.position_ids();  // [b, s]
   ResidualStream stream{chunk_.pre_process ? embed(tokens, positions) : input, {}};  // [s, b, h]
   std::optional<RopeTables> gathered;
-  if (const RopeTables* tables = rope_for(step.longest(), tokens.device())) gathered = gather_rope_tables(*tables, positions);
+  // Tables for every position the cache holds, made once: a decode graph keeps their address, and
+  // a graph attending to fewer keys than another must not have them made again under it.
+  if (const RopeTables* tables = rope_for(step.capacity(), tokens.device())) gathered = gather_rope_tables(*tables, positions);
   for (size_t l = 0; l < layers.size(); ++l) {
     if (before_use) before_use(layers[l]->parameters());
     const LayerKvCache cache = step.layer(static_cast<int64_t>(l));  // the chunk's own layers: the cache holds those

@@ -76,15 +76,17 @@ const at::Tensor& KvCache::attention_tickets(int64_t count, const at::Device& de
   return attention_tickets_;
 }
 
-std::unique_ptr<KvCacheStep> KvCacheStep::fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device) {
-  return std::unique_ptr<KvCacheStep>(new KvCacheStep(Fixed{}, cache, batch, scratch_slot, device));
+std::unique_ptr<KvCacheStep> KvCacheStep::fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device,
+                                                       int64_t longest) {
+  return std::unique_ptr<KvCacheStep>(new KvCacheStep(Fixed{}, cache, batch, scratch_slot, device, longest));
 }
 
-KvCacheStep::KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device)
-    : cache_(cache), slots_(static_cast<size_t>(batch), scratch_slot), new_tokens_(1), longest_(cache.capacity()),
-      scratch_slot_(scratch_slot), in_place_(true) {
+KvCacheStep::KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device, int64_t longest)
+    : cache_(cache), slots_(static_cast<size_t>(batch), scratch_slot), new_tokens_(1),
+      longest_(longest > 0 ? longest : cache.capacity()), scratch_slot_(scratch_slot), in_place_(true) {
   TORCH_CHECK(batch >= 1 && scratch_slot >= 0 && scratch_slot < cache.slots(), "KvCacheStep::fixed_decode: batch ", batch,
               ", scratch slot ", scratch_slot, " of ", cache.slots());
+  TORCH_CHECK(longest_ <= cache.capacity(), "KvCacheStep::fixed_decode: ", longest_, " keys, the cache holds ", cache.capacity());
   const int64_t b = batch;
   fixed_longs_ = at::zeros({3 * b}, at::TensorOptions().dtype(at::kLong).device(device));     // [slots | held | store rows], b each
   fixed_ints_ = at::zeros({2 * b + 1}, at::TensorOptions().dtype(at::kInt).device(device));  // [key starts (b + 1) | key counts (b)]
@@ -113,6 +115,7 @@ void KvCacheStep::assign(const std::vector<int64_t>& slots, bool non_blocking) {
                 " (the scratch slot is ", scratch_slot_, ")");
     if (real) check_room(slot);
     const int64_t held = real ? cache_.length(slot) : 0;  // the scratch rows: row 0 written, row 0 read
+    TORCH_CHECK(held < longest_, "KvCacheStep::assign: slot ", slot, " holds ", held, " rows; this step attends to ", longest_, " keys");
     slots_[size_t(i)] = slot;
     longs[size_t(i)] = slot;
     longs[size_t(b + i)] = held;

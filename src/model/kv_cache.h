@@ -99,10 +99,12 @@ class KvCacheStep {
               std::vector<int64_t> kept = {});
   // A decode step (one new token per sequence) of a fixed `batch`, for replay from a CUDA graph:
   // its device tensors keep their addresses, assign() refills them before each replay, and it
-  // attends up to the cache's capacity with the real lengths read on the device, so attention
-  // must read the cache in place (extend() refuses). Rows past the sequences assigned decode the
+  // attends up to `longest` keys (0: the cache's capacity) with the real lengths read on the
+  // device, so attention must read the cache in place (extend() refuses); assign() takes only
+  // sequences whose next token is within `longest`. Rows past the sequences assigned decode the
   // cache's `scratch_slot`, which no sequence may hold.
-  static std::unique_ptr<KvCacheStep> fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device);
+  static std::unique_ptr<KvCacheStep> fixed_decode(KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device,
+                                                   int64_t longest = 0);
   // A fixed decode step's sequences for its next run: at most its batch, distinct; a UserError when
   // one is full. Copies what it says to the device (on the current stream); non_blocking: from pinned
   // memory, without waiting for the stream's earlier work.
@@ -122,8 +124,9 @@ class KvCacheStep {
   at::Tensor last_kept_rows(const at::Tensor& rows) const;
   // [b, s] int64: the positions of the new tokens (the rows of RoPE they take).
   const at::Tensor& position_ids() const { return position_ids_; }
-  // The largest position any sequence reaches, plus one (a fixed step: the cache's capacity).
+  // The largest position any sequence reaches, plus one (a fixed step: the bound it was made with).
   int64_t longest() const { return longest_; }
+  int64_t capacity() const { return cache_.capacity(); }  // the positions a sequence may reach
   const at::Tensor& attention_mask() const { return attention_mask_; }
   at::Tensor extend(int64_t layer, size_t part, const at::Tensor& rows);
   at::Tensor write(int64_t layer, size_t part, const at::Tensor& rows);
@@ -150,7 +153,7 @@ class KvCacheStep {
 
  private:
   struct Fixed {};  // tells fixed_decode's constructor from the other (a braced slot list converts to int64_t)
-  KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device);
+  KvCacheStep(Fixed, KvCache& cache, int64_t batch, int64_t scratch_slot, const at::Device& device, int64_t longest);
   void check_room(int64_t slot) const;  // UserError when the slot cannot take new_tokens_ more
 
   KvCache& cache_;

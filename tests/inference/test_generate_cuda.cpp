@@ -449,7 +449,8 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
 }
 
 // Decode steps replayed from CUDA graphs against the same steps run eagerly: five prompts through
-// three slots (graphs of 1, 2 and 3 sequences, sequences joining as others finish), greedy, each
+// three slots (graphs of 1, 2 and 3 sequences, sequences joining as others finish; one sequence
+// crossing from the graphs attending to 64 keys to those attending to 128), greedy, each
 // token's log-probability reported. The tokens are equal and the log-probabilities within rounding.
 TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
@@ -472,6 +473,10 @@ TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
       r.logprobs = 0;
       requests.push_back(r);
     }
+    // One that grows past 64 keys: its steps move from the graphs attending to 64 keys to those
+    // attending to 128 (the fixture's whole cache), beside sequences that stay short.
+    requests[1].prompt = prompt_of(58, 5, g.vocab_size);
+    requests[1].max_new_tokens = 14;
     return engine.generate(requests);
   };
   const std::vector<GenerationResult> eager = run(false), replayed = run(true);
