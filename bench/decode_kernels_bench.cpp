@@ -6,8 +6,8 @@
 // projections of a whole 1.1B step with and without programmatic dependent launch, and with the
 // layer's RMSNorms as kernels of their own or in the GEMVs' prologue; then decode
 // attention over the cache in place, kernels::decode_attention against FA2's varlen kernel as
-// SdpaAttention calls it (the grid sized for the cache's capacity, as under a decode graph), each
-// call over a cache of its own.
+// SdpaAttention calls it (the grid sized for the cache's capacity, and for the smaller bound a
+// decode graph of that length attends to), each call over a cache of its own.
 //   megatron_bench_decode_kernels [--iters N] [--only linear|step|attention]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -159,16 +159,21 @@ void step_table(int iters) {
 }
 
 // The 1.1B shape's attention (32 query heads in 4 KV groups of 64 channels) for b sequences
-// holding `keys` keys each in a cache of 2048 a sequence.
+// holding `keys` keys each in a cache of 2048 a sequence, each kernel told of the whole capacity
+// (as one decode graph for every length would) and of the bound a decode graph of that length
+// attends to (the smallest of 64, 128, ... that holds the keys: DecodeGraphs).
 void attention_table(int iters) {
   const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const at::TensorOptions i32 = bf16.dtype(at::kInt);
   const int64_t heads = 32, groups = 4, d = 64, capacity = 2048;
   const double scale = 1.0 / 8.0;
-  std::printf("\ndecode attention over the cache (1.1B heads, capacity %lld): us a call\n", (long long)capacity);
-  std::printf("%6s %6s %10s %10s %8s %10s\n", "batch", "keys", "FA2", "decode", "ratio", "max |gap|");
+  std::printf("\ndecode attention over the cache (1.1B heads, capacity %lld): us a call, told of the capacity / of the graph's bound\n",
+              (long long)capacity);
+  std::printf("| batch | keys | FA2 | FA2, bound | decode | decode, bound | decode, bound / FA2, bound | max gap |\n|---|---|---|---|---|---|---|---|\n");
   for (int64_t b : {1, 16, 64}) {
-    for (int64_t keys : {128, 512, 2048}) {
+    for (int64_t keys : {128, 512, 1024, 2048}) {
+      int64_t bound = 64;
+      while (bound < keys) bound *= 2;
       std::vector<at::Tensor> k_stores, v_stores;
       for (int i = 0; i < kCallsAGraph; ++i) {
         k_stores.push_back(at::randn({b * capacity, groups, d}, bf16));  // [slots * capacity, G, d]
@@ -179,23 +184,32 @@ void attention_table(int iters) {
       const at::Tensor key_counts = at::full({b}, keys, i32);
       const at::Tensor query_starts = at::arange(b + 1, i32);
       const at::Tensor tickets = at::zeros({kernels::decode_attention_tickets(b, groups)}, i32);
-      int call = 0;
-      const double flash = graph_microseconds([&] {
-        const int i = call++ % kCallsAGraph;
-        at::_flash_attention_forward(q, k_stores[i], v_stores[i], query_starts, key_starts, 1, capacity, 0.0, true, false, scale,
-                                     std::nullopt, std::nullopt, key_counts);
-      }, iters);
-      call = 0;
-      const double decode = graph_microseconds([&] {
-        const int i = call++ % kCallsAGraph;
-        kernels::decode_attention(q, k_stores[i], v_stores[i], key_starts, key_counts, capacity, scale, tickets);
-      }, iters);
-      // The two outputs side by side once (bf16: a gap of a few 1e-3 is rounding; a wrong merge is O(1)).
+      auto flash = [&](int64_t longest) {
+        int call = 0;
+        return graph_microseconds([&] {
+          const int i = call++ % kCallsAGraph;
+          at::_flash_attention_forward(q, k_stores[i], v_stores[i], query_starts, key_starts, 1, longest, 0.0, true, false, scale,
+                                       std::nullopt, std::nullopt, key_counts);
+        }, iters);
+      };
+      auto decode = [&](int64_t longest) {
+        int call = 0;
+        return graph_microseconds([&] {
+          const int i = call++ % kCallsAGraph;
+          kernels::decode_attention(q, k_stores[i], v_stores[i], key_starts, key_counts, longest, scale, tickets);
+        }, iters);
+      };
+      const double flash_whole = flash(capacity), flash_bound = flash(bound), decode_whole = decode(capacity), decode_bound = decode(bound);
+      // The outputs side by side once, at the bound (bf16: a gap of a few 1e-3 is rounding; a wrong merge is O(1)).
       const at::Tensor want = std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1, capacity,
                                                                        0.0, true, false, scale, std::nullopt, std::nullopt, key_counts));
-      const at::Tensor got = kernels::decode_attention(q, k_stores[0], v_stores[0], key_starts, key_counts, capacity, scale, tickets);
-      const double gap = (got.to(at::kFloat) - want.view_as(got).to(at::kFloat)).abs().max().item<double>();
-      std::printf("%6lld %6lld %10.2f %10.2f %8.3f %10.2e\n", (long long)b, (long long)keys, flash, decode, decode / flash, gap);
+      const at::Tensor got = kernels::decode_attention(q, k_stores[0], v_stores[0], key_starts, key_counts, bound, scale, tickets);
+      const at::Tensor flash_got = std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1, bound,
+                                                                            0.0, true, false, scale, std::nullopt, std::nullopt, key_counts));
+      const double gap = std::max((got.to(at::kFloat) - want.view_as(got).to(at::kFloat)).abs().max().item<double>(),
+                                  (flash_got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>());
+      std::printf("| %lld | %lld | %.2f | %.2f | %.2f | %.2f | %.3f | %.2e |\n", (long long)b, (long long)keys, flash_whole, flash_bound,
+                  decode_whole, decode_bound, decode_bound / flash_bound, gap);
       std::fflush(stdout);
     }
   }

@@ -80,7 +80,7 @@ cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
 targets=(); case $what in generate-test) targets=(--target megatron megatron_tests megatron_bench_decode_kernels) ;; esac
-case $what in moe-graph) targets=(--target megatron megatron_tests) ;; esac
+case $what in moe-graph) targets=(--target megatron megatron_tests megatron_bench_decode_kernels) ;; esac
 case $what in generate-bench) targets=(--target megatron megatron_bench_decode_kernels) ;; esac
 case $what in decode-kernels) targets=(--target megatron_bench_decode_kernels) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
