@@ -256,6 +256,7 @@ GenerationModel load_inference_model(const InferenceModelFlags& flags, const std
   g.world = world;
   g.parallel = ps;
   if (flags.bf16) g.model->to(device, at::kBFloat16);
+  g.model->pack_experts();  // after the last move: it keeps the parameters' new storage
   return g;
 }
 

@@ -28,8 +28,16 @@ std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& 
   return "this build has no CUDA support";
 #endif
   const ModelConfig& c = model.config();
-  if (c.num_experts > 0) return "a mixture of experts counts its tokens per expert on the host";
   if (model.tensor_parallel().size() > 1) return "not yet under tensor parallelism";
+  if (c.num_experts > 0) {
+    // The routed path stays on the device only through the grouped GEMM in bf16 (ATen's falls
+    // back to a loop over host-read group ends in other dtypes), dropless or padded to capacity.
+    if (!c.moe_grouped_gemm) return "a mixture of experts without the grouped GEMM counts its tokens per expert on the host";
+    if (model.word_embeddings.scalar_type() != at::kBFloat16) return "a mixture of experts' grouped GEMM reads its group ends on the host outside bf16";
+    if (c.moe_expert_capacity_factor > 0 && !c.moe_pad_expert_input_to_capacity) {
+      return "a mixture of experts with a capacity factor finds the tokens it keeps on the host";
+    }
+  }
   if (c.multi_latent_attention) return "multi-latent attention gathers its cache";
   const int64_t head_dim = c.head_dim() > 0 ? c.head_dim() : c.hidden_size / c.num_attention_heads;
   const at::Tensor probe = at::empty({1, 1, 1, head_dim}, model.word_embeddings.options());

@@ -9,9 +9,10 @@
 // fixed shapes (the graph's batch; attention reads up to the graph's bound, the real lengths on
 // the device: KvCacheStep::fixed_decode), inputs
 // copied into tensors that keep their addresses, and nothing in the step waiting for the host.
-// Where a model's step cannot be captured (a mixture of experts counts its tokens per expert on
-// the host; attention that gathers the cache), decode_graphs_unsupported() says why and the
-// engine runs its steps eagerly; so it does, with a warning, when a capture fails.
+// Where a model's step cannot be captured (a mixture of experts outside the bf16 grouped GEMM
+// counts its tokens per expert on the host; attention that gathers the cache),
+// decode_graphs_unsupported() says why and the engine runs its steps eagerly; so it does, with a
+// warning, when a capture fails.
 // On by default on a GPU (--cuda-graph-impl auto; none turns it off): 3.5x the eager step's speed
 // on the 1.1B shape at batch 1 on an H200 (docs/performance.md).
 #pragma once

@@ -339,6 +339,10 @@ at::Tensor GPTModel::loss(const Batch& batch, const at::Tensor& input) {
   return masked_token_mean(token_losses(batch, input), batch).loss;
 }
 
+void GPTModel::pack_experts() {
+  for (moe::MoELayer* moe : moe_layers()) moe->experts->pack_weights();
+}
+
 std::vector<moe::MoELayer*> GPTModel::moe_layers() const {
   std::vector<TransformerLayer*> all;
   for (const auto& layer : layers) all.push_back(layer.get());

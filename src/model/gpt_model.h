@@ -90,6 +90,9 @@ class GPTModel : public tp::DescribedModule {
   // moe::tracked_loss_names order; undefined without any).
   void set_moe_loss_scale(double scale, const at::Tensor& fp16_loss_scale = {});
   at::Tensor take_moe_losses();
+  // Generation, after the model's last move: every MoE layer's experts packed for the grouped GEMM
+  // (moe::GroupedExperts::pack_weights).
+  void pack_experts();
   // The multi-token prediction depths' mean losses since the last call, each times that scale
   // ([D] fp32; undefined without MTP on this chunk).
   at::Tensor take_mtp_losses();

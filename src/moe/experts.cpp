@@ -62,6 +62,15 @@ void GroupedExperts::discard_activation(const at::Tensor& act, const at::Tensor&
   tp::discard_output_until_backward(act, fc2_out, [fc1_out, fused = swiglu_fusion_] { return swiglu(fc1_out, fused); });
 }
 
+void GroupedExperts::pack_weights() {
+  const at::NoGradGuard no_grad;
+  for (std::vector<at::Tensor>* weights : {&fc1, &fc2}) {
+    if (weights->empty() || tp::stacked_in_place(*weights).defined()) continue;
+    const at::Tensor packed = at::stack(*weights);  // [E_local, out, in]
+    for (size_t e = 0; e < weights->size(); ++e) (*weights)[e].set_data(packed[int64_t(e)]);
+  }
+}
+
 at::Tensor GroupedExperts::forward(const at::Tensor& rows, const at::Tensor& counts) const {
   TORCH_CHECK(counts.numel() == int64_t(fc1.size()), "GroupedExperts: ", counts.numel(), " row counts for ", fc1.size(), " experts");
   if (fp8_fc1_) {

@@ -26,6 +26,11 @@ class GroupedExperts : public tp::DescribedModule {
   // rows [N, h], grouped by expert: counts[e] rows for local expert e, in order -> [N, h].
   // counts: [E_local] int64 on the rows' device (the grouped GEMM never reads it on the host).
   at::Tensor forward(const at::Tensor& rows, const at::Tensor& counts) const;
+  // For generation, after the model's last move (device, dtype): each linear's expert weights
+  // moved into one [E_local, out, in] tensor, every parameter a view of its row, so the grouped
+  // GEMM reads them in place instead of stacking a copy of them all every forward (in training the
+  // gradient buffer lays them out so). Not for a model whose parameters a gradient buffer holds.
+  void pack_weights();
 
   std::vector<at::Tensor> fc1;  // [2f/etp, h] per local expert: [gate block; up block] of this rank
   std::vector<at::Tensor> fc2;  // [h, f/etp]

@@ -319,6 +319,7 @@ GenerationModel gpu_model(const test::TempDir& dir, const std::string& variant, 
   test::make_hf_model(dir.path(), variant);
   GenerationModel g = load_hf_for_generation(dir.path(), "", at::Device(at::kCUDA, 0), /*need_tokenizer=*/false);
   g.model->to(at::Device(at::kCUDA, 0), dtype);
+  g.model->pack_experts();  // as the commands do after the last move (mixtures of experts)
   g.model->eval();
   return g;
 }
@@ -452,18 +453,17 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
 // three slots (graphs of 1, 2 and 3 sequences, sequences joining as others finish; one sequence
 // crossing from the graphs attending to 64 keys to those attending to 128), greedy, each
 // token's log-probability reported. The tokens are equal and the log-probabilities within rounding.
-TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+void expect_decode_graphs_equal_eager_steps(const std::string& variant) {
   at::NoGradGuard no_grad;
   test::TempDir dir;
-  const GenerationModel g = gpu_model(dir, GetParam(), at::kBFloat16);
+  const GenerationModel g = gpu_model(dir, variant, at::kBFloat16);
   auto run = [&](bool graphs) {
     EngineOptions options;
     options.max_batch = 3;
     options.vocab_size = g.vocab_size;
     options.cuda_graphs = graphs;
     Engine engine(*g.model, options);
-    EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager");
+    EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager") << variant;
     std::vector<GenerationRequest> requests;
     for (int64_t i = 0; i < 5; ++i) {
       GenerationRequest r;
@@ -482,13 +482,30 @@ TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
   const std::vector<GenerationResult> eager = run(false), replayed = run(true);
   ASSERT_EQ(eager.size(), replayed.size());
   for (size_t i = 0; i < eager.size(); ++i) {
-    EXPECT_EQ(replayed[i].tokens, eager[i].tokens) << GetParam() << ": request " << i;
+    EXPECT_EQ(replayed[i].tokens, eager[i].tokens) << variant << ": request " << i;
     ASSERT_EQ(replayed[i].logprobs.size(), eager[i].logprobs.size());
     for (size_t t = 0; t < eager[i].logprobs.size(); ++t) {
-      EXPECT_NEAR(replayed[i].logprobs[t].logprob, eager[i].logprobs[t].logprob, 0.02) << GetParam() << ": request " << i << ", token " << t;
+      EXPECT_NEAR(replayed[i].logprobs[t].logprob, eager[i].logprobs[t].logprob, 0.02) << variant << ": request " << i << ", token " << t;
     }
   }
 }
+
+TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  expect_decode_graphs_equal_eager_steps(GetParam());
+}
+
+// Mixtures of experts replay their decode steps too: the grouped GEMM over the packed experts, the
+// tokens per expert counted on the device (top-2 of 4 or 8 experts; Qwen2-MoE's shared expert).
+class GenerationCudaMoe : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GenerationCudaMoe, DecodeGraphsEqualEagerSteps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  expect_decode_graphs_equal_eager_steps(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GenerationCudaMoe, ::testing::Values("mixtral", "qwen2_moe", "qwen3_moe"),
+                         [](const auto& info) { return info.param; });
 
 // qwen3_head64: heads of 64 channels, which the decode attention kernel takes (the others' fall to FA2).
 INSTANTIATE_TEST_SUITE_P(Families, GenerationCuda, ::testing::Values("llama3", "qwen3", "qwen3_head64"),
