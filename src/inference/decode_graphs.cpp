@@ -52,7 +52,8 @@ std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& 
 
 namespace {
 
-constexpr int64_t kFewestKeys = 64;  // the shortest bound a graph attends to (then 128, 256, ...)
+constexpr int64_t kFewestKeys = 64;           // the shortest bound a graph attends to (then 128, 256, ...)
+constexpr int64_t kLargestBoundedBatch = 16;  // larger batches attend to the whole capacity
 
 // One batch size's graph and the tensors it reads and writes (their addresses are in it).
 struct Graph {
@@ -76,9 +77,9 @@ struct DecodeGraphs::State {
 
   Graph& capture(int64_t batch, int64_t keys);
   // The graph for a step of the sequences in `slots` (the smallest batch of 1, 2, 4, ... that
-  // holds them, attending to the smallest of 64, 128, 256, ... keys, at most the cache's capacity,
-  // that holds the longest after its new token), captured at its first use; null, with `failure`
-  // saying why, when the capture fails.
+  // holds them; up to 16, attending to the smallest of 64, 128, 256, ... keys, at most the cache's
+  // capacity, that holds the longest after its new token, else to the capacity), captured at its
+  // first use; null, with `failure` saying why, when the capture fails.
   Graph* graph_for(const std::vector<int64_t>& slots, std::string& failure);
 };
 
@@ -130,11 +131,17 @@ Graph* DecodeGraphs::State::graph_for(const std::vector<int64_t>& slots, std::st
   // Attention's work and its split over blocks follow the longest sequence the kernel is told
   // of, not the real lengths it reads on the device: a step of short sequences in a long cache
   // would launch blocks for keys nobody holds.
-  int64_t needed = 1;
-  for (int64_t slot : slots) needed = std::max(needed, cache.length(slot) + 1);
-  int64_t keys = kFewestKeys;
-  while (keys < needed) keys *= 2;
-  keys = std::min(keys, cache.capacity());
+  // Up to kLargestBoundedBatch sequences only: the kernels bench (session 35, one H100) measured
+  // FA2 and the decode kernel told of a bound at 1 and 16 sequences (FA2 1.2-1.9x faster below
+  // 1,024 keys), and hit an illegal address at 64 sequences and a 128-key bound, not yet traced.
+  int64_t keys = cache.capacity();
+  if (batch <= kLargestBoundedBatch) {
+    int64_t needed = 1;
+    for (int64_t slot : slots) needed = std::max(needed, cache.length(slot) + 1);
+    keys = kFewestKeys;
+    while (keys < needed) keys *= 2;
+    keys = std::min(keys, cache.capacity());
+  }
   if (auto it = graphs.find({batch, keys}); it != graphs.end()) return it->second.get();
   try {
     return &capture(batch, keys);

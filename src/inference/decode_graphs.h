@@ -2,10 +2,10 @@
 // step's few hundred kernels take longer to launch than to run (measured on the 1.1B shape: 624
 // launches, 10.6 ms a step, 1.4 ms of it kernels); a graph replay launches them all at once.
 //
-// One graph per batch size of 1, 2, 4, ... up to the engine's slots and bound on the keys attended
-// of 64, 128, 256, ... up to the cache's capacity, captured at its first use: a step of b
-// sequences replays the smallest batch that holds b, its other rows decoding the cache's scratch
-// slot, with the smallest bound that holds its longest sequence. What makes a step replayable:
+// One graph per batch size of 1, 2, 4, ... up to the engine's slots and (up to 16 sequences) bound
+// on the keys attended of 64, 128, 256, ... up to the cache's capacity, captured at its first use:
+// a step of b sequences replays the smallest batch that holds b, its other rows decoding the
+// cache's scratch slot, with the smallest bound that holds its longest sequence. What makes a step replayable:
 // fixed shapes (the graph's batch; attention reads up to the graph's bound, the real lengths on
 // the device: KvCacheStep::fixed_decode), inputs
 // copied into tensors that keep their addresses, and nothing in the step waiting for the host.
