@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "inference/decode_graphs.h"
 #include "kernels/attention_ops.h"
 #include "kernels/gemv_ops.h"
 #include "kernels/kernels.h"
@@ -172,8 +173,7 @@ void attention_table(int iters) {
   std::printf("| batch | keys | FA2 | FA2, bound | decode | decode, bound | decode, bound / FA2, bound | max gap |\n|---|---|---|---|---|---|---|---|\n");
   for (int64_t b : {1, 16, 64}) {
     for (int64_t keys : {128, 512, 1024, 2048}) {
-      int64_t bound = 64;
-      while (bound < keys) bound *= 2;
+      const int64_t bound = decode_graph_key_bound(keys, capacity);
       std::vector<at::Tensor> k_stores, v_stores;
       for (int i = 0; i < kCallsAGraph; ++i) {
         k_stores.push_back(at::randn({b * capacity, groups, d}, bf16));  // [slots * capacity, G, d]

@@ -9,6 +9,7 @@
 #include "model/core_attention.h"
 #include "model/gpt_model.h"
 #include "model/kv_cache.h"
+#include "moe/moe_config.h"
 
 #ifdef MEGATRON_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAGraph.h>
@@ -30,13 +31,8 @@ std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& 
   const ModelConfig& c = model.config();
   if (model.tensor_parallel().size() > 1) return "not yet under tensor parallelism";
   if (c.num_experts > 0) {
-    // The routed path stays on the device only through the grouped GEMM in bf16 (ATen's falls
-    // back to a loop over host-read group ends in other dtypes), dropless or padded to capacity.
-    if (!c.moe_grouped_gemm) return "a mixture of experts without the grouped GEMM counts its tokens per expert on the host";
-    if (model.word_embeddings.scalar_type() != at::kBFloat16) return "a mixture of experts' grouped GEMM reads its group ends on the host outside bf16";
-    if (c.moe_expert_capacity_factor > 0 && !c.moe_pad_expert_input_to_capacity) {
-      return "a mixture of experts with a capacity factor finds the tokens it keeps on the host";
-    }
+    const std::string why = moe::route_reads_host(c, model.word_embeddings.scalar_type() == at::kBFloat16);
+    if (!why.empty()) return "a mixture of experts: " + why;
   }
   if (c.multi_latent_attention) return "multi-latent attention gathers its cache";
   const int64_t head_dim = c.head_dim() > 0 ? c.head_dim() : c.hidden_size / c.num_attention_heads;
@@ -48,11 +44,16 @@ std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& 
   return "";
 }
 
+int64_t decode_graph_key_bound(int64_t needed, int64_t capacity) {
+  int64_t keys = 64;  // the shortest bound (then 128, 256, ...)
+  while (keys < needed) keys *= 2;
+  return std::min(keys, capacity);
+}
+
 #ifdef MEGATRON_WITH_CUDA_KERNELS
 
 namespace {
 
-constexpr int64_t kFewestKeys = 64;           // the shortest bound a graph attends to (then 128, 256, ...)
 constexpr int64_t kLargestBoundedBatch = 16;  // larger batches attend to the whole capacity
 
 // One batch size's graph and the tensors it reads and writes (their addresses are in it).
@@ -138,9 +139,7 @@ Graph* DecodeGraphs::State::graph_for(const std::vector<int64_t>& slots, std::st
   if (batch <= kLargestBoundedBatch) {
     int64_t needed = 1;
     for (int64_t slot : slots) needed = std::max(needed, cache.length(slot) + 1);
-    keys = kFewestKeys;
-    while (keys < needed) keys *= 2;
-    keys = std::min(keys, cache.capacity());
+    keys = decode_graph_key_bound(needed, cache.capacity());
   }
   if (auto it = graphs.find({batch, keys}); it != graphs.end()) return it->second.get();
   try {

@@ -36,6 +36,11 @@ class KvCache;
 // Why the model's decode steps cannot be replayed from CUDA graphs on `device`; empty when they can.
 std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& device);
 
+// The keys a decode graph of up to 16 sequences attends to when its longest sequence holds
+// `needed` after the step's token, in a cache of `capacity` a sequence: the smallest of 64, 128,
+// 256, ... that holds them, at most the capacity.
+int64_t decode_graph_key_bound(int64_t needed, int64_t capacity);
+
 class DecodeGraphs {
  public:
   // `scratch_slot`: a slot of `cache` that no sequence holds. Throws UserError unless this is a

@@ -19,6 +19,13 @@ std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers);
 // --num-experts) must not set expert parallelism.
 void finalize_moe_config(ModelConfig& model, ParallelConfig& parallel, int world_size);
 
+// What on one process an MoE layer's routed path reads back to the host (which a captured CUDA
+// graph cannot replay), running in bf16 or not: "" where nothing does (the token counts on the
+// device, the grouped GEMM taking them there, shapes fixed dropless or padded to capacity), else
+// why, with the flag that changes it. Training's --cuda-graph-impl and generation's decode graphs
+// both ask.
+std::string route_reads_host(const ModelConfig& model, bool bf16);
+
 // The start-up lines describing the MoE layers ("> mixture of experts: ..."), "" for a dense model.
 std::string describe_moe(const ModelConfig& model);
 

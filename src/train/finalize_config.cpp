@@ -69,29 +69,6 @@ void validate_recompute(ModelConfig& m, const TrainConfig& t) {
   }
 }
 
-// --cuda-graph-impl local with --num-experts: a captured step must not read anything back to the
-// host. One process routes dropless or padded to capacity with static shapes (the token counts
-// stay on the device, and the bf16 grouped GEMM takes them there); these paths read counts instead.
-void check_moe_capturable(const ModelConfig& m, const TrainConfig& t) {
-  auto refuse = [](const std::string& why) { throw UserError("--cuda-graph-impl local with --num-experts: " + why); };
-  if (!m.moe_grouped_gemm) {
-    refuse("the experts' loop (without --moe-grouped-gemm) reads each expert's token count on the host, which a captured "
-           "CUDA graph cannot; add --moe-grouped-gemm or drop --cuda-graph-impl");
-  }
-  if (!t.bf16) {
-    refuse("the grouped GEMM runs on the device alone in bf16 only (other dtypes fall back to a per-expert loop that "
-           "reads the group ends on the host, which a captured CUDA graph cannot); add --bf16 or drop --cuda-graph-impl");
-  }
-  if (m.moe_expert_capacity_factor > 0 && !m.moe_pad_expert_input_to_capacity) {
-    refuse("--moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity finds the kept tokens on the host, "
-           "which a captured CUDA graph cannot; add --moe-pad-expert-input-to-capacity or drop --cuda-graph-impl");
-  }
-  if (!m.fp8.empty()) {
-    refuse("--fp8-format: the experts' FP8 grouped GEMMs read the group sizes on the host, which a captured CUDA graph "
-           "cannot; drop one of them");
-  }
-}
-
 // --cpu-offloading / --cpu-offloading-num-layers: Megatron's limits (fewer layers than the
 // model has, no pipeline, no recomputation) plus what this implementation cannot replay.
 void validate_cpu_offloading(Config& c) {
@@ -408,7 +385,12 @@ void finalize_config(Config& c, int world_size) {
     m.moe_router_pre_softmax = false;
   }
   moe::finalize_moe_config(m, p, world_size);
-  if (m.num_experts > 0 && captures_cuda_graph(t)) check_moe_capturable(m, t);
+  if (m.num_experts > 0 && captures_cuda_graph(t)) {
+    if (const std::string why = moe::route_reads_host(m, t.bf16); !why.empty()) {
+      throw UserError("--cuda-graph-impl local with --num-experts: " + why + ", which a captured CUDA graph cannot; change that or "
+                      "drop --cuda-graph-impl");
+    }
+  }
   const int tp = p.tensor_model_parallel_size;
   for (auto [flag, v] : {std::pair<const char*, int>{"num-attention-heads", m.num_attention_heads},
                          {"num-query-groups", m.num_query_groups},
