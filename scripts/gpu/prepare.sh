@@ -25,6 +25,11 @@ cp -L $lib/libcpp-httplib.so.0.11 $lib/libssl.so.3 $lib/libcrypto.so.3 $lib/libb
 ln -s libcpp-httplib.so.0.11 .gpu/deps/lib/libcpp-httplib.so
 cp -r /usr/src/googletest .gpu/deps/googletest
 cp ../shared/bench/hf_baseline.py .gpu/
+# CUTLASS's headers (src/kernels/cutlass/), from the nvidia-cutlass wheel in the venv; packed (27 MB
+# of headers as 2.5 MB), unpacked by run.sh.
+venv=$(bash scripts/setup.sh 2>/dev/null | tail -1)
+cutlass=$(ls -d "$venv"/lib/python3*/site-packages/cutlass_library/source | head -1)
+tar -czf .gpu/cutlass.tgz -C "$cutlass" include tools/util/include
 # The Llama 2 tokenizer for the generation benchmark (bench/gpu_generate.sh).
 npm_dir=$(bash tests/fixtures/fetch_tokenizers.sh 2>/dev/null | tail -1)
 cp "$npm_dir/tokenizer-llama2/models/tokenizer.json" .gpu/tokenizer-llama2.json

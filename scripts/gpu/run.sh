@@ -76,7 +76,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "torch: $($py -c 'import torch; print(torch.__version__, torch.cuda.device_count(), "GPUs")')"
 
 start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
+cutlass=()  # CUTLASS's headers, packed by prepare.sh: the kernels of src/kernels/cutlass/
+if [ -f .gpu/cutlass.tgz ]; then
+  mkdir -p build-gpu/cutlass && tar -xzf .gpu/cutlass.tgz -C build-gpu/cutlass && cutlass=(-DMEGATRON_CUTLASS_DIR="$PWD/build-gpu/cutlass")
+fi
+cmake -S . -B build-gpu -G Ninja -DMEGATRON_CUDA=ON "${cutlass[@]}" -DTORCH_ROOT="$torch_root" -DMEGATRON_DEPS_DIR="$PWD/.gpu/deps" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATRON_VENV="$(dirname "$(dirname "$py")")" > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
 targets=(); case $what in generate-test) targets=(--target megatron megatron_tests megatron_bench_decode_kernels) ;; esac

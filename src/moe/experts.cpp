@@ -118,10 +118,16 @@ struct GroupedLinear : torch::autograd::Function<GroupedLinear> {
     const at::Tensor &x = saved[0], &offs = saved[1], &w = saved[2];
     const at::Tensor dy = grad[0].contiguous();                          // [N, out]
     variable_list out = {at::_grouped_mm(dy, w, offs), at::Tensor()};  // dx [N, in]
-    const at::Tensor dw = at::_grouped_mm(dy.t(), x, offs);             // [E, out, in]: groups along the rows
     const std::vector<at::Tensor> weights = ctx->saved_data["weights"].toTensorVector();
+    // No .grad where the main_grads take the gradients: by the GEMM's own epilogue where it can
+    // (sm_90), else from a bf16 [E, out, in] (groups along the rows) added in one pass.
+    if (tp::add_grouped_weight_grads_to_main_grads(weights, dy, x, offs)) {
+      out.resize(out.size() + weights.size());
+      return out;
+    }
+    const at::Tensor dw = at::_grouped_mm(dy.t(), x, offs);  // [E, out, in]
     if (tp::add_to_stacked_main_grads(weights, dw)) {
-      out.resize(out.size() + weights.size());  // no .grad: the main_grads have them
+      out.resize(out.size() + weights.size());
     } else {
       for (int64_t e = 0; e < dw.size(0); ++e) out.push_back(dw[e]);
     }

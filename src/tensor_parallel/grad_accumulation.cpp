@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
 #include "kernels/gemv_ops.h"
+#include "kernels/grouped_wgrad_ops.h"
 #include "kernels/ops.h"
 
 namespace megatron::tp {
@@ -103,27 +105,75 @@ at::Tensor stacked(at::TensorList tensors) {
   return in_place.defined() ? in_place : at::stack(tensors);
 }
 
-bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw) {
+namespace {
+
+// The registrations of `weights` and their main_grads as one [n, out, in] view; no targets where
+// a weight has none or the main_grads do not lie side by side.
+struct StackedTargets {
   std::vector<const MainGradTarget*> targets;
+  at::Tensor main_grads;  // [n, out, in]
+};
+
+StackedTargets find_stacked_targets(at::TensorList weights) {
+  StackedTargets found;
   std::vector<at::Tensor> main_grads;
   for (const at::Tensor& w : weights) {
     const MainGradTarget* target = find_target(w);
-    if (target == nullptr) return false;
-    targets.push_back(target);
+    if (target == nullptr) return {};
+    found.targets.push_back(target);
     main_grads.push_back(target->main_grad);
   }
-  const at::Tensor stacked = stacked_in_place(main_grads);  // [n, out, in]
-  if (!stacked.defined()) return false;
-  TORCH_CHECK(stacked.sizes() == dw.sizes(), "stacked weight gradient ", dw.sizes(), " for main_grads ", stacked.sizes());
+  found.main_grads = stacked_in_place(main_grads);
+  if (!found.main_grads.defined()) found.targets.clear();
+  return found;
+}
+
+// Whether each target's main_grad takes its step's first gradient (first_add(), asked once each).
+std::vector<bool> take_first_adds(const std::vector<const MainGradTarget*>& targets) {
   std::vector<bool> first(targets.size());
-  size_t firsts = 0;
-  for (size_t e = 0; e < targets.size(); ++e) firsts += (first[e] = targets[e]->first_add()) ? 1 : 0;
-  if (firsts == targets.size() || firsts == 0) {
-    kernels::accumulate_grad(stacked, dw, /*overwrite=*/firsts > 0);  // the step's first gradient overwrites
+  for (size_t e = 0; e < targets.size(); ++e) first[e] = targets[e]->first_add();
+  return first;
+}
+
+bool all_equal(const std::vector<bool>& flags) {
+  return std::all_of(flags.begin(), flags.end(), [&](bool f) { return f == flags.front(); });
+}
+
+// dw [n, out, in] into the stacked main_grads, overwriting those whose flag says first.
+void add_stacked(const at::Tensor& main_grads, const at::Tensor& dw, const std::vector<bool>& first) {
+  if (all_equal(first)) {
+    kernels::accumulate_grad(main_grads, dw, /*overwrite=*/first.front());  // one pass over the layer
   } else {
-    for (size_t e = 0; e < targets.size(); ++e) kernels::accumulate_grad(stacked[int64_t(e)], dw[int64_t(e)], first[e]);
+    for (size_t e = 0; e < first.size(); ++e) kernels::accumulate_grad(main_grads[int64_t(e)], dw[int64_t(e)], first[e]);
   }
-  for (const MainGradTarget* target : targets) target->on_added();
+}
+
+}  // namespace
+
+bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw) {
+  const StackedTargets found = find_stacked_targets(weights);
+  if (found.targets.empty()) return false;
+  TORCH_CHECK(found.main_grads.sizes() == dw.sizes(), "stacked weight gradient ", dw.sizes(), " for main_grads ",
+              found.main_grads.sizes());
+  add_stacked(found.main_grads, dw, take_first_adds(found.targets));
+  for (const MainGradTarget* target : found.targets) target->on_added();
+  return true;
+}
+
+bool add_grouped_weight_grads_to_main_grads(at::TensorList weights, const at::Tensor& dy, const at::Tensor& x,
+                                            const at::Tensor& ends) {
+  if (!kernels::built_with_grouped_wgrad() || !dy.is_cuda()) return false;
+  const StackedTargets found = find_stacked_targets(weights);
+  if (found.targets.empty() || !kernels::grouped_weight_grad_supported(found.main_grads, dy, x, ends)) return false;
+  const std::vector<bool> first = take_first_adds(found.targets);
+  if (all_equal(first)) {
+    kernels::grouped_weight_grad_into(found.main_grads, dy, x, ends, /*accumulate=*/!first.front());
+  } else {
+    // Some experts' main_grads hold this step's gradient and others not (never within one
+    // layer's grouped GEMM, which reaches all its experts every micro-batch): per expert.
+    add_stacked(found.main_grads, at::_grouped_mm(dy.t(), x, ends), first);
+  }
+  for (const MainGradTarget* target : found.targets) target->on_added();
   return true;
 }
 

@@ -40,6 +40,15 @@ at::Tensor stacked(at::TensorList tensors);
 // by side: the caller then hands autograd the gradients one by one.
 bool add_to_stacked_main_grads(at::TensorList weights, const at::Tensor& dw);
 
+// The weight gradients of a grouped linear (an MoE layer's experts, weights[g] for the rows
+// [ends[g-1], ends[g]) of dy [rows, out] and x [rows, in]) straight into their main_grads by the
+// grouped GEMM's epilogue (kernels::grouped_weight_grad_into: no bf16 gradient written and added
+// back). Returns false and does nothing where that kernel does not run or a main_grad is missing
+// or not side by side: the caller then forms the gradients and hands them to
+// add_to_stacked_main_grads.
+bool add_grouped_weight_grads_to_main_grads(at::TensorList weights, const at::Tensor& dy, const at::Tensor& x,
+                                            const at::Tensor& ends);
+
 // The registration of `weight`, or null: a layer computing its own weight gradient (the FP8
 // linear) writes it into main_grad (overwriting when first_add() says so) and calls on_added().
 const MainGradTarget* main_grad_target(const at::Tensor& weight);
