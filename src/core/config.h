@@ -96,11 +96,13 @@ struct ModelConfig {
   double attention_dropout = 0.1;
 
   // Fused kernels (src/kernels; CUDA kernels on GPU, the same math composed from ATen ops
-  // elsewhere). Megatron's flags and defaults: --no-rope-fusion, --no-bias-swiglu-fusion,
-  // --no-bias-dropout-fusion, --cross-entropy-loss-fusion. Runtime choices, not part of the model's saved config.
+  // elsewhere), each on by default since each computes what the unfused path does up to fp32
+  // rounding: --no-rope-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion,
+  // --no-cross-entropy-loss-fusion (off by default in Megatron; its --cross-entropy-loss-fusion is
+  // accepted). Runtime choices, not part of the model's saved config.
   bool apply_rope_fusion = true;
   bool bias_swiglu_fusion = true;
-  bool cross_entropy_loss_fusion = false;
+  bool cross_entropy_loss_fusion = true;
   // The residual add (bias-dropout-add without bias or dropout) fused with the RMSNorm after it
   // (--no-bias-dropout-fusion turns it off).
   bool bias_dropout_fusion = true;
@@ -140,9 +142,12 @@ struct ModelConfig {
   int moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
   bool moe_shared_expert_gate = false;          // Qwen2-MoE's sigmoid gate on the shared experts' output
   bool moe_shared_expert_overlap = false;       // shared experts on a stream of their own beside the routed ones (CUDA)
-  bool moe_grouped_gemm = false;      // experts as one grouped GEMM (CUDA), else one GEMM per expert
+  // On by default here (off in Megatron, whose --moe-grouped-gemm / --moe-permute-fusion are
+  // accepted): the same arithmetic up to rounding, faster on CUDA; --no-moe-grouped-gemm,
+  // --no-moe-permute-fusion turn them off.
+  bool moe_grouped_gemm = true;       // experts as one grouped GEMM (CUDA), else one GEMM per expert
   std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall
-  bool moe_permute_fusion = false;
+  bool moe_permute_fusion = true;     // token permutations as gather kernels (CUDA), else ATen's index ops
 
   bool is_moe_layer(int layer) const {
     return num_experts > 0 && layer >= 0 && size_t(layer) < moe_layers.size() && moe_layers[size_t(layer)] != 0;

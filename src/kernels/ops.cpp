@@ -355,7 +355,7 @@ CrossEntropyStats cross_entropy_stats(const at::Tensor& logits, const at::Tensor
     at::Tensor local = targets - first;
     at::Tensor mine = (local >= 0).logical_and(local < vocab);
     at::Tensor target = x.gather(-1, local.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1).masked_fill(mine.logical_not(), 0);
-    return {max.to(at::kFloat), sum_exp.to(at::kFloat), target.to(at::kFloat)};
+    return {max, sum_exp, target};  // in the compute type: fp32, or fp64 for fp64 logits
   }
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   auto f32 = logits.options().dtype(at::kFloat);

@@ -53,6 +53,8 @@ AddRmsNorm add_rms_norm(const at::Tensor& a, const at::Tensor& b, const at::Tens
 
 // Cross-entropy pieces over a vocabulary slice (no autograd; tensor_parallel/cross_entropy.cpp
 // composes them with the TP reductions). logits [rows, vocab] holds ids [first, first + vocab).
+// The statistics are fp32, fp64 for fp64 logits (the composite keeps their precision, as the
+// unfused loss does: finite-difference checks run in fp64).
 struct CrossEntropyStats {
   at::Tensor max;           // [rows] fp32, max over the slice
   at::Tensor sum_exp;       // [rows] fp32, sum(exp(logit - max)) over the slice
@@ -61,7 +63,7 @@ struct CrossEntropyStats {
 CrossEntropyStats cross_entropy_stats(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
                                       Impl impl = Impl::Auto);
 // (softmax - one_hot(target)) * grad_loss in the logits' dtype [rows, vocab], from the global
-// row max and exp-sum ([rows] fp32) and grad_loss [rows] fp32.
+// row max and exp-sum ([rows] fp32) and grad_loss [rows] fp32 (all three fp64 for fp64 logits).
 at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& max,
                                   const at::Tensor& sum_exp, const at::Tensor& grad_loss, int64_t first,
                                   Impl impl = Impl::Auto);

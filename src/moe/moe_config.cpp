@@ -232,7 +232,7 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
 }
 
 std::string route_reads_host(const ModelConfig& m, bool bf16) {
-  if (!m.moe_grouped_gemm) return "the experts' loop reads each expert's token count on the host (add --moe-grouped-gemm)";
+  if (!m.moe_grouped_gemm) return "the experts' loop reads each expert's token count on the host (drop --no-moe-grouped-gemm)";
   if (!bf16) return "the grouped GEMM outside bf16 falls back to a per-expert loop that reads the group ends on the host (add --bf16)";
   if (m.moe_expert_capacity_factor > 0 && !m.moe_pad_expert_input_to_capacity) {
     return "--moe-expert-capacity-factor finds the kept tokens on the host (add --moe-pad-expert-input-to-capacity)";

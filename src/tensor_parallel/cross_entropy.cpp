@@ -55,7 +55,7 @@ struct FusedVocabParallelCrossEntropy : torch::autograd::Function<FusedVocabPara
     at::Tensor x = logits.contiguous().view({-1, vocab});                 // [s*b, V/tp]
     at::Tensor t = targets.contiguous().view({-1});                       // [s*b]
     kernels::CrossEntropyStats st = kernels::cross_entropy_stats(x, t, first);
-    at::Tensor max = st.max, sum = st.sum_exp;                            // [s*b] fp32
+    at::Tensor max = st.max, sum = st.sum_exp;                            // [s*b] fp32 (fp64 logits: fp64)
     if (tp.size() > 1) {
       // Slices combine as (global max M, sum_r sum_exp_r * exp(max_r - M)).
       max = st.max.clone();
@@ -71,7 +71,7 @@ struct FusedVocabParallelCrossEntropy : torch::autograd::Function<FusedVocabPara
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    at::Tensor grad_loss = grads[0].to(at::kFloat).contiguous().view({-1});
+    at::Tensor grad_loss = grads[0].to(saved[2].scalar_type()).contiguous().view({-1});  // the statistics' type
     at::Tensor grad = kernels::cross_entropy_backward(saved[0], saved[1], saved[2], saved[3], grad_loss,
                                                       ctx->saved_data["first"].toInt());
     std::vector<int64_t> shape = grads[0].sizes().vec();

@@ -92,6 +92,22 @@ TEST(Arguments, ContradictionsAreNamed) {
             std::string::npos);
 }
 
+// The fusions that compute what the unfused path does up to rounding are on by default (off in
+// Megatron for these three); Megatron's flags that ask for them are accepted, the --no- forms
+// turn them off, and a recipe may say either.
+TEST(Arguments, FastFusionsAreOnByDefaultWithNoForms) {
+  const Config defaults = parse({});
+  EXPECT_TRUE(defaults.model.cross_entropy_loss_fusion);
+  EXPECT_TRUE(defaults.model.moe_grouped_gemm);
+  EXPECT_TRUE(defaults.model.moe_permute_fusion);
+  const Config asked = parse({"--cross-entropy-loss-fusion", "--moe-grouped-gemm", "--moe-permute-fusion"});
+  EXPECT_TRUE(asked.model.cross_entropy_loss_fusion && asked.model.moe_grouped_gemm && asked.model.moe_permute_fusion);
+  const Config off = parse({"--no-cross-entropy-loss-fusion", "--no-moe-grouped-gemm", "--no-moe-permute-fusion"});
+  EXPECT_FALSE(off.model.cross_entropy_loss_fusion);
+  EXPECT_FALSE(off.model.moe_grouped_gemm);
+  EXPECT_FALSE(off.model.moe_permute_fusion);
+}
+
 // --cuda-graph-impl local (or Megatron's older --enable-cuda-graph) with the one scope that is
 // implemented; every other choice is named in the error.
 TEST(Arguments, CudaGraphFlags) {
@@ -119,7 +135,8 @@ TEST(Arguments, CudaGraphWithExpertsNeedsTheHostFreeRoute) {
   EXPECT_EQ(parse(with({"--bf16", "--moe-grouped-gemm"})).train.cuda_graph_impl, "local");
   EXPECT_TRUE(parse(with({"--bf16", "--moe-grouped-gemm", "--moe-expert-capacity-factor", "1.5", "--moe-pad-expert-input-to-capacity"}))
                   .model.moe_pad_expert_input_to_capacity);
-  EXPECT_NE(error_of(with({"--bf16"})).find("add --moe-grouped-gemm"), std::string::npos);
+  EXPECT_EQ(parse(with({"--bf16"})).train.cuda_graph_impl, "local");  // the grouped GEMM by default
+  EXPECT_NE(error_of(with({"--bf16", "--no-moe-grouped-gemm"})).find("drop --no-moe-grouped-gemm"), std::string::npos);
   EXPECT_NE(error_of(with({"--moe-grouped-gemm"})).find("add --bf16"), std::string::npos);
   EXPECT_NE(error_of(with({"--bf16", "--moe-grouped-gemm", "--moe-expert-capacity-factor", "1.5"}))
                 .find("add --moe-pad-expert-input-to-capacity"),
