@@ -83,14 +83,14 @@ struct GroupArrays {
   typename C::StrideB* stride_b;
   typename C::StrideD* stride_d;
   typename C::Shape3* shapes;
-  size_t bytes;  // their total, where CUTLASS's workspace starts
+  size_t bytes = 0;  // their total, where CUTLASS's workspace starts
 
+  // With a null base, only `bytes` is of use: the layout is computed in integers, never dereferenced.
   GroupArrays(void* base, int groups) {
-    size_t at = 0;
     auto take = [&](size_t size) {
-      char* p = static_cast<char*>(base) + at;
-      at += (size + 127) / 128 * 128;
-      return p;
+      const uintptr_t at = reinterpret_cast<uintptr_t>(base) + bytes;
+      bytes += (size + 127) / 128 * 128;
+      return reinterpret_cast<char*>(at);
     };
     a = reinterpret_cast<const typename C::ElementAB**>(take(groups * sizeof(void*)));
     b = reinterpret_cast<const typename C::ElementAB**>(take(groups * sizeof(void*)));
@@ -99,7 +99,6 @@ struct GroupArrays {
     stride_b = reinterpret_cast<typename C::StrideB*>(take(groups * sizeof(typename C::StrideB)));
     stride_d = reinterpret_cast<typename C::StrideD*>(take(groups * sizeof(typename C::StrideD)));
     shapes = reinterpret_cast<typename C::Shape3*>(take(groups * sizeof(typename C::Shape3)));
-    bytes = at;
   }
 };
 

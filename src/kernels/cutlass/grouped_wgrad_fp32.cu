@@ -1,5 +1,6 @@
 // The grouped weight-gradient GEMM into fp32 main_grads (Megatron's default), and the launcher's
 // entry points (src/kernels/grouped_wgrad.h), which pick the instantiation by main_grad's type.
+#include "kernels/cuda_common.cuh"
 #include "kernels/cutlass/grouped_wgrad.cuh"
 
 namespace megatron::kernels::cuda {
@@ -7,10 +8,6 @@ namespace grouped_wgrad_detail {
 template struct Runner<float>;
 extern template struct Runner<cutlass::bfloat16_t>;  // grouped_wgrad_bf16.cu
 }  // namespace grouped_wgrad_detail
-
-namespace {
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-}  // namespace
 
 bool grouped_wgrad_supported(const GroupedWgradArgs& args) {
   const bool fp32 = args.main_grad_dtype == DType::Float32;
