@@ -7,8 +7,10 @@
 #        ratio to bf16. curve: 200 steps of bf16 and of each recipe in FP8_CURVE_RECIPES (default
 #        tensorwise), the losses into OUT_DIR/curve-NAME.jsonl and the largest relative difference
 #        from bf16 over the steps (and over the last 50). The schedule: FP8_CURVE_LR (3e-4, cosine
-#        to a tenth) after FP8_CURVE_WARMUP steps (20); FP8_CURVE_TAG names the files of one
-#        schedule (curve-TAG-NAME.jsonl) so two schedules fit one call.
+#        to a tenth) after FP8_CURVE_WARMUP steps (20); FP8_CURVE_GBS sequences a step (1: one
+#        8192-token sequence, where rounding alone parts two runs by a few percent; more lowers
+#        that noise floor); FP8_CURVE_TAG names the files of one schedule (curve-TAG-NAME.jsonl)
+#        so two schedules fit one call.
 set -uo pipefail
 bin=$1; out=$2; what=${3:-speed}
 mkdir -p "$out"
@@ -52,13 +54,14 @@ if [ "$what" = speed ] || [ "$what" = both ]; then
 fi
 if [ "$what" = curve ] || [ "$what" = both ]; then
   curves=(${FP8_CURVE_RECIPES:-tensorwise})
-  lr=${FP8_CURVE_LR:-3e-4}; warmup=${FP8_CURVE_WARMUP:-20}
+  lr=${FP8_CURVE_LR:-3e-4}; warmup=${FP8_CURVE_WARMUP:-20}; gbs=${FP8_CURVE_GBS:-1}
   min_lr=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
   tag=${FP8_CURVE_TAG:+$FP8_CURVE_TAG-}
-  echo "curve schedule: lr $lr cosine to $min_lr after $warmup warm-up steps"
+  echo "curve schedule: lr $lr cosine to $min_lr after $warmup warm-up steps, global batch $gbs"
   for r in bf16 "${curves[@]}"; do
     # shellcheck disable=SC2046
-    "$bin" train "${shape[@]}" "${data[@]}" $(flags_of "$r") --train-iters 200 --log-interval 50 --lr "$lr" --min-lr "$min_lr" \
+    "$bin" train "${shape[@]}" "${data[@]}" $(flags_of "$r") --global-batch-size "$gbs" --train-iters 200 --log-interval 50 \
+      --lr "$lr" --min-lr "$min_lr" \
       --lr-warmup-iters "$warmup" --metrics-jsonl "$out/curve-$tag$r.jsonl" > "$out/curve-$tag$r.log" 2>&1 \
       || { echo "FAILED: $r"; tail -20 "$out/curve-$tag$r.log"; }
   done
