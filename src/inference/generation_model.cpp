@@ -47,17 +47,6 @@ tp::TensorParallel tensor_parallel_of(const dist::ParallelState& ps) {
   return t;
 }
 
-// On a GPU a mixture of experts generates through the grouped GEMM and the permutation kernels
-// (training's --moe-grouped-gemm, --moe-permute-fusion): the same products without a launch per
-// expert, and without a token count read back to the host each layer, so its decode steps can be
-// replayed from CUDA graphs (DecodeGraphs). The weights are packed for it once moved
-// (GPTModel::pack_experts).
-void use_device_kernels_for_experts(ModelConfig& m, const at::Device& device) {
-  if (m.num_experts == 0 || !device.is_cuda()) return;
-  m.moe_grouped_gemm = true;
-  m.moe_permute_fusion = true;
-}
-
 // This rank's pipeline stage as `split` lays the layers over `ps.pp` (a UserError naming the flag
 // when they do not divide); the whole model on one stage.
 pipeline::ChunkLayers stage_of(const ModelConfig& m, const dist::ParallelState& ps, const StageSplit& split) {
@@ -79,7 +68,6 @@ GenerationModel load_native_for_generation(const std::string& load_dir, const st
   const nlohmann::json state = read_checkpoint_state(dir);
   ModelConfig model_config = saved_model_config(dir, state);  // checked field by field
   model_config.padded_vocab_size = padded_for_tensor_parallel(model_config.padded_vocab_size, ps);
-  use_device_kernels_for_experts(model_config, device);
   if (!state.contains("tokenizer")) {
     throw UserError(dir + "/state.json records no tokenizer: it was saved by an older version, or is damaged");
   }
@@ -111,7 +99,6 @@ GenerationModel load_hf_for_generation(const std::string& hf_dir, const std::str
   GenerationModel g;
   ModelConfig model_config = model_config_from_hf(hf_dir);
   model_config.padded_vocab_size = padded_for_tensor_parallel(model_config.padded_vocab_size, ps);
-  use_device_kernels_for_experts(model_config, device);
   const std::string tokenizer_path = !tokenizer_model.empty() ? tokenizer_model : hf_dir;
   const bool has_tokenizer = !tokenizer_model.empty() || fs::exists(fs::path(hf_dir) / "tokenizer.json");
   if (has_tokenizer) {

@@ -30,6 +30,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda_common.cuh"
 #include "kernels/grouped_wgrad.h"
 
 namespace megatron::kernels::cuda::grouped_wgrad_detail {
@@ -132,10 +133,6 @@ __global__ void zero_empty_groups(const int32_t* ends, ElementD* main_grad, int6
   }
 }
 
-inline void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string("grouped_wgrad: ") + what + ": " + cudaGetErrorString(status));
-}
-
 inline void check(cutlass::Status status, const char* what) {
   if (status != cutlass::Status::kSuccess) {
     throw std::runtime_error(std::string("grouped_wgrad: CUTLASS ") + what + ": " + cutlassGetStatusString(status));
@@ -175,17 +172,17 @@ struct Runner {
     prepare_groups<ElementD><<<1, args.groups, 0, stream>>>(arrays, static_cast<const AB*>(args.dy),
                                                             static_cast<const AB*>(args.x), args.ends, main_grad,
                                                             args.groups, int(args.out), int(args.in));
-    check(cudaGetLastError(), "prepare_groups");
+    check_launch("grouped_wgrad: prepare_groups");
     if (!args.accumulate) {
       zero_empty_groups<ElementD><<<dim3(16, args.groups), 256, 0, stream>>>(args.ends, main_grad, args.out * args.in);
-      check(cudaGetLastError(), "zero_empty_groups");
+      check_launch("grouped_wgrad: zero_empty_groups");
     }
     typename C::Gemm gemm;
     check(gemm.can_implement(gemm_args), "can_implement");
     void* cutlass_workspace = static_cast<char*>(workspace) + arrays.bytes;
     check(gemm.initialize(gemm_args, cutlass_workspace, stream), "initialize");
     check(gemm.run(stream), "run");
-    check(cudaGetLastError(), "the grouped GEMM");
+    check_launch("grouped_wgrad: the grouped GEMM");
   }
 };
 

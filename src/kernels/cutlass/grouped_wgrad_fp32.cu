@@ -1,6 +1,5 @@
 // The grouped weight-gradient GEMM into fp32 main_grads (Megatron's default), and the launcher's
 // entry points (src/kernels/grouped_wgrad.h), which pick the instantiation by main_grad's type.
-#include "kernels/cuda_common.cuh"
 #include "kernels/cutlass/grouped_wgrad.cuh"
 
 namespace megatron::kernels::cuda {
