@@ -10,7 +10,9 @@
 #        to a tenth) after FP8_CURVE_WARMUP steps (20); FP8_CURVE_GBS sequences a step (1: one
 #        8192-token sequence, where rounding alone parts two runs by a few percent; more lowers
 #        that noise floor); FP8_CURVE_TAG names the files of one schedule (curve-TAG-NAME.jsonl)
-#        so two schedules fit one call.
+#        so two schedules fit one call; FP8_CURVE_REUSE=DIR takes a run's losses from
+#        DIR/curve-TAG-NAME.jsonl when it holds all 200 steps (an earlier call's), so the runs of one
+#        schedule can be split over calls (bf16 is every comparison's reference).
 set -uo pipefail
 bin=$1; out=$2; what=${3:-speed}
 mkdir -p "$out"
@@ -59,6 +61,10 @@ if [ "$what" = curve ] || [ "$what" = both ]; then
   tag=${FP8_CURVE_TAG:+$FP8_CURVE_TAG-}
   echo "curve schedule: lr $lr cosine to $min_lr after $warmup warm-up steps, global batch $gbs"
   for r in bf16 "${curves[@]}"; do
+    earlier=${FP8_CURVE_REUSE:+$FP8_CURVE_REUSE/curve-$tag$r.jsonl}
+    if [ -n "$earlier" ] && [ -f "$earlier" ] && [ "$(grep -c '"lm_loss"' "$earlier")" -ge 200 ]; then
+      cp "$earlier" "$out/curve-$tag$r.jsonl"; echo "$r: the losses of $earlier (not run again)"; continue
+    fi
     # shellcheck disable=SC2046
     "$bin" train "${shape[@]}" "${data[@]}" $(flags_of "$r") --global-batch-size "$gbs" --train-iters 200 --log-interval 50 \
       --lr "$lr" --min-lr "$min_lr" \

@@ -27,10 +27,12 @@ if [ "${GENERATE_PROFILE:-0}" = 1 ]; then
   (cd "$out" && "$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos --max-new-tokens 40 \
      --profile --prompt "$text" 2>&1 | grep "^>" | head -40)
   "$py" bench/trace_host_time.py "$out"/trace_rank0_iterations_10-11.json 2 30
+  "$py" bench/trace_gpu_gaps.py "$out"/trace_rank0_iterations_10-11.json 2 15
   prompts=(); for i in $(seq 64); do prompts+=(--prompt "$i $text"); done
   (cd "$out" && "$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos --max-new-tokens 40 \
      --inference-max-batch-size 64 --profile "${prompts[@]}" 2>&1 | grep "^>" | grep -v "^> [0-9]" | head -40)
   "$py" bench/trace_host_time.py "$out"/trace_rank0_iterations_10-11.json 2 15
+  "$py" bench/trace_gpu_gaps.py "$out"/trace_rank0_iterations_10-11.json 2 8
   exit 0
 fi
 if [ "${GENERATE_QUICK:-0}" = 1 ]; then

