@@ -44,6 +44,16 @@ std::string help() {
          "  --tensorboard-dir DIR        where --profile writes its trace\n";
 }
 
+// The decode graphs' captures, a one-off cost each (the first step of a batch size and key
+// bound), which the step time leaves out.
+std::string captures_note(const EngineStats& t) {
+  if (t.graph_captures == 0) return "";
+  char note[96];
+  std::snprintf(note, sizeof(note), "; %lld graph%s captured in %.1f ms, not in the step time", static_cast<long long>(t.graph_captures),
+                t.graph_captures == 1 ? "" : "s", 1e3 * t.capture_seconds);
+  return note;
+}
+
 }  // namespace
 
 int generate(const Args& args) {
@@ -175,7 +185,7 @@ int generate(const Args& args) {
                1e3 * t.decode_seconds, 1e3 * t.decode_seconds / std::max<int64_t>(t.decode_steps, 1),
                t.decode_tokens / std::max(t.decode_seconds, 1e-9),
                (engine.decode_mode() + (engine_options.decode_ahead ? ", " + std::to_string(t.steps_ahead) + " launched ahead" : "") +
-                decode_kernels_note(asked_decode_kernels(model_flags), engine.decode_kernels_run()))
+                decode_kernels_note(asked_decode_kernels(model_flags), engine.decode_kernels_run()) + captures_note(t))
                    .c_str());
   return 0;
 }

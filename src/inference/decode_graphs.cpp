@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "core/errors.h"
@@ -75,6 +76,8 @@ struct DecodeGraphs::State {
   c10::Device device;
   at::cuda::MempoolId_t pool;  // shared: the graphs never run at once
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Graph>> graphs;  // by batch size and keys attended
+  int64_t captures = 0;  // tried, failed ones too
+  double capture_seconds = 0;
 
   Graph& capture(int64_t batch, int64_t keys);
   // The graph for a step of the sequences in `slots` (the smallest batch of 1, 2, 4, ... that
@@ -85,13 +88,23 @@ struct DecodeGraphs::State {
 };
 
 Graph& DecodeGraphs::State::capture(int64_t batch, int64_t keys) {
+  // The steps in flight finish first, so the time counted is the capture's alone (theirs stays
+  // in the engine's decode time).
+  c10::cuda::device_synchronize();
+  struct Timed {  // counts the capture however it ends
+    State& s;
+    std::chrono::steady_clock::time_point began;
+    ~Timed() {
+      s.captures += 1;
+      s.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    }
+  } timed{*this, std::chrono::steady_clock::now()};
   auto g = std::make_unique<Graph>();
   g->step = KvCacheStep::fixed_decode(cache, batch, scratch_slot, device, keys);  // every row on the scratch slot
   g->tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
   // Capture needs a stream other than the default one; replays run on the caller's stream. The
   // eager run first makes what capture must not (cuBLAS's workspace for the stream, RoPE tables
   // of the cache's length); it writes the scratch slot's first row only.
-  c10::cuda::device_synchronize();
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
@@ -162,6 +175,9 @@ at::Tensor replay(Graph& g, const std::vector<int64_t>& slots, bool non_blocking
 
 }  // namespace
 
+int64_t DecodeGraphs::captures() const { return state_->captures; }
+double DecodeGraphs::capture_seconds() const { return state_->capture_seconds; }
+
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>& slots, const std::vector<int64_t>& tokens) {
   TORCH_CHECK(tokens.size() == slots.size(), "DecodeGraphs::run: ", slots.size(), " sequences, ", tokens.size(), " tokens");
   Graph* g = state_->graph_for(slots, failure_);
@@ -193,6 +209,8 @@ DecodeGraphs::DecodeGraphs(GPTModel& model, KvCache&, int64_t, const c10::Device
 DecodeGraphs::~DecodeGraphs() = default;
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>&, const std::vector<int64_t>&) { return {}; }
 at::Tensor DecodeGraphs::run(const std::vector<int64_t>&, const at::Tensor&) { return {}; }
+int64_t DecodeGraphs::captures() const { return 0; }
+double DecodeGraphs::capture_seconds() const { return 0; }
 
 #endif
 

@@ -59,6 +59,10 @@ class DecodeGraphs {
   // in it waits for the device, so the host can go on while the step before still runs.
   at::Tensor run(const std::vector<int64_t>& slots, const at::Tensor& tokens);
   const std::string& failure() const { return failure_; }
+  // The graphs captured so far (each batch size and key bound's first step) and the host's time
+  // in those captures: one-off costs, kept out of the engine's per-step decode time.
+  int64_t captures() const;
+  double capture_seconds() const;
 
  private:
   struct State;

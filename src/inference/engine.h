@@ -77,7 +77,9 @@ struct EngineStats {
   double prefill_seconds = 0;
   int64_t decode_steps = 0;
   int64_t decode_tokens = 0;  // one per running sequence per step
-  double decode_seconds = 0;
+  double decode_seconds = 0;  // the steps' time less the captures'
+  int64_t graph_captures = 0;  // decode CUDA graphs captured (the first step of each batch size and key bound)
+  double capture_seconds = 0;  // the host's time in those captures (not in decode_seconds)
   int64_t steps_ahead = 0;  // decode steps launched before the host had read the step before (decode_ahead)
 };
 

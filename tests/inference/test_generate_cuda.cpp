@@ -487,7 +487,14 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
     // attending to 128 (the fixture's whole cache), beside sequences that stay short.
     requests[1].prompt = prompt_of(58, 5, g.vocab_size);
     requests[1].max_new_tokens = 14;
-    return engine.generate(requests);
+    std::vector<GenerationResult> results = engine.generate(requests);
+    // Each graph's capture is counted and timed apart from the steps: at least the three
+    // sequences at 64 keys, the longer one's steps at 128, and a smaller batch at the end.
+    const EngineStats& stats = engine.stats();
+    EXPECT_EQ(stats.graph_captures >= 3, graphs) << variant << ": " << stats.graph_captures << " captures";
+    EXPECT_EQ(stats.capture_seconds > 0.0, graphs) << variant;
+    EXPECT_GT(stats.decode_seconds, 0.0) << variant;
+    return results;
   };
   const std::vector<GenerationResult> eager = run(false), replayed = run(true);
   ASSERT_EQ(eager.size(), replayed.size());
