@@ -57,6 +57,13 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
     echo "megatron.cpp batch 64 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
       --max-new-tokens 128 --inference-max-batch-size 64 $flags "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
   done
+  # 16 sequences (the bounded decode graphs' largest batch; 32 words: --prompt and its text): two rounds.
+  for round in 1 2; do
+    for flags in "${variants[@]}"; do
+      echo "megatron.cpp batch 16 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+        --max-new-tokens 128 --inference-max-batch-size 16 $flags "${prompts[@]:0:32}" 2>&1 >/dev/null | grep -o 'decode: .*')"
+    done
+  done
   if [ -n "${GENERATE_BEFORE:-}" ]; then
     # An earlier commit's binary (run.sh builds .gpu/before's tree) alternated with this one's default.
     for round in 1 2 3; do

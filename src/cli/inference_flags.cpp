@@ -35,9 +35,10 @@ const char* kInferenceModelFlagsHelp =
     "  --decode-ahead, --no-decode-ahead  greedy decoding launches each step before the host reads the last\n"
     "                               one's tokens (same tokens; overlaps the host's work with the GPU's;\n"
     "                               default: on a GPU)\n"
-    "  --attention-backend auto|flash|decode  attention of decode steps over the KV cache: auto (default) and\n"
-    "                               flash: FA2; decode: this project's one-launch kernel where it takes the\n"
-    "                               step (faster below ~1000 keys at batch <= 16, slower beyond)\n"
+    "  --attention-backend auto|flash|decode  attention of decode steps over the KV cache: flash: FA2;\n"
+    "                               decode: this project's one-launch kernel where it takes the step (faster\n"
+    "                               below ~1000 keys at 16 sequences, slower beyond and at 1); auto (default):\n"
+    "                               that kernel for steps of 2-16 sequences up to 512 keys, FA2 for the rest\n"
     "  --decode-norms-in-gemv       batch-1 decode steps compute the norms before QKV and fc1 inside their\n"
     "                               GEMVs (measured slower than the norm kernels: off by default)\n"
     "  --decode-rope-in-gemv, --no-decode-rope-in-gemv  batch-1 decode steps rotate the queries and keys\n"
@@ -169,6 +170,9 @@ DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationM
   // RoPE in the QKV GEMV: on by default where it can run, on one GPU as measured (an H100, session
   // 34: 1.52 -> 1.49 ms a batch-1 step; docs/performance.md).
   if (flags.decode_rope_in_gemv == "auto") kernels.rope_in_gemv = in_place && g.parallel.world_size == 1;
+  // The one-launch decode attention where it measured faster than FA2 (decode_attention_chosen):
+  // on by default likewise, --attention-backend flash keeps FA2 everywhere.
+  if (flags.attention_backend == "auto") kernels.attention_where_faster = in_place && g.parallel.world_size == 1;
   return kernels;
 }
 

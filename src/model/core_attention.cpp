@@ -53,12 +53,20 @@ at::Tensor SdpaAttention::forward_over_cache(const at::Tensor& q, const at::Tens
   return forward_over_written_cache(q, cache);
 }
 
+bool decode_attention_chosen(const DecodeKernels& kernels, int64_t batch, int64_t keys) {
+  // Session 35, one H100, inside CUDA graphs told of the bound (docs/performance.md): at 16
+  // sequences the one-launch kernel took 0.57x FA2's time at 128 keys and 0.65x at 512, and lost
+  // from 1,024 keys (1.09x); at one sequence FA2 won at every length (1.08-1.17x).
+  constexpr int64_t kMostSequences = 16, kMostKeys = 512;
+  return kernels.attention || (kernels.attention_where_faster && batch >= 2 && batch <= kMostSequences && keys <= kMostKeys);
+}
+
 at::Tensor SdpaAttention::forward_over_written_cache(const at::Tensor& q, const LayerKvCache& cache) const {
   const int64_t s = q.size(0), b = q.size(1), heads = q.size(2), d = q.size(3);
   const at::Tensor k_store = cache.stored(0).flatten(0, 1);  // [slots * capacity, G/tp, d]
   const at::Tensor v_store = cache.stored(1).flatten(0, 1);
   KvCacheStep& step = *cache.step;
-  if (s == 1 && step.decode_kernels().attention && q.is_contiguous()) {
+  if (s == 1 && decode_attention_chosen(step.decode_kernels(), b, step.longest()) && q.is_contiguous()) {
     // A decode step: one launch that overlaps the kernel before, rather than FA2's two.
     const at::Tensor tokens = q.view({b, heads, d});  // [b, H/tp, d]
     if (kernels::decode_attention_takes(tokens, k_store, v_store)) {

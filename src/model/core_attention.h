@@ -36,6 +36,11 @@ class SdpaAttention : public CoreAttention {
 // to 256.
 bool flash_attention_reads_cache(const at::Tensor& q, const at::Tensor& v);
 
+// Whether a decode step of `batch` sequences attending to up to `keys` keys runs the one-launch
+// decode attention kernel (where it takes the step) rather than FA2: always when asked for
+// (--attention-backend decode), where it measured faster under --attention-backend auto.
+bool decode_attention_chosen(const DecodeKernels& kernels, int64_t batch, int64_t keys);
+
 // core(q, k, v); with `recompute` (--recompute-granularity selective) its output and softmax
 // statistics are not kept: the backward runs it again from q, k and v (saved anyway).
 at::Tensor attend(const CoreAttention& core, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

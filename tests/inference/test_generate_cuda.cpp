@@ -472,6 +472,10 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
     options.max_batch = 3;
     options.vocab_size = g.vocab_size;
     options.cuda_graphs = graphs;
+    // The default's choice of attention (--attention-backend auto): the one-launch kernel for
+    // these steps of 2-3 sequences up to 128 keys where it takes the heads (64 channels), FA2 for
+    // the steps of one sequence.
+    options.decode_kernels.attention_where_faster = graphs;
     Engine engine(*g.model, options);
     EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager") << variant;
     std::vector<GenerationRequest> requests;
@@ -494,6 +498,7 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
     EXPECT_EQ(stats.graph_captures >= 3, graphs) << variant << ": " << stats.graph_captures << " captures";
     EXPECT_EQ(stats.capture_seconds > 0.0, graphs) << variant;
     EXPECT_GT(stats.decode_seconds, 0.0) << variant;
+    EXPECT_EQ(engine.decode_kernels_run().attention, graphs && variant == "qwen3_head64") << variant;
     return results;
   };
   const std::vector<GenerationResult> eager = run(false), replayed = run(true);
