@@ -103,8 +103,12 @@ Graph& DecodeGraphs::State::capture(int64_t batch, int64_t keys) {
   g->step = KvCacheStep::fixed_decode(cache, batch, scratch_slot, device, keys);  // every row on the scratch slot
   g->tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
   // Capture needs a stream other than the default one; replays run on the caller's stream. The
+  // side stream reads what the current one just wrote (the tokens' zeros, the step's buffers), so
+  // both are synchronized first: without it the side stream's run read the tokens before their
+  // zeros (an embedding index out of range; session 37, 3 of 6 test processes on one GPU). The
   // eager run first makes what capture must not (cuBLAS's workspace for the stream, RoPE tables
   // of the cache's length); it writes the scratch slot's first row only.
+  c10::cuda::device_synchronize();
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
