@@ -17,8 +17,8 @@
 
 namespace megatron {
 
-// The decode-step kernels this project wrote beyond the ones measured on a GPU and on by default
-// (EngineOptions::decode_kernels; both off until measured: docs/inference.md):
+// The newer decode-step kernels a step may take (EngineOptions::decode_kernels; the commands turn on
+// RoPE in the GEMV and the attention kernel where it measured faster on one GPU: docs/inference.md):
 struct DecodeKernels {
   // Attention of a decode step over the cache read in place with the one-launch kernel
   // (kernels::decode_attention) where it takes the step, instead of FA2 (--attention-backend decode).
