@@ -13,6 +13,11 @@
 #        so two schedules fit one call; FP8_CURVE_REUSE=DIR takes a run's losses from
 #        DIR/curve-TAG-NAME.jsonl when it holds all 200 steps (an earlier call's), so the runs of one
 #        schedule can be split over calls (bf16 is every comparison's reference).
+#        FP8_CURVE_FROM=N: every run starts from one bf16 checkpoint after N steps of the same
+#        schedule (saved once to FP8_CURVE_WARM_DIR, default /tmp/fp8-curve-warm-..., outside OUT_DIR:
+#        ~34 GB at 8 layers with its optimizer state) and trains the 200 steps after it: the same
+#        initialisation past the warm-up spike, where any two runs that differ in one bit part by
+#        more than 1% whatever their precision (sessions 22 and 37).
 set -uo pipefail
 bin=$1; out=$2; what=${3:-speed}
 mkdir -p "$out"
@@ -59,15 +64,27 @@ if [ "$what" = curve ] || [ "$what" = both ]; then
   lr=${FP8_CURVE_LR:-3e-4}; warmup=${FP8_CURVE_WARMUP:-20}; gbs=${FP8_CURVE_GBS:-1}
   min_lr=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
   tag=${FP8_CURVE_TAG:+$FP8_CURVE_TAG-}
-  echo "curve schedule: lr $lr cosine to $min_lr after $warmup warm-up steps, global batch $gbs"
+  from=${FP8_CURVE_FROM:-0}; iters=$(( from + 200 ))
+  echo "curve schedule: lr $lr cosine to $min_lr over $iters steps after $warmup warm-up steps, global batch $gbs"
+  start=()
+  if [ "$from" -gt 0 ]; then
+    warm=${FP8_CURVE_WARM_DIR:-/tmp/fp8-curve-warm-$layers-$gbs-$lr-$warmup-$from}
+    if [ ! -f "$warm/latest_checkpointed_iteration.txt" ]; then
+      "$bin" train "${shape[@]}" "${data[@]}" --global-batch-size "$gbs" --train-iters "$iters" --log-interval 10 --lr "$lr" \
+        --min-lr "$min_lr" --lr-warmup-iters "$warmup" --exit-interval "$from" --save "$warm" > "$out/curve-${tag}start.log" 2>&1 \
+        || { echo "FAILED: the first $from steps"; tail -20 "$out/curve-${tag}start.log"; exit 1; }
+    fi
+    echo "every run starts from $warm (bf16 after $from steps)"
+    start=(--load "$warm")
+  fi
   for r in bf16 "${curves[@]}"; do
     earlier=${FP8_CURVE_REUSE:+$FP8_CURVE_REUSE/curve-$tag$r.jsonl}
     if [ -n "$earlier" ] && [ -f "$earlier" ] && [ "$(grep -c '"lm_loss"' "$earlier")" -ge 200 ]; then
       cp "$earlier" "$out/curve-$tag$r.jsonl"; echo "$r: the losses of $earlier (not run again)"; continue
     fi
     # shellcheck disable=SC2046
-    "$bin" train "${shape[@]}" "${data[@]}" $(flags_of "$r") --global-batch-size "$gbs" --train-iters 200 --log-interval 50 \
-      --lr "$lr" --min-lr "$min_lr" \
+    "$bin" train "${shape[@]}" "${data[@]}" "${start[@]}" $(flags_of "$r") --global-batch-size "$gbs" --train-iters "$iters" \
+      --log-interval 50 --lr "$lr" --min-lr "$min_lr" \
       --lr-warmup-iters "$warmup" --metrics-jsonl "$out/curve-$tag$r.jsonl" > "$out/curve-$tag$r.log" 2>&1 \
       || { echo "FAILED: $r"; tail -20 "$out/curve-$tag$r.log"; }
   done
