@@ -88,8 +88,15 @@ struct DecodeGraphs::State {
 };
 
 Graph& DecodeGraphs::State::capture(int64_t batch, int64_t keys) {
-  // The steps in flight finish first, so the time counted is the capture's alone (theirs stays
-  // in the engine's decode time).
+  auto g = std::make_unique<Graph>();
+  g->step = KvCacheStep::fixed_decode(cache, batch, scratch_slot, device, keys);  // every row on the scratch slot
+  g->tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
+  // Capture needs a stream other than the default one; replays run on the caller's stream. The
+  // side stream reads what the current one just wrote (the tokens' zeros, the step's buffers), so
+  // the device is synchronized first; the steps in flight finish with it, so the time counted
+  // from here is the capture's alone (theirs stays in the engine's decode time). The eager run
+  // first makes what capture must not (cuBLAS's workspace for the stream, RoPE tables of the
+  // cache's length); it writes the scratch slot's first row only.
   c10::cuda::device_synchronize();
   struct Timed {  // counts the capture however it ends
     State& s;
@@ -99,16 +106,6 @@ Graph& DecodeGraphs::State::capture(int64_t batch, int64_t keys) {
       s.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     }
   } timed{*this, std::chrono::steady_clock::now()};
-  auto g = std::make_unique<Graph>();
-  g->step = KvCacheStep::fixed_decode(cache, batch, scratch_slot, device, keys);  // every row on the scratch slot
-  g->tokens = at::zeros({batch, 1}, at::TensorOptions().dtype(at::kLong).device(device));
-  // Capture needs a stream other than the default one; replays run on the caller's stream. The
-  // side stream reads what the current one just wrote (the tokens' zeros, the step's buffers), so
-  // both are synchronized first: without it the side stream's run read the tokens before their
-  // zeros (an embedding index out of range; session 37, 3 of 6 test processes on one GPU). The
-  // eager run first makes what capture must not (cuBLAS's workspace for the stream, RoPE tables
-  // of the cache's length); it writes the scratch slot's first row only.
-  c10::cuda::device_synchronize();
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
