@@ -1,25 +1,20 @@
 // Attention of a decode step (one new token per sequence) over the key/value cache where it lies,
 // in one launch. FA2's kernel for this case is two launches (the split-KV pass and the combine),
-// neither overlapping the kernel before it, ~6-12 us a layer on an H100 at 128-2048 keys for
-// batch 1: more than the layer's keys and values take to stream. At batch 1 the step is latency,
-// not bandwidth: a 1.1B layer's 512 keys are 0.5 MB.
+// neither overlapping the kernel before it, ~10-12 us a layer on an H100 at 128-2048 keys for
+// batch 1: more than the layer's keys and values take to stream.
 //
 // A block takes one sequence, one KV group (its P query heads share the keys: each key row is read
-// once for all of them) and one split of the sequence's keys, as short as 32 keys, so that a
-// batch-1 step spreads over dozens of SMs. Threads work in teams of d / 8, one 16-byte pack of a key
-// or value row each; a team takes kRowsATeam key rows and their value rows a round, all loaded
-// at once, and keeps its own softmax statistics and weighted sums in registers (an online softmax
-// over its rows: no shared scores, no barrier a round). The teams' sums are rescaled to the
-// block's maximum and added once at the end. The last split of a (sequence, group) to finish (a
-// ticket counter) merges the splits' log-sum-exps and writes the output, and resets the counter
-// for the next launch.
+// once for all of them) and one split of the sequence's keys. Threads work in teams of d / 8, one
+// 16-byte pack of a key or value row each: a team scores whole keys (the dot product reduced over
+// the team by shuffles), then, after the tile's softmax statistics, adds whole value rows into its
+// own accumulators, several rows in flight a round. The P heads' outputs are summed over teams and
+// warps once at the end. The last split of a (sequence, group) to finish (a ticket counter) merges
+// the splits' log-sum-exps and writes the output, and resets the counter for the next launch.
 //
-// The grid is fixed by a bound on the keys (a CUDA graph replays it at every length up to it);
-// each block reads the sequence's real key count on the device and leaves when its split is past
-// the keys. Every key and value row but the newest was written by an earlier step, so a block
-// loads its first round of rows before waiting for the kernel before (programmatic dependent
-// launch), whose QKV projection writes the newest row: under a graph the rows stream while that
-// kernel still runs. Later rounds (splits longer than a round) are prefetched into L2 there too.
+// The grid is fixed by the cache's capacity (a CUDA graph replays it at every length); each block
+// reads the sequence's real key count on the device and leaves when its split is past the keys.
+// The block's key and value rows are prefetched into L2 before waiting for the kernel before
+// (programmatic dependent launch): they were written by earlier steps, all but the newest row.
 #include <cmath>
 
 #include "kernels/cuda_common.cuh"
@@ -29,22 +24,15 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsATeam = 4;     // key rows (and their value rows) a team holds a round
-constexpr int kMinSplitKeys = 32;  // a split takes at least this many keys (fewer splits below)
+constexpr int kTile = 256;        // keys scored before their values are added
+constexpr int kMinSplitKeys = 128;  // a split takes at least this many keys (fewer splits below)
 constexpr int kMaxSplits = 16;
+constexpr int kInFlight = 4;      // key or value rows a team loads before using them
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T>
 __device__ __forceinline__ Pack<T, 8> load8(const T* p) {
   return *reinterpret_cast<const Pack<T, 8>*>(p);
-}
-
-template <typename T>
-__device__ __forceinline__ Pack<T, 8> zeros8() {
-  Pack<T, 8> z;
-#pragma unroll
-  for (int x = 0; x < 8; ++x) z.v[x] = from_float<T>(0.0f);
-  return z;
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -64,13 +52,12 @@ __device__ __forceinline__ int used_splits(int count, int splits) {
 // real count score zeros and are not written).
 template <typename T, int D, int P>
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttentionArgs a) {
-  constexpr int kTeam = D / 8;              // lanes a row
-  constexpr int kTeams = kThreads / kTeam;  // rows a block handles at once
-  constexpr int kRound = kTeams * kRowsATeam;  // keys a round
-  __shared__ float warp_max[kWarps][P];
-  __shared__ float warp_sum[kWarps][P];
-  __shared__ float partial[kWarps][P][D];  // each warp's weighted sums, added at the end
-  __shared__ float merge[kMaxSplits][P];   // the last block's weight of each split
+  constexpr int kTeam = D / 8;               // lanes a row
+  constexpr int kTeams = kThreads / kTeam;   // rows a block handles at once
+  __shared__ float scores[P][kTile];         // the tile's scores, then its softmax weights
+  __shared__ float run_max[P], run_sum[P], rescale[P];
+  __shared__ float partial[kWarps][P][D];    // each warp's accumulators, summed at the end
+  __shared__ float merge[kMaxSplits][P];     // the last block's weight of each split
   __shared__ bool last_block;
 
   const int sequence = blockIdx.z, group = blockIdx.x, split = blockIdx.y;
@@ -93,21 +80,9 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   }
   const int chunk = (count + used - 1) / used;
   const int begin = split * chunk, end = begin + chunk < count ? begin + chunk : count;
-  const int newest = count - 1;  // this step's key and value, written by the kernel before
   const T* k_base = static_cast<const T*>(a.k) + (int64_t(a.key_starts[sequence]) * a.k_row_stride + int64_t(group) * D);
   const T* v_base = static_cast<const T*>(a.v) + (int64_t(a.key_starts[sequence]) * a.v_row_stride + int64_t(group) * D);
-  auto k_row = [&](int j) { return k_base + int64_t(j) * a.k_row_stride + lane_in_team * 8; };
-  auto v_row = [&](int j) { return v_base + int64_t(j) * a.v_row_stride + lane_in_team * 8; };
-
-  // The first round's rows of this team (row begin + u kTeams + team), all but the newest.
-  Pack<T, 8> k_rows[kRowsATeam], v_rows[kRowsATeam];
-#pragma unroll
-  for (int u = 0; u < kRowsATeam; ++u) {
-    const int j = begin + u * kTeams + team;
-    k_rows[u] = j < end && j != newest ? load8(k_row(j)) : zeros8<T>();
-    v_rows[u] = j < end && j != newest ? load8(v_row(j)) : zeros8<T>();
-  }
-  for (int j = begin + kRound + threadIdx.x; j < end; j += kThreads) {  // later rounds: into L2
+  for (int j = begin + threadIdx.x; j < end; j += kThreads) {
 #pragma unroll
     for (int line = 0; line < D * int(sizeof(T)); line += 128) {
       prefetch_l2(reinterpret_cast<const char*>(k_base + int64_t(j) * a.k_row_stride) + line);
@@ -115,10 +90,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
     }
   }
   wait_for_kernel_before();
-#pragma unroll
-  for (int u = 0; u < kRowsATeam; ++u) {
-    if (begin + u * kTeams + team == newest) k_rows[u] = load8(k_row(newest)), v_rows[u] = load8(v_row(newest));
-  }
 
   // This lane's 8 channels of each head's query, scaled so that exp2 of a score is exp of the logit.
   float q[P][8];
@@ -134,86 +105,96 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
       for (int x = 0; x < 8; ++x) q[p][x] = 0.0f;
     }
   }
-  // The team's softmax statistics over its rows so far (every lane of a team holds the same) and
-  // this lane's 8 channels of each head's weighted sum of values against run_max.
-  float run_max[P], run_sum[P], acc[P][8] = {};
-#pragma unroll
-  for (int p = 0; p < P; ++p) run_max[p] = -INFINITY, run_sum[p] = 0.0f;
+  float acc[P][8] = {};  // this lane's 8 channels of each head's sum of weighted values
+  if (threadIdx.x < P) run_max[threadIdx.x] = -INFINITY, run_sum[threadIdx.x] = 0.0f;
 
-  for (int first = begin; first < end; first += kRound) {
-    if (first != begin) {  // a later round (a split longer than kRound keys): rows from L2
+  for (int tile = begin; tile < end; tile += kTile) {
+    const int n = end - tile < kTile ? end - tile : kTile;
+    // Scores: every team runs every round (the shuffles need whole warps); rows past n score zeros.
+    for (int round = 0; round < n; round += kTeams * kInFlight) {
+      Pack<T, 8> rows[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kRowsATeam; ++u) {
-        const int j = first + u * kTeams + team;
-        k_rows[u] = j < end ? load8(k_row(j)) : zeros8<T>();
-        v_rows[u] = j < end ? load8(v_row(j)) : zeros8<T>();
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = round + u * kTeams + team;
+        if (j < n) {
+          rows[u] = load8(k_base + int64_t(tile + j) * a.k_row_stride + lane_in_team * 8);
+        } else {
+#pragma unroll
+          for (int x = 0; x < 8; ++x) rows[u].v[x] = from_float<T>(0.0f);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = round + u * kTeams + team;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          float s = 0.0f;
+#pragma unroll
+          for (int x = 0; x < 8; ++x) s += q[p][x] * to_float(rows[u].v[x]);
+#pragma unroll
+          for (int o = kTeam / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffff, s, o);
+          if (lane_in_team == 0 && j < n) scores[p][j] = s;
+        }
       }
     }
-    // Scores: every team runs every row slot the block has (the shuffles need whole warps); slots
-    // past the split's end score -inf.
-    float s[kRowsATeam][P];
-#pragma unroll
-    for (int u = 0; u < kRowsATeam; ++u) {
-      const bool real = first + u * kTeams + team < end;
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int x = 0; x < 8; ++x) dot += q[p][x] * to_float(k_rows[u].v[x]);
-#pragma unroll
-        for (int o = kTeam / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffff, dot, o);
-        s[u][p] = real ? dot : -INFINITY;
+    __syncthreads();
+    // The tile's softmax statistics, a warp a head: the new running max, the weights against it,
+    // and how much the sums so far shrink.
+    for (int p = warp; p < P; p += kWarps) {
+      float m = -INFINITY;
+      for (int j = lane; j < n; j += 32) m = fmaxf(m, scores[p][j]);
+      for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+      const float new_max = fmaxf(run_max[p], m);
+      float sum = 0.0f;
+      for (int j = lane; j < n; j += 32) {
+        const float w = exp2f(scores[p][j] - new_max);
+        scores[p][j] = w;
+        sum += w;
+      }
+      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+      if (lane == 0) {
+        const float shrink = exp2f(run_max[p] - new_max);  // 0 at the first tile (-inf)
+        rescale[p] = shrink;
+        run_sum[p] = run_sum[p] * shrink + sum;
+        run_max[p] = new_max;
       }
     }
+    __syncthreads();
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      float m = run_max[p];
 #pragma unroll
-      for (int u = 0; u < kRowsATeam; ++u) m = fmaxf(m, s[u][p]);
-      if (m == -INFINITY) continue;  // no rows for this team yet
-      const float shrink = exp2f(run_max[p] - m);  // 0 at the team's first rows (-inf)
-      run_sum[p] *= shrink;
-#pragma unroll
-      for (int x = 0; x < 8; ++x) acc[p][x] *= shrink;
-#pragma unroll
-      for (int u = 0; u < kRowsATeam; ++u) {
-        const float w = exp2f(s[u][p] - m);  // 0 for slots past the end
-        run_sum[p] += w;
-#pragma unroll
-        for (int x = 0; x < 8; ++x) acc[p][x] += w * to_float(v_rows[u].v[x]);
-      }
-      run_max[p] = m;
+      for (int x = 0; x < 8; ++x) acc[p][x] *= rescale[p];
     }
+    for (int round = 0; round < n; round += kTeams * kInFlight) {
+      Pack<T, 8> rows[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = round + u * kTeams + team;
+        if (j < n) rows[u] = load8(v_base + int64_t(tile + j) * a.v_row_stride + lane_in_team * 8);
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = round + u * kTeams + team;
+        if (j >= n) continue;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const float w = scores[p][j];
+#pragma unroll
+          for (int x = 0; x < 8; ++x) acc[p][x] += w * to_float(rows[u].v[x]);
+        }
+      }
+    }
+    __syncthreads();  // the next tile's scores overwrite these weights
   }
 
-  // The block's maximum of each head, then every team's sums rescaled to it and added: within a
-  // warp by shuffles (teams are lane groups), then the warps in shared memory.
+  // Sum the teams: within a warp by shuffles (teams are lane groups), then the warps in shared memory.
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    float m = run_max[p];
-#pragma unroll
-    for (int o = kTeam; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-    if (lane == 0) warp_max[warp][p] = m;
-  }
-  __syncthreads();
-  float block_max[P];
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    block_max[p] = warp_max[0][p];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) block_max[p] = fmaxf(block_max[p], warp_max[w][p]);
-    // The split has keys, so the block's maximum is finite; a team without rows weighs 0.
-    const float f = run_max[p] == -INFINITY ? 0.0f : exp2f(run_max[p] - block_max[p]);
-    float sum = run_sum[p] * f;
-#pragma unroll
-    for (int o = kTeam; o < 32; o *= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    if (lane == 0) warp_sum[warp][p] = sum;
 #pragma unroll
     for (int x = 0; x < 8; ++x) {
-      float v = acc[p][x] * f;
 #pragma unroll
-      for (int o = kTeam; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-      if (lane < kTeam) partial[warp][p][lane * 8 + x] = v;
+      for (int o = kTeam; o < 32; o *= 2) acc[p][x] += __shfl_xor_sync(0xffffffff, acc[p][x], o);
+      if (lane < kTeam) partial[warp][p][lane * 8 + x] = acc[p][x];
     }
   }
   __syncthreads();
@@ -225,20 +206,8 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
     for (int w = 0; w < kWarps; ++w) v += (&partial[w][0][0])[i];
     return v;
   };
-  auto block_max_of = [&](int p) {  // block_max[p], for a head known only at run time
-    float v = warp_max[0][p];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) v = fmaxf(v, warp_max[w][p]);
-    return v;
-  };
-  auto block_sum = [&](int p) {
-    float v = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += warp_sum[w][p];
-    return v;
-  };
   if (used == 1) {
-    for (int i = threadIdx.x; i < real_heads * D; i += kThreads) out[i] = from_float<T>(summed(i) / block_sum(i / D));
+    for (int i = threadIdx.x; i < real_heads * D; i += kThreads) out[i] = from_float<T>(summed(i) / run_sum[i / D]);
     return;
   }
   // This split's record: [P][D] unnormalised outputs, then P maxima and P sums.
@@ -246,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   const int64_t pair = int64_t(sequence) * a.groups + group;
   float* mine = a.partials + (pair * a.splits + split) * record;
   for (int i = threadIdx.x; i < P * D; i += kThreads) mine[i] = summed(i);
-  if (threadIdx.x < P) mine[P * D + threadIdx.x] = block_max_of(threadIdx.x), mine[P * D + P + threadIdx.x] = block_sum(threadIdx.x);
+  if (threadIdx.x < P) mine[P * D + threadIdx.x] = run_max[threadIdx.x], mine[P * D + P + threadIdx.x] = run_sum[threadIdx.x];
   __threadfence();  // the record is visible before the ticket says so
   __syncthreads();
   if (threadIdx.x == 0) last_block = atomicAdd(&a.tickets[pair], 1) == used - 1;
@@ -269,7 +238,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   __syncthreads();
   for (int i = threadIdx.x; i < real_heads * D; i += kThreads) {
     float v = 0.0f;
-#pragma unroll 4
     for (int s = 0; s < used; ++s) v += merge[s][i / D] * __ldcg(records + s * record + i);
     out[i] = from_float<T>(v);
   }

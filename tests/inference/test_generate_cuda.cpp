@@ -91,15 +91,13 @@ TEST(GenerationCudaKernels, DecodeAttentionEqualsTheFp32Attention) {
   struct Heads {
     int64_t heads, groups, d;
   };
-  // The grid for the cache's capacity (a decode graph: 16 splits of up to 132 keys, three rounds of
-  // a team's rows, of which the sequences use 1, 10 and 16), for a bound of 128 keys (4 splits of
-  // up to 32; the sequences use 1, 3 and 4) and for the longest of short sequences (an eager step:
-  // one split, no merge).
+  // The grid for the cache's capacity (a decode graph: 16 splits, of which the sequences use 1, 3
+  // and 16), and for the longest of short sequences (an eager step: one split, no merge).
   struct Lengths {
     int64_t longest;
     std::vector<int32_t> counts;
   };
-  for (const Lengths& lengths : {Lengths{capacity, {1, 300, 2100}}, Lengths{128, {1, 77, 128}}, Lengths{32, {1, 20, 32}}}) {
+  for (const Lengths& lengths : {Lengths{capacity, {1, 300, 2100}}, Lengths{128, {1, 77, 128}}}) {
     const at::Tensor key_counts = at::tensor(lengths.counts, at::kInt).to(gpu);
     for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
       const double tolerance = dtype == at::kBFloat16 ? 8e-3 : 1.5e-3;
