@@ -8,7 +8,7 @@
 # each eagerly (--cuda-graph-impl none) and with decode graphs (the default on a GPU: attention over the
 # cache in place). GENERATE_QUICK=1: only the default engine (batch 1 and 64) alternated with
 # GENERATE_VARIANTS's flag sets (batch 1 GENERATE_ROUNDS rounds, default 3, batch 64 one; with GENERATE_BEFORE=BINARY
-# also against that binary), and HF compiled.
+# also against that binary), and HF compiled (GENERATE_HF=0: not HF).
 set -uo pipefail
 bin=$(realpath "$1") py=$2 tokenizer=$3 out=${4:-/tmp/generate}
 mkdir -p "$out"
@@ -77,7 +77,8 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
         --ignore-eos --max-new-tokens 128 --inference-max-batch-size 64 "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
     done
   fi
-  "$py" bench/hf_generate_baseline.py "$out/model" "$text" --compile 2>&1 | grep -E "baseline|Error"
+  # GENERATE_HF=0: no HF baseline (a quick comparison of our own variants, none of its ratios to HF).
+  [ "${GENERATE_HF:-1}" = 0 ] || "$py" bench/hf_generate_baseline.py "$out/model" "$text" --compile 2>&1 | grep -E "baseline|Error"
   exit 0
 fi
 echo "megatron.cpp batch 1, --cuda-graph-impl none: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
