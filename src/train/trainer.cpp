@@ -7,6 +7,21 @@
 #include <cstdio>
 #include <string>
 
+#include "checkpoint/hf_export_ranks.h"
+#include "checkpoint/hf_mapping.h"
+#include "context_parallel/chunks.h"
+#include "core/activation_offload.h"
+#include "core/errors.h"
+#include "core/memory.h"
+#include "core/streams.h"
+#include "model/family.h"
+#include "moe/moe_config.h"
+#include "pipeline/layout.h"
+#include "pipeline/schedules.h"
+#include "tensor_parallel/sharding.h"
+#include "train/batch_schedule.h"
+#include "train/batch_transfer.h"
+#include "train/precision.h"
 #include "train/trainer_impl.h"
 
 namespace megatron {

@@ -14,39 +14,26 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/hf_export_ranks.h"
-#include "checkpoint/hf_mapping.h"
-#include "context_parallel/chunks.h"
-#include "core/activation_offload.h"
-#include "core/errors.h"
-#include "core/memory.h"
-#include "core/streams.h"
 #include "data/batch.h"
+#include "data/ltor_masks.h"
 #include "data/prefetcher.h"
 #include "data/samples.h"
 #include "distributed/parallel_state.h"
 #include "distributed/world.h"
-#include "model/family.h"
 #include "model/gpt_model.h"
-#include "moe/moe_config.h"
+#include "model/loss.h"
 #include "optim/adamw.h"
 #include "optim/grad_buffer.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_schedule.h"
-#include "pipeline/layout.h"
-#include "pipeline/schedules.h"
-#include "tensor_parallel/sharding.h"
+#include "train/checkpointer.h"
+#include "train/divergence_check.h"
 #include "train/grad_buffers.h"
 #include "train/metrics.h"
 #include "train/model_terms.h"
-#include "train/precision.h"
 #include "train/profiler.h"
-#include "train/step_graph.h"
-#include "train/batch_schedule.h"
-#include "train/batch_transfer.h"
 #include "train/rank_resources.h"
-#include "train/checkpointer.h"
-#include "train/divergence_check.h"
+#include "train/step_graph.h"
 #include "train/stop_signal.h"
 #include "train/trainer.h"
 
@@ -64,8 +51,6 @@ class Trainer {
         decoupled_schedule_(decoupled_lr_schedule(c.train)),
         device_(pick_device(c.train, env)),
         ltor_(ltor_options(c)) {}
-  ~Trainer() {
-  }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -155,7 +140,6 @@ class Trainer {
   std::vector<std::string> loss_terms_;  // the names of its terms
   ModelTerms model_terms_;               // MTP and MoE router losses tracked for the log line (after loss_terms_)
   double flops_per_token_ = 0;
-
 
   // Memory, sampled after every forward until the first report (Megatron prints one after the
   // first log interval).

@@ -9,6 +9,12 @@
 #include <map>
 #include <string>
 
+#include "context_parallel/chunks.h"
+#include "core/errors.h"
+#include "core/memory.h"
+#include "pipeline/schedules.h"
+#include "train/batch_transfer.h"
+#include "train/precision.h"
 #include "train/trainer_impl.h"
 
 namespace megatron {
