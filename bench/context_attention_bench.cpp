@@ -4,13 +4,16 @@
 // after another, against one fused causal attention (SDPA, flash) over the same S tokens, forward
 // and backward. Communication is not in it: on one GPU there is none to time; the ratio says what
 // cutting attention into the ring's blocks costs. The blocks in cuDNN's kernels (FA2's where cuDNN
-// fails), next to each kernel over the whole sequence as one block and SDPA's own choice named,
-// and the blocks' kernels alone (what the merges, gradient sums and casts add is the difference).
+// fails), next to each kernel over the whole sequence as one block and SDPA's own choice named;
+// the ring one step a block and with its steps grouped as ring_attention groups them
+// (cp::ring_steps_per_block, or --steps-per-block), and the grouped blocks' kernels alone (what the
+// merges, gradient sums and casts add is the difference).
 // Then packed documents of uneven lengths (--document-tokens on average; 0 skips it): the ring's
 // blocks cut into their documents (FA2's variable-length kernel per block) against one
 // variable-length call over every document of the sequence.
 //   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10] [--document-tokens 4096]
 //                                    [--causal 1]   (0: the packed documents' table alone)
+//                                    [--steps-per-block 0]   (0: ring_attention's choice)
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -61,15 +64,15 @@ struct RankRows {
   }
 };
 
-// Every rank's ring steps for one sequence, as ring_attention runs them: forward blocks merged
-// (step 0's own block starts the accumulator), the output cast back; then their backward, each
-// block's gradients added into fp32 sums (dq per rank, dk/dv per owner) and cast back.
-// Under packed documents (non-null) each block runs piece by piece, as the ring does.
-// bookkeeping false: the blocks' kernels alone (no merges, sums or casts; the backward reads the
-// own block's output and statistics, which cover every row): what the ring's own arithmetic
-// around the kernels costs is the difference.
-void ring_work(const RankRows& r, int cp, double scale, cp::BlockKernel kernel, const cp::PackedDocuments* documents = nullptr,
-               bool bookkeeping = true) {
+// Every rank's ring steps for one sequence, as ring_attention runs them (steps_per_block of one
+// kind to a block, cp::ring_groups): forward blocks merged (the own block starts the
+// accumulator), the output cast back; then their backward, each block's gradients added into fp32
+// sums (dq per rank, dk/dv per owner) and cast back. Under packed documents (non-null) one step a
+// block, each piece by piece, as the ring does. bookkeeping false: the blocks' kernels alone (no
+// merges, sums or casts; the backward reads the own block's output and statistics, which cover
+// every row): what the ring's own arithmetic around the kernels costs is the difference.
+void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp::BlockKernel kernel,
+               const cp::PackedDocuments* documents = nullptr, bool bookkeeping = true) {
   const int64_t c = r.q[0].size(2) / 2;
   const at::TensorOptions fp32 = r.q[0].options().dtype(at::kFloat);
   std::vector<at::Tensor> dk, dv;  // [b, G, 2c, d] fp32 per owner
@@ -85,44 +88,50 @@ void ring_work(const RankRows& r, int cp, double scale, cp::BlockKernel kernel, 
       pieces.push_back(cp::shared_documents(*documents, cp::rank_row_positions(rank, cp, c, blk.first_query, blk.queries),
                                             cp::rank_row_positions(blk.owner, cp, c, blk.first_key, blk.keys), mq.device()));
     }
-    // The step's block; under documents only the rows they share (none: skipped).
-    auto block_at = [&](int step) {
-      const cp::RingBlock blk = cp::ring_block(step, rank, cp, c);
-      return documents ? cp::shared_rows(blk, pieces[size_t(step)]) : blk;
+    // The rank's blocks; under documents only the rows they share (none: skipped).
+    std::vector<cp::RingGroup> groups = cp::ring_groups(rank, cp, c, documents ? 1 : steps_per_block);
+    for (cp::RingGroup& group : groups) {
+      if (documents) group = cp::shared_rows(group, pieces[size_t(group.first_step)]);
+    }
+    auto owner_of = [&](int step) { return (rank - step + cp) % cp; };
+    auto keys = [&](const std::vector<at::Tensor>& x, const cp::RingGroup& group) {
+      std::vector<at::Tensor> per_step;
+      for (int i = 0; i < group.steps; ++i) per_step.push_back(x[size_t(owner_of(group.first_step + i))]);
+      return cp::group_rows(group, per_step);
     };
-    auto keys = [&](const std::vector<at::Tensor>& x, const cp::RingBlock& blk) { return x[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys); };
     cp::PartialAttention acc;
-    for (int step = 0; step < cp; ++step) {
-      const cp::RingBlock blk = block_at(step);
-      if (blk.queries == 0) continue;
-      const at::Tensor bk = keys(r.k, blk), bv = keys(r.v, blk), bq = mq.narrow(2, blk.first_query, blk.queries);
-      cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(step)], blk.causal, scale, kernel)
-                                            : cp::attend_block(bq, bk, bv, blk.causal, at::Tensor(), scale, kernel);
-      if (step == 0) {
+    for (const cp::RingGroup& group : groups) {
+      if (group.queries == 0) continue;
+      const at::Tensor bk = keys(r.k, group), bv = keys(r.v, group), bq = mq.narrow(2, group.first_query, group.queries);
+      cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(group.first_step)], group.causal, scale, kernel)
+                                            : cp::attend_block(bq, bk, bv, group.causal, at::Tensor(), scale, kernel);
+      if (group.first_step == 0) {
         acc = bookkeeping ? cp::accumulator_from(std::move(part)) : part;
       } else if (bookkeeping) {
-        cp::merge_into(acc, part, blk.first_query);
+        cp::merge_into(acc, part, group.first_query);
       }
     }
     const at::Tensor out = bookkeeping ? acc.out.to(mq.scalar_type()) : acc.out;
     at::Tensor dq;
-    for (int step = 0; step < cp; ++step) {
-      const cp::RingBlock blk = block_at(step);
-      if (blk.queries == 0) continue;
-      const at::Tensor bk = keys(r.k, blk), bv = keys(r.v, blk);
-      const at::Tensor bdout = mdout.narrow(2, blk.first_query, blk.queries), bq = mq.narrow(2, blk.first_query, blk.queries),
-                       bout = out.narrow(2, blk.first_query, blk.queries), blse = acc.lse.narrow(2, blk.first_query, blk.queries);
+    for (const cp::RingGroup& group : groups) {
+      if (group.queries == 0) continue;
+      const at::Tensor bk = keys(r.k, group), bv = keys(r.v, group);
+      const at::Tensor bdout = mdout.narrow(2, group.first_query, group.queries), bq = mq.narrow(2, group.first_query, group.queries),
+                       bout = out.narrow(2, group.first_query, group.queries), blse = acc.lse.narrow(2, group.first_query, group.queries);
       const cp::BlockGrads g =
-          documents ? cp::attend_documents_backward(bdout, bq, bk, bv, bout, blse, pieces[size_t(step)], blk.causal, scale, kernel)
-                    : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, at::Tensor(), scale, kernel);
+          documents ? cp::attend_documents_backward(bdout, bq, bk, bv, bout, blse, pieces[size_t(group.first_step)], group.causal, scale, kernel)
+                    : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, group.causal, at::Tensor(), scale, kernel);
       if (!bookkeeping) continue;
-      if (step == 0) {
+      if (group.first_step == 0) {
         dq = at::empty(mq.sizes(), fp32).copy_(g.dq);
       } else {
-        dq.narrow(2, blk.first_query, blk.queries).add_(g.dq);
+        dq.narrow(2, group.first_query, group.queries).add_(g.dq);
       }
-      dk[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys).add_(g.dk);
-      dv[size_t(blk.owner)].narrow(2, blk.first_key, blk.keys).add_(g.dv);
+      for (int i = 0; i < group.steps; ++i) {
+        const size_t owner = size_t(owner_of(group.first_step + i));
+        dk[owner].narrow(2, group.first_key, group.keys).add_(g.dk.narrow(2, i * group.keys, group.keys));
+        dv[owner].narrow(2, group.first_key, group.keys).add_(g.dv.narrow(2, i * group.keys, group.keys));
+      }
     }
     if (bookkeeping) (void)dq.to(mq.scalar_type());
   }
@@ -168,7 +177,7 @@ const char* sdpa_backend_name(int64_t choice) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1;
+  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0;
   int iters = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -179,8 +188,9 @@ int main(int argc, char** argv) {
     else if (flag == "--iters") iters = int(value);
     else if (flag == "--document-tokens") document_tokens = value;
     else if (flag == "--causal") causal = value;
+    else if (flag == "--steps-per-block") steps_per_block = value;
     else {
-      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --document-tokens, --causal)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --document-tokens, --causal, --steps-per-block)\n", argv[i]);
       return 2;
     }
   }
@@ -195,8 +205,9 @@ int main(int argc, char** argv) {
     std::printf("SDPA's kernel for the fused call: %s\n",
                 sdpa_backend_name(at::_fused_sdp_choice(q, k, k, std::nullopt, 0.0, true, scale, /*enable_gqa=*/true)));
   }
-  if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, cuDNN blocks (ms) | "
-              "their kernels alone (ms) | ring / SDPA | kernels alone / SDPA |\n|---|---|---|---|---|---|---|---|---|\n");
+  if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, one step a block (ms) | "
+              "steps a block | ring, steps grouped (ms) | their kernels alone (ms) | ring / SDPA, one step a block | ring / SDPA | kernels alone / SDPA |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t seq : {32768, 65536, 131072}) {
     if (!causal) break;
     at::manual_seed(0);
@@ -217,10 +228,14 @@ int main(int argc, char** argv) {
     const cp::BlockKernel kernel = cudnn > 0 ? cp::BlockKernel::Cudnn : cp::BlockKernel::Flash;
     for (int cp : {2, 4, 8}) {
       const RankRows rows(q, k, v, dout, cp);
-      const double ring = seconds_per_call([&] { ring_work(rows, cp, scale, kernel); }, iters);
-      const double kernels_alone = seconds_per_call([&] { ring_work(rows, cp, scale, kernel, nullptr, /*bookkeeping=*/false); }, iters);
-      std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %.2f | %.3f | %.3f |\n", static_cast<long long>(seq), fused * 1e3,
-                  fa2 * 1e3, cudnn * 1e3, cp, ring * 1e3, kernels_alone * 1e3, ring / fused, kernels_alone / fused);
+      const int grouped = steps_per_block > 0 ? steps_per_block : cp::ring_steps_per_block(seq / (2 * cp), cp);
+      const double single = seconds_per_call([&] { ring_work(rows, cp, 1, scale, kernel); }, iters);
+      const double ring = grouped == 1 ? single : seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel); }, iters);
+      const double kernels_alone =
+          seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false); }, iters);
+      std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %d | %.2f | %.2f | %.3f | %.3f | %.3f |\n", static_cast<long long>(seq),
+                  fused * 1e3, fa2 * 1e3, cudnn * 1e3, cp, single * 1e3, grouped, ring * 1e3, kernels_alone * 1e3, single / fused,
+                  ring / fused, kernels_alone / fused);
       std::fflush(stdout);
     }
   }
@@ -237,7 +252,7 @@ int main(int argc, char** argv) {
     const double one = seconds_per_call([&] { one_call_over_documents(q, k, v, dout, scale, all); }, iters);
     for (int cp : {2, 4, 8}) {
       const RankRows rows(q, k, v, dout, cp);
-      const double ring = seconds_per_call([&] { ring_work(rows, cp, scale, cp::BlockKernel::Flash, &documents); }, iters);
+      const double ring = seconds_per_call([&] { ring_work(rows, cp, 1, scale, cp::BlockKernel::Flash, &documents); }, iters);
       std::printf("| %lld | %zu | %.2f | %d | %.2f | %.3f |\n", static_cast<long long>(seq), documents.starts.size() - 1, one * 1e3, cp,
                   ring * 1e3, ring / one);
       std::fflush(stdout);

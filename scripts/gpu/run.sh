@@ -89,6 +89,8 @@ case $what in generate-bench) targets=(--target megatron megatron_bench_decode_k
 case $what in decode-kernels) targets=(--target megatron_bench_decode_kernels) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
 case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
+# EXTRA_TARGETS: more to build with a mode's own (e.g. a second bench for the same call).
+if [ ${#targets[@]} -gt 0 ]; then for t in ${EXTRA_TARGETS:-}; do targets+=(--target "$t"); done; fi
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 

@@ -4,6 +4,7 @@
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -23,15 +24,50 @@ RingBlock ring_block(int step, int rank, int cp, int64_t c) {
   return {owner, c, c, 0, 2 * c, false};                     // only my late chunk sees its chunks
 }
 
+std::vector<RingGroup> ring_groups(int rank, int cp, int64_t c, int steps_per_block) {
+  TORCH_CHECK(steps_per_block >= 1, "ring_groups: steps_per_block ", steps_per_block, " (at least 1)");
+  std::vector<RingGroup> groups;
+  for (int step = 0; step < cp; ++step) {
+    const RingBlock blk = ring_block(step, rank, cp, c);
+    RingGroup* last = groups.empty() ? nullptr : &groups.back();
+    const bool same_kind = last && !last->causal && !blk.causal && last->first_query == blk.first_query &&
+                           last->first_key == blk.first_key && last->keys == blk.keys;
+    if (same_kind && last->steps < steps_per_block) {
+      ++last->steps;
+    } else {
+      groups.push_back({step, 1, blk.first_query, blk.queries, blk.first_key, blk.keys, blk.causal});
+    }
+  }
+  return groups;
+}
+
+int ring_steps_per_block(int64_t c, int cp) {
+  constexpr int64_t kBlockKeys = 8192;
+  return int(std::clamp<int64_t>((kBlockKeys + c - 1) / c, 1, std::max(cp - 1, 1)));
+}
+
+at::Tensor group_rows(const RingGroup& group, const std::vector<at::Tensor>& per_step) {
+  TORCH_CHECK(int(per_step.size()) == group.steps, "group_rows: ", per_step.size(), " tensors for ", group.steps, " steps");
+  if (group.steps == 1) return per_step[0].narrow(2, group.first_key, group.keys);
+  std::vector<at::Tensor> rows;
+  for (const at::Tensor& x : per_step) rows.push_back(x.narrow(2, group.first_key, group.keys));
+  return at::cat(rows, 2);
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The mask's part for a block: this rank's query rows over the owner's key rows.
-at::Tensor block_mask(const at::Tensor& mask, const RingBlock& blk, int cp) {
+// The mask's part for a group: this rank's query rows over each step's owner's key rows, side by
+// side as group_rows lays the keys.
+at::Tensor group_mask(const at::Tensor& mask, const RingGroup& group, int rank, int cp) {
   if (!mask.defined()) return mask;
-  return rank_rows(mask, 3, cp, blk.owner).narrow(2, blk.first_query, blk.queries).narrow(3, blk.first_key, blk.keys);
+  std::vector<at::Tensor> per_step;
+  for (int step = group.first_step; step < group.first_step + group.steps; ++step) {
+    per_step.push_back(rank_rows(mask, 3, cp, (rank - step + cp) % cp).transpose(2, 3));  // keys along dim 2 for group_rows
+  }
+  return group_rows(group, per_step).transpose(2, 3).narrow(2, group.first_query, group.queries);
 }
 
 // Sends `out` to the next rank and receives `in` from the previous one, posted in an order that
@@ -63,6 +99,15 @@ struct KeyValues {
   at::Tensor v(const at::Tensor& flat) const {
     return flat.narrow(0, c10::multiply_integers(k_shape), c10::multiply_integers(v_shape)).view(v_shape);
   }
+  // A group's keys and values out of its steps' buffers.
+  std::pair<at::Tensor, at::Tensor> of_group(const RingGroup& group, const std::vector<at::Tensor>& held) const {
+    std::vector<at::Tensor> ks, vs;
+    for (int step = group.first_step; step < group.first_step + group.steps; ++step) {
+      ks.push_back(k(held[size_t(step)]));
+      vs.push_back(v(held[size_t(step)]));
+    }
+    return {group_rows(group, ks), group_rows(group, vs)};
+  }
 };
 
 // What the ring takes besides q, k and v. The mask travels in here, not as an argument of its
@@ -72,124 +117,177 @@ struct RingSettings {
   std::shared_ptr<const std::vector<BlockDocuments>> pieces;  // per step, under packed documents
   double scale;
   dist::Group group;
+  int steps_per_block;
 };
 
-// Step `step`'s block; under packed documents only the rows its documents share (none: nothing
-// to compute) and their pieces.
-RingBlock block_at(int step, int rank, int cp, int64_t c, const std::vector<BlockDocuments>* pieces) {
-  const RingBlock blk = ring_block(step, rank, cp, c);
-  return pieces ? shared_rows(blk, (*pieces)[size_t(step)]) : blk;
+// The rank's groups; under packed documents (one step each) cut to the rows its documents share
+// (none: nothing to compute) and attended piece by piece.
+std::vector<RingGroup> groups_of(int rank, int cp, int64_t c, int steps_per_block, const std::vector<BlockDocuments>* pieces) {
+  std::vector<RingGroup> groups = ring_groups(rank, cp, c, pieces ? 1 : steps_per_block);
+  if (pieces) {
+    for (RingGroup& group : groups) group = shared_rows(group, (*pieces)[size_t(group.first_step)]);
+  }
+  return groups;
 }
 
-// A block's attention: under packed documents piece by piece, else under the mask's rows or causal.
-PartialAttention attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingBlock& blk, int step,
-                        const std::vector<BlockDocuments>* pieces, const at::Tensor& mask, int cp, double scale) {
-  if (pieces) return attend_documents(q, k, v, (*pieces)[size_t(step)], blk.causal, scale);
-  return attend_block(q, k, v, blk.causal, block_mask(mask, blk, cp), scale);
+// The last step of each group: when its keys have all arrived.
+std::vector<const RingGroup*> group_ending_at(const std::vector<RingGroup>& groups, int cp) {
+  std::vector<const RingGroup*> ending(static_cast<size_t>(cp), nullptr);
+  for (const RingGroup& group : groups) ending[size_t(group.first_step + group.steps - 1)] = &group;
+  return ending;
+}
+
+// Drops a step's keys and values once they are sent on and its group is computed.
+void release_sent(std::vector<at::Tensor>& held, const RingGroup& group, int step_now) {
+  for (int step = group.first_step; step < group.first_step + group.steps && step < step_now; ++step) held[size_t(step)].reset();
 }
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const RingSettings& settings) {
     const at::Tensor& mask = settings.mask;
-    const double scale = settings.scale;
     const dist::Group& g = settings.group;
     const int cp = g.size(), rank = g.rank();
     const int64_t c = q.size(2) / 2;
     const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
-    PartialAttention acc;  // [b, H, 2c, dv] fp32: step 0's block (this rank's own) covers every row
-    at::Tensor held = layout.pack(k, v), arriving;
+    const std::vector<BlockDocuments>* pieces = settings.pieces.get();
+    const std::vector<RingGroup> groups = groups_of(rank, cp, c, settings.steps_per_block, pieces);
+    const std::vector<const RingGroup*> ending = group_ending_at(groups, cp);
+    PartialAttention acc;  // [b, H, 2c, dv] fp32: the own block (step 0) covers every row
+    std::vector<at::Tensor> held(static_cast<size_t>(cp));  // each step's owner's keys and values, packed, while needed
+    held[0] = layout.pack(k, v);
+    at::Tensor arriving;
     std::vector<dist::Work> in_flight;
     for (int step = 0; step < cp; ++step) {
-      if (step + 1 < cp) {
-        arriving = at::empty_like(held);
-        in_flight = pass_on(g, held, arriving);
+      if (step > 0) {
+        wait_all(in_flight);
+        held[size_t(step)] = arriving;
+        if (ending[size_t(step - 1)]) held[size_t(step - 1)].reset();  // sent on, and its group done
       }
-      const RingBlock blk = block_at(step, rank, cp, c, settings.pieces.get());
-      if (blk.queries > 0) {
-        PartialAttention part = attend(q.narrow(2, blk.first_query, blk.queries), layout.k(held).narrow(2, blk.first_key, blk.keys),
-                                       layout.v(held).narrow(2, blk.first_key, blk.keys), blk, step, settings.pieces.get(), mask, cp,
-                                       scale);
+      if (step + 1 < cp) {
+        arriving = at::empty_like(held[size_t(step)]);
+        in_flight = pass_on(g, held[size_t(step)], arriving);
+      }
+      const RingGroup* group = ending[size_t(step)];
+      if (!group) continue;
+      if (group->queries > 0) {
+        const auto [bk, bv] = layout.of_group(*group, held);
+        const at::Tensor bq = q.narrow(2, group->first_query, group->queries);
+        PartialAttention part = pieces ? attend_documents(bq, bk, bv, (*pieces)[size_t(step)], group->causal, settings.scale)
+                                       : attend_block(bq, bk, bv, group->causal, group_mask(mask, *group, rank, cp), settings.scale);
         if (step == 0) {
           acc = accumulator_from(std::move(part));
         } else {
-          merge_into(acc, part, blk.first_query);
+          merge_into(acc, part, group->first_query);
         }
       }
-      if (step + 1 < cp) {
-        wait_all(in_flight);
-        held = arriving;
-      }
+      release_sent(held, *group, step);
     }
     const at::Tensor out = acc.out.to(q.scalar_type());
-    SavedAttention{q, k, v, out, acc.lse, mask, scale, settings.pieces}.save(ctx);
+    SavedAttention{q, k, v, out, acc.lse, mask, settings.scale, settings.pieces}.save(ctx);
     ctx->saved_data["group"] = tp::to_ivalue(g);
+    ctx->saved_data["steps_per_block"] = int64_t(settings.steps_per_block);
     return out;
   }
 
+  // The keys and values travel as in the forward; the gradient of step s's keys and values, summed
+  // over the ranks they visited, follows `lag` steps behind them: a rank's share of it is ready
+  // once step s's group is computed, at most steps_per_block - 1 steps after step s. Each sum
+  // goes on while the next step's block is computed.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const SavedAttention s = SavedAttention::load(ctx);
     const at::Tensor &q = s.q, &k = s.k, &v = s.v, &out = s.out, &lse = s.lse, &mask = s.mask;
-    const double scale = s.scale;
     const dist::Group g = tp::group_of(ctx->saved_data["group"]);
     const int cp = g.size(), rank = g.rank();
     const int64_t c = q.size(2) / 2;
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
     const KeyValues layout{k.sizes().vec(), v.sizes().vec()};
-    at::Tensor dq;  // [b, H, 2c, d] fp32: step 0's block covers every query row
-    at::Tensor held = layout.pack(k, v), arriving;
-    // The key/value gradient of the block held, summed over the ranks it has visited (fp32).
-    at::Tensor held_grad = at::zeros({held.numel()}, held.options().dtype(at::kFloat)), arriving_grad;
+    const std::vector<BlockDocuments>* pieces = s.pieces.get();
+    const std::vector<RingGroup> groups = groups_of(rank, cp, c, int(ctx->saved_data["steps_per_block"].toInt()), pieces);
+    const std::vector<const RingGroup*> ending = group_ending_at(groups, cp);
+    // The same on every rank (some ranks' groups are all shorter), so that every rank posts its
+    // passes in one order and each pairs with its neighbour's.
+    const int lag = pieces ? 0 : std::min(int(ctx->saved_data["steps_per_block"].toInt()), std::max(cp - 1, 1)) - 1;
+    at::Tensor dq;  // [b, H, 2c, d] fp32: the own block covers every query row
+    std::vector<at::Tensor> held(static_cast<size_t>(cp));
+    held[0] = layout.pack(k, v);
+    const int64_t numel = held[0].numel();
+    const at::TensorOptions fp32 = k.options().dtype(at::kFloat);
+    // Per step: this rank's share of the gradient of its owner's keys and values (fp32, undefined
+    // while none), and the sum arriving from the ranks before ([cp]: this rank's own, complete).
+    std::vector<at::Tensor> share(static_cast<size_t>(cp)), sum(static_cast<size_t>(cp + 1));
+    at::Tensor arriving;
     std::vector<dist::Work> in_flight, grad_flight;
-    for (int step = 0; step < cp; ++step) {
-      if (step + 1 < cp) {
-        arriving = at::empty_like(held);
-        in_flight = pass_on(g, held, arriving);
+    for (int step = 0; step < cp + lag; ++step) {
+      if (step > 0 && step < cp) {
+        wait_all(in_flight);
+        held[size_t(step)] = arriving;
+        if (ending[size_t(step - 1)]) held[size_t(step - 1)].reset();
       }
-      const RingBlock blk = block_at(step, rank, cp, c, s.pieces.get());
-      if (blk.queries > 0) {
-        const at::Tensor bdout = dout.narrow(2, blk.first_query, blk.queries), bq = q.narrow(2, blk.first_query, blk.queries),
-                         bk = layout.k(held).narrow(2, blk.first_key, blk.keys), bv = layout.v(held).narrow(2, blk.first_key, blk.keys),
-                         bout = out.narrow(2, blk.first_query, blk.queries), blse = lse.narrow(2, blk.first_query, blk.queries);
+      if (step + 1 < cp) {
+        arriving = at::empty_like(held[size_t(step)]);
+        in_flight = pass_on(g, held[size_t(step)], arriving);
+      }
+      const RingGroup* group = step < cp ? ending[size_t(step)] : nullptr;
+      if (group && group->queries > 0) {
+        const auto [bk, bv] = layout.of_group(*group, held);
+        const at::Tensor bdout = dout.narrow(2, group->first_query, group->queries), bq = q.narrow(2, group->first_query, group->queries),
+                         bout = out.narrow(2, group->first_query, group->queries), blse = lse.narrow(2, group->first_query, group->queries);
         const BlockGrads part =
-            s.pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*s.pieces)[size_t(step)], blk.causal, scale)
-                     : attend_block_backward(bdout, bq, bk, bv, bout, blse, blk.causal, block_mask(mask, blk, cp), scale);
+            pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*pieces)[size_t(step)], group->causal, s.scale)
+                   : attend_block_backward(bdout, bq, bk, bv, bout, blse, group->causal, group_mask(mask, *group, rank, cp), s.scale);
         if (step == 0) {
           dq = at::empty(q.sizes(), q.options().dtype(at::kFloat)).copy_(part.dq);
         } else {
-          dq.narrow(2, blk.first_query, blk.queries).add_(part.dq);
+          dq.narrow(2, group->first_query, group->queries).add_(part.dq);
         }
-        layout.k(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dk);
-        layout.v(held_grad).narrow(2, blk.first_key, blk.keys).add_(part.dv);
+        for (int i = 0; i < group->steps; ++i) {
+          at::Tensor& mine = share[size_t(group->first_step + i)];
+          mine = at::zeros({numel}, fp32);
+          layout.k(mine).narrow(2, group->first_key, group->keys).copy_(part.dk.narrow(2, i * group->keys, group->keys));
+          layout.v(mine).narrow(2, group->first_key, group->keys).copy_(part.dv.narrow(2, i * group->keys, group->keys));
+        }
       }
-      if (cp > 1) {
-        // On to the next rank, which holds this block next step; from the previous rank, the
-        // gradient of the block arriving (after the last step: of this rank's own block).
-        arriving_grad = at::empty_like(held_grad);
-        grad_flight = pass_on(g, held_grad, arriving_grad);
+      if (group) release_sent(held, *group, step);
+      const int sending = step - lag;  // the step whose keys' gradient goes on now
+      if (cp > 1 && sending >= 0) {
         wait_all(grad_flight);
-        held_grad = arriving_grad;
-      }
-      if (step + 1 < cp) {
-        wait_all(in_flight);
-        held = arriving;
+        at::Tensor& total = sum[size_t(sending)];
+        const at::Tensor& mine = share[size_t(sending)];
+        if (sending == 0) {
+          total = mine.defined() ? mine : at::zeros({numel}, fp32);
+        } else if (mine.defined()) {
+          total.add_(mine);
+        }
+        if (sending > 0) sum[size_t(sending - 1)].reset();  // its pass is complete
+        share[size_t(sending)].reset();
+        sum[size_t(sending + 1)] = at::empty_like(total);
+        grad_flight = pass_on(g, total, sum[size_t(sending + 1)]);
       }
     }
-    return {dq.to(q.scalar_type()), layout.k(held_grad).to(k.scalar_type()), layout.v(held_grad).to(v.scalar_type()),
-            at::Tensor()};
+    at::Tensor own;  // [k, v] gradient of this rank's rows, fp32
+    if (cp > 1) {
+      wait_all(grad_flight);
+      own = sum[size_t(cp)];
+    } else {
+      own = share[0];
+    }
+    return {dq.to(q.scalar_type()), layout.k(own).to(k.scalar_type()), layout.v(own).to(v.scalar_type()), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                          double scale, const dist::Group& cp, const PackedDocuments* documents) {
-  if (!documents) return RingAttention::apply(q, k, v, RingSettings{mask, nullptr, scale, cp});
+                          double scale, const dist::Group& cp, const PackedDocuments* documents, int steps_per_block) {
+  const int64_t c = q.size(2) / 2;
+  if (steps_per_block == 0) steps_per_block = ring_steps_per_block(c, cp.size());
+  TORCH_CHECK(steps_per_block >= 1, "ring_attention: steps_per_block ", steps_per_block, " (0 for the default, else at least 1)");
+  if (!documents) return RingAttention::apply(q, k, v, RingSettings{mask, nullptr, scale, cp, steps_per_block});
   TORCH_CHECK(!mask.defined(), "ring_attention: packed documents or a mask, not both");
   // Each step's shared rows and their pieces, computed (and on a GPU copied there) once for the
   // forward and backward.
   auto pieces = std::make_shared<std::vector<BlockDocuments>>();
-  const int64_t c = q.size(2) / 2;
   for (int step = 0; step < cp.size(); ++step) {
     const RingBlock blk = ring_block(step, cp.rank(), cp.size(), c);
     pieces->push_back(shared_documents(*documents, rank_row_positions(cp.rank(), cp.size(), c, blk.first_query, blk.queries),
@@ -198,7 +296,7 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   // Every token sees itself: the own block shares all its rows, and starts the accumulator.
   TORCH_CHECK(pieces->front().first_query == 0 && pieces->front().queries == 2 * c, "ring_attention: the own block's documents cover ",
               pieces->front().queries, " of its ", 2 * c, " rows");
-  return RingAttention::apply(q, k, v, RingSettings{at::Tensor(), std::move(pieces), scale, cp});
+  return RingAttention::apply(q, k, v, RingSettings{at::Tensor(), std::move(pieces), scale, cp, 1});
 }
 
 }  // namespace megatron::cp

@@ -6,10 +6,20 @@
 //   a rank r before mine    all 2c queries over chunk r only (chunk 2·CP−1−r lies in the future)
 //   a rank r after mine     the late chunk's c queries over both of r's chunks (the early one sees none)
 // so every step costs about the same. The backward walks the ring again: each block's key/value
-// gradient travels with it and arrives back at its owner after the last step.
+// gradient travels one step behind it (overlapped with the next block) and arrives back at its
+// owner after the last step.
+//
+// With short chunks a block is too small to keep the GPU busy (at 32k tokens on 8 ranks, 2k-token
+// chunks: the blocks' kernels alone 1.12x one fused attention over the sequence), so consecutive
+// steps of one kind (earlier ranks', later ranks') run as one block over their keys side by side:
+// the keys still travel one rank a step, a group waits for its last step's keys, and the
+// gradients travel (steps a group - 1) steps further behind. Grouping leaves the arithmetic as it
+// is (the same log-sum-exp merge, over fewer, larger blocks).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <vector>
 
 #include "context_parallel/document_blocks.h"
 #include "distributed/process_group.h"
@@ -26,12 +36,36 @@ struct RingBlock {
 };
 RingBlock ring_block(int step, int rank, int cp, int64_t c);
 
+// Steps [first_step, first_step + steps) of one kind computed as one block: the same query rows
+// over rows [first_key, first_key + keys) of each step's owner, side by side in step order.
+struct RingGroup {
+  int first_step, steps;
+  int64_t first_query, queries;
+  int64_t first_key, keys;  // of each step's owner's rows
+  bool causal;
+};
+// Rank `rank`'s steps grouped: the own block alone, then runs of consecutive steps of one kind,
+// at most `steps_per_block` steps each.
+std::vector<RingGroup> ring_groups(int rank, int cp, int64_t c, int steps_per_block);
+
+// How many steps a block takes with chunks of c tokens: enough for about 8192 keys a block (at
+// most CP - 1), the size from which the fused kernels run near their speed over the whole
+// sequence (docs/performance.md, session 39).
+int ring_steps_per_block(int64_t c, int cp);
+
+// The rows a group attends of each step's tensor (per_step[i]: step first_step + i's owner's k or
+// v, [b, G, 2c, d]): rows [first_key, first_key + keys) of each, side by side along dim 2 (a view
+// for a group of one step).
+at::Tensor group_rows(const RingGroup& group, const std::vector<at::Tensor>& per_step);
+
 // q [b, H, 2c, d], k [b, G, 2c, d], v [b, G, 2c, dv]: this rank's rows (chunks.h). mask: [b, 1, 2c, S]
 // bool (true = may attend; this rank's query rows over every key in sequence order, e.g. packed
 // documents) or undefined for causal attention. -> [b, H, 2c, dv] in q's dtype; differentiable
 // in q, k and v. documents: the micro-batch's packed documents (the mask then undefined): each
-// block attends document by document (document_blocks.h), no mask read.
+// block attends document by document (document_blocks.h), no mask read, one step a block.
+// steps_per_block: 0 for ring_steps_per_block's choice (tests set others).
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                          double scale, const dist::Group& cp, const PackedDocuments* documents = nullptr);
+                          double scale, const dist::Group& cp, const PackedDocuments* documents = nullptr,
+                          int steps_per_block = 0);
 
 }  // namespace megatron::cp

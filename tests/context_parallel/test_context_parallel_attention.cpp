@@ -105,6 +105,65 @@ TEST(ContextParallelAttention, UlyssesEqualsOneAttentionOverTheSequence) {
   check_against_whole_sequence({2, "a2a", true, 8, /*as_ids=*/false});
 }
 
+// Steps of one kind run as one block: on 8 ranks, rank 3 holds three earlier ranks' early chunks
+// (all its queries over each) and four later ranks' both chunks (its late chunk over each); rank 0
+// only later ranks'. Groups never mix kinds and never pass steps_per_block.
+TEST(ContextParallelAttention, RingGroupsJoinConsecutiveStepsOfOneKind) {
+  EXPECT_EQ(cp::ring_steps_per_block(/*c=*/2048, /*cp=*/8), 4);  // 8192 keys a block
+  EXPECT_EQ(cp::ring_steps_per_block(4096, 8), 2);
+  EXPECT_EQ(cp::ring_steps_per_block(8192, 8), 1);
+  EXPECT_EQ(cp::ring_steps_per_block(16, 4), 3);  // at most every step but the own
+  EXPECT_EQ(cp::ring_steps_per_block(16, 1), 1);
+  auto summary = [](const std::vector<cp::RingGroup>& groups) {
+    std::vector<std::vector<int64_t>> rows;
+    for (const cp::RingGroup& g : groups) rows.push_back({g.first_step, g.steps, g.first_query, g.queries, g.first_key, g.keys, g.causal});
+    return rows;
+  };
+  const int64_t c = 2048;
+  EXPECT_EQ(summary(cp::ring_groups(/*rank=*/3, 8, c, 4)),
+            (std::vector<std::vector<int64_t>>{{0, 1, 0, 2 * c, 0, 2 * c, 1}, {1, 3, 0, 2 * c, 0, c, 0}, {4, 4, c, c, 0, 2 * c, 0}}));
+  EXPECT_EQ(summary(cp::ring_groups(0, 8, c, 4)),
+            (std::vector<std::vector<int64_t>>{{0, 1, 0, 2 * c, 0, 2 * c, 1}, {1, 4, c, c, 0, 2 * c, 0}, {5, 3, c, c, 0, 2 * c, 0}}));
+  EXPECT_EQ(cp::ring_groups(5, 8, c, 1).size(), 8u);  // one step a block: the ring as Megatron runs it
+  const std::vector<at::Tensor> per_step{at::arange(8).view({1, 1, 8, 1}), at::arange(10, 18).view({1, 1, 8, 1})};
+  EXPECT_TRUE(at::equal(cp::group_rows({1, 2, 0, 8, 0, 4, false}, per_step).flatten(), at::tensor({0, 1, 2, 3, 10, 11, 12, 13}, at::kLong)));
+}
+
+// Grouped steps give the ring's result: every rank's output and q, k, v gradients equal one
+// attention over the whole sequence, on 3 and 4 ranks with 1 to 3 steps a block (the gradients
+// travelling 0 to 2 steps behind the keys), causal and under a mask (a sliding window).
+TEST(ContextParallelAttention, RingStepsGroupedEqualOneAttentionOverTheSequence) {
+  const int64_t b = 2, heads = 4, groups = 2, d = 8, seq = 24;
+  at::manual_seed(13);
+  const at::Tensor q = at::randn({b, heads, seq, d}), k = at::randn({b, groups, seq, d}), v = at::randn({b, groups, seq, d});
+  const at::Tensor upstream = at::randn({b, heads, seq, d});
+  const at::Tensor position = at::arange(seq);
+  const at::Tensor window = (position.unsqueeze(0) <= position.unsqueeze(1)).logical_and(position.unsqueeze(1) - position.unsqueeze(0) < 7);
+  for (bool masked : {false, true}) {
+    const at::Tensor mask = masked ? window.view({1, 1, seq, seq}).expand({b, 1, seq, seq}).contiguous() : at::Tensor();
+    const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+    const at::Tensor want = masked ? at::scaled_dot_product_attention(rq, rk, rv, mask, 0.0, false, 0.4, /*enable_gqa=*/true)
+                                   : at::scaled_dot_product_attention(rq, rk, rv, std::nullopt, 0.0, true, 0.4, /*enable_gqa=*/true);
+    want.backward(upstream);
+    for (int ranks : {3, 4}) {
+      for (int per_block = 1; per_block <= 3; ++per_block) {
+        test::on_gloo_ranks(ranks, [&](int rank, const dist::Group& g) {
+          auto mine = [&](const at::Tensor& x) { return cp::rank_rows(x, 2, ranks, rank); };
+          const at::Tensor lq = mine(q).requires_grad_(), lk = mine(k).requires_grad_(), lv = mine(v).requires_grad_();
+          const at::Tensor got = cp::ring_attention(lq, lk, lv, masked ? mine(mask) : at::Tensor(), 0.4, g, nullptr, per_block);
+          got.backward(mine(upstream));
+          const std::string what = std::to_string(ranks) + " ranks, " + std::to_string(per_block) + " steps a block" +
+                                   (masked ? ", window mask" : "") + ", rank " + std::to_string(rank);
+          EXPECT_TRUE(at::allclose(got, mine(want), 1e-5, 1e-5)) << what << ": output";
+          EXPECT_TRUE(at::allclose(lq.grad(), mine(rq.grad()), 1e-4, 1e-5)) << what << ": dq";
+          EXPECT_TRUE(at::allclose(lk.grad(), mine(rk.grad()), 1e-4, 1e-5)) << what << ": dk";
+          EXPECT_TRUE(at::allclose(lv.grad(), mine(rv.grad()), 1e-4, 1e-5)) << what << ": dv";
+        });
+      }
+    }
+  }
+}
+
 TEST(ContextParallelChunks, RanksHoldAnEarlyAndALateChunk) {
   EXPECT_TRUE(at::equal(cp::rank_positions(16, 2, 0, at::TensorOptions()), at::tensor({0, 1, 2, 3, 12, 13, 14, 15}, at::kLong)));
   EXPECT_TRUE(at::equal(cp::rank_positions(16, 2, 1, at::TensorOptions()), at::tensor({4, 5, 6, 7, 8, 9, 10, 11}, at::kLong)));
