@@ -103,6 +103,15 @@ bool decode_attention_takes(const at::Tensor& q, const at::Tensor& k_store, cons
 
 int64_t decode_attention_tickets(int64_t batch, int64_t groups) { return batch * groups; }
 
+bool decode_attention_merges_in_cluster(int64_t longest) {
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  return cuda::decode_attention_merges_in_cluster(longest);
+#else
+  (void)longest;
+  return false;
+#endif
+}
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
                             const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& tickets) {
   TORCH_CHECK(decode_attention_takes(q, k_store, v_store), "decode_attention: q ", q.sizes(), " and stores ", k_store.sizes(),
@@ -128,6 +137,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, cons
   a.batch = b, a.heads = q.size(1), a.groups = groups, a.heads_per_group = q.size(1) / groups, a.head_dim = q.size(2);
   a.k_row_stride = k_store.stride(0), a.v_row_stride = v_store.stride(0);
   a.splits = cuda::decode_attention_splits(longest, b, groups);
+  a.merge_in_cluster = decode_attention_merges_in_cluster(longest);
   a.scale = static_cast<float>(scale);
   const at::Tensor partials = at::empty({cuda::decode_attention_partial_floats(a)}, q.options().dtype(at::kFloat));
   a.partials = partials.data_ptr<float>();

@@ -118,25 +118,42 @@ inline void check_launch(const char* kernel) {
 // cuda_common.cu).
 bool overlapping_launch_supported();
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to overlap the kernel before it
-// (above) where `overlap` and the device allow; `name` for the error when it fails to launch. The
-// kernel must call wait_for_kernel_before() before it reads anything an earlier kernel wrote or
-// writes anything one may still read.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in thread-block clusters of `cluster`
+// blocks (sm_90; 1 x 1 x 1: no clusters), allowed to overlap the kernel before it (above) where
+// `overlap` and the device allow; `name` for the error when it fails to launch. The kernel must
+// call wait_for_kernel_before() before it reads anything an earlier kernel wrote or writes
+// anything one may still read.
 template <typename... Params, typename... Args>
-void launch_overlapping(const char* name, bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                        Stream stream, Args&&... args) {
+void launch_overlapping_in_clusters(const char* name, bool overlap, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                    size_t shared_bytes, Stream stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned count = 0;
+  if (overlap && overlapping_launch_supported()) {
+    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attribute[count].id = cudaLaunchAttributeClusterDimension;
+    attribute[count].val.clusterDim.x = cluster.x;
+    attribute[count].val.clusterDim.y = cluster.y;
+    attribute[count++].val.clusterDim.z = cluster.z;
+  }
   config.attrs = attribute;
-  config.numAttrs = overlap && overlapping_launch_supported() ? 1 : 0;
+  config.numAttrs = count;
   const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...);
   if (error != cudaSuccess) throw_launch_error(name, error);
+}
+
+// The same without clusters.
+template <typename... Params, typename... Args>
+void launch_overlapping(const char* name, bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                        Stream stream, Args&&... args) {
+  launch_overlapping_in_clusters(name, overlap, dim3(1, 1, 1), kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 

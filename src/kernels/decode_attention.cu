@@ -8,13 +8,17 @@
 // 16-byte pack of a key or value row each: a team scores whole keys (the dot product reduced over
 // the team by shuffles), then, after the tile's softmax statistics, adds whole value rows into its
 // own accumulators, several rows in flight a round. The P heads' outputs are summed over teams and
-// warps once at the end. The last split of a (sequence, group) to finish (a ticket counter) merges
-// the splits' log-sum-exps and writes the output, and resets the counter for the next launch.
+// warps once at the end. Up to 512 keys on sm_90 the splits (of 64 keys) of a (sequence, group)
+// run as one thread-block cluster and merge their log-sum-exps through distributed shared memory
+// (merge_in_cluster); otherwise the last split to finish (a ticket counter) merges them from
+// records in global memory, and resets the counter for the next launch.
 //
 // The grid is fixed by the cache's capacity (a CUDA graph replays it at every length); each block
 // reads the sequence's real key count on the device and leaves when its split is past the keys.
 // The block's key and value rows are prefetched into L2 before waiting for the kernel before
 // (programmatic dependent launch): they were written by earlier steps, all but the newest row.
+#include <cooperative_groups.h>
+
 #include <cmath>
 
 #include "kernels/cuda_common.cuh"
@@ -27,6 +31,11 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 256;        // keys scored before their values are added
 constexpr int kMinSplitKeys = 128;  // a split takes at least this many keys (fewer splits below)
 constexpr int kMaxSplits = 16;
+// Splits merged in a thread-block cluster (sm_90): up to 512 keys, splits of 64 keys (one round
+// of a team's rows each), at most 8 blocks a cluster (the portable size).
+constexpr int kClusterSplitKeys = 64;
+constexpr int kClusterMostKeys = 512;
+constexpr int kClusterMostSplits = kClusterMostKeys / kClusterSplitKeys;
 constexpr int kInFlight = 4;      // key or value rows a team loads before using them
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -42,15 +51,58 @@ inline int rounded_heads(int64_t heads_per_group) {
   return heads_per_group <= 1 ? 1 : heads_per_group <= 2 ? 2 : heads_per_group <= 4 ? 4 : 8;
 }
 
-// Splits this sequence's keys take: at most `splits` (the grid's), each at least kMinSplitKeys.
+// Splits this sequence's keys take: at most `splits` (the grid's), each at least kMinSplitKeys
+// (kClusterSplitKeys when the splits merge in a cluster).
+template <bool kCluster>
 __device__ __forceinline__ int used_splits(int count, int splits) {
-  const int wanted = (count + kMinSplitKeys - 1) / kMinSplitKeys;
+  constexpr int kSplitKeys = kCluster ? kClusterSplitKeys : kMinSplitKeys;
+  const int wanted = (count + kSplitKeys - 1) / kSplitKeys;
   return wanted < 1 ? 1 : (wanted < splits ? wanted : splits);
 }
 
-// D: head dim (64 or 128); P: query heads a group, rounded up to a power of two (heads past the
-// real count score zeros and are not written).
+// The splits of one (sequence, group) as one thread-block cluster (block rank = split): each block's
+// record (its [P][D] unnormalised outputs, P maxima and P sums) stays in its shared memory, and
+// after the cluster's barrier every block writes a share of the outputs, reading the records it
+// needs through distributed shared memory: no global record, fence or ticket between the splits.
+// Every block of the cluster calls this, those past the used splits too (the barriers count them).
 template <typename T, int D, int P>
+__device__ __forceinline__ void merge_in_cluster(const DecodeAttentionArgs& a, float* record, float* maxima, float* sums,
+                                                 float (*weights)[P], int used, T* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's record is written
+  if (threadIdx.x < P) {
+    const int p = threadIdx.x;
+    float m = -INFINITY;
+    for (int s = 0; s < used; ++s) m = fmaxf(m, *cluster.map_shared_rank(maxima + p, s));
+    float total = 0.0f;
+    for (int s = 0; s < used; ++s) {
+      const float w = exp2f(*cluster.map_shared_rank(maxima + p, s) - m);
+      weights[s][p] = w;
+      total += w * *cluster.map_shared_rank(sums + p, s);
+    }
+    for (int s = 0; s < used; ++s) weights[s][p] /= total;
+  }
+  __syncthreads();
+  const int rank = static_cast<int>(cluster.block_rank()), blocks = static_cast<int>(cluster.num_blocks());
+  for (int i = rank * kThreads + threadIdx.x; i < a.heads_per_group * D; i += blocks * kThreads) {
+    float v = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < used; ++s) v += weights[s][i / D] * *cluster.map_shared_rank(record + i, s);
+    out[i] = from_float<T>(v);
+  }
+  cluster.sync();  // no block's shared memory goes while another still reads it
+#else
+  (void)a, (void)record, (void)maxima, (void)sums, (void)weights, (void)used, (void)out;
+  __trap();  // launched in clusters only on sm_90 and later (decode_attention_merges_in_cluster)
+#endif
+}
+
+// D: head dim (64 or 128); P: query heads a group, rounded up to a power of two (heads past the
+// real count score zeros and are not written). kCluster: the splits of a (sequence, group) are
+// one cluster and merge there (merge_in_cluster), else through global memory and a ticket.
+template <typename T, int D, int P, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttentionArgs a) {
   constexpr int kTeam = D / 8;               // lanes a row
   constexpr int kTeams = kThreads / kTeam;   // rows a block handles at once
@@ -66,14 +118,19 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   // Written before this step's first kernel (the graph's copies or the step's set-up), never by
   // the kernel before: safe to read before waiting for it.
   const int count = a.key_counts[sequence];
-  const int used = used_splits(count, a.splits);
+  const int used = used_splits<kCluster>(count, a.splits);
+  const int real_heads = a.heads_per_group;
+  T* out = static_cast<T*>(a.out) + (int64_t(sequence) * a.heads + int64_t(group) * real_heads) * D;
   let_next_kernel_start();
   if (split >= used || count <= 0) {
     if (count <= 0 && split == 0) {  // no keys (not a real decode step): zeros, not NaNs
       wait_for_kernel_before();
-      T* out = static_cast<T*>(a.out);
-      for (int i = threadIdx.x; i < a.heads_per_group * D; i += kThreads) {
-        out[(int64_t(sequence) * a.heads + int64_t(group) * a.heads_per_group) * D + i] = from_float<T>(0.0f);
+      for (int i = threadIdx.x; i < real_heads * D; i += kThreads) out[i] = from_float<T>(0.0f);
+    }
+    if constexpr (kCluster) {
+      if (count > 0 && used > 1) {  // a split past the keys of a merging cluster: it shares the writing
+        wait_for_kernel_before();
+        merge_in_cluster<T, D, P>(a, &partial[0][0][0], run_max, run_sum, merge, used, out);
       }
     }
     return;
@@ -198,8 +255,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
     }
   }
   __syncthreads();
-  const int real_heads = a.heads_per_group;
-  T* out = static_cast<T*>(a.out) + (int64_t(sequence) * a.heads + int64_t(group) * real_heads) * D;
   auto summed = [&](int i) {  // i = p * D + channel
     float v = 0.0f;
 #pragma unroll
@@ -208,6 +263,13 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   };
   if (used == 1) {
     for (int i = threadIdx.x; i < real_heads * D; i += kThreads) out[i] = from_float<T>(summed(i) / run_sum[i / D]);
+    return;
+  }
+  if constexpr (kCluster) {
+    // The warps' sums added into warp 0's rows (each thread its own elements): the block's record.
+    for (int i = threadIdx.x; i < P * D; i += kThreads) (&partial[0][0][0])[i] = summed(i);
+    __syncthreads();
+    merge_in_cluster<T, D, P>(a, &partial[0][0][0], run_max, run_sum, merge, used, out);
     return;
   }
   // This split's record: [P][D] unnormalised outputs, then P maxima and P sums.
@@ -244,15 +306,23 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   if (threadIdx.x == 0) a.tickets[pair] = 0;  // ready for the next launch
 }
 
+template <typename T, int D, bool kCluster>
+void launch_for(const DecodeAttentionArgs& a, Stream stream) {
+  const dim3 grid(static_cast<unsigned>(a.groups), static_cast<unsigned>(a.splits), static_cast<unsigned>(a.batch));
+  const dim3 cluster(1, kCluster ? static_cast<unsigned>(a.splits) : 1, 1);  // a cluster: the splits of one (sequence, group)
+  const char* name = "decode_attention";
+  switch (rounded_heads(a.heads_per_group)) {
+    case 1: launch_overlapping_in_clusters(name, a.overlap_previous, cluster, decode_attention_kernel<T, D, 1, kCluster>, grid, kThreads, 0, stream, a); break;
+    case 2: launch_overlapping_in_clusters(name, a.overlap_previous, cluster, decode_attention_kernel<T, D, 2, kCluster>, grid, kThreads, 0, stream, a); break;
+    case 4: launch_overlapping_in_clusters(name, a.overlap_previous, cluster, decode_attention_kernel<T, D, 4, kCluster>, grid, kThreads, 0, stream, a); break;
+    default: launch_overlapping_in_clusters(name, a.overlap_previous, cluster, decode_attention_kernel<T, D, 8, kCluster>, grid, kThreads, 0, stream, a);
+  }
+}
+
 template <typename T, int D>
 void launch_for_dim(const DecodeAttentionArgs& a, Stream stream) {
-  const dim3 grid(static_cast<unsigned>(a.groups), static_cast<unsigned>(a.splits), static_cast<unsigned>(a.batch));
-  switch (rounded_heads(a.heads_per_group)) {
-    case 1: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 1>, grid, kThreads, 0, stream, a); break;
-    case 2: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 2>, grid, kThreads, 0, stream, a); break;
-    case 4: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 4>, grid, kThreads, 0, stream, a); break;
-    default: launch_overlapping("decode_attention", a.overlap_previous, decode_attention_kernel<T, D, 8>, grid, kThreads, 0, stream, a);
-  }
+  if (a.merge_in_cluster && a.splits > 1) launch_for<T, D, true>(a, stream);
+  else launch_for<T, D, false>(a, stream);
 }
 
 template <typename T>
@@ -263,8 +333,11 @@ void launch(const DecodeAttentionArgs& a, Stream stream) {
 
 }  // namespace
 
+bool decode_attention_merges_in_cluster(int64_t longest) { return longest <= kClusterMostKeys && overlapping_launch_supported(); }
+
 int decode_attention_splits(int64_t longest, int64_t batch, int64_t groups) {
-  const int64_t by_keys = (longest + kMinSplitKeys - 1) / kMinSplitKeys;
+  const int64_t split_keys = decode_attention_merges_in_cluster(longest) ? kClusterSplitKeys : kMinSplitKeys;
+  const int64_t by_keys = (longest + split_keys - 1) / split_keys;
   // Enough blocks to fill the GPU a few times over, no more: a large batch needs few splits.
   const int64_t by_blocks = 512 / (batch * groups > 0 ? batch * groups : 1);
   int64_t splits = by_keys < by_blocks ? by_keys : by_blocks;
@@ -274,21 +347,23 @@ int decode_attention_splits(int64_t longest, int64_t batch, int64_t groups) {
 
 int64_t decode_attention_partial_floats(const DecodeAttentionArgs& a) {
   const int64_t p = rounded_heads(a.heads_per_group);  // the kernel's record holds P heads
-  return a.splits > 1 ? a.batch * a.groups * a.splits * (p * a.head_dim + 2 * p) : 0;
+  return a.splits > 1 && !a.merge_in_cluster ? a.batch * a.groups * a.splits * (p * a.head_dim + 2 * p) : 0;
 }
 
 bool decode_attention_supported(const DecodeAttentionArgs& a) {
   return (a.dtype == DType::BFloat16 || a.dtype == DType::Float16) && (a.head_dim == 64 || a.head_dim == 128) &&
          a.heads_per_group >= 1 && a.heads_per_group <= 8 && a.heads == a.groups * a.heads_per_group && a.k_row_stride % 8 == 0 &&
-         a.v_row_stride % 8 == 0 && aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && a.splits >= 1 && a.splits <= kMaxSplits;
+         a.v_row_stride % 8 == 0 && aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && a.splits >= 1 && a.splits <= kMaxSplits &&
+         (!a.merge_in_cluster || (a.splits <= kClusterMostSplits && overlapping_launch_supported()));
 }
 
 void decode_attention(const DecodeAttentionArgs& a, Stream stream) {
   if (a.batch == 0) return;
   if (!decode_attention_supported(a)) {
-    throw std::runtime_error("decode_attention: bf16 / fp16, head dim 64 or 128, at most 8 query heads a KV group, 16-byte rows");
+    throw std::runtime_error("decode_attention: bf16 / fp16, head dim 64 or 128, at most 8 query heads a KV group, 16-byte rows; "
+                             "splits merged in a cluster: at most 8, on sm_90 or later");
   }
-  if (a.splits > 1 && (a.partials == nullptr || a.tickets == nullptr)) {
+  if (a.splits > 1 && !a.merge_in_cluster && (a.partials == nullptr || a.tickets == nullptr)) {
     throw std::runtime_error("decode_attention: several splits need the partials workspace and the zeroed tickets");
   }
   if (a.dtype == DType::BFloat16) launch<__nv_bfloat16>(a, stream);

@@ -192,8 +192,10 @@ void gemv(const GemvArgs& args, Stream stream);
 // sequence's keys the rows key_starts[i] .. + key_counts[i] of the stores ([rows, G, d] with the
 // given row strides, in elements; query head h reads group h / heads_per_group). bf16 / fp16, d 64
 // or 128, at most 8 query heads a group. splits (decode_attention_splits) fixes the grid; with
-// more than one, `partials` holds decode_attention_partial_floats() floats and `tickets` b * G
-// int32 zeros, which the kernel leaves zero.
+// more than one they merge in a thread-block cluster where merge_in_cluster
+// (decode_attention_merges_in_cluster: sm_90, up to 512 keys), else `partials` holds
+// decode_attention_partial_floats() floats and `tickets` b * G int32 zeros, which the kernel
+// leaves zero.
 struct DecodeAttentionArgs {
   const void* q;
   const void* k;
@@ -206,10 +208,13 @@ struct DecodeAttentionArgs {
   DType dtype;
   int64_t batch, heads, groups, heads_per_group, head_dim, k_row_stride, v_row_stride;
   int splits = 1;
+  bool merge_in_cluster = false;
   float scale = 1.0f;
   bool overlap_previous = true;
 };
-// Key splits for sequences of at most `longest` keys (a CUDA graph: the cache's capacity).
+// Whether the splits of sequences of at most `longest` keys merge in a cluster (and are shorter).
+bool decode_attention_merges_in_cluster(int64_t longest);
+// Key splits for sequences of at most `longest` keys (a CUDA graph: its bound on the keys).
 int decode_attention_splits(int64_t longest, int64_t batch, int64_t groups);
 int64_t decode_attention_partial_floats(const DecodeAttentionArgs& args);
 bool decode_attention_supported(const DecodeAttentionArgs& args);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_device.h"
 #include "inference/engine.h"
 #include "inference/generation_model.h"
 #include "kernels/attention_ops.h"
@@ -91,13 +92,19 @@ TEST(GenerationCudaKernels, DecodeAttentionEqualsTheFp32Attention) {
   struct Heads {
     int64_t heads, groups, d;
   };
-  // The grid for the cache's capacity (a decode graph: 16 splits, of which the sequences use 1, 3
-  // and 16), and for the longest of short sequences (an eager step: one split, no merge).
+  // The grid for the cache's capacity (a decode graph: 16 splits merged through global memory, of
+  // which the sequences use 1, 3 and 16), for a bound of 512 keys (8 splits of 64 keys as one
+  // thread-block cluster on sm_90, of which the sequences use 1, 5 and 8: blocks past the keys
+  // share the merge), and for the longest of short sequences (an eager step: on sm_90 a cluster of
+  // 2 splits, of which the sequences use 1, 2 and 2; else one split, no merge).
   struct Lengths {
     int64_t longest;
     std::vector<int32_t> counts;
   };
-  for (const Lengths& lengths : {Lengths{capacity, {1, 300, 2100}}, Lengths{128, {1, 77, 128}}}) {
+  const bool hopper = cuda_compute_capability_major(gpu) >= 9;
+  EXPECT_EQ(kernels::decode_attention_merges_in_cluster(512), hopper) << "the cluster merge is what runs up to 512 keys on sm_90";
+  EXPECT_FALSE(kernels::decode_attention_merges_in_cluster(513));
+  for (const Lengths& lengths : {Lengths{capacity, {1, 300, 2100}}, Lengths{512, {1, 300, 512}}, Lengths{128, {1, 77, 128}}}) {
     const at::Tensor key_counts = at::tensor(lengths.counts, at::kInt).to(gpu);
     for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
       const double tolerance = dtype == at::kBFloat16 ? 8e-3 : 1.5e-3;
