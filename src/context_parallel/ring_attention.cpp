@@ -42,7 +42,7 @@ std::vector<RingGroup> ring_groups(int rank, int cp, int64_t c, int steps_per_bl
 }
 
 int ring_steps_per_block(int64_t c, int cp) {
-  constexpr int64_t kBlockKeys = 8192;
+  constexpr int64_t kBlockKeys = 16384;
   return int(std::clamp<int64_t>((kBlockKeys + c - 1) / c, 1, std::max(cp - 1, 1)));
 }
 

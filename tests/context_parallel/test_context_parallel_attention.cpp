@@ -109,9 +109,10 @@ TEST(ContextParallelAttention, UlyssesEqualsOneAttentionOverTheSequence) {
 // (all its queries over each) and four later ranks' both chunks (its late chunk over each); rank 0
 // only later ranks'. Groups never mix kinds and never pass steps_per_block.
 TEST(ContextParallelAttention, RingGroupsJoinConsecutiveStepsOfOneKind) {
-  EXPECT_EQ(cp::ring_steps_per_block(/*c=*/2048, /*cp=*/8), 4);  // 8192 keys a block
-  EXPECT_EQ(cp::ring_steps_per_block(4096, 8), 2);
-  EXPECT_EQ(cp::ring_steps_per_block(8192, 8), 1);
+  EXPECT_EQ(cp::ring_steps_per_block(/*c=*/2048, /*cp=*/8), 7);  // 16384 keys a block, at most all 7 other ranks'
+  EXPECT_EQ(cp::ring_steps_per_block(4096, 8), 4);
+  EXPECT_EQ(cp::ring_steps_per_block(8192, 8), 2);
+  EXPECT_EQ(cp::ring_steps_per_block(16384, 8), 1);
   EXPECT_EQ(cp::ring_steps_per_block(16, 4), 3);  // at most every step but the own
   EXPECT_EQ(cp::ring_steps_per_block(16, 1), 1);
   auto summary = [](const std::vector<cp::RingGroup>& groups) {
