@@ -172,7 +172,7 @@ void attention_table(int iters) {
               (long long)capacity);
   std::printf("| batch | keys | FA2 | FA2, bound | decode | decode, bound | decode, bound / FA2, bound | max gap |\n|---|---|---|---|---|---|---|---|\n");
   for (int64_t b : {1, 4, 16, 64}) {
-    for (int64_t keys : {128, 512, 1024, 2048}) {
+    for (int64_t keys : {128, 256, 400, 512, 1024, 2048}) {
       const int64_t bound = decode_graph_key_bound(keys, capacity);
       std::vector<at::Tensor> k_stores, v_stores;
       for (int i = 0; i < kCallsAGraph; ++i) {

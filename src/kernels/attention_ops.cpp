@@ -103,11 +103,11 @@ bool decode_attention_takes(const at::Tensor& q, const at::Tensor& k_store, cons
 
 int64_t decode_attention_tickets(int64_t batch, int64_t groups) { return batch * groups; }
 
-bool decode_attention_merges_in_cluster(int64_t longest) {
+bool decode_attention_merges_in_cluster(int64_t longest, int64_t batch, int64_t groups) {
 #ifdef MEGATRON_WITH_CUDA_KERNELS
-  return cuda::decode_attention_merges_in_cluster(longest);
+  return cuda::decode_attention_merges_in_cluster(longest, batch, groups);
 #else
-  (void)longest;
+  (void)longest, (void)batch, (void)groups;
   return false;
 #endif
 }
@@ -137,7 +137,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, cons
   a.batch = b, a.heads = q.size(1), a.groups = groups, a.heads_per_group = q.size(1) / groups, a.head_dim = q.size(2);
   a.k_row_stride = k_store.stride(0), a.v_row_stride = v_store.stride(0);
   a.splits = cuda::decode_attention_splits(longest, b, groups);
-  a.merge_in_cluster = decode_attention_merges_in_cluster(longest);
+  a.merge_in_cluster = decode_attention_merges_in_cluster(longest, b, groups);
   a.scale = static_cast<float>(scale);
   const at::Tensor partials = at::empty({cuda::decode_attention_partial_floats(a)}, q.options().dtype(at::kFloat));
   a.partials = partials.data_ptr<float>();

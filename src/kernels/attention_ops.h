@@ -36,9 +36,10 @@ at::Tensor qkv_rope_into_cache(const at::Tensor& qkv, int64_t heads_per_group, c
 // dtype, 16-byte rows; d 64 or 128; at most 8 query heads a KV group.
 bool decode_attention_takes(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store);
 int64_t decode_attention_tickets(int64_t batch, int64_t groups);
-// Whether a grid for `longest` keys merges its key splits in a thread-block cluster (a CUDA build,
-// an sm_90 device, at most 512 keys) rather than through global memory.
-bool decode_attention_merges_in_cluster(int64_t longest);
+// Whether a grid for `batch` sequences of at most `longest` keys over `groups` KV groups merges its
+// key splits in a thread-block cluster (a CUDA build, an sm_90 device, at most 512 keys, the grid
+// within one wave of blocks) rather than through global memory.
+bool decode_attention_merges_in_cluster(int64_t longest, int64_t batch, int64_t groups);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, const at::Tensor& key_starts,
                             const at::Tensor& key_counts, int64_t longest, double scale, const at::Tensor& tickets);
 

@@ -333,10 +333,17 @@ void launch(const DecodeAttentionArgs& a, Stream stream) {
 
 }  // namespace
 
-bool decode_attention_merges_in_cluster(int64_t longest) { return longest <= kClusterMostKeys && overlapping_launch_supported(); }
+bool decode_attention_merges_in_cluster(int64_t longest, int64_t batch, int64_t groups) {
+  // Only while the grid fits one wave of blocks (H100: 132 SMs): beyond it the 8-block clusters
+  // wait for room in a GPC, and the global merge wins (session 39, one H100: 16 sequences at a
+  // 512-key bound 28.8 us clustered, 13.0 merged through global memory; one sequence 9.1 against 10.9).
+  constexpr int64_t kOneWave = 128;
+  const int64_t blocks = batch * groups * ((longest + kClusterSplitKeys - 1) / kClusterSplitKeys);
+  return longest <= kClusterMostKeys && blocks <= kOneWave && overlapping_launch_supported();
+}
 
 int decode_attention_splits(int64_t longest, int64_t batch, int64_t groups) {
-  const int64_t split_keys = decode_attention_merges_in_cluster(longest) ? kClusterSplitKeys : kMinSplitKeys;
+  const int64_t split_keys = decode_attention_merges_in_cluster(longest, batch, groups) ? kClusterSplitKeys : kMinSplitKeys;
   const int64_t by_keys = (longest + split_keys - 1) / split_keys;
   // Enough blocks to fill the GPU a few times over, no more: a large batch needs few splits.
   const int64_t by_blocks = 512 / (batch * groups > 0 ? batch * groups : 1);

@@ -193,7 +193,7 @@ void gemv(const GemvArgs& args, Stream stream);
 // given row strides, in elements; query head h reads group h / heads_per_group). bf16 / fp16, d 64
 // or 128, at most 8 query heads a group. splits (decode_attention_splits) fixes the grid; with
 // more than one they merge in a thread-block cluster where merge_in_cluster
-// (decode_attention_merges_in_cluster: sm_90, up to 512 keys), else `partials` holds
+// (decode_attention_merges_in_cluster: sm_90, up to 512 keys, one wave of blocks), else `partials` holds
 // decode_attention_partial_floats() floats and `tickets` b * G int32 zeros, which the kernel
 // leaves zero.
 struct DecodeAttentionArgs {
@@ -212,8 +212,9 @@ struct DecodeAttentionArgs {
   float scale = 1.0f;
   bool overlap_previous = true;
 };
-// Whether the splits of sequences of at most `longest` keys merge in a cluster (and are shorter).
-bool decode_attention_merges_in_cluster(int64_t longest);
+// Whether the splits of `batch` sequences of at most `longest` keys over `groups` KV groups merge
+// in a cluster (and are shorter): sm_90, at most 512 keys, the grid within one wave of blocks.
+bool decode_attention_merges_in_cluster(int64_t longest, int64_t batch, int64_t groups);
 // Key splits for sequences of at most `longest` keys (a CUDA graph: its bound on the keys).
 int decode_attention_splits(int64_t longest, int64_t batch, int64_t groups);
 int64_t decode_attention_partial_floats(const DecodeAttentionArgs& args);

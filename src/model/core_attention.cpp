@@ -56,9 +56,13 @@ at::Tensor SdpaAttention::forward_over_cache(const at::Tensor& q, const at::Tens
 bool decode_attention_chosen(const DecodeKernels& kernels, int64_t batch, int64_t keys) {
   // Session 35, one H100, inside CUDA graphs told of the bound (docs/performance.md): at 16
   // sequences the one-launch kernel took 0.57x FA2's time at 128 keys and 0.65x at 512, and lost
-  // from 1,024 keys (1.09x); at one sequence FA2 won at every length (1.08-1.17x).
-  constexpr int64_t kMostSequences = 16, kMostKeys = 512;
-  return kernels.attention || (kernels.attention_where_faster && batch >= 2 && batch <= kMostSequences && keys <= kMostKeys);
+  // from 1,024 keys (1.09x); at one sequence FA2 won at every length (1.08-1.17x). Session 39:
+  // with the splits merged in a cluster, one sequence at a 512-key bound 0.90x FA2 (at 128 keys
+  // still 1.32x).
+  constexpr int64_t kMostSequences = 16, kMostKeys = 512, kFewestKeysForOne = 257;
+  if (kernels.attention) return true;
+  if (!kernels.attention_where_faster || keys > kMostKeys) return false;
+  return batch == 1 ? keys >= kFewestKeysForOne : batch <= kMostSequences;
 }
 
 at::Tensor SdpaAttention::forward_over_written_cache(const at::Tensor& q, const LayerKvCache& cache) const {

@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "inference/engine.h"
 #include "inference/sampling.h"
+#include "model/core_attention.h"
 #include "model/kv_cache.h"
 #include "model/gpt_model.h"
 #include "support/hf_fixtures.h"
@@ -390,6 +391,28 @@ TEST(KvCacheStep, FixedDecodeStepAssignsSlotsAndPadsWithTheScratchSlot) {
   KvCacheStep fill(cache, {2}, 2, at::kCPU);
   fill.commit();  // slot 2 holds all 8 rows
   EXPECT_NE(test::user_error_of([&] { step->assign({2}); }).find("more than the 8 the key/value cache keeps per sequence"), std::string::npos);
+}
+
+// --attention-backend auto's choice of the one-launch decode attention, where it measured faster
+// than FA2 (docs/performance.md): 2-16 sequences up to 512 keys, one sequence over 257-512 keys;
+// --attention-backend decode takes it everywhere, flash nowhere.
+TEST(KvCacheStep, DecodeAttentionChosenWhereItMeasuredFaster) {
+  DecodeKernels where_faster;
+  where_faster.attention_where_faster = true;
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 1, 128));
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 1, 256));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 1, 257));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 1, 512));
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 1, 513));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 2, 64));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 16, 512));
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 17, 128));
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 16, 1024));
+  DecodeKernels always;
+  always.attention = true;
+  EXPECT_TRUE(decode_attention_chosen(always, 1, 64));
+  EXPECT_TRUE(decode_attention_chosen(always, 64, 2048));
+  EXPECT_FALSE(decode_attention_chosen(DecodeKernels{}, 4, 128));
 }
 
 TEST(Generate, TrainedTinyModelContinuesARun) {

@@ -102,8 +102,9 @@ TEST(GenerationCudaKernels, DecodeAttentionEqualsTheFp32Attention) {
     std::vector<int32_t> counts;
   };
   const bool hopper = cuda_compute_capability_major(gpu) >= 9;
-  EXPECT_EQ(kernels::decode_attention_merges_in_cluster(512), hopper) << "the cluster merge is what runs up to 512 keys on sm_90";
-  EXPECT_FALSE(kernels::decode_attention_merges_in_cluster(513));
+  EXPECT_EQ(kernels::decode_attention_merges_in_cluster(512, b, 4), hopper) << "the cluster merge is what runs up to 512 keys on sm_90";
+  EXPECT_FALSE(kernels::decode_attention_merges_in_cluster(513, 1, 4));
+  EXPECT_FALSE(kernels::decode_attention_merges_in_cluster(512, 16, 4)) << "512 blocks: more than one wave";
   for (const Lengths& lengths : {Lengths{capacity, {1, 300, 2100}}, Lengths{512, {1, 300, 512}}, Lengths{128, {1, 77, 128}}}) {
     const at::Tensor key_counts = at::tensor(lengths.counts, at::kInt).to(gpu);
     for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
