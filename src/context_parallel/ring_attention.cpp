@@ -110,6 +110,21 @@ struct KeyValues {
   }
 };
 
+// A rank's share of one step's key/value gradient: rows [first_key, first_key + rows) of the
+// owner's, in the block kernels' dtype (views of a group's gradients).
+struct KeyValueShare {
+  at::Tensor dk, dv;  // [b, G, rows, d], [b, G, rows, dv]; undefined: no share
+  int64_t first_key = 0;
+  // Adds itself into `sum`, the owner's packed fp32 k/v gradient (fp32 += its dtype, one pass).
+  void add_to(at::Tensor& sum, const KeyValues& layout) {
+    if (!dk.defined()) return;
+    layout.k(sum).narrow(2, first_key, dk.size(2)).add_(dk);
+    layout.v(sum).narrow(2, first_key, dv.size(2)).add_(dv);
+    dk.reset();
+    dv.reset();
+  }
+};
+
 // What the ring takes besides q, k and v. The mask travels in here, not as an argument of its
 // own: autograd records every tensor argument's metadata and an undefined one has none.
 struct RingSettings {
@@ -213,9 +228,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     held[0] = layout.pack(k, v);
     const int64_t numel = held[0].numel();
     const at::TensorOptions fp32 = k.options().dtype(at::kFloat);
-    // Per step: this rank's share of the gradient of its owner's keys and values (fp32, undefined
-    // while none), and the sum arriving from the ranks before ([cp]: this rank's own, complete).
-    std::vector<at::Tensor> share(static_cast<size_t>(cp)), sum(static_cast<size_t>(cp + 1));
+    // Per step: this rank's share of the gradient of its owner's keys and values (views of its
+    // group's gradients, kept until added into the sum going on), and the sum arriving from the
+    // ranks before ([cp]: this rank's own, complete; fp32).
+    std::vector<KeyValueShare> share(static_cast<size_t>(cp));
+    std::vector<at::Tensor> sum(static_cast<size_t>(cp + 1));
     at::Tensor arriving;
     std::vector<dist::Work> in_flight, grad_flight;
     for (int step = 0; step < cp + lag; ++step) {
@@ -242,25 +259,18 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
           dq.narrow(2, group->first_query, group->queries).add_(part.dq);
         }
         for (int i = 0; i < group->steps; ++i) {
-          at::Tensor& mine = share[size_t(group->first_step + i)];
-          mine = at::zeros({numel}, fp32);
-          layout.k(mine).narrow(2, group->first_key, group->keys).copy_(part.dk.narrow(2, i * group->keys, group->keys));
-          layout.v(mine).narrow(2, group->first_key, group->keys).copy_(part.dv.narrow(2, i * group->keys, group->keys));
+          share[size_t(group->first_step + i)] = {part.dk.narrow(2, i * group->keys, group->keys),
+                                                  part.dv.narrow(2, i * group->keys, group->keys), group->first_key};
         }
       }
       if (group) release_sent(held, *group, step);
       const int sending = step - lag;  // the step whose keys' gradient goes on now
       if (cp > 1 && sending >= 0) {
         wait_all(grad_flight);
-        at::Tensor& total = sum[size_t(sending)];
-        const at::Tensor& mine = share[size_t(sending)];
-        if (sending == 0) {
-          total = mine.defined() ? mine : at::zeros({numel}, fp32);
-        } else if (mine.defined()) {
-          total.add_(mine);
-        }
         if (sending > 0) sum[size_t(sending - 1)].reset();  // its pass is complete
-        share[size_t(sending)].reset();
+        at::Tensor& total = sum[size_t(sending)];
+        if (sending == 0) total = at::zeros({numel}, fp32);
+        share[size_t(sending)].add_to(total, layout);
         sum[size_t(sending + 1)] = at::empty_like(total);
         grad_flight = pass_on(g, total, sum[size_t(sending + 1)]);
       }
@@ -270,7 +280,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       wait_all(grad_flight);
       own = sum[size_t(cp)];
     } else {
-      own = share[0];
+      own = at::zeros({numel}, fp32);
+      share[0].add_to(own, layout);
     }
     return {dq.to(q.scalar_type()), layout.k(own).to(k.scalar_type()), layout.v(own).to(v.scalar_type()), at::Tensor()};
   }
