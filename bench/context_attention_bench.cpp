@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "context_parallel/block_results.h"
 #include "context_parallel/chunks.h"
 #include "context_parallel/document_blocks.h"
 #include "context_parallel/partial_attention.h"
@@ -65,9 +66,10 @@ struct RankRows {
 };
 
 // Every rank's ring steps for one sequence, as ring_attention runs them (steps_per_block of one
-// kind to a block, cp::ring_groups): forward blocks merged (the own block starts the
-// accumulator), the output cast back; then their backward, each block's gradients added into fp32
-// sums (dq per rank, dk/dv per owner) and cast back. Under packed documents (non-null) one step a
+// kind to a block, cp::ring_groups): forward blocks folded into the output (cp::BlockOutputs:
+// combined in one pass when a rank has at most four, else merged into an fp32 accumulator and
+// cast back); then their backward, the query gradients likewise (cp::BlockQueryGrads), the key
+// and value gradients added into fp32 sums per owner and cast back. Under packed documents (non-null) one step a
 // block, each piece by piece, as the ring does. bookkeeping false: the blocks' kernels alone (no
 // merges, sums or casts; the backward reads the own block's output and statistics, which cover
 // every row): what the ring's own arithmetic around the kernels costs is the difference.
@@ -99,20 +101,24 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
       for (int i = 0; i < group.steps; ++i) per_step.push_back(x[size_t(owner_of(group.first_step + i))]);
       return cp::group_rows(group, per_step);
     };
-    cp::PartialAttention acc;
+    int computed = 0;
+    for (const cp::RingGroup& group : groups) computed += group.queries > 0 ? 1 : 0;
+    cp::BlockOutputs outputs(computed);
+    cp::PartialAttention own;  // bookkeeping false: the own block's results stand for the merged ones
     for (const cp::RingGroup& group : groups) {
       if (group.queries == 0) continue;
       const at::Tensor bk = keys(r.k, group), bv = keys(r.v, group), bq = mq.narrow(2, group.first_query, group.queries);
       cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(group.first_step)], group.causal, scale, kernel)
                                             : cp::attend_block(bq, bk, bv, group.causal, at::Tensor(), scale, kernel);
-      if (group.first_step == 0) {
-        acc = bookkeeping ? cp::accumulator_from(std::move(part)) : part;
-      } else if (bookkeeping) {
-        cp::merge_into(acc, part, group.first_query);
+      if (bookkeeping) {
+        outputs.add(std::move(part), group.first_query);
+      } else if (group.first_step == 0) {
+        own = std::move(part);
       }
     }
-    const at::Tensor out = bookkeeping ? acc.out.to(mq.scalar_type()) : acc.out;
-    at::Tensor dq;
+    const cp::PartialAttention acc = bookkeeping ? outputs.finish(2 * c, mq.scalar_type()) : own;
+    const at::Tensor& out = acc.out;
+    cp::BlockQueryGrads dq(computed);
     for (const cp::RingGroup& group : groups) {
       if (group.queries == 0) continue;
       const at::Tensor bk = keys(r.k, group), bv = keys(r.v, group);
@@ -122,18 +128,14 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
           documents ? cp::attend_documents_backward(bdout, bq, bk, bv, bout, blse, pieces[size_t(group.first_step)], group.causal, scale, kernel)
                     : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, group.causal, at::Tensor(), scale, kernel);
       if (!bookkeeping) continue;
-      if (group.first_step == 0) {
-        dq = at::empty(mq.sizes(), fp32).copy_(g.dq);
-      } else {
-        dq.narrow(2, group.first_query, group.queries).add_(g.dq);
-      }
+      dq.add(g.dq, group.first_query);
       for (int i = 0; i < group.steps; ++i) {
         const size_t owner = size_t(owner_of(group.first_step + i));
         dk[owner].narrow(2, group.first_key, group.keys).add_(g.dk.narrow(2, i * group.keys, group.keys));
         dv[owner].narrow(2, group.first_key, group.keys).add_(g.dv.narrow(2, i * group.keys, group.keys));
       }
     }
-    if (bookkeeping) (void)dq.to(mq.scalar_type());
+    if (bookkeeping) (void)dq.finish(2 * c, mq.scalar_type());
   }
   for (int owner = 0; bookkeeping && owner < cp; ++owner) {
     (void)dk[size_t(owner)].to(r.k[0].scalar_type());

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "context_parallel/block_results.h"
 #include "context_parallel/chunks.h"
 #include "context_parallel/document_blocks.h"
 #include "context_parallel/partial_attention.h"
@@ -145,6 +146,13 @@ std::vector<RingGroup> groups_of(int rank, int cp, int64_t c, int steps_per_bloc
   return groups;
 }
 
+// How many of the groups compute anything (under packed documents some share no rows).
+int computed_groups(const std::vector<RingGroup>& groups) {
+  int n = 0;
+  for (const RingGroup& group : groups) n += group.queries > 0 ? 1 : 0;
+  return n;
+}
+
 // The last step of each group: when its keys have all arrived.
 std::vector<const RingGroup*> group_ending_at(const std::vector<RingGroup>& groups, int cp) {
   std::vector<const RingGroup*> ending(static_cast<size_t>(cp), nullptr);
@@ -168,7 +176,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const std::vector<BlockDocuments>* pieces = settings.pieces.get();
     const std::vector<RingGroup> groups = groups_of(rank, cp, c, settings.steps_per_block, pieces);
     const std::vector<const RingGroup*> ending = group_ending_at(groups, cp);
-    PartialAttention acc;  // [b, H, 2c, dv] fp32: the own block (step 0) covers every row
+    BlockOutputs outputs(computed_groups(groups));  // the own block (step 0) covers every row
     std::vector<at::Tensor> held(static_cast<size_t>(cp));  // each step's owner's keys and values, packed, while needed
     held[0] = layout.pack(k, v);
     at::Tensor arriving;
@@ -190,16 +198,13 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         const at::Tensor bq = q.narrow(2, group->first_query, group->queries);
         PartialAttention part = pieces ? attend_documents(bq, bk, bv, (*pieces)[size_t(step)], group->causal, settings.scale)
                                        : attend_block(bq, bk, bv, group->causal, group_mask(mask, *group, rank, cp), settings.scale);
-        if (step == 0) {
-          acc = accumulator_from(std::move(part));
-        } else {
-          merge_into(acc, part, group->first_query);
-        }
+        outputs.add(std::move(part), group->first_query);
       }
       release_sent(held, *group, step);
     }
-    const at::Tensor out = acc.out.to(q.scalar_type());
-    SavedAttention{q, k, v, out, acc.lse, mask, settings.scale, settings.pieces}.save(ctx);
+    const PartialAttention result = outputs.finish(2 * c, q.scalar_type());  // [b, H, 2c, dv], [b, H, 2c] fp32
+    const at::Tensor& out = result.out;
+    SavedAttention{q, k, v, out, result.lse, mask, settings.scale, settings.pieces}.save(ctx);
     ctx->saved_data["group"] = tp::to_ivalue(g);
     ctx->saved_data["steps_per_block"] = int64_t(settings.steps_per_block);
     return out;
@@ -223,7 +228,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     // The same on every rank (some ranks' groups are all shorter), so that every rank posts its
     // passes in one order and each pairs with its neighbour's.
     const int lag = pieces ? 0 : std::min(int(ctx->saved_data["steps_per_block"].toInt()), std::max(cp - 1, 1)) - 1;
-    at::Tensor dq;  // [b, H, 2c, d] fp32: the own block covers every query row
+    BlockQueryGrads dq(computed_groups(groups));  // the own block covers every query row
     std::vector<at::Tensor> held(static_cast<size_t>(cp));
     held[0] = layout.pack(k, v);
     const int64_t numel = held[0].numel();
@@ -253,11 +258,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         const BlockGrads part =
             pieces ? attend_documents_backward(bdout, bq, bk, bv, bout, blse, (*pieces)[size_t(step)], group->causal, s.scale)
                    : attend_block_backward(bdout, bq, bk, bv, bout, blse, group->causal, group_mask(mask, *group, rank, cp), s.scale);
-        if (step == 0) {
-          dq = at::empty(q.sizes(), q.options().dtype(at::kFloat)).copy_(part.dq);
-        } else {
-          dq.narrow(2, group->first_query, group->queries).add_(part.dq);
-        }
+        dq.add(part.dq, group->first_query);
         for (int i = 0; i < group->steps; ++i) {
           share[size_t(group->first_step + i)] = {part.dk.narrow(2, i * group->keys, group->keys),
                                                   part.dv.narrow(2, i * group->keys, group->keys), group->first_key};
@@ -283,7 +284,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       own = at::zeros({numel}, fp32);
       share[0].add_to(own, layout);
     }
-    return {dq.to(q.scalar_type()), layout.k(own).to(k.scalar_type()), layout.v(own).to(v.scalar_type()), at::Tensor()};
+    return {dq.finish(2 * c, q.scalar_type()), layout.k(own).to(k.scalar_type()), layout.v(own).to(v.scalar_type()), at::Tensor()};
   }
 };
 

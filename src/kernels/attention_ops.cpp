@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 
 #include "kernels/cuda_dispatch.h"
 
@@ -46,6 +47,74 @@ void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Ten
   a.part_lse_stride_b = part_lse.stride(0), a.part_lse_stride_h = part_lse.stride(1), a.part_lse_stride_row = part_lse.stride(2);
   cuda::attention_merge(a, current_stream());
 #endif
+}
+
+namespace {
+
+constexpr int kMostCombinedParts = 4;  // the kernel's (kernels.h: kMaxCombinedParts)
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+static_assert(kMostCombinedParts == cuda::kMaxCombinedParts);
+#endif
+
+at::Tensor attention_combine_composite(const std::vector<CombinedPart>& parts, int64_t rows, const at::Tensor& lse_out,
+                                       at::ScalarType dtype) {
+  const at::Tensor& first = parts.front().out;
+  const at::TensorOptions fp32 = first.options().dtype(at::kFloat);
+  at::Tensor out = at::zeros({first.size(0), first.size(1), rows, first.size(3)}, fp32);
+  if (!parts.front().lse.defined()) {
+    for (const CombinedPart& p : parts) out.narrow(2, p.first_row, p.out.size(2)).add_(p.out);
+    return out.to(dtype);
+  }
+  at::Tensor lse = at::full({first.size(0), first.size(1), rows}, -std::numeric_limits<double>::infinity(), fp32);
+  for (const CombinedPart& p : parts) {
+    attention_merge_composite(out.narrow(2, p.first_row, p.out.size(2)), lse.narrow(2, p.first_row, p.out.size(2)), p.out, p.lse);
+  }
+  if (lse_out.defined()) lse_out.copy_(lse);
+  return out.to(dtype);
+}
+
+}  // namespace
+
+at::Tensor attention_combine(const std::vector<CombinedPart>& parts, int64_t rows, const at::Tensor& lse_out, Impl impl) {
+  TORCH_CHECK(!parts.empty(), "attention_combine: no parts");
+  const bool by_lse = parts.front().lse.defined();
+  bool one_dtype = true, kernel = parts.size() <= size_t(kMostCombinedParts);
+  const at::Tensor& first = parts.front().out;
+  for (const CombinedPart& p : parts) {
+    TORCH_CHECK(p.out.dim() == 4 && p.out.size(0) == first.size(0) && p.out.size(1) == first.size(1) && p.out.size(3) == first.size(3) &&
+                    p.first_row >= 0 && p.first_row + p.out.size(2) <= rows && p.lse.defined() == by_lse &&
+                    (!by_lse || (p.lse.scalar_type() == at::kFloat && p.lse.dim() == 3 && p.lse.size(2) == p.out.size(2))),
+                "attention_combine: a part ", p.out.sizes(), " at row ", p.first_row, " of ", rows,
+                " is not [b, H, rows_i, dv] like the first, inside the rows, with an fp32 log-sum-exp iff the others have");
+    one_dtype = one_dtype && p.out.scalar_type() == first.scalar_type();
+    kernel = kernel && uses_kernel(p.out, impl) && p.out.is_cuda() && p.out.stride(3) == 1;
+  }
+  const at::ScalarType dtype = one_dtype ? first.scalar_type() : at::kFloat;
+  TORCH_CHECK(!lse_out.defined() || (by_lse && lse_out.scalar_type() == at::kFloat && lse_out.dim() == 3 && lse_out.size(2) == rows),
+              "attention_combine: lse_out [b, H, rows] fp32, for parts with log-sum-exps");
+  if (!kernel || !one_dtype) return attention_combine_composite(parts, rows, lse_out, dtype);
+  at::Tensor out = at::empty({first.size(0), first.size(1), rows, first.size(3)}, first.options());
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  cuda::AttentionCombineArgs a{};
+  a.out = out.data_ptr();
+  a.out_lse = lse_out.defined() ? lse_out.data_ptr<float>() : nullptr;
+  a.dtype = storage_type(out);
+  a.b = out.size(0), a.heads = out.size(1), a.rows = rows, a.dv = out.size(3);
+  a.out_stride_b = out.stride(0), a.out_stride_h = out.stride(1), a.out_stride_row = out.stride(2);
+  if (lse_out.defined()) a.lse_stride_b = lse_out.stride(0), a.lse_stride_h = lse_out.stride(1), a.lse_stride_row = lse_out.stride(2);
+  a.parts = int(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const CombinedPart& p = parts[i];
+    cuda::AttentionCombineArgs::Part& q = a.part[i];
+    q.out = p.out.data_ptr();
+    q.lse = by_lse ? p.lse.data_ptr<float>() : nullptr;
+    q.first_row = p.first_row, q.rows = p.out.size(2);
+    q.stride_b = p.out.stride(0), q.stride_h = p.out.stride(1), q.stride_row = p.out.stride(2);
+    if (by_lse) q.lse_stride_b = p.lse.stride(0), q.lse_stride_h = p.lse.stride(1), q.lse_stride_row = p.lse.stride(2);
+  }
+  cuda::attention_combine(a, current_stream());
+#endif
+  return out;
 }
 
 bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at::Tensor& cos) {

@@ -5,6 +5,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "kernels/ops.h"
 
 namespace megatron::kernels {
@@ -16,6 +18,18 @@ namespace megatron::kernels {
 // part_out [b, H, rows, dv] in any float dtype, part_lse [b, H, rows] fp32.
 void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& part_out, const at::Tensor& part_lse,
                      Impl impl = Impl::Auto);
+
+// Ring attention's blocks combined once (attention_merge.cu's attention_combine): each part's out
+// [b, H, rows_i, dv] covers rows [first_row, first_row + rows_i) of the result; with log-sum-exps
+// ([b, H, rows_i] fp32, all parts or none) the attention over every part, else their sum (a
+// gradient's). -> [b, H, rows, dv] in the parts' dtype (fp32 where they differ), summed in fp32;
+// `lse_out` ([b, H, rows] fp32), if defined, receives the merged log-sum-exp. A row no part covers
+// is zero (lse -inf). The kernel on CUDA for at most 4 parts of one dtype, ATen's composite else.
+struct CombinedPart {
+  at::Tensor out, lse;
+  int64_t first_row = 0;
+};
+at::Tensor attention_combine(const std::vector<CombinedPart>& parts, int64_t rows, const at::Tensor& lse_out, Impl impl = Impl::Auto);
 
 // The decode step's QKV output [s, b, G, (P + 2) * d] (split_qkv_rope's layout) in one pass: the
 // queries rotated into the result [s, b, G * P, d], the key rotated and the value copied into the

@@ -144,6 +144,31 @@ struct AttentionMergeArgs {
 };
 void attention_merge(const AttentionMergeArgs& args, Stream stream);
 
+// Ring attention's blocks combined once, at the end (attention_merge.cu), per (batch, head, row)
+// over the parts covering the row: lse = log sum_i exp(lse_i), out = sum_i part_i exp(lse_i - lse)
+// (out_lse written where non-null); parts without log-sum-exps (a gradient's sum): out = sum_i
+// part_i. Sums in fp32, out in the parts' storage type, one read of each part and one write of
+// out. A row no part covers, or whose parts saw no key, is zero (lse -inf). Strides in elements,
+// value channels contiguous.
+constexpr int kMaxCombinedParts = 4;
+struct AttentionCombineArgs {
+  void* out;
+  float* out_lse;  // null: not written
+  DType dtype;
+  int64_t b, heads, rows, dv;
+  int64_t out_stride_b, out_stride_h, out_stride_row;
+  int64_t lse_stride_b, lse_stride_h, lse_stride_row;
+  int parts = 0;
+  struct Part {
+    const void* out;
+    const float* lse;  // null for every part, or for none
+    int64_t first_row, rows;
+    int64_t stride_b, stride_h, stride_row;
+    int64_t lse_stride_b, lse_stride_h, lse_stride_row;
+  } part[kMaxCombinedParts];
+};
+void attention_combine(const AttentionCombineArgs& args, Stream stream);
+
 // A batch-1 decode step's QKV GEMV with RoPE in its epilogue (GemvArgs::rope, q_out non-null):
 // its n = G (P + 2) d output rows are G groups of P query heads, a key and a value of d channels;
 // the queries rotate into q_out [G P d], the key rotates into its cache row, the value is copied

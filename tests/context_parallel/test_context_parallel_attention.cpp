@@ -132,7 +132,8 @@ TEST(ContextParallelAttention, RingGroupsJoinConsecutiveStepsOfOneKind) {
 
 // Grouped steps give the ring's result: every rank's output and q, k, v gradients equal one
 // attention over the whole sequence, on 3 and 4 ranks with 1 to 3 steps a block (the gradients
-// travelling 0 to 2 steps behind the keys), causal and under a mask (a sliding window).
+// travelling 0 to 2 steps behind the keys) and on 6 with one (more blocks than
+// BlockOutputs combines at the end), causal and under a mask (a sliding window).
 TEST(ContextParallelAttention, RingStepsGroupedEqualOneAttentionOverTheSequence) {
   const int64_t b = 2, heads = 4, groups = 2, d = 8, seq = 24;
   at::manual_seed(13);
@@ -146,8 +147,9 @@ TEST(ContextParallelAttention, RingStepsGroupedEqualOneAttentionOverTheSequence)
     const at::Tensor want = masked ? at::scaled_dot_product_attention(rq, rk, rv, mask, 0.0, false, 0.4, /*enable_gqa=*/true)
                                    : at::scaled_dot_product_attention(rq, rk, rv, std::nullopt, 0.0, true, 0.4, /*enable_gqa=*/true);
     want.backward(upstream);
-    for (int ranks : {3, 4}) {
-      for (int per_block = 1; per_block <= 3; ++per_block) {
+    // 6 ranks one step a block: more blocks than are combined at the end, merged as they come.
+    for (const auto& [ranks, most_per_block] : std::vector<std::pair<int, int>>{{3, 3}, {4, 3}, {6, 1}}) {
+      for (int per_block = 1; per_block <= most_per_block; ++per_block) {
         test::on_gloo_ranks(ranks, [&](int rank, const dist::Group& g) {
           auto mine = [&](const at::Tensor& x) { return cp::rank_rows(x, 2, ranks, rank); };
           const at::Tensor lq = mine(q).requires_grad_(), lk = mine(k).requires_grad_(), lv = mine(v).requires_grad_();

@@ -91,6 +91,45 @@ TEST(ContextParallelCuda, MergeKernelEqualsTheComposite) {
   }
 }
 
+// The ring's blocks combined once (attention_combine's kernel) against ATen's composite of it:
+// three parts as a rank's own block and two groups leave them (every row; all rows; the late
+// half, strided as cuDNN returns it), rows where a part or every part saw no key (-inf), in bf16
+// and fp32; then the query gradients' sum (no log-sum-exps).
+TEST(ContextParallelCuda, CombineKernelEqualsTheComposite) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(6);
+  const int64_t b = 2, heads = 4, rows = 96, dv = 64;
+  const at::TensorOptions fp32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    std::vector<kernels::CombinedPart> parts{
+        {at::randn({b, heads, rows, dv}, fp32).to(dtype), at::randn({b, heads, rows}, fp32), 0},
+        {at::randn({b, heads, rows, dv}, fp32).to(dtype), at::randn({b, heads, rows}, fp32), 0},
+        {at::randn({b, rows / 2, heads, dv}, fp32).to(dtype).transpose(1, 2), at::randn({b, heads, rows / 2}, fp32), rows / 2}};
+    parts[1].lse.narrow(2, 10, 4).fill_(-inf);  // the second part saw nothing there
+    for (auto& p : parts) p.lse.narrow(2, 60 - p.first_row, 4).fill_(-inf);  // no part did
+    for (auto& p : parts) p.out.narrow(2, 60 - p.first_row, 4).zero_();      // (a row without keys is zero)
+    at::Tensor lse = at::empty({b, heads, rows}, fp32), want_lse = at::empty({b, heads, rows}, fp32);
+    const at::Tensor want = kernels::attention_combine(parts, rows, want_lse, kernels::Impl::Composite);
+    const at::Tensor got = kernels::attention_combine(parts, rows, lse);
+    EXPECT_EQ(got.scalar_type(), dtype);
+    EXPECT_LT(relative(got, want), dtype == at::kFloat ? 1e-6 : 4e-3) << dtype;
+    EXPECT_TRUE(at::equal(lse.isinf(), want_lse.isinf())) << dtype;
+    const at::Tensor finite = want_lse.isfinite();
+    EXPECT_LT((lse.masked_select(finite) - want_lse.masked_select(finite)).abs().max().item<double>(), 1e-5) << dtype;
+    EXPECT_EQ(got.narrow(2, 60, 4).abs().max().item<double>(), 0.0) << dtype;
+    EXPECT_FALSE(got.isnan().any().item<bool>()) << dtype;
+    // The gradients' sum: the same parts without log-sum-exps.
+    std::vector<kernels::CombinedPart> grads;
+    for (const auto& p : parts) grads.push_back({p.out, at::Tensor(), p.first_row});
+    const at::Tensor sum = kernels::attention_combine(grads, rows, at::Tensor());
+    const at::Tensor want_sum = kernels::attention_combine(grads, rows, at::Tensor(), kernels::Impl::Composite);
+    EXPECT_LT(relative(sum, want_sum), dtype == at::kFloat ? 1e-6 : 4e-3) << dtype;
+    const at::Tensor by_hand = parts[0].out.to(at::kFloat) + parts[1].out.to(at::kFloat);
+    EXPECT_LT(relative(sum.narrow(2, 0, rows / 2), by_hand.narrow(2, 0, rows / 2)), dtype == at::kFloat ? 1e-6 : 4e-3) << dtype;
+  }
+}
+
 // Packed documents: FlashAttention-2's variable-length kernel over a ring block's document pieces
 // against each piece's fp32 arithmetic, on every block of rank 1 of 3 with two samples of uneven
 // documents: pieces with queries and no keys (log-sum-exp -inf, output zero), keys and no
