@@ -148,6 +148,8 @@ class Engine {
   // Which of the newer decode kernels asked for (EngineOptions::decode_kernels) the steps ran.
   const DecodeKernels& decode_kernels_run() const { return cache_.decode_kernels_run(); }
   const EngineStats& stats() const { return stats_; }
+  // Counts from zero again (after a warm-up run whose one-off costs the figures should leave out).
+  void reset_stats() { stats_ = EngineStats{}; }
 
  private:
   struct Sequence {
