@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <algorithm>
-#include <chrono>
 #include <map>
 
 #include "cli/commands.h"
@@ -152,17 +151,8 @@ int generate(const Args& args) {
     // H100, where a warm one takes a few. One throwaway greedy run of the first prompt (two new
     // tokens) takes that cost here, and the figures below count the run proper, as HF's compiled
     // generate is timed after its warm-up. Every rank runs it: the collectives stay in step.
-    const auto began = std::chrono::steady_clock::now();
-    GenerationRequest warm_up;
-    warm_up.prompt = requests[0].prompt;
-    warm_up.max_new_tokens = std::clamp<int64_t>(requests[0].max_new_tokens, 1, 2);  // within what submit allowed
-    warm_up.sampling.greedy = true;
-    engine.generate({warm_up});
-    engine.reset_stats();
-    if (prints) {
-      std::fprintf(stderr, "> warm-up: %.1f ms (the first prompt once, two tokens; not in the figures below)\n",
-                   1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
-    }
+    const double seconds = engine.warm_up(requests[0].prompt);
+    if (prints) std::fprintf(stderr, "> warm-up: %.1f ms (the first prompt once, two tokens; not in the figures below)\n", 1e3 * seconds);
   }
   if (prints) {
     std::fprintf(stderr, "> %s: %zu prompt(s), sampling %s%s\n", g.source.c_str(), prompts.size(),

@@ -3,7 +3,6 @@
 // in flight are answered, new ones refused, then it exits 0.
 #include <pthread.h>
 
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -96,18 +95,8 @@ int serve(const Args& args) {
   if (g.device.is_cuda()) {
     // The first forward on a GPU is cold (CUDA loads each kernel at its first launch: ~0.1 s on
     // the 1.1B shape): taken here, before the first client waits for it. Every rank runs it, in step.
-    const auto began = std::chrono::steady_clock::now();
-    GenerationRequest warm_up;
-    warm_up.prompt = g.tokenizer->encode("The server warms up before it listens.");
-    warm_up.max_new_tokens = 2;
-    warm_up.sampling.greedy = true;
-    if (int64_t(warm_up.prompt.size()) + warm_up.max_new_tokens <= engine.max_length()) {
-      engine.generate({warm_up});
-      engine.reset_stats();
-      if (g.parallel.rank == 0) {
-        std::fprintf(stderr, "> warm-up: %.1f ms\n", 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
-      }
-    }
+    const double seconds = engine.warm_up(g.tokenizer->encode("The server warms up before it listens."));
+    if (g.parallel.rank == 0) std::fprintf(stderr, "> warm-up: %.1f ms\n", 1e3 * seconds);
   }
   if (g.parallel.rank != 0) {
     // The other tensor-parallel ranks and pipeline stages (the model-parallel group: every rank of

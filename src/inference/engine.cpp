@@ -540,6 +540,19 @@ std::optional<GenerationResult> Engine::take_result(int64_t id) {
   return result;
 }
 
+double Engine::warm_up(const std::vector<int64_t>& prompt) {
+  const auto began = std::chrono::steady_clock::now();
+  const int64_t room = max_length() - int64_t(prompt.size());
+  if (prompt.empty() || room < 1 || !idle()) return 0.0;
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = std::min<int64_t>(2, room);
+  r.sampling.greedy = true;
+  generate({std::move(r)});
+  stats_ = EngineStats{};
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+}
+
 std::vector<GenerationResult> Engine::generate(std::vector<GenerationRequest> requests) {
   std::vector<int64_t> ids;
   for (auto& r : requests) ids.push_back(submit(std::move(r)));

@@ -148,8 +148,11 @@ class Engine {
   // Which of the newer decode kernels asked for (EngineOptions::decode_kernels) the steps ran.
   const DecodeKernels& decode_kernels_run() const { return cache_.decode_kernels_run(); }
   const EngineStats& stats() const { return stats_; }
-  // Counts from zero again (after a warm-up run whose one-off costs the figures should leave out).
-  void reset_stats() { stats_ = EngineStats{}; }
+  // One throwaway greedy run of `prompt` for up to two tokens (within max_length; nothing when it
+  // does not fit or the engine is busy), then the stats from zero: on a GPU a run's first forward
+  // is cold (CUDA loads each kernel at its first launch), and this takes that cost before the
+  // requests that count. Every tensor-parallel rank and pipeline stage calls it alike. -> seconds.
+  double warm_up(const std::vector<int64_t>& prompt);
 
  private:
   struct Sequence {

@@ -117,6 +117,34 @@ TEST(Engine, SampledTokensDependOnTheSeedOnly) {
   EXPECT_TRUE(engine.idle());
 }
 
+// A warm-up run (generate and serve on a GPU take their cold first forward this way) leaves
+// nothing behind: the requests after it choose the tokens a fresh engine chooses, greedy and
+// sampled, and the stats count them alone. A prompt that does not fit, or a busy engine, is no
+// warm-up at all.
+TEST(Engine, WarmUpLeavesTheRunAfterItAsAFreshEngines) {
+  const auto model = tiny_model();
+  GenerationRequest greedy = sampled({4, 1, 7}, 0, 6);
+  greedy.sampling.greedy = true;
+  const std::vector<GenerationRequest> requests{greedy, sampled({3, 4, 5}, 11), sampled({2, 9}, 5, 4)};
+  Engine fresh(*model, {.max_batch = 2, .vocab_size = 64});
+  const std::vector<GenerationResult> want = fresh.generate(requests);
+  Engine warmed(*model, {.max_batch = 2, .vocab_size = 64});
+  EXPECT_GT(warmed.warm_up({4, 1, 7, 7, 2}), 0.0);
+  EXPECT_TRUE(warmed.idle());
+  EXPECT_EQ(warmed.stats().prefills, 0);
+  EXPECT_EQ(warmed.stats().decode_steps, 0);
+  const std::vector<GenerationResult> got = warmed.generate(requests);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+  EXPECT_EQ(warmed.stats().prefill_tokens, fresh.stats().prefill_tokens);
+  EXPECT_EQ(warmed.stats().decode_tokens, fresh.stats().decode_tokens);
+  // Too long for the cache, or with a request waiting: nothing run, the stats as they were.
+  EXPECT_EQ(warmed.warm_up(std::vector<int64_t>(size_t(warmed.max_length()), 1)), 0.0);
+  warmed.submit(sampled({1, 2}, 3));
+  EXPECT_EQ(warmed.warm_up({1, 2, 3}), 0.0);
+  EXPECT_EQ(warmed.stats().prefill_tokens, fresh.stats().prefill_tokens);
+}
+
 // Prompts waiting together share one prefill forward (only consecutive ones: first come, first
 // served), the shorter padded to the longest while padding is at most a quarter of the forward's
 // tokens: each continues, and reports its prompt's log-probabilities, as alone (a padded one too).
