@@ -1,6 +1,7 @@
 // The configuration structs every part of the trainer reads. Field names follow Megatron-LM's
 // argument names (flag `--num-layers` -> `num_layers`); defaults are Megatron's defaults.
-// Filled by core/arguments.cpp from flags and YAML, then validated and completed there.
+// Filled by train/arguments.cpp from flags and YAML, then validated and completed by
+// train/finalize_config.cpp.
 #pragma once
 
 #include <cstdint>

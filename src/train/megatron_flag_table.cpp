@@ -4,7 +4,7 @@
 // the value that changes nothing here: Megatron's default (for --recompute-modules the one its
 // TransformerConfig fills in, core_attn), except Pai's --dataset, whose MMAP is what --data-path
 // reads. Edit a row's fate when a flag becomes meaningful; move the row to
-// train/arguments.cpp's table when the flag is implemented.
+// train/train_flags.cpp's table when the flag is implemented.
 // Taken from Megatron-LM d98e8a6 (2026-08-22) and Pai-Megatron-Patch a098ca5 (2025-12-15).
 #include "train/megatron_flags.h"
 

@@ -4,7 +4,7 @@
 //    a logging service, a checkpoint-format knob, ...);
 //  - NotYet: refused with "not implemented yet" and what to use instead, unless the script gives
 //    Megatron's own default value, which changes nothing (then a notice).
-// The flags megatron.cpp implements are in train/arguments.cpp's table; together the two cover
+// The flags megatron.cpp implements are in train/train_flags.cpp's table; together the two cover
 // every flag of both parsers (scripts/megatron_flags_check.py lists any a newer Megatron adds).
 #pragma once
 
