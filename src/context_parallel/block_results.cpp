@@ -4,20 +4,7 @@
 
 #include <utility>
 
-#include "kernels/attention_ops.h"
-
 namespace megatron::cp {
-
-namespace {
-
-std::vector<kernels::CombinedPart> combined(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& lses,
-                                            const std::vector<int64_t>& first_rows) {
-  std::vector<kernels::CombinedPart> parts;
-  for (size_t i = 0; i < outs.size(); ++i) parts.push_back({outs[i], lses.empty() ? at::Tensor() : lses[i], first_rows[i]});
-  return parts;
-}
-
-}  // namespace
 
 // Four: the own block and up to three groups. Each kept block holds its rows in its own dtype
 // until the end (the bf16 blocks of four groups take about as much as the fp32 accumulator).
@@ -25,8 +12,7 @@ bool blocks_combined_at_end(int blocks) { return blocks >= 1 && blocks <= 4; }
 
 void BlockOutputs::add(PartialAttention part, int64_t first_row) {
   if (combine_) {
-    parts_.push_back(std::move(part));
-    first_rows_.push_back(first_row);
+    parts_.push_back({std::move(part.out), std::move(part.lse), first_row});
   } else if (!acc_.out.defined()) {
     TORCH_CHECK(first_row == 0, "BlockOutputs: the first block starts the accumulator and must cover every row");
     acc_ = accumulator_from(std::move(part));
@@ -42,19 +28,16 @@ PartialAttention BlockOutputs::finish(int64_t rows, at::ScalarType dtype) {
     return {acc_.out.to(dtype), acc_.lse};
   }
   TORCH_CHECK(!parts_.empty(), "BlockOutputs: no blocks");
-  std::vector<at::Tensor> outs, lses;
-  for (const PartialAttention& p : parts_) outs.push_back(p.out), lses.push_back(p.lse);
   const at::Tensor& first = parts_.front().out;
   at::Tensor lse = at::empty({first.size(0), first.size(1), rows}, first.options().dtype(at::kFloat));
-  const at::Tensor out = kernels::attention_combine(combined(outs, lses, first_rows_), rows, lse);
+  const at::Tensor out = kernels::attention_combine(parts_, rows, lse);
   parts_.clear();
   return {out.to(dtype), lse};
 }
 
 void BlockQueryGrads::add(const at::Tensor& dq, int64_t first_row) {
   if (combine_) {
-    parts_.push_back(dq);
-    first_rows_.push_back(first_row);
+    parts_.push_back({dq, at::Tensor(), first_row});
   } else if (!acc_.defined()) {
     TORCH_CHECK(first_row == 0, "BlockQueryGrads: the first block starts the sum and must cover every row");
     acc_ = at::empty(dq.sizes(), dq.options().dtype(at::kFloat)).copy_(dq);
@@ -70,7 +53,7 @@ at::Tensor BlockQueryGrads::finish(int64_t rows, at::ScalarType dtype) {
     return acc_.to(dtype);
   }
   TORCH_CHECK(!parts_.empty(), "BlockQueryGrads: no blocks");
-  const at::Tensor dq = kernels::attention_combine(combined(parts_, {}, first_rows_), rows, at::Tensor());
+  const at::Tensor dq = kernels::attention_combine(parts_, rows, at::Tensor());
   parts_.clear();
   return dq.to(dtype);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "context_parallel/partial_attention.h"
+#include "kernels/attention_ops.h"
 
 namespace megatron::cp {
 
@@ -28,9 +29,8 @@ class BlockOutputs {
 
  private:
   bool combine_;
-  std::vector<PartialAttention> parts_;
-  std::vector<int64_t> first_rows_;
-  PartialAttention acc_;
+  std::vector<kernels::CombinedPart> parts_;  // kept blocks (combine_)
+  PartialAttention acc_;                     // the accumulator (otherwise)
 };
 
 class BlockQueryGrads {
@@ -43,9 +43,8 @@ class BlockQueryGrads {
 
  private:
   bool combine_;
-  std::vector<at::Tensor> parts_;
-  std::vector<int64_t> first_rows_;
-  at::Tensor acc_;  // fp32
+  std::vector<kernels::CombinedPart> parts_;  // kept blocks, no log-sum-exps (combine_)
+  at::Tensor acc_;                           // fp32 (otherwise)
 };
 
 }  // namespace megatron::cp
