@@ -14,10 +14,14 @@
 //   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10] [--document-tokens 4096]
 //                                    [--causal 1]   (0: the packed documents' table alone)
 //                                    [--steps-per-block 0]   (0: ring_attention's choice)
+//                                    [--longest 131072]   (sequences of 32k up to it)
+//                                    [--rounds 3]   (the fused call and the ring's variants alternated; medians)
+//                                    [--block-kinds 0]   (1: each kind of block's kernels against its share)
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <chrono>
@@ -51,6 +55,18 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
 }
 
+// Several timings of the same work, alternated with others round by round (the card's clock
+// drifts as it warms: a baseline timed only first would be favoured); the median round.
+struct Rounds {
+  std::vector<double> seconds;
+  void add(double s) { seconds.push_back(s); }
+  double median() const {
+    std::vector<double> sorted = seconds;
+    std::sort(sorted.begin(), sorted.end());
+    return sorted.empty() ? 0 : sorted[sorted.size() / 2];
+  }
+};
+
 // Each rank's rows of q, k, v and dout (chunks i and 2cp-1-i), split once outside the timing:
 // a rank of the ring holds its own as they are.
 struct RankRows {
@@ -72,9 +88,12 @@ struct RankRows {
 // and value gradients added into fp32 sums per owner and cast back. Under packed documents (non-null) one step a
 // block, each piece by piece, as the ring does. bookkeeping false: the blocks' kernels alone (no
 // merges, sums or casts; the backward reads the own block's output and statistics, which cover
-// every row): what the ring's own arithmetic around the kernels costs is the difference.
+// every row): what the ring's own arithmetic around the kernels costs is the difference. runs:
+// which groups run (others skipped); merged: each rank's merged output and statistics, filled by a
+// run given an empty vector and read by the backward of a run given a full one.
 void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp::BlockKernel kernel,
-               const cp::PackedDocuments* documents = nullptr, bool bookkeeping = true) {
+               const cp::PackedDocuments* documents = nullptr, bool bookkeeping = true,
+               const std::function<bool(const cp::RingGroup&)>& runs = nullptr, std::vector<cp::PartialAttention>* merged = nullptr) {
   const int64_t c = r.q[0].size(2) / 2;
   const at::TensorOptions fp32 = r.q[0].options().dtype(at::kFloat);
   std::vector<at::Tensor> dk, dv;  // [b, G, 2c, d] fp32 per owner
@@ -94,6 +113,7 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
     std::vector<cp::RingGroup> groups = cp::ring_groups(rank, cp, c, documents ? 1 : steps_per_block);
     for (cp::RingGroup& group : groups) {
       if (documents) group = cp::shared_rows(group, pieces[size_t(group.first_step)]);
+      if (runs && !runs(group)) group.queries = 0;  // left out (the kinds' table: kernels alone)
     }
     auto owner_of = [&](int step) { return (rank - step + cp) % cp; };
     auto keys = [&](const std::vector<at::Tensor>& x, const cp::RingGroup& group) {
@@ -116,7 +136,9 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
         own = std::move(part);
       }
     }
-    const cp::PartialAttention acc = bookkeeping ? outputs.finish(2 * c, mq.scalar_type()) : own;
+    const bool given = merged && merged->size() == size_t(cp);  // the merged results of an earlier run
+    const cp::PartialAttention acc = given ? (*merged)[size_t(rank)] : bookkeeping ? outputs.finish(2 * c, mq.scalar_type()) : own;
+    if (merged && !given) merged->push_back(acc);
     const at::Tensor& out = acc.out;
     cp::BlockQueryGrads dq(computed);
     for (const cp::RingGroup& group : groups) {
@@ -179,8 +201,9 @@ const char* sdpa_backend_name(int64_t choice) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0;
-  int iters = 10;
+  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0, block_kinds = 0;
+  int iters = 10, rounds = 3;
+  int64_t longest = 131072;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t value = std::atoll(argv[i + 1]);
@@ -191,8 +214,11 @@ int main(int argc, char** argv) {
     else if (flag == "--document-tokens") document_tokens = value;
     else if (flag == "--causal") causal = value;
     else if (flag == "--steps-per-block") steps_per_block = value;
+    else if (flag == "--rounds") rounds = std::max(1, int(value));
+    else if (flag == "--longest") longest = value;
+    else if (flag == "--block-kinds") block_kinds = value;
     else {
-      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --document-tokens, --causal, --steps-per-block)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --rounds, --longest, --document-tokens, --causal, --steps-per-block, --block-kinds)\n", argv[i]);
       return 2;
     }
   }
@@ -210,15 +236,16 @@ int main(int argc, char** argv) {
   if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, one step a block (ms) | "
               "steps a block | ring, steps grouped (ms) | their kernels alone (ms) | ring / SDPA, one step a block | ring / SDPA | kernels alone / SDPA |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::string kinds_table;  // the blocks' kernels by kind, printed after the main table
   for (int64_t seq : {32768, 65536, 131072}) {
-    if (!causal) break;
+    if (!causal || seq > longest) break;
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);
-    const double fused = seconds_per_call([&] {
+    auto fused_call = [&] {
       const at::Tensor rq = q.detach().requires_grad_(), rk = k.detach().requires_grad_(), rv = v.detach().requires_grad_();
       at::scaled_dot_product_attention(rq, rk, rv, std::nullopt, 0.0, /*is_causal=*/true, scale, /*enable_gqa=*/true).backward(dout);
-    }, iters);
+    };
     const double fa2 = seconds_per_call([&] { one_block(q, k, v, dout, scale, cp::BlockKernel::Flash); }, iters);
     double cudnn = 0;
     try {
@@ -231,21 +258,52 @@ int main(int argc, char** argv) {
     for (int cp : {2, 4, 8}) {
       const RankRows rows(q, k, v, dout, cp);
       const int grouped = steps_per_block > 0 ? steps_per_block : cp::ring_steps_per_block(seq / (2 * cp), cp);
-      const double single = seconds_per_call([&] { ring_work(rows, cp, 1, scale, kernel); }, iters);
-      const double ring = grouped == 1 ? single : seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel); }, iters);
-      const double kernels_alone =
-          seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false); }, iters);
+      // The fused call re-timed in every round, next to the ring's variants.
+      Rounds fused, single, ring, kernels_alone;
+      for (int round = 0; round < rounds; ++round) {
+        fused.add(seconds_per_call(fused_call, iters));
+        single.add(seconds_per_call([&] { ring_work(rows, cp, 1, scale, kernel); }, iters));
+        if (grouped > 1) ring.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel); }, iters));
+        kernels_alone.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false); }, iters));
+      }
+      const double f = fused.median(), one = single.median(), g = grouped > 1 ? ring.median() : one, alone = kernels_alone.median();
       std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %d | %.2f | %.2f | %.3f | %.3f | %.3f |\n", static_cast<long long>(seq),
-                  fused * 1e3, fa2 * 1e3, cudnn * 1e3, cp, single * 1e3, grouped, ring * 1e3, kernels_alone * 1e3, single / fused,
-                  ring / fused, kernels_alone / fused);
+                  f * 1e3, fa2 * 1e3, cudnn * 1e3, cp, one * 1e3, grouped, g * 1e3, alone * 1e3, one / f, g / f, alone / f);
       std::fflush(stdout);
+      if (!block_kinds) continue;
+      // Each kind of block's kernels (every rank's), against its share of the fused call's work:
+      // the own blocks 1/CP of it, the earlier ranks' and the later ranks' (CP-1)/2CP each.
+      std::vector<cp::PartialAttention> merged;
+      ring_work(rows, cp, grouped, scale, kernel, nullptr, true, nullptr, &merged);
+      const int64_t c = seq / (2 * cp);
+      const std::pair<const char*, std::function<bool(const cp::RingGroup&)>> kinds[] = {
+          {"own (causal)", [](const cp::RingGroup& g) { return g.causal; }},
+          {"earlier ranks'", [](const cp::RingGroup& g) { return !g.causal && g.first_query == 0; }},
+          {"later ranks'", [c](const cp::RingGroup& g) { return !g.causal && g.first_query == c; }}};
+      const double share[] = {1.0 / cp, (cp - 1) / (2.0 * cp), (cp - 1) / (2.0 * cp)};
+      char line[256];
+      for (int kind = 0; kind < 3; ++kind) {
+        Rounds t;
+        for (int round = 0; round < rounds; ++round) {
+          t.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, false, kinds[kind].second, &merged); }, iters));
+        }
+        std::snprintf(line, sizeof line, "| %lld | %d | %s | %.2f | %.2f | %.3f |\n", static_cast<long long>(seq), cp, kinds[kind].first,
+                      t.median() * 1e3, share[kind] * f * 1e3, t.median() / (share[kind] * f));
+        kinds_table += line;
+      }
     }
+  }
+  if (!kinds_table.empty()) {
+    std::printf("\nthe blocks' kernels by kind (every rank's, forward and backward) against their share of the fused call:\n"
+                "| sequence | CP | blocks | kernels (ms) | share of fused (ms) | ratio |\n|---|---|---|---|---|---|\n%s",
+                kinds_table.c_str());
   }
   if (document_tokens <= 0) return 0;
   std::printf("\npacked documents, %lld tokens on average (uniform in [1/4, 7/4] of it):\n"
               "| sequence | documents | one variable-length call fwd+bwd (ms) | CP | ring, document pieces (ms) | ring / one call |\n"
               "|---|---|---|---|---|---|\n", static_cast<long long>(document_tokens));
   for (int64_t seq : {32768, 65536, 131072}) {
+    if (seq > longest) break;
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);
