@@ -233,6 +233,9 @@ struct ParallelConfig {
   int decoder_first_pipeline_num_layers = 0;
   int decoder_last_pipeline_num_layers = 0;
   int context_parallel_size = 1;
+  // --cp-comm-type a2a+p2p: the CP group's two levels, [a2a, p2p] (product = CP): all-to-all
+  // among a2a adjacent CP ranks, the ring among the ranks that hold the same position in theirs.
+  std::vector<int> hierarchical_context_parallel_sizes;
   int expert_model_parallel_size = 1;
   // Each expert's weights split over this many ranks (Megatron's expert TP); 0: the TP size.
   int expert_tensor_parallel_size = 0;

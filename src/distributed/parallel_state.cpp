@@ -27,6 +27,20 @@ std::vector<std::vector<int>> layout_groups(const std::vector<LayoutDim>& order,
   return groups;
 }
 
+std::vector<LayoutDim> with_context_levels(const std::vector<LayoutDim>& order, int a2a, int p2p) {
+  std::vector<LayoutDim> levels;
+  for (const LayoutDim& d : order) {
+    if (d.name != "cp") {
+      levels.push_back(d);
+      continue;
+    }
+    TORCH_CHECK(a2a * p2p == d.size, "hierarchical context parallelism: ", a2a, " x ", p2p, " ranks, CP is ", d.size);
+    levels.push_back({"cp_a2a", a2a});  // fastest: adjacent CP ranks
+    levels.push_back({"cp_p2p", p2p});
+  }
+  return levels;
+}
+
 ParallelState ParallelState::single() { return ParallelState(); }
 
 ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
@@ -51,6 +65,20 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   ps.world = world.everyone();
   ps.tp = mine({"tp"});
   ps.cp = mine({"cp"});
+  if (c.hierarchical_context_parallel_sizes.size() == 2) {
+    // The CP dimension laid out as two, the a2a level fastest (Megatron's order: adjacent CP
+    // ranks form the first level).
+    const int a2a = c.hierarchical_context_parallel_sizes[0], p2p = c.hierarchical_context_parallel_sizes[1];
+    const std::vector<LayoutDim> levels = with_context_levels(order, a2a, p2p);
+    auto mine_in_levels = [&](const std::string& along) {
+      for (const auto& g : layout_groups(levels, {along})) {
+        if (std::find(g.begin(), g.end(), ps.rank) != g.end()) return world.group(g);
+      }
+      TORCH_CHECK(false, "rank ", ps.rank, " is in no ", along, " group");
+    };
+    ps.cp_a2a = mine_in_levels("cp_a2a");
+    ps.cp_p2p = mine_in_levels("cp_p2p");
+  }
   ps.dp = mine({"dp"});
   // Without context parallelism the same ranks as dp: no second communicator for them.
   ps.dp_cp = c.context_parallel_size > 1 ? mine({"dp", "cp"}) : ps.dp;

@@ -18,6 +18,11 @@ struct ParallelState {
   Group world;
   Group tp;              // tensor (and sequence) parallel peers
   Group cp;              // context parallel: each holds 2 of the sequence's 2 x cp chunks
+  // --hierarchical-context-parallel-sizes A P (cp = A x P; --cp-comm-type a2a+p2p): the A adjacent
+  // CP ranks that trade heads for sequence (all-to-all), and the P ranks, one of each such group at
+  // the same place in it, that pass keys and values around a ring. Trivial without.
+  Group cp_a2a;
+  Group cp_p2p;
   Group dp;              // data-parallel replicas: each reads its own samples
   // Expert parallelism (MoE layers) lays the same ranks out a second time, in Megatron's order
   // etp-ep-edp-pp: `ep` holds the ranks with the other experts (carved out of dp, so its
@@ -56,5 +61,9 @@ struct LayoutDim {
   int size;
 };
 std::vector<std::vector<int>> layout_groups(const std::vector<LayoutDim>& order, const std::vector<std::string>& along);
+
+// `order` with its "cp" dimension laid out as two, "cp_a2a" (a2a ranks, fastest: adjacent CP
+// ranks) then "cp_p2p" (p2p ranks), as --hierarchical-context-parallel-sizes a2a p2p asks.
+std::vector<LayoutDim> with_context_levels(const std::vector<LayoutDim>& order, int a2a, int p2p);
 
 }  // namespace megatron::dist

@@ -15,12 +15,17 @@ namespace megatron {
 ContextParallelAttention::ContextParallelAttention(const tp::TensorParallel& tp, std::string comm_type,
                                                    std::optional<double> softmax_scale, std::shared_ptr<DocumentsMemo> documents)
     : cp_(tp.context),
+      a2a_(tp.context_a2a),
+      p2p_(tp.context_p2p),
       comm_type_(std::move(comm_type)),
       softmax_scale_(softmax_scale),
       documents_(documents),
       whole_sequence_(tp, softmax_scale, documents) {
-  TORCH_CHECK(comm_type_ == "p2p" || comm_type_ == "all_gather" || comm_type_ == "a2a", "--cp-comm-type ", comm_type_,
-              ": expected p2p, all_gather or a2a");
+  TORCH_CHECK(comm_type_ == "p2p" || comm_type_ == "all_gather" || comm_type_ == "a2a" || comm_type_ == "a2a+p2p", "--cp-comm-type ",
+              comm_type_, ": expected p2p, all_gather, a2a or a2a+p2p");
+  // Refused with the flags' names in finalize_config; this guards other callers.
+  TORCH_CHECK(comm_type_ != "a2a+p2p" || a2a_.size() * p2p_.size() == cp_.size(), "--cp-comm-type a2a+p2p: levels of ", a2a_.size(),
+              " x ", p2p_.size(), " ranks for a context-parallel group of ", cp_.size(), " (--hierarchical-context-parallel-sizes)");
 }
 
 double ContextParallelAttention::scale_for(const at::Tensor& q) const {
@@ -31,8 +36,9 @@ at::Tensor ContextParallelAttention::forward(const at::Tensor& q, const at::Tens
                                              const at::Tensor& attention_mask, double dropout) const {
   // Refused with the flags' names in finalize_config; this guards other callers.
   TORCH_CHECK(dropout == 0.0, "context-parallel attention has no dropout (--attention-dropout 0)");
-  if (comm_type_ == "p2p") return ring(q, k, v, attention_mask);
+  if (comm_type_ == "p2p") return ring(q, k, v, attention_mask, cp_);
   if (comm_type_ == "all_gather") return gathered(q, k, v, attention_mask);
+  if (comm_type_ == "a2a+p2p") return hierarchical(q, k, v, attention_mask);
   return ulysses(q, k, v, attention_mask);
 }
 
@@ -43,14 +49,14 @@ std::optional<cp::PackedDocuments> ContextParallelAttention::packed_documents(co
   return cp::PackedDocuments{documents->starts, mask.size(0), is_document_ids(mask) ? mask.size(1) : mask.size(2)};
 }
 
-at::Tensor ContextParallelAttention::ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                          const at::Tensor& mask) const {
+at::Tensor ContextParallelAttention::ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                          const dist::Group& ring) const {
   const int64_t rows = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
   const std::optional<cp::PackedDocuments> documents = packed_documents(mask);
   // Another mask: this rank's rows of it, [b, 1, 2c, S].
-  const at::Tensor mine = mask.defined() && !documents ? cp::rank_rows(mask, 2, cp_.size(), cp_.rank()) : at::Tensor();
+  const at::Tensor mine = mask.defined() && !documents ? cp::rank_rows(mask, 2, ring.size(), ring.rank()) : at::Tensor();
   const at::Tensor out = cp::ring_attention(q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}), v.permute({1, 2, 0, 3}), mine,
-                                            scale_for(q), cp_, documents ? &*documents : nullptr);  // [b, H/tp, 2c, dv]
+                                            scale_for(q), ring, documents ? &*documents : nullptr);  // [b, H/tp, 2c, dv]
   return out.permute({2, 0, 1, 3}).reshape({rows, b, heads * value_dim});
 }
 
@@ -109,23 +115,39 @@ at::Tensor sequence_for_heads(const at::Tensor& x, const dist::Group& cp) {
   return back.view({size, rows, b, share, d}).permute({1, 2, 0, 3, 4}).reshape({rows, b, size * share, d});
 }
 
+// k or v [2c, b, G, d] for `heads` query heads traded over `ranks` ranks: as it is when its G
+// heads divide over them, else one copy per query head (fewer key/value heads than ranks).
+at::Tensor shareable_key_heads(const at::Tensor& x, int64_t heads, int ranks) {
+  const int64_t rows = x.size(0), b = x.size(1), groups = x.size(2), d = x.size(3);
+  if (groups % ranks == 0) return x;
+  return x.unsqueeze(3).expand({rows, b, groups, heads / groups, d}).reshape({rows, b, heads, d});
+}
+
 }  // namespace
 
 at::Tensor ContextParallelAttention::ulysses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& mask) const {
   const int cp = cp_.size();
-  const int64_t rows = q.size(0), b = q.size(1), heads = q.size(2), groups = k.size(2), value_dim = v.size(3);
-  at::Tensor keys = k, values = v;
-  if (groups % cp != 0) {
-    // Fewer key/value heads than ranks to share them: each query head gets its own copy.
-    const int64_t per_group = heads / groups;
-    keys = k.unsqueeze(3).expand({rows, b, groups, per_group, k.size(3)}).reshape({rows, b, heads, k.size(3)});
-    values = v.unsqueeze(3).expand({rows, b, groups, per_group, value_dim}).reshape({rows, b, heads, value_dim});
-  }
+  const int64_t rows = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
+  const at::Tensor keys = shareable_key_heads(k, heads, cp), values = shareable_key_heads(v, heads, cp);
   const at::Tensor q_all = heads_for_sequence(q, cp_);                                   // [S, b, H/(tp cp), d]
   const at::Tensor out = whole_sequence_.forward(q_all, heads_for_sequence(keys, cp_), heads_for_sequence(values, cp_), mask,
                                                  0.0);                                      // [S, b, H/(tp cp) * dv]
   return sequence_for_heads(out.view({out.size(0), b, q_all.size(2), value_dim}), cp_).reshape({rows, b, heads * value_dim});
+}
+
+// The A ranks of this rank's a2a group hold chunks pA + a and 2CP-1-pA-a of the sequence (p its
+// place in the ring): together the contiguous spans pA .. pA+A-1 and 2CP-pA-A .. 2CP-1-pA, i.e.
+// chunks p and 2P-1-p of the sequence cut into 2P. Ulysses among them puts those two, in sequence
+// order, on each of them for H/A heads: exactly a P-rank ring's layout, with chunks A times longer.
+at::Tensor ContextParallelAttention::hierarchical(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& mask) const {
+  const int a2a = a2a_.size();
+  const int64_t rows = q.size(0), b = q.size(1), heads = q.size(2), value_dim = v.size(3);
+  const at::Tensor keys = shareable_key_heads(k, heads, a2a), values = shareable_key_heads(v, heads, a2a);
+  const at::Tensor q_span = heads_for_sequence(q, a2a_);  // [2 A c, b, H/(tp A), d]: chunks p and 2P-1-p
+  const at::Tensor out = ring(q_span, heads_for_sequence(keys, a2a_), heads_for_sequence(values, a2a_), mask, p2p_);  // [2 A c, b, H/(tp A) * dv]
+  return sequence_for_heads(out.view({out.size(0), b, q_span.size(2), value_dim}), a2a_).reshape({rows, b, heads * value_dim});
 }
 
 }  // namespace megatron

@@ -8,6 +8,9 @@
 //               its own chunk causally (context_parallel/blockwise_attention.h)
 //   a2a         Ulysses: an all-to-all trades the heads for the sequence (each rank attends the
 //               whole sequence over H / CP heads), and another trades them back
+//   a2a+p2p     both (--hierarchical-context-parallel-sizes A P): Ulysses among A adjacent CP
+//               ranks, whose chunks together make two chunks of a P-rank split; the ring over
+//               those among the P ranks at the same place in their groups (H / A heads each)
 // Under packed documents (document ids, or their dense mask) each rank's queries see only their
 // document's keys: p2p and all_gather cut each block into the documents it holds
 // (context_parallel/document_blocks.h), a2a attends document by document over the whole
@@ -37,14 +40,17 @@ class ContextParallelAttention : public CoreAttention {
                      double dropout) const override;
 
  private:
-  at::Tensor ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
+  // The ring among `ring`'s ranks (cp_, or a2a+p2p's second level), each holding two chunks of its split.
+  at::Tensor ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, const dist::Group& ring) const;
   at::Tensor gathered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
   at::Tensor ulysses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
+  at::Tensor hierarchical(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
   double scale_for(const at::Tensor& q) const;
   // The packed documents of `mask` ([b, 1, S, S]), if it is their mask.
   std::optional<cp::PackedDocuments> packed_documents(const at::Tensor& mask) const;
 
   dist::Group cp_;
+  dist::Group a2a_, p2p_;  // a2a+p2p's levels of cp_
   std::string comm_type_;
   std::optional<double> softmax_scale_;
   std::shared_ptr<DocumentsMemo> documents_;

@@ -39,6 +39,9 @@ struct TensorParallel {
   // The context-parallel peers (ParallelState::cp): each holds 2 of the sequence's 2 x CP chunks;
   // core attention exchanges keys and values with them, the routers' load counts sum over them.
   dist::Group context;
+  // Its two levels under --cp-comm-type a2a+p2p (ParallelState::cp_a2a, cp_p2p): heads traded
+  // among the first, keys and values passed around a ring among the second. Trivial without.
+  dist::Group context_a2a, context_p2p;
   int size() const { return group.size(); }
   int rank() const { return group.rank(); }
   // The group a parameter's ShardSpec splits it over: expert_group for experts, else group.

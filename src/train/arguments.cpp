@@ -121,6 +121,13 @@ void assign(const TrainFlag& f, const std::string& where, const std::vector<std:
       if (values.empty()) throw UserError(where + ": expects at least one value");
       *static_cast<std::vector<std::string>*>(f.target) = values;
       break;
+    case FlagKind::IntList: {
+      if (values.empty()) throw UserError(where + ": expects at least one value");
+      std::vector<int> numbers;
+      for (const std::string& v : values) numbers.push_back(parse_number<int>(where, v));
+      *static_cast<std::vector<int>*>(f.target) = numbers;
+      break;
+    }
     case FlagKind::DoubleList: {
       if (values.empty()) throw UserError(where + ": expects at least one value");
       std::vector<double> numbers;

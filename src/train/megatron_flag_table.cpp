@@ -269,7 +269,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"head-lr-mult", Arity::One, "1.0", nullptr, Fate::Ignored, kOtherScript, Origin::MegatronLm},
     {"heterogeneous-layers-config-encoded-json", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"heterogeneous-layers-config-path", Arity::One, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
-    {"hierarchical-context-parallel-sizes", Arity::OneOrMore, nullptr, nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"high-priority-a2a-comm-stream", Arity::None, "false", "true", Fate::Ignored, kCommunication, Origin::MegatronLm},
     {"high-priority-stream-groups", Arity::OneOrMore, "", nullptr, Fate::Ignored, kCommunication, Origin::MegatronLm},
     {"hybrid-context-parallel", Arity::None, "false", "true", Fate::NotYet, nullptr, Origin::MegatronLm},

@@ -12,7 +12,7 @@ namespace megatron {
 
 // How a flag reads its values. Preset: a switch that sets a string setting to `preset` (a
 // deprecated spelling of one value).
-enum class FlagKind { Int, Int64, Double, Bool, NegatedBool, String, StringList, DoubleList, Preset };
+enum class FlagKind { Int, Int64, Double, Bool, NegatedBool, String, StringList, IntList, DoubleList, Preset };
 
 struct TrainFlag {
   std::string name;  // without leading dashes

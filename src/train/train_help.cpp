@@ -25,6 +25,9 @@ std::string default_text(const TrainFlag& f) {
     case FlagKind::StringList:
       for (const auto& s : *static_cast<std::vector<std::string>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << s;
       break;
+    case FlagKind::IntList:
+      for (int i : *static_cast<std::vector<int>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << i;
+      break;
     case FlagKind::DoubleList:
       for (double d : *static_cast<std::vector<double>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << d;
       break;
@@ -80,7 +83,7 @@ std::string train_help() {
   for (const auto& f : flags) {
     if (auto group = help_groups().find(f.name); group != help_groups().end()) out << "\n" << group->second << ":\n";
     std::string left = "  --" + f.name;
-    if (f.kind != FlagKind::Bool && f.kind != FlagKind::NegatedBool && f.kind != FlagKind::Preset) left += f.kind == FlagKind::StringList || f.kind == FlagKind::DoubleList ? " V..." : " V";
+    if (f.kind != FlagKind::Bool && f.kind != FlagKind::NegatedBool && f.kind != FlagKind::Preset) left += f.kind == FlagKind::StringList || f.kind == FlagKind::IntList || f.kind == FlagKind::DoubleList ? " V..." : " V";
     if (left.size() < 36) left.resize(36, ' ');
     const std::string fallback = default_text(f);
     out << left << " " << f.help << (fallback.empty() ? "" : " [default: " + fallback + "]") << "\n";

@@ -49,6 +49,8 @@ int Trainer::run() {
   tensor_parallel.expert_group = ps_.expert_tp;
   tensor_parallel.data = ps_.dp_cp;
   tensor_parallel.context = ps_.cp;
+  tensor_parallel.context_a2a = ps_.cp_a2a;
+  tensor_parallel.context_p2p = ps_.cp_p2p;
   if (ps_.tp.size() > 1) {
     tensor_parallel.rng = std::make_shared<tp::RngTracker>(static_cast<uint64_t>(t_.seed), ps_.tp.rank(), device_.is_cuda());
   }
@@ -127,7 +129,10 @@ int Trainer::run() {
                                                         std::to_string(ps_.expert_dp.size())
                                                   : "";
     const std::string context = ps_.cp.size() > 1 ? " x context " + std::to_string(ps_.cp.size()) + " (" +
-                                                        (m.cp_comm_type.size() == 1 ? m.cp_comm_type[0] : "per layer") + ")"
+                                                        (m.cp_comm_type.size() == 1 ? m.cp_comm_type[0] : "per layer") +
+                                                        (ps_.cp_a2a.size() > 1 || ps_.cp_p2p.size() > 1
+                                                             ? ": a2a " + std::to_string(ps_.cp_a2a.size()) + " x p2p " + std::to_string(ps_.cp_p2p.size())
+                                                             : "") + ")"
                                                   : "";
     std::printf("> parallel layout: tensor %d x pipeline %d%s%s x data %d%s%s%s (%s)\n", ps_.tp.size(), ps_.pp.size(),
                 virtual_stages.c_str(), context.c_str(), ps_.dp.size(), p.sequence_parallel ? ", sequence parallel" : "",

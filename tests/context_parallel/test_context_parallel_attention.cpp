@@ -1,5 +1,5 @@
 // Context-parallel core attention on 2 and 4 ranks run as threads of this process over a real
-// Gloo group: for each --cp-comm-type (p2p ring, all_gather, a2a), each rank's output and the
+// Gloo group: for each --cp-comm-type (p2p ring, all_gather, a2a, a2a+p2p), each rank's output and the
 // gradients of its q, k and v rows equal the rows of one SDPA over the whole sequence, causal
 // and under packed documents' mask, with grouped-query heads; and the block arithmetic the ring
 // is made of (partial attention merged by log-sum-exp, backward from the merged statistics).
@@ -7,12 +7,14 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "context_parallel/chunks.h"
 #include "context_parallel/document_blocks.h"
 #include "context_parallel/ring_attention.h"
 #include "context_parallel/partial_attention.h"
+#include "distributed/parallel_state.h"
 #include "distributed/world.h"
 #include "model/context_parallel_attention.h"
 #include "model/core_attention.h"
@@ -50,6 +52,7 @@ struct Case {
   bool documents;
   int64_t value_dim;  // != head dim: multi-latent attention's shape
   bool as_ids = true;  // the documents as ids (else as their dense mask) for the ranks
+  int a2a = 1;         // a2a+p2p: the first level's size (ranks / a2a for the second)
 };
 
 void check_against_whole_sequence(const Case& c) {
@@ -65,15 +68,24 @@ void check_against_whole_sequence(const Case& c) {
   const at::Tensor want = SdpaAttention(alone).forward(rq, rk, rv, mask, 0.0);
   want.backward(upstream);
 
-  test::on_gloo_ranks(c.ranks, [&](int rank, const dist::Group& g) {
+  test::on_gloo_worlds(c.ranks, [&](int rank, dist::World& world) {
     tp::TensorParallel tp;
-    tp.context = g;
+    tp.context = world.everyone();
+    if (c.comm_type == "a2a+p2p") {
+      // As ParallelState lays them out: a2a adjacent ranks, the ring over the same place in each.
+      std::vector<int> level, ring;
+      for (int r = rank / c.a2a * c.a2a; r < (rank / c.a2a + 1) * c.a2a; ++r) level.push_back(r);
+      for (int r = rank % c.a2a; r < c.ranks; r += c.a2a) ring.push_back(r);
+      tp.context_a2a = world.group(level);
+      tp.context_p2p = world.group(ring);
+    }
     const ContextParallelAttention attention(tp, c.comm_type);
     auto mine = [&](const at::Tensor& x) { return cp::rank_rows(x, 0, c.ranks, rank); };
     const at::Tensor lq = mine(q).requires_grad_(), lk = mine(k).requires_grad_(), lv = mine(v).requires_grad_();
     const at::Tensor got = attention.forward(lq, lk, lv, c.documents && c.as_ids ? packed_document_ids(b, seq) : mask, 0.0);
     got.backward(mine(upstream));
     const std::string what = c.comm_type + " on " + std::to_string(c.ranks) + " ranks" +
+                             (c.comm_type == "a2a+p2p" ? " (" + std::to_string(c.a2a) + " x " + std::to_string(c.ranks / c.a2a) + ")" : "") +
                              (c.documents ? c.as_ids ? ", document ids" : ", documents' mask" : "") +
                              ", rank " + std::to_string(rank);
     EXPECT_TRUE(at::allclose(got, mine(want), 1e-5, 1e-5)) << what << ": output";
@@ -103,6 +115,36 @@ TEST(ContextParallelAttention, UlyssesEqualsOneAttentionOverTheSequence) {
     for (bool documents : {false, true}) check_against_whole_sequence({ranks, "a2a", documents, 8});
   }
   check_against_whole_sequence({2, "a2a", true, 8, /*as_ids=*/false});
+}
+
+// Ulysses among 2 adjacent ranks, the ring over the pairs' chunk spans; 4 x 1 copies the key/value
+// heads per query head (2 groups over 4 ranks), 1 x 4 is the ring alone.
+TEST(ContextParallelAttention, HierarchicalEqualsOneAttentionOverTheSequence) {
+  for (bool documents : {false, true}) check_against_whole_sequence({4, "a2a+p2p", documents, 8, true, /*a2a=*/2});
+  check_against_whole_sequence({4, "a2a+p2p", true, 8, /*as_ids=*/false, 2});  // the documents' dense mask
+  check_against_whole_sequence({4, "a2a+p2p", false, 6, true, 2});             // a value head dim of its own (MLA)
+  check_against_whole_sequence({4, "a2a+p2p", false, 8, true, 4});
+  check_against_whole_sequence({4, "a2a+p2p", true, 8, true, 1});
+}
+
+// The levels' rank groups with TP 2 x CP 4 (2 x 2) x DP 2: the a2a level pairs adjacent CP ranks
+// (global ranks 2 apart, TP fastest), the ring joins the same place of each pair (4 apart); the
+// CP groups themselves are unchanged.
+TEST(ContextParallelLevels, AdjacentContextRanksTradeHeadsTheOthersFormTheRing) {
+  const std::vector<dist::LayoutDim> order = {{"tp", 2}, {"cp", 4}, {"ep", 1}, {"dp", 2}, {"pp", 1}};
+  const std::vector<dist::LayoutDim> levels = dist::with_context_levels(order, 2, 2);
+  using Groups = std::vector<std::vector<int>>;
+  auto sorted = [](Groups g) {
+    std::sort(g.begin(), g.end());
+    return g;
+  };
+  EXPECT_EQ(sorted(dist::layout_groups(levels, {"cp_a2a"})),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(sorted(dist::layout_groups(levels, {"cp_p2p"})),
+            (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(sorted(dist::layout_groups(levels, {"cp_a2a", "cp_p2p"})), sorted(dist::layout_groups(order, {"cp"})));
+  EXPECT_EQ(sorted(dist::layout_groups(levels, {"dp"})), sorted(dist::layout_groups(order, {"dp"})));
+  EXPECT_THROW(dist::with_context_levels(order, 3, 2), c10::Error);
 }
 
 // Steps of one kind run as one block: on 8 ranks, rank 3 holds three earlier ranks' early chunks

@@ -70,7 +70,12 @@ TEST(ContextParallelTraining, FlagsThatCannotWorkAreRefusedByName) {
       {{"--cp-comm-type", "a2a", "--num-attention-heads", "3", "--hidden-size", "48"},
        "--cp-comm-type a2a trades heads for sequence: --num-attention-heads 3"},
       {{"--attention-dropout", "0.1"}, "--attention-dropout 0.1"},
-      {{"--cp-comm-type", "ring"}, "--cp-comm-type ring: expected p2p, all_gather or a2a"},
+      {{"--cp-comm-type", "ring"}, "--cp-comm-type ring: expected p2p, all_gather, a2a or a2a+p2p"},
+      {{"--cp-comm-type", "a2a+p2p"}, "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P"},
+      {{"--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2"},
+       "--hierarchical-context-parallel-sizes: the sizes multiply to 4, not --context-parallel-size 2"},
+      {{"--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "1", "--num-attention-heads", "3", "--hidden-size", "48"},
+       "heads per rank do not divide over --hierarchical-context-parallel-sizes' 2"},
       {{"--cp-comm-type", "p2p", "a2a", "p2p"}, "--cp-comm-type: 3 values for 2 layers"},
   };
   for (const Case& c : cases) {

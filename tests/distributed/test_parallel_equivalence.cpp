@@ -285,6 +285,9 @@ TEST_F(ParallelEquivalence, ContextParallel4EachExchange) {
     SCOPED_TRACE(type);
     check("llama", 4, 1, {"--context-parallel-size", "4", "--cp-comm-type", type}, type);
   }
+  // Hierarchical: heads traded among pairs of adjacent ranks, the ring over the two pairs.
+  check("llama", 4, 1, {"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2"},
+        "a2a_p2p");
 }
 
 TEST_F(ParallelEquivalence, ContextParallel2TensorParallel2SequenceParallel) {

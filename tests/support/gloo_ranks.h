@@ -13,7 +13,8 @@
 
 namespace megatron::test {
 
-inline void on_gloo_ranks(int world, const std::function<void(int rank, const dist::Group& everyone)>& body) {
+// The same with each rank's World, for bodies that make groups of some of the ranks.
+inline void on_gloo_worlds(int world, const std::function<void(int rank, dist::World& w)>& body) {
   const int port = free_port();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
@@ -23,10 +24,14 @@ inline void on_gloo_ranks(int world, const std::function<void(int rank, const di
       env.world_size = world;
       env.master_port = port;
       dist::World w = dist::World::connect(env, "gloo", std::chrono::seconds(30));
-      body(rank, w.everyone());
+      body(rank, w);
     });
   }
   for (auto& t : threads) t.join();
+}
+
+inline void on_gloo_ranks(int world, const std::function<void(int rank, const dist::Group& everyone)>& body) {
+  on_gloo_worlds(world, [&](int rank, dist::World& w) { body(rank, w.everyone()); });
 }
 
 }  // namespace megatron::test
