@@ -172,6 +172,18 @@ void one_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   cp::attend_block_backward(dout, q, k, v, p.out.to(q.scalar_type()), p.lse, true, at::Tensor(), scale, kernel);
 }
 
+// A rank's own block as its chunks' causal blocks (one call, the chunks as a batch of two) and the
+// late chunk's queries over the early chunk's keys (one full block), forward and backward.
+// chunked: the rank's q, k, v, dout as [2, n, c, d] (its chunks as a batch, made outside the timing).
+void own_block_split(const RankRows& r, const std::vector<at::Tensor>& chunked, int rank, double scale, cp::BlockKernel kernel) {
+  const at::Tensor &q = r.q[size_t(rank)], &k = r.k[size_t(rank)], &v = r.v[size_t(rank)], &dout = r.dout[size_t(rank)];
+  one_block(chunked[0], chunked[1], chunked[2], chunked[3], scale, kernel);
+  const int64_t c = q.size(2) / 2;
+  const at::Tensor lq = q.narrow(2, c, c), ek = k.narrow(2, 0, c), ev = v.narrow(2, 0, c), ldout = dout.narrow(2, c, c);
+  const cp::PartialAttention p = cp::attend_block(lq, ek, ev, /*causal=*/false, at::Tensor(), scale, kernel);
+  cp::attend_block_backward(ldout, lq, ek, ev, p.out.to(q.scalar_type()), p.lse, false, at::Tensor(), scale, kernel);
+}
+
 // Every document of the sequence in one variable-length call, forward and backward: what packed
 // attention costs without context parallelism.
 void one_call_over_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, double scale,
@@ -291,6 +303,26 @@ int main(int argc, char** argv) {
                       t.median() * 1e3, share[kind] * f * 1e3, t.median() / (share[kind] * f));
         kinds_table += line;
       }
+      // The own block another way: its two chunks' causal blocks as one batch of two, and the late
+      // chunk over the early one as a full block (which could join the later ranks' group).
+      std::vector<std::vector<at::Tensor>> chunked(static_cast<size_t>(cp));
+      for (int rank = 0; rank < cp; ++rank) {
+        for (const at::Tensor* x : {&rows.q[size_t(rank)], &rows.k[size_t(rank)], &rows.v[size_t(rank)], &rows.dout[size_t(rank)]}) {
+          chunked[size_t(rank)].push_back(x->reshape({x->size(1), 2, x->size(2) / 2, x->size(3)}).transpose(0, 1).contiguous());
+        }
+      }
+      Rounds whole, split;
+      for (int round = 0; round < rounds; ++round) {
+        whole.add(seconds_per_call([&] {
+          for (int rank = 0; rank < cp; ++rank) one_block(rows.q[size_t(rank)], rows.k[size_t(rank)], rows.v[size_t(rank)], rows.dout[size_t(rank)], scale, kernel);
+        }, iters));
+        split.add(seconds_per_call([&] {
+          for (int rank = 0; rank < cp; ++rank) own_block_split(rows, chunked[size_t(rank)], rank, scale, kernel);
+        }, iters));
+      }
+      std::snprintf(line, sizeof line, "| %lld | %d | own as two causal chunks + one full | %.2f | %.2f (one causal block) | %.3f |\n",
+                    static_cast<long long>(seq), cp, split.median() * 1e3, whole.median() * 1e3, split.median() / whole.median());
+      kinds_table += line;
     }
   }
   if (!kinds_table.empty()) {
