@@ -87,8 +87,8 @@ struct RankRows {
 // cast back); then their backward, the query gradients likewise (cp::BlockQueryGrads), the key
 // and value gradients added into fp32 sums per owner and cast back. Under packed documents (non-null) one step a
 // block, each piece by piece, as the ring does. bookkeeping false: the blocks' kernels alone (no
-// merges, sums or casts; the backward reads the own block's output and statistics, which cover
-// every row): what the ring's own arithmetic around the kernels costs is the difference. runs:
+// merges, sums or casts; the backward reads `merged`, or else the own block's output and
+// statistics): what the ring's own arithmetic around the kernels costs is the difference. runs:
 // which groups run (others skipped); merged: each rank's merged output and statistics, filled by a
 // run given an empty vector and read by the backward of a run given a full one.
 void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp::BlockKernel kernel,
@@ -271,12 +271,16 @@ int main(int argc, char** argv) {
       const RankRows rows(q, k, v, dout, cp);
       const int grouped = steps_per_block > 0 ? steps_per_block : cp::ring_steps_per_block(seq / (2 * cp), cp);
       // The fused call re-timed in every round, next to the ring's variants.
+      // Each rank's merged output and statistics, which the kernels-alone runs' backward reads (as
+      // the ring's does: the own block's alone would leave the other blocks' probabilities unbounded).
+      std::vector<cp::PartialAttention> merged;
+      ring_work(rows, cp, grouped, scale, kernel, nullptr, true, nullptr, &merged);
       Rounds fused, single, ring, kernels_alone;
       for (int round = 0; round < rounds; ++round) {
         fused.add(seconds_per_call(fused_call, iters));
         single.add(seconds_per_call([&] { ring_work(rows, cp, 1, scale, kernel); }, iters));
         if (grouped > 1) ring.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel); }, iters));
-        kernels_alone.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false); }, iters));
+        kernels_alone.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false, nullptr, &merged); }, iters));
       }
       const double f = fused.median(), one = single.median(), g = grouped > 1 ? ring.median() : one, alone = kernels_alone.median();
       std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %d | %.2f | %.2f | %.3f | %.3f | %.3f |\n", static_cast<long long>(seq),
@@ -285,8 +289,6 @@ int main(int argc, char** argv) {
       if (!block_kinds) continue;
       // Each kind of block's kernels (every rank's), against its share of the fused call's work:
       // the own blocks 1/CP of it, the earlier ranks' and the later ranks' (CP-1)/2CP each.
-      std::vector<cp::PartialAttention> merged;
-      ring_work(rows, cp, grouped, scale, kernel, nullptr, true, nullptr, &merged);
       const int64_t c = seq / (2 * cp);
       const std::pair<const char*, std::function<bool(const cp::RingGroup&)>> kinds[] = {
           {"own (causal)", [](const cp::RingGroup& g) { return g.causal; }},
