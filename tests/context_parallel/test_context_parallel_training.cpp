@@ -1,6 +1,6 @@
 // Context parallelism end to end where only whole runs can tell: packed SFT conversations of
 // uneven lengths (each rank's queries kept inside their own conversation, across the chunks of
-// every rank) train at CP=2 with each exchange as one process does, 20 steps to 1e-5; and the
+// every rank) train at CP=2 with each exchange (a2a+p2p as 2 x 1) as one process does, 20 steps to 1e-5; and the
 // flags that cannot work are refused naming them.
 #include <gtest/gtest.h>
 
@@ -50,10 +50,14 @@ TEST(ContextParallelTraining, PackedConversationsOfUnevenLengthsTrainAsOneProces
   const auto [single, single_output] = train("single", {});
   ASSERT_EQ(single.size(), 20u) << single_output;
   EXPECT_NE(single_output.find("packed SFT"), std::string::npos) << single_output;
-  for (const char* type : {"p2p", "all_gather", "a2a"}) {
-    const auto [losses, output] = train(type, {"--context-parallel-size", "2", "--cp-comm-type", type});
+  for (const std::string type : {"p2p", "all_gather", "a2a", "a2a+p2p"}) {
+    std::vector<std::string> layout = {"--context-parallel-size", "2", "--cp-comm-type", type};
+    // Hierarchical as Ulysses between the two ranks and a ring of one: the documents' ids reach
+    // the ring through the traded heads.
+    if (type == "a2a+p2p") layout.insert(layout.end(), {"--hierarchical-context-parallel-sizes", "2", "1"});
+    const auto [losses, output] = train(type, layout);
     ASSERT_EQ(losses.size(), 20u) << type << "\n" << output;
-    EXPECT_NE(output.find("x context 2 (" + std::string(type) + ")"), std::string::npos) << output;
+    EXPECT_NE(output.find("x context 2 (" + type), std::string::npos) << output;
     for (size_t i = 0; i < losses.size(); ++i) {
       EXPECT_LE(std::abs(losses[i] - single[i]), 1e-5 * std::abs(single[i])) << type << ": iteration " << i + 1;
     }
