@@ -6,9 +6,10 @@
 
 namespace megatron::cp {
 
-// Four: the own block and up to three groups. Each kept block holds its rows in its own dtype
-// until the end (the bf16 blocks of four groups take about as much as the fp32 accumulator).
-bool blocks_combined_at_end(int blocks) { return blocks >= 1 && blocks <= 4; }
+// As many as the combine kernel takes in one pass (four: the own block and up to three groups).
+// Each kept block holds its rows in its own dtype until the end (the bf16 blocks of four groups
+// take about as much as the fp32 accumulator).
+bool blocks_combined_at_end(int blocks) { return blocks >= 1 && blocks <= kernels::kMostCombinedParts; }
 
 void BlockOutputs::add(PartialAttention part, int64_t first_row) {
   if (combine_) {

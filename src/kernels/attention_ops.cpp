@@ -51,7 +51,6 @@ void attention_merge(const at::Tensor& out, const at::Tensor& lse, const at::Ten
 
 namespace {
 
-constexpr int kMostCombinedParts = 4;  // the kernel's (kernels.h: kMaxCombinedParts)
 #ifdef MEGATRON_WITH_CUDA_KERNELS
 static_assert(kMostCombinedParts == cuda::kMaxCombinedParts);
 #endif

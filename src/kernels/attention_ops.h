@@ -29,6 +29,7 @@ struct CombinedPart {
   at::Tensor out, lse;
   int64_t first_row = 0;
 };
+constexpr int kMostCombinedParts = 4;  // what the kernel takes in one pass
 at::Tensor attention_combine(const std::vector<CombinedPart>& parts, int64_t rows, const at::Tensor& lse_out, Impl impl = Impl::Auto);
 
 // The decode step's QKV output [s, b, G, (P + 2) * d] (split_qkv_rope's layout) in one pass: the
