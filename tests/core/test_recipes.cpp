@@ -43,6 +43,14 @@ TEST(Recipes, LongContextSplitsOverContextParallelRanks) {
   EXPECT_EQ(c.model.seq_length, 131072);
   EXPECT_EQ(c.parallel.data_parallel_size, 1);
   EXPECT_EQ(c.model.attention_dropout, 0.0);
+  // Its two-node variant: the all-to-all inside each node, the ring across the two.
+  Config h = parse_train_arguments({"--config", test::source_dir() + "/examples/llama3.1-8b-128k.yaml", "--mock-data",
+                                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255", "--context-parallel-size", "8",
+                                    "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "4", "2",
+                                    "--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  finalize_config(h, 16);
+  EXPECT_EQ(h.parallel.hierarchical_context_parallel_sizes, (std::vector<int>{4, 2}));
+  EXPECT_EQ(h.model.cp_comm_type, (std::vector<std::string>{"a2a+p2p"}));
 }
 
 }  // namespace
