@@ -94,8 +94,9 @@ at::Tensor ContextParallelAttention::gathered(const at::Tensor& q, const at::Ten
 
 namespace {
 
-// [2c, b, n, d] this rank's rows of n heads -> [S, b, n / cp, d]: every row of the sequence for
-// this rank's share of the heads (rank j takes heads j·n/cp ..).
+// [2c, b, n, d] this rank's rows of n heads -> [2c · |cp|, b, n / |cp|, d]: every row the group's
+// ranks hold, in sequence order, for this rank's share of the heads (rank j takes heads j·n/|cp|
+// ..). Over the whole CP group that is the sequence; over a2a+p2p's first level, its two spans.
 at::Tensor heads_for_sequence(const at::Tensor& x, const dist::Group& cp) {
   const int size = cp.size();
   const int64_t rows = x.size(0), b = x.size(1), n = x.size(2), d = x.size(3);
@@ -105,7 +106,7 @@ at::Tensor heads_for_sequence(const at::Tensor& x, const dist::Group& cp) {
   return cp::rows_in_sequence_order(by_source, 0, size);
 }
 
-// The inverse: [S, b, n / cp, d] -> [2c, b, n, d].
+// The inverse: [2c · |cp|, b, n / |cp|, d] -> [2c, b, n, d].
 at::Tensor sequence_for_heads(const at::Tensor& x, const dist::Group& cp) {
   const int size = cp.size();
   std::vector<at::Tensor> per_rank;
