@@ -87,8 +87,8 @@ struct RankRows {
 // cast back); then their backward, the query gradients likewise (cp::BlockQueryGrads), the key
 // and value gradients added into fp32 sums per owner and cast back. Under packed documents (non-null) one step a
 // block, each piece by piece, as the ring does. bookkeeping false: the blocks' kernels alone (no
-// merges, sums or casts; the backward reads `merged`, or else the own block's output and
-// statistics): what the ring's own arithmetic around the kernels costs is the difference. runs:
+// merges, sums or casts; the backward reads `merged`, which it needs): what the ring's own
+// arithmetic around the kernels costs is the difference. runs:
 // which groups run (others skipped); merged: each rank's merged output and statistics, filled by a
 // run given an empty vector and read by the backward of a run given a full one.
 void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp::BlockKernel kernel,
@@ -124,20 +124,16 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
     int computed = 0;
     for (const cp::RingGroup& group : groups) computed += group.queries > 0 ? 1 : 0;
     cp::BlockOutputs outputs(computed);
-    cp::PartialAttention own;  // bookkeeping false: the own block's results stand for the merged ones
     for (const cp::RingGroup& group : groups) {
       if (group.queries == 0) continue;
       const at::Tensor bk = keys(r.k, group), bv = keys(r.v, group), bq = mq.narrow(2, group.first_query, group.queries);
       cp::PartialAttention part = documents ? cp::attend_documents(bq, bk, bv, pieces[size_t(group.first_step)], group.causal, scale, kernel)
                                             : cp::attend_block(bq, bk, bv, group.causal, at::Tensor(), scale, kernel);
-      if (bookkeeping) {
-        outputs.add(std::move(part), group.first_query);
-      } else if (group.first_step == 0) {
-        own = std::move(part);
-      }
+      if (bookkeeping) outputs.add(std::move(part), group.first_query);
     }
     const bool given = merged && merged->size() == size_t(cp);  // the merged results of an earlier run
-    const cp::PartialAttention acc = given ? (*merged)[size_t(rank)] : bookkeeping ? outputs.finish(2 * c, mq.scalar_type()) : own;
+    TORCH_CHECK(bookkeeping || given, "ring_work: the kernels alone need each rank's merged results (a run that fills `merged` first)");
+    const cp::PartialAttention acc = given ? (*merged)[size_t(rank)] : outputs.finish(2 * c, mq.scalar_type());
     if (merged && !given) merged->push_back(acc);
     const at::Tensor& out = acc.out;
     cp::BlockQueryGrads dq(computed);
@@ -270,11 +266,11 @@ int main(int argc, char** argv) {
     for (int cp : {2, 4, 8}) {
       const RankRows rows(q, k, v, dout, cp);
       const int grouped = steps_per_block > 0 ? steps_per_block : cp::ring_steps_per_block(seq / (2 * cp), cp);
-      // The fused call re-timed in every round, next to the ring's variants.
       // Each rank's merged output and statistics, which the kernels-alone runs' backward reads (as
       // the ring's does: the own block's alone would leave the other blocks' probabilities unbounded).
       std::vector<cp::PartialAttention> merged;
       ring_work(rows, cp, grouped, scale, kernel, nullptr, true, nullptr, &merged);
+      // The fused call re-timed in every round, next to the ring's variants.
       Rounds fused, single, ring, kernels_alone;
       for (int round = 0; round < rounds; ++round) {
         fused.add(seconds_per_call(fused_call, iters));

@@ -43,6 +43,13 @@ std::vector<LayoutDim> with_context_levels(const std::vector<LayoutDim>& order, 
 
 ParallelState ParallelState::single() { return ParallelState(); }
 
+Group group_holding(World& world, int rank, const std::vector<LayoutDim>& layout, const std::vector<std::string>& along) {
+  for (const auto& g : layout_groups(layout, along)) {
+    if (std::find(g.begin(), g.end(), rank) != g.end()) return world.group(g);
+  }
+  TORCH_CHECK(false, "rank ", rank, " is in no group along ", along.front(), "...");
+}
+
 ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   ParallelState ps;
   ps.rank = world.rank();
@@ -55,12 +62,7 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
   int product = 1;
   for (const auto& d : order) product *= d.size;
   TORCH_CHECK(product == world.size(), "parallel layout covers ", product, " ranks, the world has ", world.size());
-  auto mine = [&](const std::vector<std::string>& along) {
-    for (const auto& g : layout_groups(order, along)) {
-      if (std::find(g.begin(), g.end(), ps.rank) != g.end()) return world.group(g);
-    }
-    TORCH_CHECK(false, "rank ", ps.rank, " is in no group");
-  };
+  auto mine = [&](const std::vector<std::string>& along) { return group_holding(world, ps.rank, order, along); };
   // Every rank creates its groups in this same order (group creation is collective).
   ps.world = world.everyone();
   ps.tp = mine({"tp"});
@@ -70,14 +72,8 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
     // ranks form the first level).
     const int a2a = c.hierarchical_context_parallel_sizes[0], p2p = c.hierarchical_context_parallel_sizes[1];
     const std::vector<LayoutDim> levels = with_context_levels(order, a2a, p2p);
-    auto mine_in_levels = [&](const std::string& along) {
-      for (const auto& g : layout_groups(levels, {along})) {
-        if (std::find(g.begin(), g.end(), ps.rank) != g.end()) return world.group(g);
-      }
-      TORCH_CHECK(false, "rank ", ps.rank, " is in no ", along, " group");
-    };
-    ps.cp_a2a = mine_in_levels("cp_a2a");
-    ps.cp_p2p = mine_in_levels("cp_p2p");
+    ps.cp_a2a = group_holding(world, ps.rank, levels, {"cp_a2a"});
+    ps.cp_p2p = group_holding(world, ps.rank, levels, {"cp_p2p"});
   }
   ps.dp = mine({"dp"});
   // Without context parallelism the same ranks as dp: no second communicator for them.
@@ -92,12 +88,7 @@ ParallelState ParallelState::build(World& world, const ParallelConfig& c) {
                                           {"ep", ep},
                                           {"dp", world.size() / (etp * ep * c.pipeline_model_parallel_size)},
                                           {"pp", c.pipeline_model_parallel_size}};
-  auto mine_in_experts = [&](const std::vector<std::string>& along) {
-    for (const auto& g : layout_groups(experts, along)) {
-      if (std::find(g.begin(), g.end(), ps.rank) != g.end()) return world.group(g);
-    }
-    TORCH_CHECK(false, "rank ", ps.rank, " is in no expert group");
-  };
+  auto mine_in_experts = [&](const std::vector<std::string>& along) { return group_holding(world, ps.rank, experts, along); };
   if (ep == 1 && etp == c.tensor_model_parallel_size) {
     ps.ep = Group();
     ps.expert_tp = ps.tp;

@@ -62,6 +62,9 @@ struct LayoutDim {
 };
 std::vector<std::vector<int>> layout_groups(const std::vector<LayoutDim>& order, const std::vector<std::string>& along);
 
+// Rank `rank`'s group of layout_groups(layout, along), made in `world` (collective over its members).
+Group group_holding(World& world, int rank, const std::vector<LayoutDim>& layout, const std::vector<std::string>& along);
+
 // `order` with its "cp" dimension laid out as two, "cp_a2a" (a2a ranks, fastest: adjacent CP
 // ranks) then "cp_p2p" (p2p ranks), as --hierarchical-context-parallel-sizes a2a p2p asks.
 std::vector<LayoutDim> with_context_levels(const std::vector<LayoutDim>& order, int a2a, int p2p);

@@ -95,6 +95,15 @@ T parse_number(const std::string& where, const std::string& text) {
   return value;
 }
 
+// A list flag's values, at least one.
+template <typename T>
+std::vector<T> parse_numbers(const std::string& where, const std::vector<std::string>& values) {
+  if (values.empty()) throw UserError(where + ": expects at least one value");
+  std::vector<T> numbers;
+  for (const std::string& v : values) numbers.push_back(parse_number<T>(where, v));
+  return numbers;
+}
+
 bool parse_bool(const std::string& where, const std::string& text) {
   if (text == "true" || text == "True" || text == "1" || text == "yes") return true;
   if (text == "false" || text == "False" || text == "0" || text == "no") return false;
@@ -121,20 +130,8 @@ void assign(const TrainFlag& f, const std::string& where, const std::vector<std:
       if (values.empty()) throw UserError(where + ": expects at least one value");
       *static_cast<std::vector<std::string>*>(f.target) = values;
       break;
-    case FlagKind::IntList: {
-      if (values.empty()) throw UserError(where + ": expects at least one value");
-      std::vector<int> numbers;
-      for (const std::string& v : values) numbers.push_back(parse_number<int>(where, v));
-      *static_cast<std::vector<int>*>(f.target) = numbers;
-      break;
-    }
-    case FlagKind::DoubleList: {
-      if (values.empty()) throw UserError(where + ": expects at least one value");
-      std::vector<double> numbers;
-      for (const std::string& v : values) numbers.push_back(parse_number<double>(where, v));
-      *static_cast<std::vector<double>*>(f.target) = numbers;
-      break;
-    }
+    case FlagKind::IntList: *static_cast<std::vector<int>*>(f.target) = parse_numbers<int>(where, values); break;
+    case FlagKind::DoubleList: *static_cast<std::vector<double>*>(f.target) = parse_numbers<double>(where, values); break;
   }
 }
 

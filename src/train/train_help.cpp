@@ -13,6 +13,14 @@ namespace megatron {
 
 namespace {
 
+// A list's values, space-separated.
+template <typename T>
+std::string joined(const void* target) {
+  std::ostringstream v;
+  for (const T& x : *static_cast<const std::vector<T>*>(target)) v << (v.tellp() > 0 ? " " : "") << x;
+  return v.str();
+}
+
 // The default a flag's field holds, as help shows it ("" for none worth showing: switches, zero,
 // empty, and the negative "not given" markers).
 std::string default_text(const TrainFlag& f) {
@@ -22,15 +30,9 @@ std::string default_text(const TrainFlag& f) {
     case FlagKind::Int64: if (*static_cast<int64_t*>(f.target) > 0) v << *static_cast<int64_t*>(f.target); break;
     case FlagKind::Double: if (*static_cast<double*>(f.target) > 0) v << *static_cast<double*>(f.target); break;
     case FlagKind::String: v << *static_cast<std::string*>(f.target); break;
-    case FlagKind::StringList:
-      for (const auto& s : *static_cast<std::vector<std::string>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << s;
-      break;
-    case FlagKind::IntList:
-      for (int i : *static_cast<std::vector<int>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << i;
-      break;
-    case FlagKind::DoubleList:
-      for (double d : *static_cast<std::vector<double>*>(f.target)) v << (v.tellp() > 0 ? " " : "") << d;
-      break;
+    case FlagKind::StringList: return joined<std::string>(f.target);
+    case FlagKind::IntList: return joined<int>(f.target);
+    case FlagKind::DoubleList: return joined<double>(f.target);
     case FlagKind::Bool:
     case FlagKind::NegatedBool:
     case FlagKind::Preset: break;

@@ -72,12 +72,10 @@ void check_against_whole_sequence(const Case& c) {
     tp::TensorParallel tp;
     tp.context = world.everyone();
     if (c.comm_type == "a2a+p2p") {
-      // As ParallelState lays them out: a2a adjacent ranks, the ring over the same place in each.
-      std::vector<int> level, ring;
-      for (int r = rank / c.a2a * c.a2a; r < (rank / c.a2a + 1) * c.a2a; ++r) level.push_back(r);
-      for (int r = rank % c.a2a; r < c.ranks; r += c.a2a) ring.push_back(r);
-      tp.context_a2a = world.group(level);
-      tp.context_p2p = world.group(ring);
+      // As ParallelState lays them out (the ranks here are one CP group).
+      const std::vector<dist::LayoutDim> levels = dist::with_context_levels({{"cp", c.ranks}}, c.a2a, c.ranks / c.a2a);
+      tp.context_a2a = dist::group_holding(world, rank, levels, {"cp_a2a"});
+      tp.context_p2p = dist::group_holding(world, rank, levels, {"cp_p2p"});
     }
     const ContextParallelAttention attention(tp, c.comm_type);
     auto mine = [&](const at::Tensor& x) { return cp::rank_rows(x, 0, c.ranks, rank); };
