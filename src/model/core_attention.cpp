@@ -57,9 +57,11 @@ bool decode_attention_chosen(const DecodeKernels& kernels, int64_t batch, int64_
   // Session 35, one H100, inside CUDA graphs told of the bound (docs/performance.md): at 16
   // sequences the one-launch kernel took 0.57x FA2's time at 128 keys and 0.65x at 512, and lost
   // from 1,024 keys (1.09x); at one sequence FA2 won at every length (1.08-1.17x). Session 39:
-  // with the splits merged in a cluster, one sequence at a 512-key bound 0.90x FA2 (at 128 keys
-  // still 1.32x).
-  constexpr int64_t kMostSequences = 16, kMostKeys = 512, kFewestKeysForOne = 257;
+  // with the splits merged in a cluster, one sequence at a 256-key bound 0.94x FA2 and at 512
+  // 0.90x (at 128 keys still 1.32x). Session 41, the 1.1B shape's batch-1 decode (134-token
+  // prompt, 255 steps: bounds 256 and 512): 1.102 ms a step with the kernel at both bounds
+  // against 1.118-1.119 with FA2 at 256, two rounds each in one call on an H100.
+  constexpr int64_t kMostSequences = 16, kMostKeys = 512, kFewestKeysForOne = 129;
   if (kernels.attention) return true;
   if (!kernels.attention_where_faster || keys > kMostKeys) return false;
   return batch == 1 ? keys >= kFewestKeysForOne : batch <= kMostSequences;

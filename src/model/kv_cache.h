@@ -24,7 +24,7 @@ struct DecodeKernels {
   // (kernels::decode_attention) where it takes the step, instead of FA2 (--attention-backend decode).
   bool attention = false;
   // --attention-backend auto: that kernel for the steps where it measured faster than FA2 (2 to 16
-  // sequences attending to at most 512 keys, one sequence to 257-512: decode_attention_chosen),
+  // sequences attending to at most 512 keys, one sequence to 129-512: decode_attention_chosen),
   // FA2 for the rest.
   bool attention_where_faster = false;
   // The RMSNorms in front of QKV, fc1 and the output layer computed in the prologue of their

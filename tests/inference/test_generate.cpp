@@ -422,14 +422,14 @@ TEST(KvCacheStep, FixedDecodeStepAssignsSlotsAndPadsWithTheScratchSlot) {
 }
 
 // --attention-backend auto's choice of the one-launch decode attention, where it measured faster
-// than FA2 (docs/performance.md): 2-16 sequences up to 512 keys, one sequence over 257-512 keys;
+// than FA2 (docs/performance.md): 2-16 sequences up to 512 keys, one sequence over 129-512 keys;
 // --attention-backend decode takes it everywhere, flash nowhere.
 TEST(KvCacheStep, DecodeAttentionChosenWhereItMeasuredFaster) {
   DecodeKernels where_faster;
   where_faster.attention_where_faster = true;
   EXPECT_FALSE(decode_attention_chosen(where_faster, 1, 128));
-  EXPECT_FALSE(decode_attention_chosen(where_faster, 1, 256));
-  EXPECT_TRUE(decode_attention_chosen(where_faster, 1, 257));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 1, 129));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 1, 256));
   EXPECT_TRUE(decode_attention_chosen(where_faster, 1, 512));
   EXPECT_FALSE(decode_attention_chosen(where_faster, 1, 513));
   EXPECT_TRUE(decode_attention_chosen(where_faster, 2, 64));
