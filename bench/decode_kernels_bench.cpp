@@ -7,8 +7,9 @@
 // layer's RMSNorms as kernels of their own or in the GEMVs' prologue; then decode
 // attention over the cache in place, kernels::decode_attention against FA2's varlen kernel as
 // SdpaAttention calls it (the grid sized for the cache's capacity, and for the smaller bound a
-// decode graph of that length attends to), each call over a cache of its own.
-//   megatron_bench_decode_kernels [--iters N] [--only linear|step|attention]
+// decode graph of that length attends to), each call over a cache of its own; then the greedy
+// choice over a step's logits, kernels::argmax_rows against at::argmax.
+//   megatron_bench_decode_kernels [--iters N] [--only linear|step|attention|argmax]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/GradMode.h>
@@ -215,16 +216,38 @@ void attention_table(int iters) {
   }
 }
 
+// The greedy choice of a decode step over its logits (32000 ids; bf16, as the engine's) for 1, 16
+// and 64 sequences: kernels::argmax_rows (one block a row) against at::argmax, each call over
+// logits of its own; the two answers compared once.
+void argmax_table(int iters) {
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  std::printf("\ngreedy choice over 32000 logits a sequence: us a call\n");
+  std::printf("| batch | at::argmax | argmax_rows | argmax_rows / at::argmax | same answers |\n|---|---|---|---|---|\n");
+  for (int64_t b : {1, 16, 64}) {
+    std::vector<at::Tensor> logits;
+    for (int i = 0; i < kCallsAGraph; ++i) logits.push_back(at::randn({b, 32000}, bf16));
+    auto timed = [&](const std::function<at::Tensor(const at::Tensor&)>& choose) {
+      int call = 0;
+      return graph_microseconds([&] { (void)choose(logits[size_t(call++ % kCallsAGraph)]); }, iters);
+    };
+    const double aten = timed([](const at::Tensor& x) { return x.argmax(-1); });
+    const double ours = timed([](const at::Tensor& x) { return kernels::argmax_rows(x); });
+    const bool same = at::equal(kernels::argmax_rows(logits[0]), logits[0].argmax(-1));
+    std::printf("| %lld | %.2f | %.2f | %.3f | %s |\n", (long long)b, aten, ours, ours / aten, same ? "yes" : "NO");
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int iters = 50;
-  std::string only;  // linear | step | attention; all when empty
+  std::string only;  // linear | step | attention | argmax; all when empty
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
     else {
-      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step|attention)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step|attention|argmax)\n", argv[i]);
       return 2;
     }
   }
@@ -235,5 +258,6 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "linear") linear_table(iters);
   if (only.empty() || only == "step") step_table(std::max(iters / 10, 3));
   if (only.empty() || only == "attention") attention_table(iters);
+  if (only.empty() || only == "argmax") argmax_table(iters);
   return 0;
 }

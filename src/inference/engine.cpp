@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "kernels/ops.h"
 #include "model/gpt_model.h"
 #include "tensor_parallel/mappings.h"
 
@@ -316,7 +317,7 @@ Engine::StepInFlight Engine::launch_greedy_step(const std::vector<Sequence*>& se
     last.push_back(s->seen.back());
   }
   const at::Tensor logits = decode_logits(slots, tokens, last);  // [b, V]
-  return StepInFlight{std::move(ids), TokensInFlight(logits.argmax(-1))};
+  return StepInFlight{std::move(ids), TokensInFlight(kernels::argmax_rows(logits))};  // [b] on the device
 }
 
 int64_t Engine::StepInFlight::row_of(int64_t id) const {

@@ -59,6 +59,17 @@ struct QkvIntoCacheArgs {
 bool rope_qkv_into_cache_supported(const QkvIntoCacheArgs& args);  // bf16 / fp16, 16-byte packs
 void rope_qkv_into_cache(const QkvIntoCacheArgs& args, Stream stream);
 
+// The index of each row's largest value into out[rows] (int64): x [rows, n] with rows `row_stride`
+// elements apart, the values contiguous; the first index among equal maxima, NaN above every
+// number (at::argmax(-1)'s answer). Greedy decoding's choice (argmax.cu).
+struct RowArgmaxArgs {
+  const void* x;
+  int64_t* out;
+  int64_t rows, n, row_stride;
+  DType dtype;
+};
+void row_argmax(const RowArgmaxArgs& args, Stream stream);
+
 // SwiGLU over rows of [gate | up] (in: [rows, 2f], out: [rows, f]): out = silu(gate) * up.
 void swiglu_forward(const void* in, void* out, int64_t rows, int64_t f, DType dtype, Stream stream);
 // grad_in [rows, 2f] from grad_out [rows, f] and the saved input.

@@ -527,4 +527,17 @@ AddRmsNorm add_rms_norm(const at::Tensor& a, const at::Tensor& b, const at::Tens
   return {out[0], out[1]};
 }
 
+at::Tensor argmax_rows(const at::Tensor& x, Impl impl) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0, "argmax_rows: x must be [rows, n] with n >= 1, got ", x.sizes());
+  if (!uses_kernel(x, impl) || x.stride(1) != 1 || x.size(0) > INT32_MAX) return x.argmax(-1);
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  cuda::row_argmax(cuda::RowArgmaxArgs{x.data_ptr(), out.data_ptr<int64_t>(), x.size(0), x.size(1), x.stride(0), storage_type(x)},
+                   current_stream());
+  return out;
+#else
+  return {};
+#endif
+}
+
 }  // namespace megatron::kernels

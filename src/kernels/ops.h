@@ -51,6 +51,11 @@ struct AddRmsNorm {
 AddRmsNorm add_rms_norm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight, double eps,
                         Impl impl = Impl::Auto);
 
+// The index of each row's largest value, x [rows, n] -> [rows] int64: at::argmax(x, -1)'s answer
+// (ties to the lower index, NaN above every number), one CUDA launch where the kernels apply
+// (the values contiguous), at::argmax elsewhere. A decode step's greedy choice.
+at::Tensor argmax_rows(const at::Tensor& x, Impl impl = Impl::Auto);
+
 // Cross-entropy pieces over a vocabulary slice (no autograd; tensor_parallel/cross_entropy.cpp
 // composes them with the TP reductions). logits [rows, vocab] holds ids [first, first + vocab).
 // The statistics are fp32, fp64 for fp64 logits (the composite keeps their precision, as the

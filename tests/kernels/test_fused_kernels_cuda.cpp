@@ -6,6 +6,11 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
 
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
@@ -118,6 +123,42 @@ TEST_P(CudaFusedKernels, SwigluForwardAndBackward) {
     kernels::swiglu(h2, kernels::Impl::Composite).backward(grad);
     EXPECT_LE(relative(h1.grad(), h2.grad()), tolerance(dtype)) << "backward, f " << f;
   }
+}
+
+// Greedy decoding's argmax against ATen's on the same rows: one row of a 32000-id vocabulary (a
+// batch-1 decode step) and 64 of them, rows in 16-byte packs and not (n 1001; a view starting off
+// a pack; rows 1001 apart), ties to the lower index, NaN above every number (the first one), a row
+// of -inf and one with +inf twice.
+TEST_P(CudaFusedKernels, ArgmaxRowsEqualsAtenArgmax) {
+  REQUIRE_CUDA_KERNELS();
+  const at::ScalarType dtype = GetParam();
+  const at::TensorOptions o = at::TensorOptions(kGpu).dtype(dtype);
+  at::manual_seed(11);
+  std::vector<std::pair<std::string, at::Tensor>> cases = {
+      {"1 x 32000", at::randn({1, 32000}, o)},
+      {"64 x 32000", at::randn({64, 32000}, o)},
+      {"3 x 1001", at::randn({3, 1001}, o)},
+      {"a view off the pack", at::randn({5, 32128}, o).narrow(1, 3, 32000)},
+      {"rows 1001 apart", at::randn({4, 1001}, o).narrow(1, 0, 1000)},
+  };
+  at::Tensor planted = at::randn({6, 4096}, o);
+  planted[0].index_put_({at::indexing::Slice(100, 4096, 700)}, 9.0);  // equal maxima at 100, 800, ...: the first
+  planted[1][2000] = NAN;
+  planted[1][77] = NAN;  // two NaNs: the first
+  planted[1][3000] = INFINITY;
+  planted[2].fill_(-INFINITY);  // every value equal: index 0
+  planted[3][4095] = INFINITY;
+  planted[3][9] = INFINITY;
+  planted[4][4095] = 50.0;  // the last element
+  planted[5][0] = 50.0;     // the first
+  cases.emplace_back("planted", planted);
+  for (const auto& [name, x] : cases) {
+    const at::Tensor got = kernels::argmax_rows(x), want = x.argmax(-1);
+    ASSERT_EQ(got.scalar_type(), at::kLong) << name;
+    EXPECT_TRUE(at::equal(got, want)) << name << ": " << got.cpu() << " against ATen's " << want.cpu();
+  }
+  const at::Tensor chosen = kernels::argmax_rows(planted).cpu();
+  EXPECT_EQ(std::vector<int64_t>(chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + 6), (std::vector<int64_t>{100, 77, 0, 9, 4095, 0}));
 }
 
 TEST_P(CudaFusedKernels, CrossEntropyStatsAndBackward) {

@@ -102,6 +102,14 @@ TEST(FusedOps, SplitQkvRopeMatchesSplitThenApplyRope) {
   }
 }
 
+// Off the GPU argmax_rows is ATen's argmax (ties to the lower index); rows of no values are refused.
+TEST(FusedOps, ArgmaxRowsIsAtenArgmaxOffTheGpu) {
+  const at::Tensor x = at::tensor({1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 0.5f}).view({2, 3});
+  EXPECT_TRUE(at::equal(kernels::argmax_rows(x), at::tensor({1, 1}, at::kLong)));
+  EXPECT_THROW(kernels::argmax_rows(at::zeros({2, 0})), c10::Error);
+  EXPECT_THROW(kernels::argmax_rows(at::zeros({6})), c10::Error);
+}
+
 TEST(FusedOps, SwigluMatchesSiluTimesUp) {
   at::manual_seed(2);
   at::Tensor h_fused = at::randn({5, 3, 2 * 12}, at::kDouble).requires_grad_(true);
