@@ -15,7 +15,8 @@
 //                                    [--causal 1]   (0: the packed documents' table alone)
 //                                    [--steps-per-block 0]   (0: ring_attention's choice)
 //                                    [--longest 131072]   (sequences of 32k up to it)
-//                                    [--rounds 3]   (the fused call and the ring's variants alternated; medians)
+//                                    [--rounds 3]   (the fused call and the ring's variants alternated: medians,
+//                                                    the ratios each round's over the fused call's in that round)
 //                                    [--block-kinds 0]   (1: each kind of block's kernels against its share)
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
@@ -57,13 +58,22 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
 
 // Several timings of the same work, alternated with others round by round (the card's clock
 // drifts as it warms: a baseline timed only first would be favoured); the median round.
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
 struct Rounds {
   std::vector<double> seconds;
   void add(double s) { seconds.push_back(s); }
-  double median() const {
-    std::vector<double> sorted = seconds;
-    std::sort(sorted.begin(), sorted.end());
-    return sorted.empty() ? 0 : sorted[sorted.size() / 2];
+  double median() const { return median_of(seconds); }
+  // The median over rounds of this round's time over `base`'s in the same round: each ratio pairs
+  // two timings taken moments apart, so the card's drift between rounds (it slows as it warms)
+  // cancels, where a ratio of the two medians would carry it.
+  double median_ratio_to(const Rounds& base) const {
+    std::vector<double> ratios;
+    for (size_t i = 0; i < seconds.size() && i < base.seconds.size(); ++i) ratios.push_back(seconds[i] / base.seconds[i]);
+    return median_of(ratios);
   }
 };
 
@@ -168,18 +178,6 @@ void one_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   cp::attend_block_backward(dout, q, k, v, p.out.to(q.scalar_type()), p.lse, true, at::Tensor(), scale, kernel);
 }
 
-// A rank's own block as its chunks' causal blocks (one call, the chunks as a batch of two) and the
-// late chunk's queries over the early chunk's keys (one full block), forward and backward.
-// chunked: the rank's q, k, v, dout as [2, n, c, d] (its chunks as a batch, made outside the timing).
-void own_block_split(const RankRows& r, const std::vector<at::Tensor>& chunked, int rank, double scale, cp::BlockKernel kernel) {
-  const at::Tensor &q = r.q[size_t(rank)], &k = r.k[size_t(rank)], &v = r.v[size_t(rank)], &dout = r.dout[size_t(rank)];
-  one_block(chunked[0], chunked[1], chunked[2], chunked[3], scale, kernel);
-  const int64_t c = q.size(2) / 2;
-  const at::Tensor lq = q.narrow(2, c, c), ek = k.narrow(2, 0, c), ev = v.narrow(2, 0, c), ldout = dout.narrow(2, c, c);
-  const cp::PartialAttention p = cp::attend_block(lq, ek, ev, /*causal=*/false, at::Tensor(), scale, kernel);
-  cp::attend_block_backward(ldout, lq, ek, ev, p.out.to(q.scalar_type()), p.lse, false, at::Tensor(), scale, kernel);
-}
-
 // Every document of the sequence in one variable-length call, forward and backward: what packed
 // attention costs without context parallelism.
 void one_call_over_documents(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, double scale,
@@ -279,8 +277,10 @@ int main(int argc, char** argv) {
         kernels_alone.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false, nullptr, &merged); }, iters));
       }
       const double f = fused.median(), one = single.median(), g = grouped > 1 ? ring.median() : one, alone = kernels_alone.median();
+      const Rounds& grouped_rounds = grouped > 1 ? ring : single;
       std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %d | %.2f | %.2f | %.3f | %.3f | %.3f |\n", static_cast<long long>(seq),
-                  f * 1e3, fa2 * 1e3, cudnn * 1e3, cp, one * 1e3, grouped, g * 1e3, alone * 1e3, one / f, g / f, alone / f);
+                  f * 1e3, fa2 * 1e3, cudnn * 1e3, cp, one * 1e3, grouped, g * 1e3, alone * 1e3, single.median_ratio_to(fused),
+                  grouped_rounds.median_ratio_to(fused), kernels_alone.median_ratio_to(fused));
       std::fflush(stdout);
       if (!block_kinds) continue;
       // Each kind of block's kernels (every rank's), against its share of the fused call's work:
@@ -301,26 +301,6 @@ int main(int argc, char** argv) {
                       t.median() * 1e3, share[kind] * f * 1e3, t.median() / (share[kind] * f));
         kinds_table += line;
       }
-      // The own block another way: its two chunks' causal blocks as one batch of two, and the late
-      // chunk over the early one as a full block (which could join the later ranks' group).
-      std::vector<std::vector<at::Tensor>> chunked(static_cast<size_t>(cp));
-      for (int rank = 0; rank < cp; ++rank) {
-        for (const at::Tensor* x : {&rows.q[size_t(rank)], &rows.k[size_t(rank)], &rows.v[size_t(rank)], &rows.dout[size_t(rank)]}) {
-          chunked[size_t(rank)].push_back(x->reshape({x->size(1), 2, x->size(2) / 2, x->size(3)}).transpose(0, 1).contiguous());
-        }
-      }
-      Rounds whole, split;
-      for (int round = 0; round < rounds; ++round) {
-        whole.add(seconds_per_call([&] {
-          for (int rank = 0; rank < cp; ++rank) one_block(rows.q[size_t(rank)], rows.k[size_t(rank)], rows.v[size_t(rank)], rows.dout[size_t(rank)], scale, kernel);
-        }, iters));
-        split.add(seconds_per_call([&] {
-          for (int rank = 0; rank < cp; ++rank) own_block_split(rows, chunked[size_t(rank)], rank, scale, kernel);
-        }, iters));
-      }
-      std::snprintf(line, sizeof line, "| %lld | %d | own as two causal chunks + one full | %.2f | %.2f (one causal block) | %.3f |\n",
-                    static_cast<long long>(seq), cp, split.median() * 1e3, whole.median() * 1e3, split.median() / whole.median());
-      kinds_table += line;
     }
   }
   if (!kinds_table.empty()) {
