@@ -56,13 +56,13 @@ double seconds_per_call(const std::function<void()>& f, int iters) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
 }
 
-// Several timings of the same work, alternated with others round by round (the card's clock
-// drifts as it warms: a baseline timed only first would be favoured); the median round.
 double median_of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values.empty() ? 0 : values[values.size() / 2];
 }
 
+// Several timings of the same work, alternated with others round by round (the card's clock
+// drifts as it warms: a baseline timed only first would be favoured); the median round.
 struct Rounds {
   std::vector<double> seconds;
   void add(double s) { seconds.push_back(s); }

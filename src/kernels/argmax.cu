@@ -28,24 +28,29 @@ __device__ __forceinline__ void take_better(float& value, int64_t& index, float 
   }
 }
 
+// The best (value, index) among a warp's lanes, in every lane.
+__device__ __forceinline__ void take_warps_best(float& value, int64_t& index) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_value = __shfl_xor_sync(0xffffffff, value, offset);
+    const int64_t other_index = __shfl_xor_sync(0xffffffff, index, offset);
+    take_better(value, index, other_value, other_index);
+  }
+}
+
 template <typename T, int N>
 __global__ void __launch_bounds__(kThreads) row_argmax_kernel(RowArgmaxArgs a) {
   const T* row = static_cast<const T*>(a.x) + int64_t(blockIdx.x) * a.row_stride;
   float value = -INFINITY;
   int64_t index = INT64_MAX;
   const int64_t packs = a.n / N;
-  // A thread's elements come in rising index order: only a strictly better one replaces its best.
+  // Each thread's best of its elements, then the warp's, then the block's (warp 0 over the warps').
 #pragma unroll 4
   for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
     const Pack<T, N> x = reinterpret_cast<const Pack<T, N>*>(row)[p];
 #pragma unroll
     for (int j = 0; j < N; ++j) take_better(value, index, to_float(x.v[j]), p * N + j);
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other_value = __shfl_xor_sync(0xffffffff, value, offset);
-    const int64_t other_index = __shfl_xor_sync(0xffffffff, index, offset);
-    take_better(value, index, other_value, other_index);
-  }
+  take_warps_best(value, index);
   __shared__ float warp_values[kWarps];
   __shared__ int64_t warp_indices[kWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -57,11 +62,7 @@ __global__ void __launch_bounds__(kThreads) row_argmax_kernel(RowArgmaxArgs a) {
   if (warp != 0) return;
   value = lane < kWarps ? warp_values[lane] : -INFINITY;
   index = lane < kWarps ? warp_indices[lane] : INT64_MAX;
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other_value = __shfl_xor_sync(0xffffffff, value, offset);
-    const int64_t other_index = __shfl_xor_sync(0xffffffff, index, offset);
-    take_better(value, index, other_value, other_index);
-  }
+  take_warps_best(value, index);
   if (lane == 0) a.out[blockIdx.x] = index;
 }
 
