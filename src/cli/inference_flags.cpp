@@ -40,8 +40,8 @@ const char* kInferenceModelFlagsHelp =
     "                               below ~1000 keys at 16 sequences, slower beyond, and at 1 below 129 keys);\n"
     "                               auto (default): that kernel for steps of 2-16 sequences up to 512 keys and\n"
     "                               of one sequence over 129-512, FA2 for the rest\n"
-    "  --decode-norms-in-gemv       batch-1 decode steps compute the norms before QKV and fc1 inside their\n"
-    "                               GEMVs (measured slower than the norm kernels: off by default)\n"
+    "  --decode-norms-in-gemv, --no-decode-norms-in-gemv  batch-1 decode steps compute the norms before QKV\n"
+    "                               and fc1 inside their GEMVs (default: off)\n"
     "  --decode-rope-in-gemv, --no-decode-rope-in-gemv  batch-1 decode steps rotate the queries and keys\n"
     "                               into the KV cache in the QKV GEMV's epilogue (default: on where decode\n"
     "                               steps read the cache in place, a GPU with --cuda-graph-impl auto)\n"
@@ -68,8 +68,8 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
     flags.decode_ahead = args[i] == "--decode-ahead" ? "on" : "off";
     return true;
   }
-  if (args[i] == "--decode-norms-in-gemv") {
-    flags.decode_norms_in_gemv = true;
+  if (args[i] == "--decode-norms-in-gemv" || args[i] == "--no-decode-norms-in-gemv") {
+    flags.decode_norms_in_gemv = args[i] == "--decode-norms-in-gemv" ? "on" : "off";
     return true;
   }
   if (args[i] == "--decode-rope-in-gemv" || args[i] == "--no-decode-rope-in-gemv") {
@@ -152,7 +152,7 @@ DecodeKernels asked_decode_kernels(const InferenceModelFlags& flags) {
   check_attention_backend(flags);
   DecodeKernels kernels;
   kernels.attention = flags.attention_backend == "decode";
-  kernels.norms_in_gemv = flags.decode_norms_in_gemv;
+  kernels.norms_in_gemv = flags.decode_norms_in_gemv == "on";
   kernels.rope_in_gemv = flags.decode_rope_in_gemv == "on";
   return kernels;
 }

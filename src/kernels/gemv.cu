@@ -12,9 +12,10 @@
 // (programmatic dependent launch, cuda_common.cuh), so under a CUDA graph the weights stream while
 // the last kernel finishes. With `gated` (SwiGLU's fc1, rows [gate; up]) a block takes gate rows
 // r.. and up rows f + r.. and writes silu(gate) * up: the MLP's activation without a launch.
-// With a pending RMSNorm (norm_weight) each block first normalises the residual sum x + add into
-// shared memory (the whole row: 4 KB at k = 2048, from L2), so the norm in front of QKV and fc1 is
-// no launch of its own either; block 0 also writes the sum, the residual stream's next value.
+// With a pending RMSNorm (norm_weight) the dot products take the residual sum x + add times the
+// norm's weight and the block sums the row's squares alongside, scaling its results by 1 / rms at
+// the end (input_pack), so the norm in front of QKV and fc1 is no launch of its own either; block
+// 0 also writes the sum, the residual stream's next value.
 // With RoPE into the cache (a decode step's QKV) a block takes the two rotation pairs of one head
 // and writes them rotated where rope_qkv_into_cache would: the RoPE kernel's launch saved too.
 #include "kernels/cuda_common.cuh"
@@ -31,36 +32,35 @@ __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
 
-// The pending norm's output into `normed` ([k] in shared memory): the rounded sum x + add (written
-// to sum_out by block 0), its root mean square over the block, then sum * rstd * weight rounded.
-template <typename T>
-__device__ __forceinline__ void normalise_input(const GemvArgs& a, T* normed) {
+// The input's pack p as the dot products take it, in fp32: x; or with a pending norm the sum
+// s = x + add rounded to T (block 0 stores it: the residual stream's next value) times the norm's
+// weight, its squares added to `squares`. The norm's 1 / rms is one number for the row, so it
+// scales the finished dot products instead (y = rstd W (s g)): the block's threads read every
+// pack of the row between them anyway, and their squares sum to the row's. No pass over the row
+// before the dot products (the pass that made the norm in the prologue slower than its own kernel,
+// session 33), and the normed input is not rounded to T on its way (the norm kernel rounds it).
+template <typename T, bool kNormed>
+__device__ __forceinline__ void input_pack(const GemvArgs& a, int64_t p, float (&v)[kPack<T>], float& squares) {
   constexpr int N = kPack<T>;
-  __shared__ float scratch[32];
-  const int64_t packs = a.k / N;
-  const bool write_sum = blockIdx.x == 0 && a.sum_out != nullptr;
-  float squares = 0.0f;
-  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
-    Pack<T, N> x = load_pack<T, N>(static_cast<const T*>(a.x) + p * N);
+  Pack<T, N> x = load_pack<T, N>(static_cast<const T*>(a.x) + p * N);
+  if constexpr (kNormed) {
     if (a.add != nullptr) {
       const Pack<T, N> d = load_pack<T, N>(static_cast<const T*>(a.add) + p * N);
 #pragma unroll
       for (int j = 0; j < N; ++j) x.v[j] = from_float<T>(to_float(x.v[j]) + to_float(d.v[j]));
-      if (write_sum) reinterpret_cast<Pack<T, N>*>(a.sum_out)[p] = x;
+      if (blockIdx.x == 0 && a.sum_out != nullptr) reinterpret_cast<Pack<T, N>*>(a.sum_out)[p] = x;
     }
+    const Pack<T, N> g = load_pack<T, N>(static_cast<const T*>(a.norm_weight) + p * N);
 #pragma unroll
-    for (int j = 0; j < N; ++j) squares += to_float(x.v[j]) * to_float(x.v[j]);
-    reinterpret_cast<Pack<T, N>*>(normed)[p] = x;
-  }
-  const float r = rsqrtf(block_sum(squares, scratch) / static_cast<float>(a.k) + a.norm_eps);
-  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {  // this thread's own packs: no barrier needed
-    Pack<T, N> x = reinterpret_cast<const Pack<T, N>*>(normed)[p];
-    const Pack<T, N> w = load_pack<T, N>(static_cast<const T*>(a.norm_weight) + p * N);
+    for (int j = 0; j < N; ++j) {
+      const float s = to_float(x.v[j]);
+      squares += s * s;
+      v[j] = s * to_float(g.v[j]);
+    }
+  } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) x.v[j] = from_float<T>(to_float(x.v[j]) * r * to_float(w.v[j]));
-    reinterpret_cast<Pack<T, N>*>(normed)[p] = x;
+    for (int j = 0; j < N; ++j) v[j] = to_float(x.v[j]);
   }
-  __syncthreads();
 }
 
 // What a block writes: kRows rows of y; SwiGLU of kRows gate rows and the kRows up rows n further
@@ -89,7 +89,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   const int64_t first = int64_t(blockIdx.x) * kRows;
   const int rows = a.n - first < kRows ? int(a.n - first) : kRows;
   const int64_t packs = a.k / N;
-  const T* x = static_cast<const T*>(a.x);
   const T* w = static_cast<const T*>(a.w);
   const T* row[kLoads];
 #pragma unroll
@@ -108,52 +107,54 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   }
   let_next_kernel_start();
   wait_for_kernel_before();
-  if constexpr (kNormed) {
-    __shared__ alignas(16) T normed[kGemvLongestNormed];
-    normalise_input<T>(a, normed);
-    x = normed;
-  }
   float acc[kLoads] = {};
+  float squares = 0.0f;  // with a pending norm: this thread's packs' share of the sum's squares
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     const int64_t p = threadIdx.x + int64_t(s) * kThreads;
     if (p < packs) {
-      const Pack<T, N> xv = load_pack<T, N>(x + p * N);
+      float xv[N];
+      input_pack<T, kNormed>(a, p, xv, squares);
 #pragma unroll
       for (int r = 0; r < kLoads; ++r) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) acc[r] += to_float(ahead[s][r].v[j]) * to_float(xv.v[j]);
+        for (int j = 0; j < N; ++j) acc[r] += to_float(ahead[s][r].v[j]) * xv[j];
       }
     }
   }
 #pragma unroll 2
   for (int64_t p = threadIdx.x + int64_t(kAhead) * kThreads; p < packs; p += kThreads) {
-    const Pack<T, N> xv = load_pack<T, N>(x + p * N);
     Pack<T, N> wv[kLoads];
 #pragma unroll
     for (int r = 0; r < kLoads; ++r) wv[r] = load_pack<T, N>(row[r] + p * N);
+    float xv[N];
+    input_pack<T, kNormed>(a, p, xv, squares);
 #pragma unroll
     for (int r = 0; r < kLoads; ++r) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) acc[r] += to_float(wv[r].v[j]) * to_float(xv.v[j]);
+      for (int j = 0; j < N; ++j) acc[r] += to_float(wv[r].v[j]) * xv[j];
     }
   }
-  __shared__ float warp_sums[kLoads][kThreads / 32];
+  constexpr int kSums = kNormed ? kLoads + 1 : kLoads;  // with a norm, the squares last
+  __shared__ float warp_sums[kSums][kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int r = 0; r < kLoads; ++r) {
-    float v = acc[r];
+  for (int r = 0; r < kSums; ++r) {
+    float v = r < kLoads ? acc[r] : squares;
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
     if (lane == 0) warp_sums[r][warp] = v;
   }
   __syncthreads();
   if (threadIdx.x >= rows) return;
-  auto total = [&](int r) {
+  auto sum_of = [&](int r) {
     float v = 0.0f;
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) v += warp_sums[r][i];
     return v;
   };
+  // Row r's dot product, times the norm's 1 / rms where one is pending.
+  const float rstd = kNormed ? rsqrtf(sum_of(kSums - 1) / static_cast<float>(a.k) + a.norm_eps) : 1.0f;
+  auto total = [&](int r) { return sum_of(r) * rstd; };
   const int64_t out = output_row<E>(a, threadIdx.x);
   if constexpr (E == Epilogue::RopeIntoCache) {
     // The output rounded as the QKV layer's would be, then rope_qkv_into_cache's arithmetic; the

@@ -210,9 +210,11 @@ struct GemvArgs {
   bool gated = false;
   bool overlap_previous = true;
   // A pending RMSNorm (norm_weight non-null): the GEMV's input is rms_norm(x + add) * norm_weight
-  // (add null: rms_norm(x)), the sum rounded to the storage type first and the norm's output
-  // rounded, as kernels::add_rms_norm computes them; each block normalises x for itself (k at most
-  // kGemvLongestNormed), and block 0 writes the rounded sum to sum_out (where non-null).
+  // (add null: rms_norm(x)), the sum rounded to the storage type first as kernels::add_rms_norm
+  // rounds it; the norm's 1 / rms scales the dot products of the sum times norm_weight (the normed
+  // input is not rounded on its way, as add_rms_norm's output is: the results agree to its
+  // rounding); block 0 writes the rounded sum to sum_out (where non-null). k at most
+  // kGemvLongestNormed.
   const void* add = nullptr;
   const void* norm_weight = nullptr;
   void* sum_out = nullptr;
