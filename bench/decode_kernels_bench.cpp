@@ -4,7 +4,7 @@
 // pays, and each call reading a weight of its own (the step's weights do not stay in L2). Prints
 // microseconds a call, the weight bytes streamed a second and the ratio gemv / cuBLAS; then the
 // projections of a whole 1.1B step with and without programmatic dependent launch, and with the
-// layer's RMSNorms as kernels of their own or in the GEMVs' prologue; then decode
+// layer's RMSNorms as kernels of their own or in the GEMVs; then decode
 // attention over the cache in place, kernels::decode_attention against FA2's varlen kernel as
 // SdpaAttention calls it (the grid sized for the cache's capacity, and for the smaller bound a
 // decode graph of that length attends to), each call over a cache of its own; then the greedy
@@ -121,7 +121,7 @@ void step_table(int iters) {
   const at::Tensor gamma = at::rand({h}, o) + 0.5;
   const double bytes = double(kLayers) * double(qkv * h + h * h + 2 * f * h + h * f) * 2.0;
   // 0: cuBLAS, 1: gemv, 2: gemv overlapping; with the layer's two residual adds + RMSNorms, 3: as
-  // kernels of their own (the default step), 4: in the GEMVs' prologue (--decode-norms-in-gemv).
+  // kernels of their own (the default step), 4: in the GEMVs (--decode-norms-in-gemv).
   auto step = [&](int mode) {
     at::Tensor x = x0;
     at::Tensor base = x0, delta = x0;  // the residual stream
@@ -151,7 +151,7 @@ void step_table(int iters) {
   std::printf("| kernels | us a step | GB/s | / cuBLAS |\n|---|---|---|---|\n");
   double cublas = 0.0;
   const char* names[] = {"cuBLAS + SwiGLU kernel", "gemv (fc1 gated), ordinary launches", "gemv, overlapping launches",
-                         "gemv overlapping + 2 add+RMSNorm kernels a layer", "gemv overlapping, the norms in its prologue"};
+                         "gemv overlapping + 2 add+RMSNorm kernels a layer", "gemv overlapping, the norms in the GEMVs"};
   for (int mode : {0, 1, 2, 3, 4}) {
     const double us = graph_microseconds([&] { step(mode); }, iters);
     if (mode == 0) cublas = us;

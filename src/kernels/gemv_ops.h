@@ -22,11 +22,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // for the order of the sums); otherwise the linear layer and kernels::swiglu.
 at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight);
 
-// The RMSNorm in front of a linear layer computed in the GEMV's prologue (a batch-1 decode step's
+// The RMSNorm in front of a linear layer computed in the GEMV (a batch-1 decode step's
 // input norm before QKV and pre-MLP norm before fc1): sum = base + add (rounded; base itself when
 // add is undefined), y = the layer (gated: SwiGLU's fc1, as linear_swiglu) applied to
 // rms_norm(sum) * gamma. What add_rms_norm then linear / linear_swiglu compute, but for the order
-// of the norm's sum of squares.
+// of the norm's sum of squares and its output not rounded on the way (the kernel scales the dot
+// products of sum * gamma by 1 / rms).
 // A pending RMSNorm in front of a GEMV: its input is rms_norm(x + add) * gamma (add undefined:
 // rms_norm(x) * gamma).
 struct InputNorm {
@@ -46,7 +47,7 @@ NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, cons
                              const at::Tensor& bias, bool gated);
 
 // A batch-1 decode step's QKV layer with RoPE into the key/value cache in its epilogue (and the
-// input norm in its prologue where `norm` is given): what linear (or gemv_after_norm) and then
+// input norm in it where `norm` is given): what linear (or gemv_after_norm) and then
 // qkv_rope_into_cache compute, in one launch. x [1, 1, k] (with a norm: the residual base);
 // weight [G (P + 2) d, k] ([P queries, key, value] a group); bias [G (P + 2) d] or undefined.
 struct QkvIntoCache {

@@ -27,7 +27,7 @@ struct DecodeKernels {
   // sequences attending to at most 512 keys, one sequence to 129-512: decode_attention_chosen),
   // FA2 for the rest.
   bool attention_where_faster = false;
-  // The RMSNorms in front of QKV, fc1 and the output layer computed in the prologue of their
+  // The RMSNorms in front of QKV, fc1 and the output layer computed in their
   // GEMVs (kernels::gemv_after_norm) at batch 1, instead of a launch each (--decode-norms-in-gemv).
   bool norms_in_gemv = false;
   // RoPE of a batch-1 decode step in the epilogue of the QKV GEMV, which writes the rotated

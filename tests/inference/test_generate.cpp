@@ -492,7 +492,8 @@ TEST(Generate, TrainedTinyModelContinuesARun) {
   EXPECT_NE(split.output.find("40 41 42 43 44 45 46 47"), std::string::npos) << split.output;
   EXPECT_EQ(split.output.find("[rank 1] 40 41"), std::string::npos) << "only the first rank prints:\n" << split.output;
   // The prompt in chunks of 3 (the running request decoding between them): the same text (and
-  // the GPU's default RoPE and norms in the GEMVs turned off: taken, nothing to turn off on the CPU).
+  // the GPU's default RoPE in the QKV GEMV turned off, and the norms in the GEMVs: both flags taken,
+  // nothing to turn off on the CPU).
   auto chunked = test::run_megatron({"generate", "--load", dir / "ckpt", "--prompt", "40 41 42 43", "--greedy", "--max-new-tokens", "6",
                                      "--device", "cpu", "--max-num-batched-tokens", "3", "--no-decode-rope-in-gemv",
                                      "--no-decode-norms-in-gemv"});

@@ -214,9 +214,10 @@ TEST(GenerationCudaKernels, GemvWithSwigluEqualsTheFp32Layer) {
   EXPECT_THROW(kernels::linear_swiglu(at::randn({1, 1, 256}, o), at::randn({7, 256}, o)), c10::Error);  // not [gate; up]
 }
 
-// The norm in the GEMV's prologue (kernels::gemv_after_norm) against add_rms_norm and then the
-// GEMV: the same residual sum to the bit, the output within the rounding of a norm whose sum of
-// squares is added in another order; with and without a delta (the first layer's input norm), a
+// The norm in the GEMV (kernels::gemv_after_norm: its 1 / rms scaling the dot products) against
+// add_rms_norm and then the GEMV: the same residual sum to the bit, the output within the rounding
+// of a norm whose sum of squares is added in another order and whose output the GEMV takes
+// unrounded; with and without a delta (the first layer's input norm), a
 // bias, gated (fc1 with SwiGLU), k of 64 (fewer packs than threads), 2048, 5632 and 8192, bf16 and
 // fp16; and what it refuses.
 TEST(GenerationCudaKernels, GemvAfterNormEqualsTheNormThenTheGemv) {
@@ -245,7 +246,10 @@ TEST(GenerationCudaKernels, GemvAfterNormEqualsTheNormThenTheGemv) {
           EXPECT_TRUE(at::equal(got.sum, norm.sum)) << what;
           ASSERT_EQ(got.y.sizes(), want.sizes()) << what;
           const double scale = want.to(at::kFloat).abs().max().item<double>();
-          EXPECT_LT((got.y.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), 1e-2 * scale) << what;
+          // Gated, the gate and up sums are each rounded before SwiGLU and its product rounded
+          // again: the unrounded normed input moves the output by up to two of its rounding steps
+          // (measured: 0.0625 at a scale of 6, bf16, k 2048).
+          EXPECT_LT((got.y.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), (gated ? 2e-2 : 1e-2) * scale) << what;
           if (!gated) {  // the check can tell: the norm without its scale lands far outside it
             const at::Tensor unscaled = kernels::gemv(kernels::rms_norm(norm.sum, at::ones_like(gamma), eps), weight, bias);
             EXPECT_GT((unscaled.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), 5e-2 * scale) << what;
