@@ -29,7 +29,7 @@ class SelfAttention : public AttentionBlock {
 
  private:
   // A batch-1 decode step reading the cache in place with RoPE in the QKV GEMV's epilogue
-  // (DecodeKernels::rope_in_gemv) and, given `pending`, the input norm in its prologue (x is then
+  // (DecodeKernels::rope_in_gemv) and, given `pending`, the input norm in it too (x is then
   // pending's base, else the normed row): one launch up to attention. nullopt where it does not
   // apply (having at most made the cache's stores, as the other cached paths would).
   std::optional<AfterNorm> decode_with_rope_in_gemv(const at::Tensor& x, const PendingNorm* pending, const RopeTables* rope,

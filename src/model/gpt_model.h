@@ -146,8 +146,8 @@ class GPTModel : public tp::DescribedModule {
                            const at::Tensor& input);
   at::Tensor final_normed(const ResidualStream& stream);  // the decoder's output, final norm applied
   at::Tensor output_logits(const at::Tensor& normed);                                   // -> [s, b, V/tp]
-  // A batch-1 decode step's logits [1, 1, V/tp] with the final RMSNorm in the output GEMV's
-  // prologue (DecodeKernels::norms_in_gemv); nullopt, with nothing run, where the GEMV cannot.
+  // A batch-1 decode step's logits [1, 1, V/tp] with the final RMSNorm in the output GEMV
+  // (DecodeKernels::norms_in_gemv); nullopt, with nothing run, where the GEMV cannot.
   std::optional<at::Tensor> output_logits_after_norm(const ResidualStream& stream);
   at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) const;  // labels [b, s] -> [b, s] fp32
   std::vector<moe::MoELayer*> moe_layers() const;  // of the decoder and of the MTP depths

@@ -74,7 +74,7 @@ class ColumnParallelLinear : public DescribedModule {
   // row without gradient, bias or FP8 (a batch-1 decode step) takes one GEMV with the activation
   // in its epilogue (kernels::linear_swiglu).
   at::Tensor forward_swiglu(const at::Tensor& x) const;
-  // forward(pending's RMSNorm output) (gated: forward_swiglu) with the norm in the GEMV's prologue
+  // forward(pending's RMSNorm output) (gated: forward_swiglu) with the norm in the GEMV
   // (kernels::gemv_after_norm): one row without gradient, FP8 or sequence parallelism; nullopt
   // where it cannot. -> the residual sum and the output.
   std::optional<kernels::NormedLinear> forward_after_norm(const PendingNorm& pending, bool gated) const;
