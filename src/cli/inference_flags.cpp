@@ -70,7 +70,7 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
     return true;
   }
   if (args[i] == "--decode-norms-in-gemv" || args[i] == "--no-decode-norms-in-gemv") {
-    flags.decode_norms_in_gemv = args[i] == "--decode-norms-in-gemv" ? "on" : "off";
+    flags.decode_norms_in_gemv = args[i] == "--decode-norms-in-gemv";
     return true;
   }
   if (args[i] == "--decode-rope-in-gemv" || args[i] == "--no-decode-rope-in-gemv") {
@@ -153,7 +153,7 @@ DecodeKernels asked_decode_kernels(const InferenceModelFlags& flags) {
   check_attention_backend(flags);
   DecodeKernels kernels;
   kernels.attention = flags.attention_backend == "decode";
-  kernels.norms_in_gemv = flags.decode_norms_in_gemv == "on";
+  kernels.norms_in_gemv = flags.decode_norms_in_gemv;
   kernels.rope_in_gemv = flags.decode_rope_in_gemv == "on";
   return kernels;
 }

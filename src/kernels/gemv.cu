@@ -207,7 +207,7 @@ void launch(const GemvArgs& args, Stream stream) {
 }  // namespace
 
 bool gemv_supported(const GemvArgs& a) {
-  const bool norm_ok = a.norm_weight == nullptr || (a.k <= kGemvLongestNormed && aligned16(a.norm_weight) &&
+  const bool norm_ok = a.norm_weight == nullptr || (aligned16(a.norm_weight) &&
                                                     (a.add == nullptr || aligned16(a.add)) && (a.sum_out == nullptr || aligned16(a.sum_out)));
   const GemvRopeIntoCache& r = a.rope;
   const bool rope_ok = r.q_out == nullptr || (!a.gated && r.head_dim > 0 && r.head_dim % 4 == 0 && r.heads_per_group > 0 &&
@@ -220,7 +220,7 @@ bool gemv_supported(const GemvArgs& a) {
 
 void gemv(const GemvArgs& args, Stream stream) {
   if (args.n == 0) return;
-  if (!gemv_supported(args)) throw std::runtime_error("gemv: bf16 / fp16 rows in 16-byte packs (no bias when gated; a pending norm over at most 8192)");
+  if (!gemv_supported(args)) throw std::runtime_error("gemv: bf16 / fp16 rows in 16-byte packs (no bias when gated; a pending norm's vectors 16-byte aligned)");
   if (args.dtype == DType::BFloat16) launch<__nv_bfloat16>(args, stream);
   else launch<__half>(args, stream);
 }

@@ -103,7 +103,6 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight) {
 bool gemv_after_norm_takes(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, const at::Tensor& weight,
                            const at::Tensor& bias, bool gated) {
   if (gated && bias.defined()) return false;
-  // gemv_takes bounds k by kGemvLongestReduction, which is the kernel's kGemvLongestNormed too.
   if (!gemv_takes(base, weight, bias)) return false;
   auto fits = [&](const at::Tensor& t, int64_t numel) {
     return t.scalar_type() == base.scalar_type() && t.device() == base.device() && t.is_contiguous() && t.numel() == numel &&

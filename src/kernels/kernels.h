@@ -213,15 +213,13 @@ struct GemvArgs {
   // (add null: rms_norm(x)), the sum rounded to the storage type first as kernels::add_rms_norm
   // rounds it; the norm's 1 / rms scales the dot products of the sum times norm_weight (the normed
   // input is not rounded on its way, as add_rms_norm's output is: the results agree to its
-  // rounding); block 0 writes the rounded sum to sum_out (where non-null). k at most
-  // kGemvLongestNormed.
+  // rounding); block 0 writes the rounded sum to sum_out (where non-null).
   const void* add = nullptr;
   const void* norm_weight = nullptr;
   void* sum_out = nullptr;
   float norm_eps = 0.0f;
   GemvRopeIntoCache rope;  // q_out non-null: RoPE into the cache in the epilogue (y unused; not gated)
 };
-constexpr int64_t kGemvLongestNormed = 8192;
 bool gemv_supported(const GemvArgs& args);
 void gemv(const GemvArgs& args, Stream stream);
 
