@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,12 +122,22 @@ void step_table(int iters) {
   const at::Tensor gamma = at::rand({h}, o) + 0.5;
   const double bytes = double(kLayers) * double(qkv * h + h * h + 2 * f * h + h * f) * 2.0;
   // 0: cuBLAS, 1: gemv, 2: gemv overlapping; with the layer's two residual adds + RMSNorms, 3: as
-  // kernels of their own (the default step), 4: in the GEMVs (--decode-norms-in-gemv).
+  // kernels of their own (the default step), 4: in the GEMVs after them (session 42's
+  // --decode-norms-in-gemv), 5: prepared in the epilogues of the GEMVs before them and finished in
+  // the GEMVs after (--decode-norms-in-gemv since session 43).
   auto step = [&](int mode) {
     at::Tensor x = x0;
     at::Tensor base = x0, delta = x0;  // the residual stream
+    std::optional<kernels::PreparedNorm> prepared;  // mode 5: the stream with its next norm half done
     for (const Layer& l : layers) {
-      if (mode == 3) {
+      if (mode == 5) {
+        at::Tensor a;  // the QKV output [1, 1, qkv]
+        if (prepared) a = kernels::gemv_after_prepared_norm(*prepared, l.qkv, {}, false);
+        else a = kernels::gemv_after_norm(base, delta, gamma, 1e-6, l.qkv, {}, false).y;  // the first layer: from the embedding
+        const kernels::PreparedNorm attended =
+            kernels::gemv_into_norm(a.narrow(-1, 0, h).contiguous(), l.proj, prepared ? prepared->sum : base, gamma, 1e-6);
+        prepared = kernels::gemv_into_norm(kernels::gemv_after_prepared_norm(attended, l.fc1, {}, true), l.fc2, attended.sum, gamma, 1e-6);
+      } else if (mode == 3) {
         const kernels::AddRmsNorm hn = kernels::add_rms_norm(base, delta, gamma, 1e-6);
         const at::Tensor m = kernels::gemv(kernels::gemv(hn.normed, l.qkv, {}).narrow(-1, 0, h).contiguous(), l.proj, {});
         const kernels::AddRmsNorm xn = kernels::add_rms_norm(hn.sum, m, gamma, 1e-6);
@@ -151,8 +162,9 @@ void step_table(int iters) {
   std::printf("| kernels | us a step | GB/s | / cuBLAS |\n|---|---|---|---|\n");
   double cublas = 0.0;
   const char* names[] = {"cuBLAS + SwiGLU kernel", "gemv (fc1 gated), ordinary launches", "gemv, overlapping launches",
-                         "gemv overlapping + 2 add+RMSNorm kernels a layer", "gemv overlapping, the norms in the GEMVs"};
-  for (int mode : {0, 1, 2, 3, 4}) {
+                         "gemv overlapping + 2 add+RMSNorm kernels a layer", "gemv overlapping, the norms in the GEMVs after them",
+                         "gemv overlapping, the norms prepared in the GEMVs before them"};
+  for (int mode : {0, 1, 2, 3, 4, 5}) {
     const double us = graph_microseconds([&] { step(mode); }, iters);
     if (mode == 0) cublas = us;
     std::printf("| %s | %.1f | %.0f | %.3f |\n", names[mode], us, bytes / us / 1e3, us / cublas);

@@ -15,7 +15,11 @@
 // With a pending RMSNorm (norm_weight) the dot products take the residual sum x + add times the
 // norm's weight and the block sums the row's squares alongside, scaling its results by 1 / rms at
 // the end (input_pack), so the norm in front of QKV and fc1 is no launch of its own either; block
-// 0 also writes the sum, the residual stream's next value.
+// 0 also writes the sum, the residual stream's next value. Better still, the GEMV before the norm
+// (the attention's output projection, fc2) adds the residual in its epilogue, writes the sum times
+// the next norm's weight and its block's sum of squares (Epilogue::ResidualNorm), and the GEMV
+// after it reads that scaled row as a plain input plus the n / 4 partial sums (Input::Prepared):
+// the norm then costs neither a launch nor a byte of the row more than a plain input.
 // With RoPE into the cache (a decode step's QKV) a block takes the two rotation pairs of one head
 // and writes them rotated where rope_qkv_into_cache would: the RoPE kernel's launch saved too.
 #include "kernels/cuda_common.cuh"
@@ -24,7 +28,7 @@ namespace megatron::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kRows = 4;   // output rows a block
+constexpr int kRows = static_cast<int>(kGemvRows);  // output rows a block
 constexpr int kAhead = 2;  // steps of weight loads issued before waiting for the kernel before
 
 template <typename T, int N>
@@ -39,11 +43,15 @@ __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
 // pack of the row between them anyway, and their squares sum to the row's. No pass over the row
 // before the dot products (the pass that made the norm in the prologue slower than its own kernel,
 // session 33), and the normed input is not rounded to T on its way (the norm kernel rounds it).
-template <typename T, bool kNormed>
+// Input::Prepared: x is already sum * g (Epilogue::ResidualNorm wrote it) and the squares come
+// from that epilogue's partial sums instead.
+enum class Input { Plain, Norm, Prepared };
+
+template <typename T, Input I>
 __device__ __forceinline__ void input_pack(const GemvArgs& a, int64_t p, float (&v)[kPack<T>], float& squares) {
   constexpr int N = kPack<T>;
   Pack<T, N> x = load_pack<T, N>(static_cast<const T*>(a.x) + p * N);
-  if constexpr (kNormed) {
+  if constexpr (I == Input::Norm) {
     if (a.add != nullptr) {
       const Pack<T, N> d = load_pack<T, N>(static_cast<const T*>(a.add) + p * N);
 #pragma unroll
@@ -64,8 +72,9 @@ __device__ __forceinline__ void input_pack(const GemvArgs& a, int64_t p, float (
 }
 
 // What a block writes: kRows rows of y; SwiGLU of kRows gate rows and the kRows up rows n further
-// on; or the rows of a rotation pair, rotated into the query output or the cache (GemvRopeIntoCache).
-enum class Epilogue { Plain, Gated, RopeIntoCache };
+// on; the rows of a rotation pair, rotated into the query output or the cache (GemvRopeIntoCache);
+// or kRows rows of the residual sum, of it times the next norm's weight, and their squares' sum.
+enum class Epilogue { Plain, Gated, RopeIntoCache, ResidualNorm };
 
 // The output row of a block's i-th row: consecutive rows, or for RoPE rows j, j + 1, j + d/2,
 // j + d/2 + 1 of one head (two rotation pairs, i and i ^ 2).
@@ -80,8 +89,8 @@ __device__ __forceinline__ int64_t output_row(const GemvArgs& a, int i) {
   }
 }
 
-// kNormed: the input is the pending norm's output (normalise_input).
-template <typename T, Epilogue E, bool kNormed>
+// I: how the input is read (plain, a pending norm's sum, or prepared by an epilogue above).
+template <typename T, Epilogue E, Input I>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int N = kPack<T>;
   constexpr bool kGated = E == Epilogue::Gated;
@@ -109,12 +118,16 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   wait_for_kernel_before();
   float acc[kLoads] = {};
   float squares = 0.0f;  // with a pending norm: this thread's packs' share of the sum's squares
+  if constexpr (I == Input::Prepared) {
+    // This thread's share of the producing blocks' sums (a fixed order: the same total every run).
+    for (int64_t i = threadIdx.x; i < a.norm_square_count; i += kThreads) squares += a.norm_squares[i];
+  }
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     const int64_t p = threadIdx.x + int64_t(s) * kThreads;
     if (p < packs) {
       float xv[N];
-      input_pack<T, kNormed>(a, p, xv, squares);
+      input_pack<T, I>(a, p, xv, squares);
 #pragma unroll
       for (int r = 0; r < kLoads; ++r) {
 #pragma unroll
@@ -128,13 +141,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
     for (int r = 0; r < kLoads; ++r) wv[r] = load_pack<T, N>(row[r] + p * N);
     float xv[N];
-    input_pack<T, kNormed>(a, p, xv, squares);
+    input_pack<T, I>(a, p, xv, squares);
 #pragma unroll
     for (int r = 0; r < kLoads; ++r) {
 #pragma unroll
       for (int j = 0; j < N; ++j) acc[r] += to_float(wv[r].v[j]) * xv[j];
     }
   }
+  constexpr bool kNormed = I != Input::Plain;
   constexpr int kSums = kNormed ? kLoads + 1 : kLoads;  // with a norm, the squares last
   __shared__ float warp_sums[kSums][kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -175,6 +189,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
                          : static_cast<T*>(slot == r.heads_per_group ? r.k_store : r.v_store) + r.store_row[0] * r.store_stride_row +
                                group * r.store_stride_group;
     destination[channel] = from_float<T>(value);
+  } else if constexpr (E == Epilogue::ResidualNorm) {
+    // add_rms_norm's sum (the layer's output rounded, then the add rounded), the next GEMV's
+    // input (the sum times the norm's weight, rounded), and the rows' squares summed over the
+    // block's four threads (n is a multiple of kRows: all four are here).
+    const float delta = to_float(from_float<T>(total(threadIdx.x)));
+    const T sum = from_float<T>(to_float(static_cast<const T*>(a.residual)[out]) + delta);
+    static_cast<T*>(a.y)[out] = sum;
+    const float s = to_float(sum);
+    static_cast<T*>(a.scaled_out)[out] = from_float<T>(s * to_float(static_cast<const T*>(a.next_norm_weight)[out]));
+    float square = s * s;
+#pragma unroll
+    for (int o = 1; o < kRows; o *= 2) square += __shfl_xor_sync((1u << kRows) - 1, square, o);
+    if (threadIdx.x == 0) a.squares_out[blockIdx.x] = square;
   } else if constexpr (kGated) {
     // Rounded as the unfused fc1 output would be, then the SwiGLU kernel's arithmetic.
     const float gate = to_float(from_float<T>(total(threadIdx.x))), up = to_float(from_float<T>(total(threadIdx.x + kRows)));
@@ -186,22 +213,25 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   }
 }
 
-template <typename T, bool kNormed>
+template <typename T, Input I>
 void launch(const GemvArgs& args, Stream stream) {
   const unsigned blocks = static_cast<unsigned>((args.n + kRows - 1) / kRows);
   if (args.rope.q_out != nullptr) {
-    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::RopeIntoCache, kNormed>, blocks, kThreads, 0, stream, args);
+    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::RopeIntoCache, I>, blocks, kThreads, 0, stream, args);
   } else if (args.gated) {
-    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::Gated, kNormed>, blocks, kThreads, 0, stream, args);
+    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::Gated, I>, blocks, kThreads, 0, stream, args);
+  } else if (args.residual != nullptr) {
+    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::ResidualNorm, I>, blocks, kThreads, 0, stream, args);
   } else {
-    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::Plain, kNormed>, blocks, kThreads, 0, stream, args);
+    launch_overlapping("gemv", args.overlap_previous, gemv_kernel<T, Epilogue::Plain, I>, blocks, kThreads, 0, stream, args);
   }
 }
 
 template <typename T>
 void launch(const GemvArgs& args, Stream stream) {
-  if (args.norm_weight != nullptr) launch<T, true>(args, stream);
-  else launch<T, false>(args, stream);
+  if (args.norm_weight != nullptr) launch<T, Input::Norm>(args, stream);
+  else if (args.norm_squares != nullptr) launch<T, Input::Prepared>(args, stream);
+  else launch<T, Input::Plain>(args, stream);
 }
 
 }  // namespace
@@ -214,13 +244,19 @@ bool gemv_supported(const GemvArgs& a) {
                                               a.n == a.n / (r.head_dim * (r.heads_per_group + 2)) * r.head_dim * (r.heads_per_group + 2) &&
                                               r.k_store != nullptr && r.v_store != nullptr && r.store_row != nullptr && r.cos != nullptr &&
                                               r.sin != nullptr);
+  const bool prepared_ok = a.norm_squares == nullptr || (a.norm_weight == nullptr && a.norm_square_count > 0);
+  const bool residual_ok = a.residual == nullptr || (!a.gated && a.bias == nullptr && r.q_out == nullptr && a.n % kRows == 0 &&
+                                                     a.next_norm_weight != nullptr && a.scaled_out != nullptr && a.squares_out != nullptr);
   return (a.dtype == DType::BFloat16 || a.dtype == DType::Float16) && a.k % 8 == 0 && a.w_stride % 8 == 0 && aligned16(a.x) &&
-         aligned16(a.w) && !(a.gated && a.bias != nullptr) && norm_ok && rope_ok;
+         aligned16(a.w) && !(a.gated && a.bias != nullptr) && norm_ok && rope_ok && prepared_ok && residual_ok;
 }
 
 void gemv(const GemvArgs& args, Stream stream) {
   if (args.n == 0) return;
-  if (!gemv_supported(args)) throw std::runtime_error("gemv: bf16 / fp16 rows in 16-byte packs (no bias when gated; a pending norm's vectors 16-byte aligned)");
+  if (!gemv_supported(args)) {
+    throw std::runtime_error("gemv: bf16 / fp16 rows in 16-byte packs (no bias when gated; a pending norm's vectors 16-byte aligned; "
+                             "the residual epilogue: not gated, no bias or RoPE, n a multiple of 4, all its outputs given)");
+  }
   if (args.dtype == DType::BFloat16) launch<__nv_bfloat16>(args, stream);
   else launch<__half>(args, stream);
 }

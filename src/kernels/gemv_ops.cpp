@@ -39,8 +39,10 @@ namespace {
 // kernel writes, or x itself without norm->add; with `rope` the output goes where it says (y is
 // then a [..., H, d] tensor of the rotated queries).
 at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated, const InputNorm* norm = nullptr,
-                    at::Tensor* sum = nullptr, const QkvIntoCache* rope = nullptr) {
-  if (norm != nullptr) *sum = norm->add.defined() ? at::empty_like(x) : x;
+                    at::Tensor* sum = nullptr, const QkvIntoCache* rope = nullptr, PreparedNorm* into_norm = nullptr,
+                    const at::Tensor& residual = {}, const at::Tensor& next_gamma = {}) {
+  const bool prepared = norm != nullptr && norm->squares.defined();
+  if (norm != nullptr && !prepared) *sum = norm->add.defined() ? at::empty_like(x) : x;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = gated ? weight.size(0) / 2 : weight.size(0);
   if (rope != nullptr) {  // the queries: [..., G P, d]
@@ -51,7 +53,11 @@ at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   at::Tensor y = at::empty(shape, x.options());  // [..., n]
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   cuda::GemvArgs a{};
-  if (norm != nullptr) {
+  if (prepared) {
+    a.norm_squares = norm->squares.data_ptr<float>();
+    a.norm_square_count = norm->squares.numel();
+    a.norm_eps = static_cast<float>(norm->eps);
+  } else if (norm != nullptr) {
     a.add = norm->add.defined() ? norm->add.data_ptr() : nullptr;
     a.norm_weight = norm->gamma.data_ptr();
     a.sum_out = norm->add.defined() ? sum->data_ptr() : nullptr;
@@ -74,9 +80,20 @@ at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   a.dtype = storage_type(x);
   a.n = gated ? weight.size(0) / 2 : weight.size(0), a.k = weight.size(1), a.w_stride = weight.stride(0);
   a.gated = gated;
+  if (into_norm != nullptr) {
+    // y is the residual sum; the scaled row and the blocks' squares beside it.
+    into_norm->sum = y;
+    into_norm->scaled = at::empty_like(y);
+    into_norm->squares = at::empty({(a.n + cuda::kGemvRows - 1) / cuda::kGemvRows}, x.options().dtype(at::kFloat));
+    a.residual = residual.data_ptr();
+    a.next_norm_weight = next_gamma.data_ptr();
+    a.scaled_out = into_norm->scaled.data_ptr();
+    a.squares_out = into_norm->squares.data_ptr<float>();
+  }
   cuda::gemv(a, current_stream());
 #else
-  (void)bias, (void)norm, (void)sum;
+  (void)bias, (void)norm, (void)sum, (void)prepared, (void)residual, (void)next_gamma;
+  if (into_norm != nullptr) into_norm->sum = y;
 #endif
   return y;
 }
@@ -116,15 +133,57 @@ NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, cons
   TORCH_CHECK(!gated || weight.size(0) % 2 == 0, "gemv_after_norm: the gated weight ", weight.sizes(), " is not [2f, k]");
   TORCH_CHECK(gemv_after_norm_takes(base, add, gamma, weight, bias, gated), "gemv_after_norm: base ", base.sizes(), ", weight ",
               weight.sizes(), " and gamma ", gamma.sizes(), " are not of a kind the kernel takes (gemv_after_norm_takes)");
-  const InputNorm norm{add, gamma, eps};
+  const InputNorm norm{add, gamma, eps, {}};
   NormedLinear out;
   out.y = run_gemv(base, weight, bias, gated, &norm, &out.sum);
   return out;
 }
 
+bool gemv_into_norm_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma) {
+  if (!gemv_takes(x, weight, {}) || weight.size(0) % 4 != 0) return false;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = weight.size(0);
+  auto fits = [&](const at::Tensor& t) {
+    return t.scalar_type() == x.scalar_type() && t.device() == x.device() && t.is_contiguous() &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && !(c10::GradMode::is_enabled() && t.requires_grad());
+  };
+  return residual.defined() && gamma.defined() && residual.sizes() == at::IntArrayRef(shape) && fits(residual) && gamma.dim() == 1 &&
+         gamma.numel() == weight.size(0) && fits(gamma);
+}
+
+PreparedNorm gemv_into_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma, double eps) {
+  TORCH_CHECK(gemv_into_norm_takes(x, weight, residual, gamma), "gemv_into_norm: x ", x.sizes(), ", weight ", weight.sizes(), ", residual ",
+              residual.sizes(), " and gamma ", gamma.sizes(), " are not of a kind the kernel takes (gemv_into_norm_takes)");
+  PreparedNorm out;
+  out.eps = eps;
+  run_gemv(x, weight, {}, /*gated=*/false, nullptr, nullptr, nullptr, &out, residual, gamma);
+  return out;
+}
+
+bool gemv_after_prepared_norm_takes(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, bool gated) {
+  if (gated && bias.defined()) return false;
+  if (!p.scaled.defined() || !gemv_takes(p.scaled, weight, bias)) return false;
+  const at::Tensor& s = p.squares;
+  return s.defined() && s.scalar_type() == at::kFloat && s.device() == p.scaled.device() && s.is_contiguous() && s.numel() > 0;
+}
+
+at::Tensor gemv_after_prepared_norm(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, bool gated) {
+  TORCH_CHECK(!gated || weight.size(0) % 2 == 0, "gemv_after_prepared_norm: the gated weight ", weight.sizes(), " is not [2f, k]");
+  TORCH_CHECK(gemv_after_prepared_norm_takes(p, weight, bias, gated), "gemv_after_prepared_norm: the scaled row ",
+              p.scaled.defined() ? p.scaled.sizes() : at::IntArrayRef{}, " and weight ", weight.sizes(),
+              " are not of a kind the kernel takes (gemv_after_prepared_norm_takes)");
+  InputNorm norm;
+  norm.eps = p.eps, norm.squares = p.squares;
+  return run_gemv(p.scaled, weight, bias, gated, &norm);
+}
+
 bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
                                 const InputNorm* norm) {
-  if (norm != nullptr ? !gemv_after_norm_takes(x, norm->add, norm->gamma, weight, bias, false) : !gemv_takes(x, weight, bias)) return false;
+  if (norm != nullptr && norm->squares.defined()) {
+    if (!gemv_after_prepared_norm_takes(PreparedNorm{{}, x, norm->squares, norm->eps}, weight, bias, false)) return false;
+  } else if (norm != nullptr ? !gemv_after_norm_takes(x, norm->add, norm->gamma, weight, bias, false) : !gemv_takes(x, weight, bias)) {
+    return false;
+  }
   const at::Tensor& k = into.k_store;
   if (k.dim() != 3 || k.sizes() != into.v_store.sizes() || k.strides() != into.v_store.strides() || k.stride(2) != 1 ||
       k.scalar_type() != x.scalar_type() || k.device() != x.device()) {
@@ -144,7 +203,7 @@ at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, c
               " and stores ", into.k_store.sizes(), " are not of a kind the kernel takes (gemv_rope_into_cache_takes)");
   at::Tensor residual;
   at::Tensor q = run_gemv(x, weight, bias, /*gated=*/false, norm, &residual, &into);  // [..., H, d]
-  if (sum != nullptr) *sum = residual;
+  if (sum != nullptr && residual.defined()) *sum = residual;
   return q;
 }
 

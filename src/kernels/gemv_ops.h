@@ -33,7 +33,32 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight);
 struct InputNorm {
   at::Tensor add, gamma;
   double eps = 0.0;
+  // Defined: the norm was prepared by the GEMV before (gemv_into_norm); the GEMV's input is that
+  // one's `scaled` row and these its partial sums of squares [k / 4] (add and gamma unused).
+  at::Tensor squares;
 };
+
+// The residual sum with its next RMSNorm half done by the GEMV that produced it: what a batch-1
+// decode step's attention output projection and fc2 hand on (gemv_into_norm), so that the next
+// GEMV finishes the norm reading one row, as a plain GEMV does (gemv_after_prepared_norm, or
+// InputNorm::squares): no norm launch, and no pass of the next GEMV's blocks over the sum and
+// the norm's weight either.
+struct PreparedNorm {
+  at::Tensor sum;      // [..., k]: residual + the layer's output, each rounded (add_rms_norm's sum)
+  at::Tensor scaled;   // [..., k]: sum * gamma, rounded: the next GEMV's input
+  at::Tensor squares;  // [k / 4] fp32: the producing blocks' sums of sum's squares
+  double eps = 0.0;
+};
+// gemv_takes(x, weight, {}); residual [..., n] and gamma [n] of x's dtype and device, contiguous,
+// 16-byte aligned; n a multiple of 4.
+bool gemv_into_norm_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma);
+// sum = residual + linear(x, weight) (both rounded), and the RMSNorm (gamma, eps) after it prepared.
+PreparedNorm gemv_into_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma, double eps);
+// gemv_takes(p.scaled, weight, bias) (no bias when gated), p.squares fp32 contiguous on its device.
+bool gemv_after_prepared_norm_takes(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, bool gated);
+// The layer (gated: SwiGLU's fc1, as linear_swiglu) applied to rms_norm(p.sum) * gamma: the dot
+// products of p.scaled scaled by 1 / rms, as gemv_after_norm computes them.
+at::Tensor gemv_after_prepared_norm(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, bool gated);
 
 struct NormedLinear {
   at::Tensor sum;  // [..., k]
@@ -58,7 +83,8 @@ struct QkvIntoCache {
 };
 bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
                                 const InputNorm* norm);
-// -> the rotated queries [1, 1, G P, d]; with a norm, *sum (where non-null) = the residual sum.
+// -> the rotated queries [1, 1, G P, d]; with a norm, *sum (where non-null) = the residual sum
+// (with a prepared norm, x is its scaled row and *sum is left as it is: the caller holds the sum).
 at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
                                 const InputNorm* norm, at::Tensor* sum);
 

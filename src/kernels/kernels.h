@@ -200,6 +200,8 @@ struct GemvRopeIntoCache {
 // W 16-byte aligned; bias may be null. gated (SwiGLU's fc1): W holds 2n rows [gate; up] and
 // y [n] = silu(gate x) * (up x), no bias. overlap_previous: launched to overlap the kernel before
 // it on the stream (programmatic dependent launch, sm_90+; cuda_common.cuh).
+// Output rows a block of the GEMV takes: the epilogue's squares_out holds n / kGemvRows floats.
+constexpr int64_t kGemvRows = 4;
 struct GemvArgs {
   const void* x;
   const void* w;
@@ -218,6 +220,21 @@ struct GemvArgs {
   const void* norm_weight = nullptr;
   void* sum_out = nullptr;
   float norm_eps = 0.0f;
+  // The input already scaled by its norm's weight (norm_squares non-null, norm_weight null): x is
+  // sum * gamma as a GEMV's epilogue below wrote it, norm_squares[0 .. norm_square_count) the
+  // partial sums of sum's squares that epilogue wrote; their total gives the 1 / rms that scales
+  // the dot products (norm_eps with it). No add, no weight read: the input costs what a plain one does.
+  const float* norm_squares = nullptr;
+  int64_t norm_square_count = 0;
+  // The residual add and the next RMSNorm's first half in the epilogue (residual non-null; not
+  // gated, no bias, no RoPE, n a multiple of 4): y = residual + (x W^T rounded), rounded as
+  // kernels::add_rms_norm rounds its sum (the residual stream's next value); scaled_out = y *
+  // next_norm_weight, rounded (the next GEMV's input); squares_out[block] = the sum of the squares
+  // of the block's rows of y ((n / 4) floats).
+  const void* residual = nullptr;
+  const void* next_norm_weight = nullptr;
+  void* scaled_out = nullptr;
+  float* squares_out = nullptr;
   GemvRopeIntoCache rope;  // q_out non-null: RoPE into the cache in the epilogue (y unused; not gated)
 };
 bool gemv_supported(const GemvArgs& args);

@@ -57,20 +57,24 @@ std::optional<NormParams> SelfAttention::fused_norm() const {
 
 at::Tensor SelfAttention::forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
                                   const LayerKvCache* cache) {
-  if (std::optional<AfterNorm> decoded = decode_with_rope_in_gemv(normed, nullptr, rope, cache)) return decoded->out;
+  if (std::optional<AfterNorm> decoded = decode_with_rope_in_gemv(normed, nullptr, rope, cache, nullptr)) return decoded->out;
   return attend_qkv(linear_qkv->forward(normed), rope, attention_mask, cache);  // qkv: [s, b, (H + 2G) * d / tp], whole sequence
 }
 
 std::optional<AfterNorm> SelfAttention::forward_after_norm(const PendingNorm& pending, const RopeTables* rope,
-                                                           const at::Tensor& attention_mask, const LayerKvCache* cache) {
-  if (std::optional<AfterNorm> decoded = decode_with_rope_in_gemv(pending.base, &pending, rope, cache)) return decoded;
+                                                           const at::Tensor& attention_mask, const LayerKvCache* cache,
+                                                           const NormParams* next) {
+  if (std::optional<AfterNorm> decoded = decode_with_rope_in_gemv(pending.base, &pending, rope, cache, next)) return decoded;
   std::optional<kernels::NormedLinear> qkv = linear_qkv->forward_after_norm(pending, /*gated=*/false);
   if (!qkv) return std::nullopt;
-  return AfterNorm{qkv->sum, attend_qkv(qkv->y, rope, attention_mask, cache)};
+  return AfterNorm{qkv->sum, attend_qkv(qkv->y, rope, attention_mask, cache), {}};
 }
 
-std::optional<AfterNorm> SelfAttention::decode_with_rope_in_gemv(const at::Tensor& x, const PendingNorm* pending, const RopeTables* rope,
-                                                                 const LayerKvCache* cache) {
+std::optional<AfterNorm> SelfAttention::decode_with_rope_in_gemv(const at::Tensor& base, const PendingNorm* pending,
+                                                                 const RopeTables* rope, const LayerKvCache* cache, const NormParams* next) {
+  // With a prepared norm the GEMV reads its scaled row; base stays the residual sum.
+  const bool prepared = pending != nullptr && pending->prepared.has_value();
+  const at::Tensor& x = prepared ? pending->prepared->scaled : base;
   if (cache == nullptr || rope == nullptr || !rope_fusion_ || q_layernorm_weight.defined() || !cache->step->decode_kernels().rope_in_gemv ||
       !linear_qkv->computes_plain_linear() || (pending != nullptr && pending->norm.kind != NormKind::RMSNorm) || x.dim() != 3 ||
       x.size(0) * x.size(1) != 1) {
@@ -84,15 +88,26 @@ std::optional<AfterNorm> SelfAttention::decode_with_rope_in_gemv(const at::Tenso
   into.cos = rope->cos, into.sin = rope->sin;
   into.store_rows = cache->step->store_rows();
   std::optional<kernels::InputNorm> norm;
-  if (pending != nullptr) norm = kernels::InputNorm{pending->delta, pending->norm.gamma(), pending->norm.eps};
+  if (prepared) {
+    norm = kernels::InputNorm{{}, {}, pending->prepared->eps, pending->prepared->squares};
+  } else if (pending != nullptr) {
+    norm = kernels::InputNorm{pending->delta, pending->norm.gamma(), pending->norm.eps, {}};
+  }
   // The stores as every cached path makes them at its first write (zeros, rows [G/tp, d]).
   into.k_store = cache->store(0, {groups_, head_dim_}, o).flatten(0, 1);  // [slots * capacity, G/tp, d]
   into.v_store = cache->store(1, {groups_, head_dim_}, o).flatten(0, 1);
   if (!kernels::gemv_rope_into_cache_takes(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr)) return std::nullopt;
   cache->step->decode_kernels_run().rope_in_gemv = true;
-  at::Tensor sum;
+  at::Tensor sum = prepared ? base : at::Tensor();  // the residual sum (without a norm: unused)
   const at::Tensor q = kernels::gemv_rope_into_cache(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr, &sum);  // [1, 1, H/tp, d]
-  return AfterNorm{sum, linear_proj->forward(core_attention_->forward_over_written_cache(q, *cache))};
+  return project(core_attention_->forward_over_written_cache(q, *cache), sum, next);
+}
+
+AfterNorm SelfAttention::project(const at::Tensor& attended, const at::Tensor& sum, const NormParams* next) const {
+  if (next != nullptr && sum.defined()) {
+    if (std::optional<kernels::PreparedNorm> p = linear_proj->forward_into_norm(attended, sum, *next)) return AfterNorm{sum, {}, std::move(p)};
+  }
+  return AfterNorm{sum, linear_proj->forward(attended), {}};
 }
 
 at::Tensor SelfAttention::attend_qkv(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask, const LayerKvCache* cache) {

@@ -18,7 +18,7 @@ class SelfAttention : public AttentionBlock {
   at::Tensor forward(const at::Tensor& normed, const RopeTables* rope, const at::Tensor& attention_mask,
                      const LayerKvCache* cache = nullptr) override;
   std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending, const RopeTables* rope, const at::Tensor& attention_mask,
-                                              const LayerKvCache* cache) override;
+                                              const LayerKvCache* cache, const NormParams* next) override;
   std::optional<NormParams> fused_norm() const override;
 
   // weight [(H + 2G) * d / tp, h]; a LayerNormColumnParallelLinear when the input norm lives in it
@@ -30,10 +30,14 @@ class SelfAttention : public AttentionBlock {
  private:
   // A batch-1 decode step reading the cache in place with RoPE in the QKV GEMV's epilogue
   // (DecodeKernels::rope_in_gemv) and, given `pending`, the input norm in it too (x is then
-  // pending's base, else the normed row): one launch up to attention. nullopt where it does not
+  // pending's base, else the normed row): one launch up to attention; given `next`, the output
+  // projection prepares that norm where it can (AfterNorm::prepared). nullopt where it does not
   // apply (having at most made the cache's stores, as the other cached paths would).
   std::optional<AfterNorm> decode_with_rope_in_gemv(const at::Tensor& x, const PendingNorm* pending, const RopeTables* rope,
-                                                    const LayerKvCache* cache);
+                                                    const LayerKvCache* cache, const NormParams* next);
+  // The attention's output [s, b, H/tp * d] through linear_proj, on top of the residual sum `sum`:
+  // prepared for `next` where the GEMV can take it, else the plain output.
+  AfterNorm project(const at::Tensor& attended, const at::Tensor& sum, const NormParams* next) const;
   // linear_qkv's output [s, b, (H + 2G) * d / tp] -> proj output: RoPE, core attention, linear_proj.
   at::Tensor attend_qkv(at::Tensor qkv, const RopeTables* rope, const at::Tensor& attention_mask, const LayerKvCache* cache);
   // The heads (q: [s, b, H/tp, d], k and v: [s, b, G/tp, d]) -> proj output, with recomputation.

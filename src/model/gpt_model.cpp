@@ -182,7 +182,7 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
       offloader_->keep_on_device(rope_->sin);
     }
   }
-  ResidualStream stream{hidden, {}};
+  ResidualStream stream{hidden, {}, {}};
   for (size_t first = 0; first < layers.size();) {
     const size_t count = recomputed_group_at(first);
     if (count == 0) {
@@ -195,7 +195,7 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
     std::optional<RopeTables> rope_copy;
     if (tables != nullptr) rope_copy = *tables;
     auto region = [this, first, count, rope_copy, attention_mask](const std::vector<at::Tensor>& in) {
-      const ResidualStream out = run_layers(first, count, {in[0], in.size() > 1 ? in[1] : at::Tensor()},
+      const ResidualStream out = run_layers(first, count, {in[0], in.size() > 1 ? in[1] : at::Tensor(), {}},
                                             rope_copy ? &*rope_copy : nullptr, attention_mask);
       return out.delta.defined() ? std::vector<at::Tensor>{out.base, out.delta} : std::vector<at::Tensor>{out.base};
     };
@@ -203,7 +203,7 @@ at::Tensor GPTModel::hidden_states(const at::Tensor& tokens, const at::Tensor& p
     if (stream.delta.defined()) in.push_back(stream.delta);
     const bool draws_random = is_training() && (config_.hidden_dropout > 0.0 || config_.attention_dropout > 0.0);
     const std::vector<at::Tensor> out = tp::recompute_in_backward(region, in, tp_, draws_random);
-    stream = {out[0], out.size() > 1 ? out[1] : at::Tensor()};
+    stream = {out[0], out.size() > 1 ? out[1] : at::Tensor(), {}};
     first += count;
   }
   if (offloading) offloader_->finish_forward();
@@ -247,15 +247,22 @@ at::Tensor GPTModel::forward_cached(const at::Tensor& tokens, KvCacheStep& step,
   TORCH_CHECK(chunk_.pre_process || (input.dim() == 3 && input.size(0) == step.new_tokens() && input.size(1) == step.batch()),
               "GPTModel::forward_cached: a chunk without the embedding starts from the previous stage's [s, b, h], got ", input.sizes());
   const at::Tensor& positions = step.position_ids();  // [b, s]
-  ResidualStream stream{chunk_.pre_process ? embed(tokens, positions) : input, {}};  // [s, b, h]
+  ResidualStream stream{chunk_.pre_process ? embed(tokens, positions) : input, {}, {}};  // [s, b, h]
   std::optional<RopeTables> gathered;
   // Tables for every position the cache holds, made once: a decode graph keeps their address, and
   // a graph attending to fewer keys than another must not have them made again under it.
   if (const RopeTables* tables = rope_for(step.capacity(), tokens.device())) gathered = gather_rope_tables(*tables, positions);
+  // With the norms in the GEMVs each layer's last GEMV may prepare the norm after it (the next
+  // layer's input norm, or the final norm) in its epilogue.
+  const bool prepare_norms = step.decode_kernels().norms_in_gemv;
   for (size_t l = 0; l < layers.size(); ++l) {
     if (before_use) before_use(layers[l]->parameters());
     const LayerKvCache cache = step.layer(static_cast<int64_t>(l));  // the chunk's own layers: the cache holds those
-    stream = layers[l]->forward(stream, gathered ? &*gathered : nullptr, {}, &cache);
+    std::optional<NormParams> next;
+    if (prepare_norms && l + 1 < layers.size()) next = layers[l + 1]->input_norm();
+    if (prepare_norms && l + 1 == layers.size() && chunk_.post_process) next = final_layernorm->params();
+    if (before_use && next) before_use({next->weight});
+    stream = layers[l]->forward(stream, gathered ? &*gathered : nullptr, {}, &cache, next ? &*next : nullptr);
   }
   if (!chunk_.post_process) return stream.materialize();  // [s, b, h], for the next stage
   if (step.decode_kernels().norms_in_gemv) {
@@ -274,6 +281,11 @@ std::optional<at::Tensor> GPTModel::output_logits_after_norm(const ResidualStrea
   // The output layer's input is the row as it is without sequence parallelism (copy_to_tp).
   if (final_norm.kind != NormKind::RMSNorm || tp_.sequence_parallel) return std::nullopt;
   const at::Tensor& out_weight = output_layer_weight.defined() ? output_layer_weight : word_embeddings;
+  if (stream.prepared && kernels::gemv_after_prepared_norm_takes(*stream.prepared, out_weight, {}, /*gated=*/false)) {
+    // The last layer's fc2 did the final norm's first half.
+    if (before_use) before_use({output_layer_weight, word_embeddings});
+    return kernels::gemv_after_prepared_norm(*stream.prepared, out_weight, {}, /*gated=*/false);
+  }
   const at::Tensor gamma = final_norm.gamma();  // [h]
   if (!kernels::gemv_after_norm_takes(stream.base, stream.delta, gamma, out_weight, {}, /*gated=*/false)) return std::nullopt;
   if (before_use) before_use({final_norm.weight, final_norm.bias, output_layer_weight, word_embeddings});

@@ -30,6 +30,10 @@ struct DecodeKernels {
   // The RMSNorms in front of QKV, fc1 and the output layer computed in their
   // GEMVs (kernels::gemv_after_norm) at batch 1, instead of a launch each (--decode-norms-in-gemv).
   bool norms_in_gemv = false;
+  // Set in decode_kernels_run() only (no option of its own: norms_in_gemv asks for it): a GEMV
+  // before a norm (the attention's output projection, fc2) added the residual and did the norm's
+  // first half in its epilogue (kernels::gemv_into_norm), for the GEMV after it to finish.
+  bool norms_prepared_in_epilogues = false;
   // RoPE of a batch-1 decode step in the epilogue of the QKV GEMV, which writes the rotated
   // queries, keys and values where the RoPE-into-cache kernel would (kernels::gemv_rope_into_cache;
   // --decode-rope-in-gemv).

@@ -75,18 +75,24 @@ class LayerPart : public tp::DescribedModule {
 };
 
 // What a part returns from hidden states whose norm is still pending (forward_after_norm): the
-// residual sum it computed (the stream's next value) and its output.
+// residual sum it computed (the stream's next value) and its output; or, where it was asked for
+// the norm after it (`next`) and its last GEMV could take it, `out` undefined and the output
+// already added to that sum with the next norm's first half done (prepared->sum: the stream's
+// value after the part).
 struct AfterNorm {
   at::Tensor sum;
   at::Tensor out;
+  std::optional<kernels::PreparedNorm> prepared;
 };
 
 class AttentionBlock : public LayerPart {
  public:
   // forward(pending's norm of base + delta, ...) with the norm computed inside the block's first
   // kernel; nullopt, with nothing run, where the block cannot (the layer then applies the norm).
+  // next (may be null): the norm after the block, which its last GEMV may prepare (AfterNorm).
   virtual std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending, const RopeTables* rope,
-                                                      const at::Tensor& attention_mask, const LayerKvCache* cache) {
+                                                      const at::Tensor& attention_mask, const LayerKvCache* cache,
+                                                      const NormParams* next) {
     return std::nullopt;
   }
   // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
@@ -100,7 +106,7 @@ class AttentionBlock : public LayerPart {
 class FeedForward : public LayerPart {
  public:
   // As AttentionBlock::forward_after_norm.
-  virtual std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending) { return std::nullopt; }
+  virtual std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending, const NormParams* next) { return std::nullopt; }
   // normed: [s, b, h] ([s/tp, b, h] under sequence parallelism) -> the same shape.
   virtual at::Tensor forward(const at::Tensor& normed) = 0;
 };

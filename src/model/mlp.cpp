@@ -35,11 +35,18 @@ at::Tensor MLP::forward(const at::Tensor& normed) {
   return linear_fc2->forward(activate(linear_fc1->forward(normed)));
 }
 
-std::optional<AfterNorm> MLP::forward_after_norm(const PendingNorm& pending) {
+std::optional<AfterNorm> MLP::forward_after_norm(const PendingNorm& pending, const NormParams* next) {
   const bool gated = swiglu_ && swiglu_fusion_;  // the activation in fc1's epilogue too
   std::optional<kernels::NormedLinear> fc1 = linear_fc1->forward_after_norm(pending, gated);
   if (!fc1) return std::nullopt;
-  return AfterNorm{fc1->sum, linear_fc2->forward(gated ? fc1->y : activate(fc1->y))};
+  const at::Tensor activated = gated ? fc1->y : activate(fc1->y);  // [1, 1, f/tp]
+  if (next != nullptr) {
+    // fc2 adds its output to the residual and prepares the next norm in its epilogue.
+    if (std::optional<kernels::PreparedNorm> prepared = linear_fc2->forward_into_norm(activated, fc1->sum, *next)) {
+      return AfterNorm{fc1->sum, {}, std::move(prepared)};
+    }
+  }
+  return AfterNorm{fc1->sum, linear_fc2->forward(activated), {}};
 }
 
 at::Tensor MLP::activate(const at::Tensor& h) const {

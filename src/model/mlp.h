@@ -13,7 +13,7 @@ class MLP : public FeedForward {
   // ffn_hidden_size 0: the model's (--ffn-hidden-size); MoE's shared experts give theirs.
   explicit MLP(const PartContext& context, int64_t ffn_hidden_size = 0);
   at::Tensor forward(const at::Tensor& normed) override;  // [s, b, h] -> [s, b, h] (dim 0 s/tp under sequence parallelism)
-  std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending) override;
+  std::optional<AfterNorm> forward_after_norm(const PendingNorm& pending, const NormParams* next) override;
   std::optional<NormParams> fused_norm() const override;
 
   // [2f/tp, h] = [gate block; up block] of this rank with SwiGLU, else [f/tp, h]; a

@@ -3,7 +3,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
+
+#include "kernels/gemv_ops.h"
 
 namespace megatron {
 
@@ -45,11 +48,14 @@ struct NormParams {
 
 // A norm not applied yet: `norm` of the residual sum base + delta (delta undefined: base alone).
 // A part whose first linear can apply it inside its own kernel (a batch-1 decode step's GEMV)
-// takes it as it is (LayerPart::forward_after_norm), saving the norm's launch.
+// takes it as it is (LayerPart::forward_after_norm), saving the norm's launch. `prepared`: the
+// GEMV that produced base (then the sum itself, delta undefined) also did the norm's first half
+// for `norm` (kernels::gemv_into_norm); a part may finish it in its first GEMV or ignore it.
 struct PendingNorm {
   at::Tensor base;
   at::Tensor delta;
   NormParams norm;
+  std::optional<kernels::PreparedNorm> prepared;
 };
 
 }  // namespace megatron

@@ -49,11 +49,11 @@ NormParams TransformerLayer::pre_mlp_norm() const {
 at::Tensor ResidualStream::materialize() const { return delta.defined() ? base + delta : base; }
 
 at::Tensor TransformerLayer::forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask) {
-  return forward(ResidualStream{hidden, {}}, rope, attention_mask).materialize();
+  return forward(ResidualStream{hidden, {}, {}}, rope, attention_mask).materialize();
 }
 
 ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTables* rope,
-                                         const at::Tensor& attention_mask, const LayerKvCache* cache) {
+                                         const at::Tensor& attention_mask, const LayerKvCache* cache, const NormParams* next_norm) {
   const bool train = is_training();
   const NormParams first = input_norm(), second = pre_mlp_norm();
   const at::Tensor first_gamma = first.gamma(), second_gamma = second.gamma();  // [h] the scales applied
@@ -62,37 +62,50 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
     // h = base + delta with the input norm, then x = h + attn with the pre-MLP norm: one kernel
     // each way for each add + norm; the MLP output goes on as the next delta. In a decode step
     // that asks for it (DecodeKernels::norms_in_gemv) a part may take its norm still pending and
-    // compute it in its first kernel (a batch-1 step's GEMV): no launch of the norm's own.
+    // compute it in its first kernel (a batch-1 step's GEMV): no launch of the norm's own. Asked
+    // for the norm after it, a part's last GEMV may also add its output to the residual and do
+    // that norm's first half (AfterNorm::prepared), which the next part's first GEMV finishes.
     const bool pending_norms = !train && cache != nullptr && cache->step->decode_kernels().norms_in_gemv;
     std::optional<AfterNorm> h_attention;
     if (pending_norms) {
-      h_attention = self_attention->forward_after_norm(PendingNorm{in.base, in.delta, first}, rope, attention_mask, cache);
+      h_attention = self_attention->forward_after_norm(PendingNorm{in.base, in.delta, first, in.prepared}, rope, attention_mask, cache,
+                                                       &second);
       if (h_attention) cache->step->decode_kernels_run().norms_in_gemv = true;
     }
     if (!h_attention) {
       const kernels::AddRmsNorm h = in.delta.defined()
                                         ? kernels::add_rms_norm(in.base, in.delta, first_gamma, first.eps)
                                         : kernels::AddRmsNorm{in.base, kernels::rms_norm(in.base, first_gamma, first.eps)};
-      h_attention = AfterNorm{h.sum, self_attention->forward(h.normed, rope, attention_mask, cache)};
+      h_attention = AfterNorm{h.sum, self_attention->forward(h.normed, rope, attention_mask, cache), {}};
       // The fused kernel normalises the rounded sum, as rms_norm of the sum does.
       if (recompute_norms_) {
         discard_norm_output(h.normed, h_attention->out,
                             [sum = h.sum, gamma = first_gamma, eps = first.eps] { return kernels::rms_norm(sum, gamma, eps); });
       }
     }
+    // The stream after the attention block: sum + out, or prepared->sum with the norm half done.
+    const std::optional<kernels::PreparedNorm>& prepared = h_attention->prepared;
+    if (prepared) cache->step->decode_kernels_run().norms_prepared_in_epilogues = true;
     std::optional<AfterNorm> x_mlp;
     if (pending_norms) {
-      x_mlp = mlp->forward_after_norm(PendingNorm{h_attention->sum, h_attention->out, second});
+      x_mlp = mlp->forward_after_norm(prepared ? PendingNorm{prepared->sum, {}, second, prepared}
+                                               : PendingNorm{h_attention->sum, h_attention->out, second, {}},
+                                      next_norm);
       if (x_mlp) cache->step->decode_kernels_run().norms_in_gemv = true;
     }
     if (!x_mlp) {
-      const kernels::AddRmsNorm x = kernels::add_rms_norm(h_attention->sum, h_attention->out, second_gamma, second.eps);
-      x_mlp = AfterNorm{x.sum, feed_forward(x.normed)};
+      const kernels::AddRmsNorm x = prepared ? kernels::AddRmsNorm{prepared->sum, kernels::rms_norm(prepared->sum, second_gamma, second.eps)}
+                                             : kernels::add_rms_norm(h_attention->sum, h_attention->out, second_gamma, second.eps);
+      x_mlp = AfterNorm{x.sum, feed_forward(x.normed), {}};
       if (recompute_norms_) {
         discard_norm_output(x.normed, x_mlp->out, [sum = x.sum, gamma = second_gamma, eps = second.eps] { return kernels::rms_norm(sum, gamma, eps); });
       }
     }
-    return {x_mlp->sum, x_mlp->out};
+    if (x_mlp->prepared) {
+      cache->step->decode_kernels_run().norms_prepared_in_epilogues = true;
+      return {x_mlp->prepared->sum, {}, x_mlp->prepared};
+    }
+    return {x_mlp->sum, x_mlp->out, {}};
   }
   // Under sequence parallelism each TP rank holds different tokens: independent masks.
   const bool sharded = tp_.sequence_parallel && train && hidden_dropout_ > 0.0;
@@ -105,7 +118,7 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
   const at::Tensor second_normed = second.apply(x);
   const at::Tensor mlp_out = feed_forward(second_normed);
   if (recompute_norms_) discard_norm_output(second_normed, mlp_out, [x, second] { return second.apply(x); });
-  return {x + dropout(mlp_out), {}};
+  return {x + dropout(mlp_out), {}, {}};
 }
 
 void TransformerLayer::discard_norm_output(const at::Tensor& normed, const at::Tensor& consumer_output,

@@ -16,6 +16,9 @@ namespace megatron {
 struct ResidualStream {
   at::Tensor base;   // [s, b, h] ([s/tp, b, h] under sequence parallelism)
   at::Tensor delta;  // same shape, or undefined
+  // With delta undefined: the next norm (the one the layer was told of) half done by the GEMV
+  // that wrote base (kernels::gemv_into_norm; a batch-1 decode step).
+  std::optional<kernels::PreparedNorm> prepared;
   at::Tensor materialize() const;  // base + delta
 };
 
@@ -32,9 +35,11 @@ class TransformerLayer : public tp::DescribedModule {
   at::Tensor forward(const at::Tensor& hidden, const RopeTables* rope, const at::Tensor& attention_mask = {});  // [s, b, h] -> [s, b, h]; [s/tp, b, h] under SP
   // The same on the residual stream; the result's delta is defined when the residual adds are
   // fused with the norms (RMSNorm, --bias-dropout-fusion, no hidden dropout in effect).
-  // cache (generation): the attention block's key/value cache for this step.
+  // cache (generation): the attention block's key/value cache for this step. next_norm (a decode
+  // step taking the norms in its GEMVs; may be null): the norm after this layer (the next layer's
+  // input norm, or the final norm), which the layer's last GEMV may prepare (ResidualStream::prepared).
   ResidualStream forward(const ResidualStream& in, const RopeTables* rope, const at::Tensor& attention_mask = {},
-                         const LayerKvCache* cache = nullptr);
+                         const LayerKvCache* cache = nullptr, const NormParams* next_norm = nullptr);
 
   // The norms in front of the attention block and the feed-forward, wherever their parameters live.
   NormParams input_norm() const;

@@ -66,6 +66,10 @@ at::Tensor ColumnParallelLinear::forward_swiglu(const at::Tensor& x) const {
 std::optional<kernels::NormedLinear> ColumnParallelLinear::forward_after_norm(const PendingNorm& pending, bool gated) const {
   // Without sequence parallelism enter() is the identity forward, so the GEMV reads the row as is.
   if (!computes_plain_linear() || pending.norm.kind != NormKind::RMSNorm) return std::nullopt;
+  if (pending.prepared) {  // the GEMV before did the norm's first half: finish it
+    if (!kernels::gemv_after_prepared_norm_takes(*pending.prepared, weight, bias, gated)) return std::nullopt;
+    return kernels::NormedLinear{pending.base, kernels::gemv_after_prepared_norm(*pending.prepared, weight, bias, gated)};
+  }
   const at::Tensor gamma = pending.norm.gamma();  // [in] the scale applied
   if (!kernels::gemv_after_norm_takes(pending.base, pending.delta, gamma, weight, bias, gated)) return std::nullopt;
   return kernels::gemv_after_norm(pending.base, pending.delta, gamma, pending.norm.eps, weight, bias, gated);
@@ -103,6 +107,14 @@ at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
   at::Tensor partial = fp8 ? fp8->forward(x, weight) : tp::linear(x, weight);  // [s, b, out], this rank's share of the sum
   at::Tensor y = tp_.sequence_parallel ? reduce_scatter_to_sp(partial, tp_.group) : reduce_from_tp(partial, tp_.group);
   return bias.defined() ? y + bias : y;
+}
+
+std::optional<kernels::PreparedNorm> RowParallelLinear::forward_into_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                                          const NormParams& next) const {
+  if (fp8 || bias.defined() || tp_.sequence_parallel || tp_.size() > 1 || next.kind != NormKind::RMSNorm) return std::nullopt;
+  const at::Tensor gamma = next.gamma();  // [out] the scale applied
+  if (!kernels::gemv_into_norm_takes(x, weight, residual, gamma)) return std::nullopt;
+  return kernels::gemv_into_norm(x, weight, residual, gamma, next.eps);
 }
 
 at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp) {

@@ -115,6 +115,10 @@ class RowParallelLinear : public DescribedModule {
                     const LinearOptions& options = {});
   // x: [s, b, in/tp] -> [s, b, out] ([s/tp, b, out] with sequence parallelism)
   at::Tensor forward(const at::Tensor& x) const;
+  // residual + forward(x) with `next` (an RMSNorm) prepared in the GEMV's epilogue
+  // (kernels::gemv_into_norm): one row without gradient, bias, FP8, sequence parallelism or a TP
+  // reduction (one rank: the add cannot wait for the other ranks' shares); nullopt where it cannot.
+  std::optional<kernels::PreparedNorm> forward_into_norm(const at::Tensor& x, const at::Tensor& residual, const NormParams& next) const;
 
   at::Tensor weight;  // [out, in/tp]
   at::Tensor bias;    // [out], replicated; added after the reduction

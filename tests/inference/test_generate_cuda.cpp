@@ -214,58 +214,6 @@ TEST(GenerationCudaKernels, GemvWithSwigluEqualsTheFp32Layer) {
   EXPECT_THROW(kernels::linear_swiglu(at::randn({1, 1, 256}, o), at::randn({7, 256}, o)), c10::Error);  // not [gate; up]
 }
 
-// The norm in the GEMV (kernels::gemv_after_norm: its 1 / rms scaling the dot products) against
-// add_rms_norm and then the GEMV: the same residual sum to the bit, the output within the rounding
-// of a norm whose sum of squares is added in another order and whose output the GEMV takes
-// unrounded; with and without a delta (the first layer's input norm), a
-// bias, gated (fc1 with SwiGLU), k of 64 (fewer packs than threads), 2048, 5632 and 8192, bf16 and
-// fp16; and what it refuses.
-TEST(GenerationCudaKernels, GemvAfterNormEqualsTheNormThenTheGemv) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
-  at::manual_seed(7);
-  const at::NoGradGuard no_grad;
-  const double eps = 1e-6;
-  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    const at::TensorOptions o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-    for (int64_t k : {64, 2048, 5632, 8192}) {
-      const at::Tensor base = at::randn({1, 1, k}, o) * 3.0, delta = at::randn({1, 1, k}, o);
-      const at::Tensor gamma = at::rand({k}, o) + 0.5;
-      for (bool gated : {false, true}) {
-        for (bool with_delta : {false, true}) {
-          const int64_t n = gated ? 2 * 1030 : 2050;
-          const at::Tensor weight = at::randn({n, k}, o) * (1.0 / std::sqrt(double(k)));
-          const at::Tensor bias = gated ? at::Tensor() : at::randn({n}, o);
-          const at::Tensor d = with_delta ? delta : at::Tensor();
-          ASSERT_TRUE(kernels::gemv_after_norm_takes(base, d, gamma, weight, bias, gated));
-          const kernels::NormedLinear got = kernels::gemv_after_norm(base, d, gamma, eps, weight, bias, gated);
-          const kernels::AddRmsNorm norm =
-              with_delta ? kernels::add_rms_norm(base, delta, gamma, eps) : kernels::AddRmsNorm{base, kernels::rms_norm(base, gamma, eps)};
-          const at::Tensor want = gated ? kernels::linear_swiglu(norm.normed, weight) : kernels::gemv(norm.normed, weight, bias);
-          const std::string what = std::string(c10::toString(dtype)) + " k " + std::to_string(k) + (gated ? " gated" : "") +
-                                   (with_delta ? " with delta" : "");
-          EXPECT_TRUE(at::equal(got.sum, norm.sum)) << what;
-          ASSERT_EQ(got.y.sizes(), want.sizes()) << what;
-          const double scale = want.to(at::kFloat).abs().max().item<double>();
-          // Gated, the gate and up sums are each rounded before SwiGLU and its product rounded
-          // again: the unrounded normed input moves the output by up to two of its rounding steps
-          // (measured: 0.0625 at a scale of 6, bf16, k 2048).
-          EXPECT_LT((got.y.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), (gated ? 2e-2 : 1e-2) * scale) << what;
-          if (!gated) {  // the check can tell: the norm without its scale lands far outside it
-            const at::Tensor unscaled = kernels::gemv(kernels::rms_norm(norm.sum, at::ones_like(gamma), eps), weight, bias);
-            EXPECT_GT((unscaled.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), 5e-2 * scale) << what;
-          }
-        }
-      }
-    }
-    const at::Tensor weight = at::randn({64, 256}, o), gamma = at::ones({256}, o);
-    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({2, 1, 256}, o), {}, gamma, weight, {}, false));  // two rows
-    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({1, 256}, o), at::randn({1, 264}, o).narrow(1, 4, 256), gamma, weight, {},
-                                                false));  // a delta off the 16-byte grid
-    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({1, 256}, o), {}, gamma.to(at::kFloat), weight, {}, false));  // fp32 gamma
-    EXPECT_FALSE(kernels::gemv_after_norm_takes(at::randn({1, 256}, o), {}, gamma, weight, at::ones({64}, o), true));   // gated with bias
-  }
-}
-
 // RoPE in the QKV GEMV's epilogue (kernels::gemv_rope_into_cache) against the GEMV and then
 // rope_qkv_into_cache: the same queries and cache rows within a rounding step, the same values
 // and residual sum to the bit; with the input norm in its
@@ -457,6 +405,8 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
     const DecodeKernels& run = cache.decode_kernels_run();
     EXPECT_EQ(run.attention, kernels.attention && GetParam() == "qwen3_head64") << GetParam() << ", kernels " << which;
     EXPECT_EQ(run.norms_in_gemv, kernels.norms_in_gemv) << GetParam() << ", kernels " << which;
+    // fc2 prepares the next norm in every fixture (the output projection too where RoPE is in the QKV GEMV).
+    EXPECT_EQ(run.norms_prepared_in_epilogues, kernels.norms_in_gemv) << GetParam() << ", kernels " << which;
     EXPECT_EQ(run.rope_in_gemv, kernels.rope_in_gemv && GetParam() == "llama3") << GetParam() << ", kernels " << which;
   }
 }
@@ -465,7 +415,7 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
 // three slots (graphs of 1, 2 and 3 sequences, sequences joining as others finish; one sequence
 // crossing from the graphs attending to 64 keys to those attending to 128), greedy, each
 // token's log-probability reported. The tokens are equal and the log-probabilities within rounding.
-void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool constant_routing = false) {
+void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool constant_routing = false, bool norms_in_gemv = false) {
   at::NoGradGuard no_grad;
   test::TempDir dir;
   const GenerationModel g = gpu_model(dir, variant, at::kBFloat16);
@@ -488,6 +438,7 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
     // these steps of 2-3 sequences up to 128 keys where it takes the heads (64 channels), FA2 for
     // the steps of one sequence.
     options.decode_kernels.attention_where_faster = graphs;
+    options.decode_kernels.norms_in_gemv = norms_in_gemv;  // both runs: the steps of one sequence
     Engine engine(*g.model, options);
     EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager") << variant;
     std::vector<GenerationRequest> requests;
@@ -511,6 +462,7 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
     EXPECT_EQ(stats.capture_seconds > 0.0, graphs) << variant;
     EXPECT_GT(stats.decode_seconds, 0.0) << variant;
     EXPECT_EQ(engine.decode_kernels_run().attention, graphs && variant == "qwen3_head64") << variant;
+    EXPECT_EQ(engine.decode_kernels_run().norms_prepared_in_epilogues, norms_in_gemv) << variant << ": the last request's steps alone";
     return results;
   };
   const std::vector<GenerationResult> eager = run(false), replayed = run(true);
@@ -538,6 +490,8 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
 TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   expect_decode_graphs_equal_eager_steps(GetParam());
+  // With the norms in the GEMVs (prepared by the GEMVs before them) in the steps of one sequence.
+  expect_decode_graphs_equal_eager_steps(GetParam(), /*constant_routing=*/false, /*norms_in_gemv=*/true);
 }
 
 // Mixtures of experts replay their decode steps too: the grouped GEMM over the packed experts, the
