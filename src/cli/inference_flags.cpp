@@ -40,9 +40,9 @@ const char* kInferenceModelFlagsHelp =
     "                               below ~1000 keys at 16 sequences, slower beyond, and at 1 below 129 keys);\n"
     "                               auto (default): that kernel for steps of 2-16 sequences up to 512 keys and\n"
     "                               of one sequence over 129-512, FA2 for the rest\n"
-    "  --decode-norms-in-gemv, --no-decode-norms-in-gemv  batch-1 decode steps compute the norms before QKV\n"
-    "                               and fc1 inside their GEMVs (measured slower than the norm kernels:\n"
-    "                               default off)\n"
+    "  --decode-norms-in-gemv, --no-decode-norms-in-gemv  batch-1 decode steps compute the RMSNorms inside\n"
+    "                               their GEMVs: the output projection and fc2 add the residual and prepare\n"
+    "                               the next norm, QKV, fc1 and the output layer finish it (default: on one GPU)\n"
     "  --decode-rope-in-gemv, --no-decode-rope-in-gemv  batch-1 decode steps rotate the queries and keys\n"
     "                               into the KV cache in the QKV GEMV's epilogue (default: on where decode\n"
     "                               steps read the cache in place, a GPU with --cuda-graph-impl auto)\n"
@@ -70,7 +70,7 @@ bool take_inference_model_flag(const Args& args, size_t& i, InferenceModelFlags&
     return true;
   }
   if (args[i] == "--decode-norms-in-gemv" || args[i] == "--no-decode-norms-in-gemv") {
-    flags.decode_norms_in_gemv = args[i] == "--decode-norms-in-gemv";
+    flags.decode_norms_in_gemv = args[i] == "--decode-norms-in-gemv" ? "on" : "off";
     return true;
   }
   if (args[i] == "--decode-rope-in-gemv" || args[i] == "--no-decode-rope-in-gemv") {
@@ -153,7 +153,7 @@ DecodeKernels asked_decode_kernels(const InferenceModelFlags& flags) {
   check_attention_backend(flags);
   DecodeKernels kernels;
   kernels.attention = flags.attention_backend == "decode";
-  kernels.norms_in_gemv = flags.decode_norms_in_gemv;
+  kernels.norms_in_gemv = flags.decode_norms_in_gemv == "on";
   kernels.rope_in_gemv = flags.decode_rope_in_gemv == "on";
   return kernels;
 }
@@ -172,6 +172,9 @@ DecodeKernels decode_kernels(const InferenceModelFlags& flags, const GenerationM
   // RoPE in the QKV GEMV: on by default where it can run, on one GPU as measured (an H100, session
   // 34: 1.52 -> 1.49 ms a batch-1 step; docs/performance.md).
   if (flags.decode_rope_in_gemv == "auto") kernels.rope_in_gemv = in_place && g.parallel.world_size == 1;
+  // The norms in the GEMVs (prepared by the GEMV before each, finished by the one after): on by
+  // default on one GPU as measured (an H100, session 43: 1.093 -> 1.070 ms a batch-1 step).
+  if (flags.decode_norms_in_gemv == "auto") kernels.norms_in_gemv = g.device.is_cuda() && g.parallel.world_size == 1;
   // The one-launch decode attention where it measured faster than FA2 (decode_attention_chosen):
   // on by default likewise, --attention-backend flash keeps FA2 everywhere.
   if (flags.attention_backend == "auto") kernels.attention_where_faster = in_place && g.parallel.world_size == 1;

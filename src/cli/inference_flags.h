@@ -25,7 +25,7 @@ struct InferenceModelFlags {
   std::string cuda_graph_impl = "auto";  // --cuda-graph-impl auto|none|local (--enable-cuda-graph: local): EngineOptions::cuda_graphs
   std::string decode_ahead = "auto";     // --decode-ahead / --no-decode-ahead: EngineOptions::decode_ahead
   std::string attention_backend = "auto";  // --attention-backend auto|flash|decode: EngineOptions::decode_kernels
-  bool decode_norms_in_gemv = false;       // --decode-norms-in-gemv / --no-decode-norms-in-gemv: EngineOptions::decode_kernels
+  std::string decode_norms_in_gemv = "auto";  // --decode-norms-in-gemv / --no-decode-norms-in-gemv: EngineOptions::decode_kernels
   std::string decode_rope_in_gemv = "auto";  // --decode-rope-in-gemv / --no-decode-rope-in-gemv: EngineOptions::decode_kernels
   bool chunked_prefill = false;            // --enable-chunked-prefill: EngineOptions::prefill_chunk
   std::string max_batched_tokens;          // --max-num-batched-tokens N: the chunk (implies chunked prefill)

@@ -102,8 +102,9 @@ struct EngineOptions {
   bool decode_ahead = false;
   // The newer decode kernels (model/kv_cache.h), off unless asked for: --attention-backend decode
   // and --decode-rope-in-gemv (with cuda_graphs, where attention reads the cache in place),
-  // --decode-norms-in-gemv. The commands turn RoPE in the QKV GEMV on on one GPU (measured on an
-  // H100: 1.52 -> 1.49 ms a batch-1 step; the other two measured slower or mixed: docs/inference.md).
+  // --decode-norms-in-gemv. The commands turn on, on one GPU, RoPE in the QKV GEMV (measured on an
+  // H100: 1.52 -> 1.49 ms a batch-1 step), the norms in the GEMVs (1.093 -> 1.070 ms) and the
+  // attention kernel where it measured faster than FA2 (docs/inference.md).
   DecodeKernels decode_kernels;
   // Chunked prefill (--enable-chunked-prefill): a prompt longer than this many tokens is prefilled
   // that many a step, one step's chunk between two decode steps of the running sequences, so they

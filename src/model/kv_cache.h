@@ -27,8 +27,10 @@ struct DecodeKernels {
   // sequences attending to at most 512 keys, one sequence to 129-512: decode_attention_chosen),
   // FA2 for the rest.
   bool attention_where_faster = false;
-  // The RMSNorms in front of QKV, fc1 and the output layer computed in their
-  // GEMVs (kernels::gemv_after_norm) at batch 1, instead of a launch each (--decode-norms-in-gemv).
+  // The RMSNorms in front of QKV, fc1 and the output layer computed in their GEMVs at batch 1,
+  // instead of a launch each (--decode-norms-in-gemv): prepared by the GEMV before each where it
+  // can (kernels::gemv_into_norm) and finished by the one after, else computed by the one after
+  // from the residual sum (kernels::gemv_after_norm: the first layer's input norm).
   bool norms_in_gemv = false;
   // Set in decode_kernels_run() only (no option of its own: norms_in_gemv asks for it): a GEMV
   // before a norm (the attention's output projection, fc2) added the residual and did the norm's
