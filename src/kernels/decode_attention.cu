@@ -15,12 +15,8 @@
 //
 // The grid is fixed by the cache's capacity (a CUDA graph replays it at every length); each block
 // reads the sequence's real key count on the device and leaves when its split is past the keys.
-// Before waiting for the kernel before (programmatic dependent launch) a block copies the key and
-// value rows of its first round into shared memory (cp.async: no registers held; the 1.1B heads'
-// kernel already holds 228) and prefetches the rest into L2: they were written by earlier steps,
-// all but the newest row, which the kernel before (this step's QKV) writes and which is read after
-// the wait. The first round's scores and values then wait for no load but the query's and the
-// newest row's.
+// The block's key and value rows are prefetched into L2 before waiting for the kernel before
+// (programmatic dependent launch): they were written by earlier steps, all but the newest row.
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -49,24 +45,6 @@ __device__ __forceinline__ Pack<T, 8> load8(const T* p) {
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// 16 bytes from global into shared memory without passing through registers (sm_80+: cp.async,
-// completed by wait_for_copies; older: an ordinary load and store).
-__device__ __forceinline__ void copy16_to_shared(void* shared, const void* global) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global));
-#else
-  *static_cast<uint4*>(shared) = *static_cast<const uint4*>(global);
-#endif
-}
-
-// This thread's copy16_to_shared calls are done (each thread reads only the slots it copied).
-__device__ __forceinline__ void wait_for_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
 
 // The kernel's P for `heads_per_group` query heads a group: the next power of two, at most 8.
 inline int rounded_heads(int64_t heads_per_group) {
@@ -128,9 +106,6 @@ template <typename T, int D, int P, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttentionArgs a) {
   constexpr int kTeam = D / 8;               // lanes a row
   constexpr int kTeams = kThreads / kTeam;   // rows a block handles at once
-  constexpr int kRound = kTeams * kInFlight;  // rows a round: the first round's are copied early
-  // The first round's key and value rows, [kRound][D] each (16 KB for either head dim).
-  __shared__ __align__(16) uint4 early_keys[kRound * D * sizeof(T) / 16], early_values[kRound * D * sizeof(T) / 16];
   __shared__ float scores[P][kTile];         // the tile's scores, then its softmax weights
   __shared__ float run_max[P], run_sum[P], rescale[P];
   __shared__ float partial[kWarps][P][D];    // each warp's accumulators, summed at the end
@@ -164,18 +139,7 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   const int begin = split * chunk, end = begin + chunk < count ? begin + chunk : count;
   const T* k_base = static_cast<const T*>(a.k) + (int64_t(a.key_starts[sequence]) * a.k_row_stride + int64_t(group) * D);
   const T* v_base = static_cast<const T*>(a.v) + (int64_t(a.key_starts[sequence]) * a.v_row_stride + int64_t(group) * D);
-  const int newest = count - 1;  // this step's key and value: written by the kernel before
-  // The slot of this lane's pack of first-round row j (the lane that reads it in both phases).
-  auto early = [&](uint4* rows, int j) { return reinterpret_cast<T*>(rows) + j * D + lane_in_team * 8; };
-#pragma unroll
-  for (int u = 0; u < kInFlight; ++u) {
-    const int j = u * kTeams + team, key = begin + j;
-    if (key < end && key != newest) {
-      copy16_to_shared(early(early_keys, j), k_base + int64_t(key) * a.k_row_stride + lane_in_team * 8);
-      copy16_to_shared(early(early_values, j), v_base + int64_t(key) * a.v_row_stride + lane_in_team * 8);
-    }
-  }
-  for (int j = begin + kRound + threadIdx.x; j < end; j += kThreads) {
+  for (int j = begin + threadIdx.x; j < end; j += kThreads) {
 #pragma unroll
     for (int line = 0; line < D * int(sizeof(T)); line += 128) {
       prefetch_l2(reinterpret_cast<const char*>(k_base + int64_t(j) * a.k_row_stride) + line);
@@ -204,16 +168,13 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
   for (int tile = begin; tile < end; tile += kTile) {
     const int n = end - tile < kTile ? end - tile : kTile;
     // Scores: every team runs every round (the shuffles need whole warps); rows past n score zeros.
-    for (int round = 0; round < n; round += kRound) {
-      const bool copied = tile == begin && round == 0;  // the rows copied before the wait (but the newest)
-      if (copied) wait_for_copies();
+    for (int round = 0; round < n; round += kTeams * kInFlight) {
       Pack<T, 8> rows[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int j = round + u * kTeams + team;
         if (j < n) {
-          rows[u] = copied && tile + j != newest ? load8(early(early_keys, j))
-                                                 : load8(k_base + int64_t(tile + j) * a.k_row_stride + lane_in_team * 8);
+          rows[u] = load8(k_base + int64_t(tile + j) * a.k_row_stride + lane_in_team * 8);
         } else {
 #pragma unroll
           for (int x = 0; x < 8; ++x) rows[u].v[x] = from_float<T>(0.0f);
@@ -261,16 +222,12 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(DecodeAttent
 #pragma unroll
       for (int x = 0; x < 8; ++x) acc[p][x] *= rescale[p];
     }
-    for (int round = 0; round < n; round += kRound) {
-      const bool copied = tile == begin && round == 0;
+    for (int round = 0; round < n; round += kTeams * kInFlight) {
       Pack<T, 8> rows[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int j = round + u * kTeams + team;
-        if (j < n) {
-          rows[u] = copied && tile + j != newest ? load8(early(early_values, j))
-                                                 : load8(v_base + int64_t(tile + j) * a.v_row_stride + lane_in_team * 8);
-        }
+        if (j < n) rows[u] = load8(v_base + int64_t(tile + j) * a.v_row_stride + lane_in_team * 8);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
