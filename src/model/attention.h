@@ -29,11 +29,12 @@ class SelfAttention : public AttentionBlock {
 
  private:
   // A batch-1 decode step reading the cache in place with RoPE in the QKV GEMV's epilogue
-  // (DecodeKernels::rope_in_gemv) and, given `pending`, the input norm in it too (x is then
-  // pending's base, else the normed row): one launch up to attention; given `next`, the output
-  // projection prepares that norm where it can (AfterNorm::prepared). nullopt where it does not
-  // apply (having at most made the cache's stores, as the other cached paths would).
-  std::optional<AfterNorm> decode_with_rope_in_gemv(const at::Tensor& x, const PendingNorm* pending, const RopeTables* rope,
+  // (DecodeKernels::rope_in_gemv) and, given `pending`, the input norm in it too (base is then
+  // pending's base, else the normed row; a prepared norm's scaled row is what the GEMV reads):
+  // one launch up to attention; given `next`, the output projection prepares that norm where it
+  // can (AfterNorm::prepared). nullopt where it does not apply (having at most made the cache's
+  // stores, as the other cached paths would).
+  std::optional<AfterNorm> decode_with_rope_in_gemv(const at::Tensor& base, const PendingNorm* pending, const RopeTables* rope,
                                                     const LayerKvCache* cache, const NormParams* next);
   // The attention's output [s, b, H/tp * d] through linear_proj, on top of the residual sum `sum`:
   // prepared for `next` where the GEMV can take it, else the plain output.
