@@ -85,7 +85,6 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
     }
     // The stream after the attention block: sum + out, or prepared->sum with the norm half done.
     const std::optional<kernels::PreparedNorm>& prepared = h_attention->prepared;
-    if (prepared) cache->step->decode_kernels_run().norms_prepared_in_epilogues = true;
     std::optional<AfterNorm> x_mlp;
     if (pending_norms) {
       x_mlp = mlp->forward_after_norm(prepared ? PendingNorm{prepared->sum, {}, second, prepared}
@@ -101,10 +100,8 @@ ResidualStream TransformerLayer::forward(const ResidualStream& in, const RopeTab
         discard_norm_output(x.normed, x_mlp->out, [sum = x.sum, gamma = second_gamma, eps = second.eps] { return kernels::rms_norm(sum, gamma, eps); });
       }
     }
-    if (x_mlp->prepared) {
-      cache->step->decode_kernels_run().norms_prepared_in_epilogues = true;
-      return {x_mlp->prepared->sum, {}, x_mlp->prepared};
-    }
+    if (prepared || x_mlp->prepared) cache->step->decode_kernels_run().norms_prepared_in_epilogues = true;
+    if (x_mlp->prepared) return {x_mlp->prepared->sum, {}, x_mlp->prepared};
     return {x_mlp->sum, x_mlp->out, {}};
   }
   // Under sequence parallelism each TP rank holds different tokens: independent masks.
