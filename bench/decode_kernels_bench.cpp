@@ -9,16 +9,18 @@
 // SdpaAttention calls it (the grid sized for the cache's capacity, and for the smaller bound a
 // decode graph of that length attends to), each call over a cache of its own; then the greedy
 // choice over a step's logits, kernels::argmax_rows against at::argmax.
-//   megatron_bench_decode_kernels [--iters N] [--only linear|step|attention|argmax]
+//   megatron_bench_decode_kernels [--iters N] [--only linear|step|attention|argmax] [--batches 1,16,64]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/GradMode.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -176,7 +178,7 @@ void step_table(int iters) {
 // holding `keys` keys each in a cache of 2048 a sequence, each kernel told of the whole capacity
 // (as one decode graph for every length would) and of the bound a decode graph of that length
 // attends to (the smallest of 64, 128, ... that holds the keys: DecodeGraphs).
-void attention_table(int iters) {
+void attention_table(int iters, const std::vector<int64_t>& batches) {
   const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const at::TensorOptions i32 = bf16.dtype(at::kInt);
   const int64_t heads = 32, groups = 4, d = 64, capacity = 2048;
@@ -184,7 +186,7 @@ void attention_table(int iters) {
   std::printf("\ndecode attention over the cache (1.1B heads, capacity %lld): us a call, told of the capacity / of the graph's bound\n",
               (long long)capacity);
   std::printf("| batch | keys | FA2 | FA2, bound | decode | decode, bound | decode, bound / FA2, bound | max gap |\n|---|---|---|---|---|---|---|---|\n");
-  for (int64_t b : {1, 4, 16, 64}) {
+  for (int64_t b : batches) {
     for (int64_t keys : {128, 256, 400, 512, 1024, 2048}) {
       const int64_t bound = decode_graph_key_bound(keys, capacity);
       std::vector<at::Tensor> k_stores, v_stores;
@@ -212,7 +214,15 @@ void attention_table(int iters) {
           kernels::decode_attention(q, k_stores[i], v_stores[i], key_starts, key_counts, longest, scale, tickets);
         }, iters);
       };
-      const double flash_whole = flash(capacity), flash_bound = flash(bound), decode_whole = decode(capacity), decode_bound = decode(bound);
+      // Each call named on stderr before it runs: a fault reported at the synchronize names its call.
+      auto timed = [&](const char* what, const std::function<double(int64_t)>& call, int64_t longest) {
+        std::fprintf(stderr, "[attention] batch %lld, %lld keys: %s told of %lld\n", (long long)b, (long long)keys, what, (long long)longest);
+        const double us = call(longest);
+        c10::cuda::device_synchronize();
+        return us;
+      };
+      const double flash_whole = timed("FA2", flash, capacity), flash_bound = timed("FA2", flash, bound);
+      const double decode_whole = timed("decode kernel", decode, capacity), decode_bound = timed("decode kernel", decode, bound);
       // The outputs side by side once, at the bound (bf16: a gap of a few 1e-3 is rounding; a wrong merge is O(1)).
       const at::Tensor want = std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1, capacity,
                                                                        0.0, true, false, scale, std::nullopt, std::nullopt, key_counts));
@@ -255,11 +265,26 @@ void argmax_table(int iters) {
 int main(int argc, char** argv) {
   int iters = 50;
   std::string only;  // linear | step | attention | argmax; all when empty
+  std::vector<int64_t> batches = {1, 4, 16, 64};  // the attention table's
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step|attention|argmax)\n", argv[i]);
+    if (std::strcmp(argv[i], "--iters") == 0) {
+      iters = std::atoi(argv[i + 1]);
+    } else if (std::strcmp(argv[i], "--only") == 0) {
+      only = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--batches") == 0) {
+      batches.clear();
+      for (const char* p = argv[i + 1]; *p != '\0';) {
+        char* end = nullptr;
+        const long long b = std::strtoll(p, &end, 10);
+        if (end == p || b < 1 || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "--batches %s: a comma-separated list of positive batch sizes, e.g. 1,16,64\n", argv[i + 1]);
+          return 2;
+        }
+        batches.push_back(b);
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else {
+      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step|attention|argmax, --batches 1,16,64)\n", argv[i]);
       return 2;
     }
   }
@@ -269,7 +294,7 @@ int main(int argc, char** argv) {
   }
   if (only.empty() || only == "linear") linear_table(iters);
   if (only.empty() || only == "step") step_table(std::max(iters / 10, 3));
-  if (only.empty() || only == "attention") attention_table(iters);
+  if (only.empty() || only == "attention") attention_table(iters, batches);
   if (only.empty() || only == "argmax") argmax_table(iters);
   return 0;
 }
