@@ -34,17 +34,26 @@ bool gemv_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 
 namespace {
 
-// y [..., n] (n: the weight's rows, half of them when gated) from the kernel; with `norm` its
-// input is the norm's output, and *sum (non-null with a norm) the residual sum: a new tensor the
-// kernel writes, or x itself without norm->add; with `rope` the output goes where it says (y is
-// then a [..., H, d] tensor of the rotated queries).
-at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool gated, const InputNorm* norm = nullptr,
-                    at::Tensor* sum = nullptr, const QkvIntoCache* rope = nullptr, PreparedNorm* into_norm = nullptr,
-                    const at::Tensor& residual = {}, const at::Tensor& next_gamma = {}) {
-  const bool prepared = norm != nullptr && norm->squares.defined();
-  if (norm != nullptr && !prepared) *sum = norm->add.defined() ? at::empty_like(x) : x;
+// What a GEMV does beyond y = x W^T (+ bias); at most one of norm and after_prepared.
+struct GemvCall {
+  bool gated = false;                        // SwiGLU's fc1: [gate; up] rows, the activation in the epilogue
+  const InputNorm* norm = nullptr;           // the input is rms_norm(x (+ norm->add)) * gamma ...
+  at::Tensor* sum = nullptr;                 // ... and *sum the residual sum: a new tensor, or x without add
+  const PreparedNorm* after_prepared = nullptr;  // x is its scaled row; the norm finished here
+  const QkvIntoCache* rope = nullptr;        // y: the rotated queries [..., H, d]; keys and values into the cache
+  PreparedNorm* into_norm = nullptr;         // y: residual + x W^T, and the next norm prepared beside it
+  const at::Tensor* residual = nullptr;      // with into_norm
+  const at::Tensor* next_gamma = nullptr;    // with into_norm
+};
+
+// y [..., n] (n: the weight's rows, half of them when gated) from the kernel, as `call` says.
+at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const GemvCall& call = {}) {
+  const bool gated = call.gated;
+  const InputNorm* norm = call.norm;
+  if (norm != nullptr) *call.sum = norm->add.defined() ? at::empty_like(x) : x;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = gated ? weight.size(0) / 2 : weight.size(0);
+  const QkvIntoCache* rope = call.rope;
   if (rope != nullptr) {  // the queries: [..., G P, d]
     const int64_t d = rope->k_store.size(2), groups = rope->k_store.size(1);
     shape.back() = groups * rope->heads_per_group;
@@ -53,14 +62,14 @@ at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   at::Tensor y = at::empty(shape, x.options());  // [..., n]
 #ifdef MEGATRON_WITH_CUDA_KERNELS
   cuda::GemvArgs a{};
-  if (prepared) {
-    a.norm_squares = norm->squares.data_ptr<float>();
-    a.norm_square_count = norm->squares.numel();
-    a.norm_eps = static_cast<float>(norm->eps);
+  if (const PreparedNorm* p = call.after_prepared) {
+    a.norm_squares = p->squares.data_ptr<float>();
+    a.norm_square_count = p->squares.numel();
+    a.norm_eps = static_cast<float>(p->eps);
   } else if (norm != nullptr) {
     a.add = norm->add.defined() ? norm->add.data_ptr() : nullptr;
     a.norm_weight = norm->gamma.data_ptr();
-    a.sum_out = norm->add.defined() ? sum->data_ptr() : nullptr;
+    a.sum_out = norm->add.defined() ? call.sum->data_ptr() : nullptr;
     a.norm_eps = static_cast<float>(norm->eps);
   }
   if (rope != nullptr) {
@@ -80,20 +89,20 @@ at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   a.dtype = storage_type(x);
   a.n = gated ? weight.size(0) / 2 : weight.size(0), a.k = weight.size(1), a.w_stride = weight.stride(0);
   a.gated = gated;
-  if (into_norm != nullptr) {
+  if (PreparedNorm* into_norm = call.into_norm) {
     // y is the residual sum; the scaled row and the blocks' squares beside it.
     into_norm->sum = y;
     into_norm->scaled = at::empty_like(y);
     into_norm->squares = at::empty({(a.n + cuda::kGemvRows - 1) / cuda::kGemvRows}, x.options().dtype(at::kFloat));
-    a.residual = residual.data_ptr();
-    a.next_norm_weight = next_gamma.data_ptr();
+    a.residual = call.residual->data_ptr();
+    a.next_norm_weight = call.next_gamma->data_ptr();
     a.scaled_out = into_norm->scaled.data_ptr();
     a.squares_out = into_norm->squares.data_ptr<float>();
   }
   cuda::gemv(a, current_stream());
 #else
-  (void)bias, (void)norm, (void)sum, (void)prepared, (void)residual, (void)next_gamma;
-  if (into_norm != nullptr) into_norm->sum = y;
+  (void)bias, (void)norm;
+  if (call.into_norm != nullptr) call.into_norm->sum = y;
 #endif
   return y;
 }
@@ -103,7 +112,7 @@ at::Tensor run_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Ten
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   TORCH_CHECK(gemv_takes(x, weight, bias), "gemv: x ", x.sizes(), " and weight ", weight.sizes(),
               " are not one row and a weight of a kind the kernel takes (gemv_takes)");
-  return run_gemv(x, weight, bias, /*gated=*/false);
+  return run_gemv(x, weight, bias);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -113,7 +122,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 2 == 0, "linear_swiglu: the weight ", weight.sizes(),
               " is not [2f, k] ([gate; up] rows)");
-  if (gemv_takes(x, weight, {})) return run_gemv(x, weight, {}, /*gated=*/true);
+  if (gemv_takes(x, weight, {})) {
+    GemvCall call;
+    call.gated = true;
+    return run_gemv(x, weight, {}, call);
+  }
   return swiglu(at::linear(x, weight));
 }
 
@@ -133,9 +146,11 @@ NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, cons
   TORCH_CHECK(!gated || weight.size(0) % 2 == 0, "gemv_after_norm: the gated weight ", weight.sizes(), " is not [2f, k]");
   TORCH_CHECK(gemv_after_norm_takes(base, add, gamma, weight, bias, gated), "gemv_after_norm: base ", base.sizes(), ", weight ",
               weight.sizes(), " and gamma ", gamma.sizes(), " are not of a kind the kernel takes (gemv_after_norm_takes)");
-  const InputNorm norm{add, gamma, eps, {}};
+  const InputNorm norm{add, gamma, eps};
   NormedLinear out;
-  out.y = run_gemv(base, weight, bias, gated, &norm, &out.sum);
+  GemvCall call;
+  call.gated = gated, call.norm = &norm, call.sum = &out.sum;
+  out.y = run_gemv(base, weight, bias, call);
   return out;
 }
 
@@ -156,7 +171,9 @@ PreparedNorm gemv_into_norm(const at::Tensor& x, const at::Tensor& weight, const
               residual.sizes(), " and gamma ", gamma.sizes(), " are not of a kind the kernel takes (gemv_into_norm_takes)");
   PreparedNorm out;
   out.eps = eps;
-  run_gemv(x, weight, {}, /*gated=*/false, nullptr, nullptr, nullptr, &out, residual, gamma);
+  GemvCall call;
+  call.into_norm = &out, call.residual = &residual, call.next_gamma = &gamma;
+  run_gemv(x, weight, {}, call);
   return out;
 }
 
@@ -172,18 +189,15 @@ at::Tensor gemv_after_prepared_norm(const PreparedNorm& p, const at::Tensor& wei
   TORCH_CHECK(gemv_after_prepared_norm_takes(p, weight, bias, gated), "gemv_after_prepared_norm: the scaled row ",
               p.scaled.defined() ? p.scaled.sizes() : at::IntArrayRef{}, " and weight ", weight.sizes(),
               " are not of a kind the kernel takes (gemv_after_prepared_norm_takes)");
-  InputNorm norm;
-  norm.eps = p.eps, norm.squares = p.squares;
-  return run_gemv(p.scaled, weight, bias, gated, &norm);
+  GemvCall call;
+  call.gated = gated, call.after_prepared = &p;
+  return run_gemv(p.scaled, weight, bias, call);
 }
 
-bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
-                                const InputNorm* norm) {
-  if (norm != nullptr && norm->squares.defined()) {
-    if (!gemv_after_prepared_norm_takes(PreparedNorm{{}, x, norm->squares, norm->eps}, weight, bias, false)) return false;
-  } else if (norm != nullptr ? !gemv_after_norm_takes(x, norm->add, norm->gamma, weight, bias, false) : !gemv_takes(x, weight, bias)) {
-    return false;
-  }
+namespace {
+
+// The stores, tables and row the RoPE epilogue writes through fit x and the QKV weight.
+bool rope_into_cache_fits(const at::Tensor& x, const at::Tensor& weight, const QkvIntoCache& into) {
   const at::Tensor& k = into.k_store;
   if (k.dim() != 3 || k.sizes() != into.v_store.sizes() || k.strides() != into.v_store.strides() || k.stride(2) != 1 ||
       k.scalar_type() != x.scalar_type() || k.device() != x.device()) {
@@ -197,14 +211,37 @@ bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, c
   return into.store_rows.scalar_type() == at::kLong && into.store_rows.numel() == 1 && into.store_rows.device() == x.device();
 }
 
+}  // namespace
+
+bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
+                                const InputNorm* norm) {
+  const bool gemv_fits = norm != nullptr ? gemv_after_norm_takes(x, norm->add, norm->gamma, weight, bias, false) : gemv_takes(x, weight, bias);
+  return gemv_fits && rope_into_cache_fits(x, weight, into);
+}
+
 at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
                                 const InputNorm* norm, at::Tensor* sum) {
   TORCH_CHECK(gemv_rope_into_cache_takes(x, weight, bias, into, norm), "gemv_rope_into_cache: x ", x.sizes(), ", weight ", weight.sizes(),
               " and stores ", into.k_store.sizes(), " are not of a kind the kernel takes (gemv_rope_into_cache_takes)");
   at::Tensor residual;
-  at::Tensor q = run_gemv(x, weight, bias, /*gated=*/false, norm, &residual, &into);  // [..., H, d]
+  GemvCall call;
+  call.norm = norm, call.sum = &residual, call.rope = &into;
+  at::Tensor q = run_gemv(x, weight, bias, call);  // [..., H, d]
   if (sum != nullptr && residual.defined()) *sum = residual;
   return q;
+}
+
+bool gemv_rope_into_cache_takes(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into) {
+  return gemv_after_prepared_norm_takes(p, weight, bias, /*gated=*/false) && rope_into_cache_fits(p.scaled, weight, into);
+}
+
+at::Tensor gemv_rope_into_cache(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into) {
+  TORCH_CHECK(gemv_rope_into_cache_takes(p, weight, bias, into), "gemv_rope_into_cache: the scaled row ",
+              p.scaled.defined() ? p.scaled.sizes() : at::IntArrayRef{}, ", weight ", weight.sizes(), " and stores ", into.k_store.sizes(),
+              " are not of a kind the kernel takes (gemv_rope_into_cache_takes)");
+  GemvCall call;
+  call.after_prepared = &p, call.rope = &into;
+  return run_gemv(p.scaled, weight, bias, call);  // [..., H, d]
 }
 
 }  // namespace megatron::kernels

@@ -33,15 +33,12 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight);
 struct InputNorm {
   at::Tensor add, gamma;
   double eps = 0.0;
-  // Defined: the norm was prepared by the GEMV before (gemv_into_norm); the GEMV's input is that
-  // one's `scaled` row and these its partial sums of squares [k / 4] (add and gamma unused).
-  at::Tensor squares;
 };
 
 // The residual sum with its next RMSNorm half done by the GEMV that produced it: what a batch-1
 // decode step's attention output projection and fc2 hand on (gemv_into_norm), so that the next
 // GEMV finishes the norm reading one row, as a plain GEMV does (gemv_after_prepared_norm, or
-// InputNorm::squares): no norm launch, and no pass of the next GEMV's blocks over the sum and
+// the PreparedNorm overload of gemv_rope_into_cache): no norm launch, and no pass of the next GEMV's blocks over the sum and
 // the norm's weight either.
 struct PreparedNorm {
   at::Tensor sum;      // [..., k]: residual + the layer's output, each rounded (add_rms_norm's sum)
@@ -83,9 +80,12 @@ struct QkvIntoCache {
 };
 bool gemv_rope_into_cache_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
                                 const InputNorm* norm);
-// -> the rotated queries [1, 1, G P, d]; with a norm, *sum (where non-null) = the residual sum
-// (with a prepared norm, x is its scaled row and *sum is left as it is: the caller holds the sum).
+// -> the rotated queries [1, 1, G P, d]; with a norm, *sum (where non-null) = the residual sum.
 at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into,
                                 const InputNorm* norm, at::Tensor* sum);
+// The same with the input norm prepared by the GEMV before (gemv_into_norm): the GEMV reads
+// p.scaled and finishes the norm as gemv_after_prepared_norm does; p.sum is the residual sum.
+bool gemv_rope_into_cache_takes(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into);
+at::Tensor gemv_rope_into_cache(const PreparedNorm& p, const at::Tensor& weight, const at::Tensor& bias, const QkvIntoCache& into);
 
 }  // namespace megatron::kernels

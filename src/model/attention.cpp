@@ -87,19 +87,23 @@ std::optional<AfterNorm> SelfAttention::decode_with_rope_in_gemv(const at::Tenso
   into.heads_per_group = heads_ / groups_;
   into.cos = rope->cos, into.sin = rope->sin;
   into.store_rows = cache->step->store_rows();
-  std::optional<kernels::InputNorm> norm;
-  if (prepared) {
-    norm = kernels::InputNorm{{}, {}, pending->prepared->eps, pending->prepared->squares};
-  } else if (pending != nullptr) {
-    norm = kernels::InputNorm{pending->delta, pending->norm.gamma(), pending->norm.eps, {}};
-  }
   // The stores as every cached path makes them at its first write (zeros, rows [G/tp, d]).
   into.k_store = cache->store(0, {groups_, head_dim_}, o).flatten(0, 1);  // [slots * capacity, G/tp, d]
   into.v_store = cache->store(1, {groups_, head_dim_}, o).flatten(0, 1);
-  if (!kernels::gemv_rope_into_cache_takes(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr)) return std::nullopt;
-  cache->step->decode_kernels_run().rope_in_gemv = true;
-  at::Tensor sum = prepared ? base : at::Tensor();  // the residual sum (without a norm: unused)
-  const at::Tensor q = kernels::gemv_rope_into_cache(x, linear_qkv->weight, linear_qkv->bias, into, norm ? &*norm : nullptr, &sum);  // [1, 1, H/tp, d]
+  const at::Tensor &weight = linear_qkv->weight, &bias = linear_qkv->bias;
+  at::Tensor q, sum;  // q [1, 1, H/tp, d]; sum: the residual sum (without a norm: unused)
+  if (prepared) {
+    if (!kernels::gemv_rope_into_cache_takes(*pending->prepared, weight, bias, into)) return std::nullopt;
+    cache->step->decode_kernels_run().rope_in_gemv = true;
+    q = kernels::gemv_rope_into_cache(*pending->prepared, weight, bias, into);
+    sum = base;
+  } else {
+    std::optional<kernels::InputNorm> norm;
+    if (pending != nullptr) norm = kernels::InputNorm{pending->delta, pending->norm.gamma(), pending->norm.eps};
+    if (!kernels::gemv_rope_into_cache_takes(x, weight, bias, into, norm ? &*norm : nullptr)) return std::nullopt;
+    cache->step->decode_kernels_run().rope_in_gemv = true;
+    q = kernels::gemv_rope_into_cache(x, weight, bias, into, norm ? &*norm : nullptr, &sum);
+  }
   return project(core_attention_->forward_over_written_cache(q, *cache), sum, next);
 }
 

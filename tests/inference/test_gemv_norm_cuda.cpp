@@ -152,11 +152,8 @@ TEST(GenerationCudaKernels, GemvWithRopeIntoCacheFinishesAPreparedNorm) {
       into.cos = angles.cos(), into.sin = angles.sin();
       into.store_rows = at::tensor(std::vector<int64_t>{5}, at::kLong).to(gpu);
       into.k_store = at::zeros({rows, groups, d}, o), into.v_store = at::zeros({rows, groups, d}, o);
-      const kernels::InputNorm norm{{}, {}, prepared.eps, prepared.squares};
-      ASSERT_TRUE(kernels::gemv_rope_into_cache_takes(prepared.scaled, weight, {}, into, &norm)) << what;
-      at::Tensor sum;
-      const at::Tensor q = kernels::gemv_rope_into_cache(prepared.scaled, weight, {}, into, &norm, &sum);  // [1, 1, G P, d]
-      EXPECT_FALSE(sum.defined()) << what << ": the caller holds the sum";
+      ASSERT_TRUE(kernels::gemv_rope_into_cache_takes(prepared, weight, {}, into)) << what;
+      const at::Tensor q = kernels::gemv_rope_into_cache(prepared, weight, {}, into);  // [1, 1, G P, d]
       const at::Tensor qkv = kernels::gemv_after_prepared_norm(prepared, weight, {}, false);
       const at::Tensor k_store = at::zeros({rows, groups, d}, o), v_store = at::zeros({rows, groups, d}, o);
       const at::Tensor want_q = kernels::qkv_rope_into_cache(qkv.view({1, 1, groups, (per_group + 2) * d}), per_group, into.cos, into.sin,
