@@ -10,6 +10,7 @@
 // decode graph of that length attends to), each call over a cache of its own; then the greedy
 // choice over a step's logits, kernels::argmax_rows against at::argmax.
 //   megatron_bench_decode_kernels [--iters N] [--only linear|step|attention|argmax] [--batches 1,16,64]
+//                                 [--attention-calls both|fa2|decode]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/GradMode.h>
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -178,7 +180,21 @@ void step_table(int iters) {
 // holding `keys` keys each in a cache of 2048 a sequence, each kernel told of the whole capacity
 // (as one decode graph for every length would) and of the bound a decode graph of that length
 // attends to (the smallest of 64, 128, ... that holds the keys: DecodeGraphs).
-void attention_table(int iters, const std::vector<int64_t>& batches) {
+// Attention of q [b, H, d] over the first `keys` rows of each sequence's `capacity` in the stores
+// [b * capacity, G, d], in fp32 (GQA: query head h reads group h / (H / G)): the reference where
+// the table leaves FA2 out.
+at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k_store, const at::Tensor& v_store, int64_t capacity, int64_t keys,
+                               double scale) {
+  const int64_t b = q.size(0), heads = q.size(1), groups = k_store.size(1), d = q.size(2);
+  auto held = [&](const at::Tensor& store) {  // [b, H, keys, d]
+    return store.view({b, capacity, groups, d}).narrow(1, 0, keys).to(at::kFloat).permute({0, 2, 1, 3}).repeat_interleave(heads / groups, 1);
+  };
+  const at::Tensor scores = at::matmul(q.to(at::kFloat).unsqueeze(2), held(k_store).transpose(2, 3)) * scale;  // [b, H, 1, keys]
+  return at::matmul(scores.softmax(-1), held(v_store)).squeeze(2).to(q.scalar_type());  // [b, H, d]
+}
+
+// calls: "both", or "fa2" / "decode" to time one kernel alone.
+void attention_table(int iters, const std::vector<int64_t>& batches, const std::string& calls) {
   const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const at::TensorOptions i32 = bf16.dtype(at::kInt);
   const int64_t heads = 32, groups = 4, d = 64, capacity = 2048;
@@ -221,16 +237,27 @@ void attention_table(int iters, const std::vector<int64_t>& batches) {
         c10::cuda::device_synchronize();
         return us;
       };
-      const double flash_whole = timed("FA2", flash, capacity), flash_bound = timed("FA2", flash, bound);
-      const double decode_whole = timed("decode kernel", decode, capacity), decode_bound = timed("decode kernel", decode, bound);
-      // The outputs side by side once, at the bound (bf16: a gap of a few 1e-3 is rounding; a wrong merge is O(1)).
-      const at::Tensor want = std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1, capacity,
-                                                                       0.0, true, false, scale, std::nullopt, std::nullopt, key_counts));
-      const at::Tensor got = kernels::decode_attention(q, k_stores[0], v_stores[0], key_starts, key_counts, bound, scale, tickets);
-      const at::Tensor flash_got = std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1, bound,
-                                                                            0.0, true, false, scale, std::nullopt, std::nullopt, key_counts));
-      const double gap = std::max((got.to(at::kFloat) - want.view_as(got).to(at::kFloat)).abs().max().item<double>(),
-                                  (flash_got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>());
+      const bool with_flash = calls != "decode", with_decode = calls != "fa2";
+      const double none = std::nan("");
+      const double flash_whole = with_flash ? timed("FA2", flash, capacity) : none, flash_bound = with_flash ? timed("FA2", flash, bound) : none;
+      const double decode_whole = with_decode ? timed("decode kernel", decode, capacity) : none;
+      const double decode_bound = with_decode ? timed("decode kernel", decode, bound) : none;
+      // The outputs side by side once, at the bound, against FA2 told of the capacity (bf16: a gap
+      // of a few 1e-3 is rounding; a wrong merge is O(1)); the reference in fp32 where FA2 is left out.
+      const at::Tensor want = with_flash ? std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1,
+                                                                                    capacity, 0.0, true, false, scale, std::nullopt,
+                                                                                    std::nullopt, key_counts))
+                                         : reference_attention(q, k_stores[0], v_stores[0], capacity, keys, scale);
+      double gap = 0.0;
+      if (with_decode) {
+        const at::Tensor got = kernels::decode_attention(q, k_stores[0], v_stores[0], key_starts, key_counts, bound, scale, tickets);
+        gap = std::max(gap, (got.to(at::kFloat) - want.view_as(got).to(at::kFloat)).abs().max().item<double>());
+      }
+      if (with_flash) {
+        const at::Tensor flash_got = std::get<0>(at::_flash_attention_forward(q, k_stores[0], v_stores[0], query_starts, key_starts, 1, bound,
+                                                                              0.0, true, false, scale, std::nullopt, std::nullopt, key_counts));
+        gap = std::max(gap, (flash_got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>());
+      }
       std::printf("| %lld | %lld | %.2f | %.2f | %.2f | %.2f | %.3f | %.2e |\n", (long long)b, (long long)keys, flash_whole, flash_bound,
                   decode_whole, decode_bound, decode_bound / flash_bound, gap);
       std::fflush(stdout);
@@ -266,6 +293,7 @@ int main(int argc, char** argv) {
   int iters = 50;
   std::string only;  // linear | step | attention | argmax; all when empty
   std::vector<int64_t> batches = {1, 4, 16, 64};  // the attention table's
+  std::string calls = "both";                     // the attention table's: both, fa2 or decode
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--iters") == 0) {
       iters = std::atoi(argv[i + 1]);
@@ -283,8 +311,12 @@ int main(int argc, char** argv) {
         batches.push_back(b);
         p = *end == ',' ? end + 1 : end;
       }
+    } else if (std::strcmp(argv[i], "--attention-calls") == 0 &&
+               (std::strcmp(argv[i + 1], "both") == 0 || std::strcmp(argv[i + 1], "fa2") == 0 || std::strcmp(argv[i + 1], "decode") == 0)) {
+      calls = argv[i + 1];
     } else {
-      std::fprintf(stderr, "unknown flag %s (flags: --iters N, --only linear|step|attention|argmax, --batches 1,16,64)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag or value %s %s (flags: --iters N, --only linear|step|attention|argmax, --batches 1,16,64, "
+                   "--attention-calls both|fa2|decode)\n", argv[i], argv[i + 1]);
       return 2;
     }
   }
@@ -294,7 +326,7 @@ int main(int argc, char** argv) {
   }
   if (only.empty() || only == "linear") linear_table(iters);
   if (only.empty() || only == "step") step_table(std::max(iters / 10, 3));
-  if (only.empty() || only == "attention") attention_table(iters, batches);
+  if (only.empty() || only == "attention") attention_table(iters, batches, calls);
   if (only.empty() || only == "argmax") argmax_table(iters);
   return 0;
 }
