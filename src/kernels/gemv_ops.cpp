@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cuda_dispatch.h"
+#include "kernels/kernels.h"  // kGemvRows (CPU builds too)
 #include "kernels/ops.h"
 
 namespace megatron::kernels {
@@ -155,7 +156,7 @@ NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, cons
 }
 
 bool gemv_into_norm_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma) {
-  if (!gemv_takes(x, weight, {}) || weight.size(0) % 4 != 0) return false;
+  if (!gemv_takes(x, weight, {}) || weight.size(0) % cuda::kGemvRows != 0) return false;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);
   auto fits = [&](const at::Tensor& t) {

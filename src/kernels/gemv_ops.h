@@ -47,7 +47,7 @@ struct PreparedNorm {
   double eps = 0.0;
 };
 // gemv_takes(x, weight, {}); residual [..., n] and gamma [n] of x's dtype and device, contiguous,
-// 16-byte aligned; n a multiple of 4.
+// 16-byte aligned; n a multiple of cuda::kGemvRows (4: each block its rows' squares).
 bool gemv_into_norm_takes(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma);
 // sum = residual + linear(x, weight) (both rounded), and the RMSNorm (gamma, eps) after it prepared.
 PreparedNorm gemv_into_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma, double eps);
