@@ -43,6 +43,11 @@ constexpr int kCallsAGraph = 20;
 
 // Microseconds a call of `work`, captured kCallsAGraph times into one graph and replayed `iters` times.
 double graph_microseconds(const std::function<void()>& work, int iters) {
+  // The inputs were made on the default stream and `work` runs on another: without this it may
+  // read them before they are written (the attention table's key offsets from at::arange queued
+  // behind 2.7 GB of at::randn at 64 sequences: the illegal address of sessions 35 and 44), and
+  // its first timings overlap their making.
+  c10::cuda::device_synchronize();
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
   const c10::cuda::CUDAStreamGuard on_side(side);
   work();  // anything capture must not do (workspaces, lazy init) happens here
