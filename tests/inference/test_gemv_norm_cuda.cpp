@@ -129,7 +129,7 @@ TEST(GenerationCudaKernels, GemvIntoNormThenThePreparedNormEqualsTheAddNormThenT
   }
 }
 
-// The QKV GEMV with RoPE into the cache finishing a prepared norm (kernels::InputNorm::squares)
+// The QKV GEMV with RoPE into the cache finishing a prepared norm (its PreparedNorm overload)
 // against gemv_after_prepared_norm and then rope_qkv_into_cache: the queries and the key row within
 // a rounding step, the value row to the bit.
 TEST(GenerationCudaKernels, GemvWithRopeIntoCacheFinishesAPreparedNorm) {
