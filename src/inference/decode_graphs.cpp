@@ -148,7 +148,9 @@ Graph* DecodeGraphs::State::graph_for(const std::vector<int64_t>& slots, std::st
   // would launch blocks for keys nobody holds.
   // Up to kLargestBoundedBatch sequences only: the kernels bench (session 35, one H100) measured
   // FA2 and the decode kernel told of a bound at 1 and 16 sequences (FA2 1.2-1.9x faster below
-  // 1,024 keys), and hit an illegal address at 64 sequences and a 128-key bound, not yet traced.
+  // 1,024 keys). At 64 sequences it met an illegal address (sessions 35 and 44; in 44 in FA2 told
+  // of the whole capacity, as these graphs call it): the bench read inputs on a side stream that
+  // the default stream had not yet written, fixed since; larger bounded batches wait for figures.
   int64_t keys = cache.capacity();
   if (batch <= kLargestBoundedBatch) {
     int64_t needed = 1;
