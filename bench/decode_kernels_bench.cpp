@@ -181,10 +181,6 @@ void step_table(int iters) {
   }
 }
 
-// The 1.1B shape's attention (32 query heads in 4 KV groups of 64 channels) for b sequences
-// holding `keys` keys each in a cache of 2048 a sequence, each kernel told of the whole capacity
-// (as one decode graph for every length would) and of the bound a decode graph of that length
-// attends to (the smallest of 64, 128, ... that holds the keys: DecodeGraphs).
 // Attention of q [b, H, d] over the first `keys` rows of each sequence's `capacity` in the stores
 // [b * capacity, G, d], in fp32 (GQA: query head h reads group h / (H / G)): the reference where
 // the table leaves FA2 out.
@@ -198,6 +194,10 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k_store, c
   return at::matmul(scores.softmax(-1), held(v_store)).squeeze(2).to(q.scalar_type());  // [b, H, d]
 }
 
+// The 1.1B shape's attention (32 query heads in 4 KV groups of 64 channels) for b sequences
+// holding `keys` keys each in a cache of 2048 a sequence, each kernel told of the whole capacity
+// (as one decode graph for every length would) and of the bound a decode graph of that length
+// attends to (the smallest of 64, 128, ... that holds the keys: DecodeGraphs).
 // calls: "both", or "fa2" / "decode" to time one kernel alone.
 void attention_table(int iters, const std::vector<int64_t>& batches, const std::string& calls) {
   const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
@@ -235,12 +235,11 @@ void attention_table(int iters, const std::vector<int64_t>& batches, const std::
           kernels::decode_attention(q, k_stores[i], v_stores[i], key_starts, key_counts, longest, scale, tickets);
         }, iters);
       };
-      // Each call named on stderr before it runs: a fault reported at the synchronize names its call.
+      // Each call named on stderr before it runs: a fault surfaces at graph_microseconds' own
+      // synchronizes, after its call's name.
       auto timed = [&](const char* what, const std::function<double(int64_t)>& call, int64_t longest) {
         std::fprintf(stderr, "[attention] batch %lld, %lld keys: %s told of %lld\n", (long long)b, (long long)keys, what, (long long)longest);
-        const double us = call(longest);
-        c10::cuda::device_synchronize();
-        return us;
+        return call(longest);
       };
       const bool with_flash = calls != "decode", with_decode = calls != "fa2";
       const double none = std::nan("");

@@ -131,15 +131,23 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& weight) {
   return swiglu(at::linear(x, weight));
 }
 
+namespace {
+
+// A vector the norm kernels read or write beside the GEMV's row x: x's dtype and device,
+// contiguous, 16-byte aligned, no gradient wanted.
+bool norm_vector_fits(const at::Tensor& t, const at::Tensor& x) {
+  return t.scalar_type() == x.scalar_type() && t.device() == x.device() && t.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && !(c10::GradMode::is_enabled() && t.requires_grad());
+}
+
+}  // namespace
+
 bool gemv_after_norm_takes(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, const at::Tensor& weight,
                            const at::Tensor& bias, bool gated) {
   if (gated && bias.defined()) return false;
   if (!gemv_takes(base, weight, bias)) return false;
-  auto fits = [&](const at::Tensor& t, int64_t numel) {
-    return t.scalar_type() == base.scalar_type() && t.device() == base.device() && t.is_contiguous() && t.numel() == numel &&
-           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && !(c10::GradMode::is_enabled() && t.requires_grad());
-  };
-  return fits(gamma, base.size(-1)) && (!add.defined() || (add.sizes() == base.sizes() && fits(add, base.numel())));
+  return gamma.numel() == base.size(-1) && norm_vector_fits(gamma, base) &&
+         (!add.defined() || (add.sizes() == base.sizes() && norm_vector_fits(add, base)));
 }
 
 NormedLinear gemv_after_norm(const at::Tensor& base, const at::Tensor& add, const at::Tensor& gamma, double eps, const at::Tensor& weight,
@@ -159,12 +167,8 @@ bool gemv_into_norm_takes(const at::Tensor& x, const at::Tensor& weight, const a
   if (!gemv_takes(x, weight, {}) || weight.size(0) % cuda::kGemvRows != 0) return false;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);
-  auto fits = [&](const at::Tensor& t) {
-    return t.scalar_type() == x.scalar_type() && t.device() == x.device() && t.is_contiguous() &&
-           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && !(c10::GradMode::is_enabled() && t.requires_grad());
-  };
-  return residual.defined() && gamma.defined() && residual.sizes() == at::IntArrayRef(shape) && fits(residual) && gamma.dim() == 1 &&
-         gamma.numel() == weight.size(0) && fits(gamma);
+  return residual.defined() && gamma.defined() && residual.sizes() == at::IntArrayRef(shape) && norm_vector_fits(residual, x) &&
+         gamma.dim() == 1 && gamma.numel() == weight.size(0) && norm_vector_fits(gamma, x);
 }
 
 PreparedNorm gemv_into_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& residual, const at::Tensor& gamma, double eps) {
@@ -228,7 +232,7 @@ at::Tensor gemv_rope_into_cache(const at::Tensor& x, const at::Tensor& weight, c
   GemvCall call;
   call.norm = norm, call.sum = &residual, call.rope = &into;
   at::Tensor q = run_gemv(x, weight, bias, call);  // [..., H, d]
-  if (sum != nullptr && residual.defined()) *sum = residual;
+  if (sum != nullptr) *sum = residual;
   return q;
 }
 

@@ -37,9 +37,9 @@ struct InputNorm {
 
 // The residual sum with its next RMSNorm half done by the GEMV that produced it: what a batch-1
 // decode step's attention output projection and fc2 hand on (gemv_into_norm), so that the next
-// GEMV finishes the norm reading one row, as a plain GEMV does (gemv_after_prepared_norm, or
-// the PreparedNorm overload of gemv_rope_into_cache): no norm launch, and no pass of the next GEMV's blocks over the sum and
-// the norm's weight either.
+// GEMV finishes the norm reading one row, as a plain GEMV does (gemv_after_prepared_norm, or the
+// PreparedNorm overload of gemv_rope_into_cache): no norm launch, and no pass of the next GEMV's
+// blocks over the sum and the norm's weight either.
 struct PreparedNorm {
   at::Tensor sum;      // [..., k]: residual + the layer's output, each rounded (add_rms_norm's sum)
   at::Tensor scaled;   // [..., k]: sum * gamma, rounded: the next GEMV's input
