@@ -38,7 +38,7 @@ const char* kInferenceModelFlagsHelp =
     "  --attention-backend auto|flash|decode  attention of decode steps over the KV cache: flash: FA2;\n"
     "                               decode: this project's one-launch kernel where it takes the step (faster\n"
     "                               below ~1000 keys at 16 sequences, slower beyond, and at 1 below 129 keys);\n"
-    "                               auto (default): that kernel for steps of 2-16 sequences up to 512 keys and\n"
+    "                               auto (default): that kernel for steps of 2-64 sequences up to 512 keys and\n"
     "                               of one sequence over 129-512, FA2 for the rest\n"
     "  --decode-norms-in-gemv, --no-decode-norms-in-gemv  batch-1 decode steps compute the RMSNorms inside\n"
     "                               their GEMVs: the output projection and fc2 add the residual and prepare\n"

@@ -55,8 +55,6 @@ int64_t decode_graph_key_bound(int64_t needed, int64_t capacity) {
 
 namespace {
 
-constexpr int64_t kLargestBoundedBatch = 16;  // larger batches attend to the whole capacity
-
 // One batch size's graph and the tensors it reads and writes (their addresses are in it).
 struct Graph {
   std::unique_ptr<KvCacheStep> step;
@@ -81,8 +79,8 @@ struct DecodeGraphs::State {
 
   Graph& capture(int64_t batch, int64_t keys);
   // The graph for a step of the sequences in `slots` (the smallest batch of 1, 2, 4, ... that
-  // holds them; up to 16, attending to the smallest of 64, 128, 256, ... keys, at most the cache's
-  // capacity, that holds the longest after its new token, else to the capacity), captured at its
+  // holds them, attending to the smallest of 64, 128, 256, ... keys, at most the cache's
+  // capacity, that holds the longest after its new token), captured at its
   // first use; null, with `failure` saying why, when the capture fails.
   Graph* graph_for(const std::vector<int64_t>& slots, std::string& failure);
 };
@@ -145,18 +143,13 @@ Graph* DecodeGraphs::State::graph_for(const std::vector<int64_t>& slots, std::st
   batch = std::min(batch, most);
   // Attention's work and its split over blocks follow the longest sequence the kernel is told
   // of, not the real lengths it reads on the device: a step of short sequences in a long cache
-  // would launch blocks for keys nobody holds.
-  // Up to kLargestBoundedBatch sequences only: the kernels bench (session 35, one H100) measured
-  // FA2 and the decode kernel told of a bound at 1 and 16 sequences (FA2 1.2-1.9x faster below
-  // 1,024 keys). At 64 sequences it met an illegal address (sessions 35 and 44; in 44 in FA2 told
-  // of the whole capacity, as these graphs call it): the bench read inputs on a side stream that
-  // the default stream had not yet written, fixed since; larger bounded batches wait for figures.
-  int64_t keys = cache.capacity();
-  if (batch <= kLargestBoundedBatch) {
-    int64_t needed = 1;
-    for (int64_t slot : slots) needed = std::max(needed, cache.length(slot) + 1);
-    keys = decode_graph_key_bound(needed, cache.capacity());
-  }
+  // would launch blocks for keys nobody holds (the kernels bench, session 35, one H100: FA2 told
+  // of the bound 1.2-1.9x faster below 1,024 keys at 1 and 16 sequences), and the attention
+  // backend is chosen by it (decode_attention_chosen). Every batch size: the illegal address the
+  // kernels bench met at 64 sequences (sessions 35 and 44) was its own cross-stream race.
+  int64_t needed = 1;
+  for (int64_t slot : slots) needed = std::max(needed, cache.length(slot) + 1);
+  const int64_t keys = decode_graph_key_bound(needed, cache.capacity());
   if (auto it = graphs.find({batch, keys}); it != graphs.end()) return it->second.get();
   try {
     return &capture(batch, keys);

@@ -2,7 +2,7 @@
 // step's few hundred kernels take longer to launch than to run (measured on the 1.1B shape: 624
 // launches, 10.6 ms a step, 1.4 ms of it kernels); a graph replay launches them all at once.
 //
-// One graph per batch size of 1, 2, 4, ... up to the engine's slots and (up to 16 sequences) bound
+// One graph per batch size of 1, 2, 4, ... up to the engine's slots and bound
 // on the keys attended of 64, 128, 256, ... up to the cache's capacity, captured at its first use:
 // a step of b sequences replays the smallest batch that holds b, its other rows decoding the
 // cache's scratch slot, with the smallest bound that holds its longest sequence. What makes a step replayable:
@@ -36,7 +36,7 @@ class KvCache;
 // Why the model's decode steps cannot be replayed from CUDA graphs on `device`; empty when they can.
 std::string decode_graphs_unsupported(const GPTModel& model, const c10::Device& device);
 
-// The keys a decode graph of up to 16 sequences attends to when its longest sequence holds
+// The keys a decode graph attends to when its longest sequence holds
 // `needed` after the step's token, in a cache of `capacity` a sequence: the smallest of 64, 128,
 // 256, ... that holds them, at most the capacity.
 int64_t decode_graph_key_bound(int64_t needed, int64_t capacity);
