@@ -494,6 +494,45 @@ TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
   expect_decode_graphs_equal_eager_steps(GetParam(), /*constant_routing=*/false, /*norms_in_gemv=*/true);
 }
 
+// Steps of more than 16 sequences (20 slots: graphs of 20 rows) attend to a key bound too since
+// session 44, and the default's attention takes the one-launch kernel for them up to 256 keys
+// (the fixture's 64-channel heads): the same tokens as eager steps of FA2 over the lengths.
+TEST(GenerationCudaGraphs, StepsOfTwentySequencesEqualEagerSteps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::NoGradGuard no_grad;
+  test::TempDir dir;
+  const GenerationModel g = gpu_model(dir, "qwen3_head64", at::kBFloat16);
+  auto run = [&](bool graphs) {
+    EngineOptions options;
+    options.max_batch = 20;
+    options.vocab_size = g.vocab_size;
+    options.cuda_graphs = graphs;
+    options.decode_kernels.attention_where_faster = graphs;
+    Engine engine(*g.model, options);
+    std::vector<GenerationRequest> requests;
+    for (int64_t i = 0; i < 20; ++i) {
+      GenerationRequest r;
+      r.prompt = prompt_of(3 + i % 7, 5 * i + 1, g.vocab_size);
+      r.max_new_tokens = 6;  // all admitted before the first decode step, all as long: steps of 20
+      r.sampling.greedy = true;
+      r.logprobs = 0;
+      requests.push_back(r);
+    }
+    std::vector<GenerationResult> results = engine.generate(requests);
+    EXPECT_EQ(engine.decode_kernels_run().attention, graphs) << "the kernel took the steps of 20 sequences";
+    return results;
+  };
+  const std::vector<GenerationResult> eager = run(false), replayed = run(true);
+  ASSERT_EQ(eager.size(), replayed.size());
+  for (size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_EQ(replayed[i].tokens, eager[i].tokens) << "request " << i;
+    ASSERT_EQ(replayed[i].logprobs.size(), eager[i].logprobs.size());
+    for (size_t t = 0; t < eager[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(replayed[i].logprobs[t].logprob, eager[i].logprobs[t].logprob, 0.02) << "request " << i << ", token " << t;
+    }
+  }
+}
+
 // Mixtures of experts replay their decode steps too: the grouped GEMM over the packed experts, the
 // tokens per expert counted on the device (top-2 of 4 experts; Qwen2-MoE's shared expert behind
 // its gate). The routers are zeroed so both runs route alike (see the helper), and the runs are
