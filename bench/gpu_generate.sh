@@ -57,11 +57,14 @@ if [ "${GENERATE_QUICK:-0}" = 1 ]; then
     echo "megatron.cpp batch 64 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
       --max-new-tokens 128 --inference-max-batch-size 64 $flags "${prompts[@]}" 2>&1 >/dev/null | grep -o 'decode: .*')"
   done
-  # 16 sequences (the bounded decode graphs' largest batch; 32 words: --prompt and its text): two rounds.
+  # Fewer sequences, GENERATE_MID_BATCHES (default 16, where --attention-backend auto's choice
+  # changes; each prompt is two words: --prompt and its text): two rounds.
   for round in 1 2; do
-    for flags in "${variants[@]}"; do
-      echo "megatron.cpp batch 16 ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
-        --max-new-tokens 128 --inference-max-batch-size 16 $flags "${prompts[@]:0:32}" 2>&1 >/dev/null | grep -o 'decode: .*')"
+    for mid in ${GENERATE_MID_BATCHES:-16}; do
+      for flags in "${variants[@]}"; do
+        echo "megatron.cpp batch $mid ${flags:-(default)}: $("$bin" generate --load-hf "$out/model" --bf16 --device cuda --greedy --ignore-eos \
+          --max-new-tokens 128 --inference-max-batch-size "$mid" $flags "${prompts[@]:0:$((2 * mid))}" 2>&1 >/dev/null | grep -o 'decode: .*')"
+      done
     done
   done
   if [ -n "${GENERATE_BEFORE:-}" ]; then

@@ -39,7 +39,7 @@ const char* kInferenceModelFlagsHelp =
     "                               decode: this project's one-launch kernel where it takes the step (faster\n"
     "                               below ~1000 keys at 16 sequences, slower beyond, and at 1 below 129 keys);\n"
     "                               auto (default): that kernel for steps of 2-16 sequences up to 512 keys, of\n"
-    "                               17-64 up to 256, and of one sequence over 129-512, FA2 for the rest\n"
+    "                               17-32 up to 256, of 33-64 up to 128 and of one over 129-512, FA2 for the rest\n"
     "  --decode-norms-in-gemv, --no-decode-norms-in-gemv  batch-1 decode steps compute the RMSNorms inside\n"
     "                               their GEMVs: the output projection and fc2 add the residual and prepare\n"
     "                               the next norm, QKV, fc1 and the output layer finish it (default: on one GPU)\n"

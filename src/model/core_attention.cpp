@@ -60,14 +60,15 @@ bool decode_attention_chosen(const DecodeKernels& kernels, int64_t batch, int64_
   // with the splits merged in a cluster, one sequence at a 256-key bound 0.94x FA2 and at 512
   // 0.90x (at 128 keys still 1.32x). Session 41, the 1.1B shape's batch-1 decode (134-token
   // prompt, 255 steps: bounds 256 and 512): 1.102 ms a step with the kernel at both bounds
-  // against 1.118-1.119 with FA2 at 256, two rounds each in one call on an H100. At 64
-  // sequences (session 39) 0.61x FA2 at 128 keys but 1.27x at 512; session 44, 10.6 us against
-  // FA2's 16.1-17.7 at 128 keys (the decode graphs of more than 16 sequences attend to a bound
-  // since then).
+  // against 1.118-1.119 with FA2 at 256, two rounds each in one call on an H100. Session 45
+  // (one H100, both told of the bound, as every decode graph is since then): the kernel against
+  // FA2 at 32 sequences 0.57x at 128 keys, 0.74x at 256, 1.09-1.14x at 400-512; at 64 sequences
+  // 0.60x at 128 keys, 1.23x at 256 (session 39: 1.27x at 512). The bound halves as the
+  // sequences double.
   constexpr int64_t kMostSequences = 64, kFewestKeysForOne = 129;
   if (kernels.attention) return true;
   if (!kernels.attention_where_faster || batch > kMostSequences) return false;
-  const int64_t most_keys = batch <= 16 ? 512 : 256;
+  const int64_t most_keys = batch <= 16 ? 512 : batch <= 32 ? 256 : 128;
   return keys <= most_keys && (batch > 1 || keys >= kFewestKeysForOne);
 }
 

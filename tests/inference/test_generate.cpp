@@ -422,8 +422,8 @@ TEST(KvCacheStep, FixedDecodeStepAssignsSlotsAndPadsWithTheScratchSlot) {
 }
 
 // --attention-backend auto's choice of the one-launch decode attention, where it measured faster
-// than FA2 (docs/performance.md): 2-16 sequences up to 512 keys, 17-64 up to 256, one sequence
-// over 129-512 keys;
+// than FA2 (docs/performance.md): 2-16 sequences up to 512 keys, 17-32 up to 256, 33-64 up to
+// 128, one sequence over 129-512 keys;
 // --attention-backend decode takes it everywhere, flash nowhere.
 TEST(KvCacheStep, DecodeAttentionChosenWhereItMeasuredFaster) {
   DecodeKernels where_faster;
@@ -435,10 +435,12 @@ TEST(KvCacheStep, DecodeAttentionChosenWhereItMeasuredFaster) {
   EXPECT_FALSE(decode_attention_chosen(where_faster, 1, 513));
   EXPECT_TRUE(decode_attention_chosen(where_faster, 2, 64));
   EXPECT_TRUE(decode_attention_chosen(where_faster, 16, 512));
-  EXPECT_TRUE(decode_attention_chosen(where_faster, 64, 128));
   EXPECT_TRUE(decode_attention_chosen(where_faster, 17, 256));
-  EXPECT_FALSE(decode_attention_chosen(where_faster, 17, 512));
-  EXPECT_FALSE(decode_attention_chosen(where_faster, 64, 512));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 32, 256));
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 32, 512));
+  EXPECT_TRUE(decode_attention_chosen(where_faster, 64, 128));
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 33, 256));
+  EXPECT_FALSE(decode_attention_chosen(where_faster, 64, 256));
   EXPECT_FALSE(decode_attention_chosen(where_faster, 65, 128));
   EXPECT_FALSE(decode_attention_chosen(where_faster, 16, 1024));
   EXPECT_FALSE(decode_attention_chosen(where_faster, 64, 1024));
