@@ -411,6 +411,18 @@ TEST_P(GenerationCuda, OneSequenceDecodeEqualsFullForward) {
   }
 }
 
+// The engine of a graphs-against-eager test: `max_batch` slots; with `graphs`, decode steps
+// replayed from CUDA graphs and attention as --attention-backend auto chooses it, else eager steps
+// of FA2 over the sequences' lengths (the reference).
+EngineOptions graphs_against_eager_options(const GenerationModel& g, int64_t max_batch, bool graphs) {
+  EngineOptions options;
+  options.max_batch = max_batch;
+  options.vocab_size = g.vocab_size;
+  options.cuda_graphs = graphs;
+  options.decode_kernels.attention_where_faster = graphs;
+  return options;
+}
+
 // Decode steps replayed from CUDA graphs against the same steps run eagerly: five prompts through
 // three slots (graphs of 1, 2 and 3 sequences, sequences joining as others finish; one sequence
 // crossing from the graphs attending to 64 keys to those attending to 128), greedy, each
@@ -430,14 +442,9 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
     ASSERT_GT(routers, 0) << variant;
   }
   auto run = [&](bool graphs) {
-    EngineOptions options;
-    options.max_batch = 3;
-    options.vocab_size = g.vocab_size;
-    options.cuda_graphs = graphs;
-    // The default's choice of attention (--attention-backend auto): the one-launch kernel for
-    // these steps of 2-3 sequences up to 128 keys where it takes the heads (64 channels), FA2 for
-    // the steps of one sequence.
-    options.decode_kernels.attention_where_faster = graphs;
+    // The default's choice of attention in the graphs: the one-launch kernel for these steps of
+    // 2-3 sequences up to 128 keys where it takes the heads (64 channels), FA2 for one sequence.
+    EngineOptions options = graphs_against_eager_options(g, 3, graphs);
     options.decode_kernels.norms_in_gemv = norms_in_gemv;  // both runs: the steps of one sequence
     Engine engine(*g.model, options);
     EXPECT_EQ(engine.decode_mode(), graphs ? "CUDA graphs" : "eager") << variant;
@@ -495,20 +502,15 @@ TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
 }
 
 // Steps of more than 16 sequences (20 slots: graphs of 20 rows) attend to a key bound too since
-// session 44, and the default's attention takes the one-launch kernel for them up to 256 keys
-// (the fixture's 64-channel heads): the same tokens as eager steps of FA2 over the lengths.
+// session 45, and the default's attention takes the one-launch kernel for them (up to 256 keys
+// at 17-32 rows; the fixture's 64-channel heads): the same tokens as eager steps of FA2.
 TEST(GenerationCudaGraphs, StepsOfTwentySequencesEqualEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::NoGradGuard no_grad;
   test::TempDir dir;
   const GenerationModel g = gpu_model(dir, "qwen3_head64", at::kBFloat16);
   auto run = [&](bool graphs) {
-    EngineOptions options;
-    options.max_batch = 20;
-    options.vocab_size = g.vocab_size;
-    options.cuda_graphs = graphs;
-    options.decode_kernels.attention_where_faster = graphs;
-    Engine engine(*g.model, options);
+    Engine engine(*g.model, graphs_against_eager_options(g, 20, graphs));
     std::vector<GenerationRequest> requests;
     for (int64_t i = 0; i < 20; ++i) {
       GenerationRequest r;
