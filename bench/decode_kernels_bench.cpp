@@ -45,8 +45,8 @@ constexpr int kCallsAGraph = 20;
 double graph_microseconds(const std::function<void()>& work, int iters) {
   // The inputs were made on the default stream and `work` runs on another: without this it may
   // read them before they are written (the attention table's key offsets from at::arange queued
-  // behind 2.7 GB of at::randn at 64 sequences: the likely cause of the illegal address FA2 met
-  // there in sessions 35 and 44), and its first timings overlap their making.
+  // behind 2.7 GB of at::randn at 64 sequences: the illegal address FA2 met there in sessions 35
+  // and 44; with this, every row ran in session 45), and its first timings overlap their making.
   c10::cuda::device_synchronize();
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
   const c10::cuda::CUDAStreamGuard on_side(side);

@@ -423,6 +423,33 @@ EngineOptions graphs_against_eager_options(const GenerationModel& g, int64_t max
   return options;
 }
 
+// Continuations of decode steps replayed from CUDA graphs against eager ones, request by request:
+// the same tokens, each one's log-probability within rounding. `until_parted` (the expert
+// fixtures): the tokens are not required equal; each request is compared up to the first token
+// where the two runs part, most of the tokens still compared.
+void expect_replayed_as_eager(const std::vector<GenerationResult>& eager, const std::vector<GenerationResult>& replayed,
+                              const std::string& what, bool until_parted) {
+  ASSERT_EQ(eager.size(), replayed.size()) << what;
+  size_t compared = 0, total = 0;
+  for (size_t i = 0; i < eager.size(); ++i) {
+    if (!until_parted) EXPECT_EQ(replayed[i].tokens, eager[i].tokens) << what << ": request " << i;
+    ASSERT_EQ(replayed[i].logprobs.size(), eager[i].logprobs.size()) << what << ": request " << i;
+    total += eager[i].logprobs.size();
+    for (size_t t = 0; t < eager[i].logprobs.size(); ++t) {
+      // Each run's chosen token and its log-probability: equal tokens within rounding; where an
+      // expert model's two runs part (below), their two choices were a near-tie.
+      EXPECT_NEAR(replayed[i].logprobs[t].logprob, eager[i].logprobs[t].logprob, 0.02) << what << ": request " << i << ", token " << t;
+      ++compared;
+      // A replayed step splits the keys by its graph's bound, an eager one by the lengths: the
+      // two round apart, and in a nearly flat distribution (the tiny expert fixtures' are: ~-4.1
+      // for 96 tokens) they can pick either of two tokens a few thousandths apart. From there on
+      // the continuations differ and are not compared.
+      if (until_parted && replayed[i].tokens[t] != eager[i].tokens[t]) break;
+    }
+  }
+  EXPECT_GE(2 * compared, total) << what << ": most of the tokens compared";
+}
+
 // Decode steps replayed from CUDA graphs against the same steps run eagerly: five prompts through
 // three slots (graphs of 1, 2 and 3 sequences, sequences joining as others finish; one sequence
 // crossing from the graphs attending to 64 keys to those attending to 128), greedy, each
@@ -473,25 +500,7 @@ void expect_decode_graphs_equal_eager_steps(const std::string& variant, bool con
     return results;
   };
   const std::vector<GenerationResult> eager = run(false), replayed = run(true);
-  ASSERT_EQ(eager.size(), replayed.size());
-  size_t compared = 0, total = 0;
-  for (size_t i = 0; i < eager.size(); ++i) {
-    if (!constant_routing) EXPECT_EQ(replayed[i].tokens, eager[i].tokens) << variant << ": request " << i;
-    ASSERT_EQ(replayed[i].logprobs.size(), eager[i].logprobs.size());
-    total += eager[i].logprobs.size();
-    for (size_t t = 0; t < eager[i].logprobs.size(); ++t) {
-      // Each run's chosen token and its log-probability: equal tokens within rounding; where an
-      // expert model's two runs part (below), their two choices were a near-tie.
-      EXPECT_NEAR(replayed[i].logprobs[t].logprob, eager[i].logprobs[t].logprob, 0.02) << variant << ": request " << i << ", token " << t;
-      ++compared;
-      // A replayed step splits the keys by its graph's bound, an eager one by the lengths: the
-      // two round apart, and in a nearly flat distribution (the tiny expert fixtures' are: ~-4.1
-      // for 96 tokens) they can pick either of two tokens a few thousandths apart. From there on
-      // the continuations differ and are not compared.
-      if (constant_routing && replayed[i].tokens[t] != eager[i].tokens[t]) break;
-    }
-  }
-  EXPECT_GE(2 * compared, total) << variant << ": most of the tokens compared";
+  expect_replayed_as_eager(eager, replayed, variant, /*until_parted=*/constant_routing);
 }
 
 TEST_P(GenerationCuda, DecodeGraphsEqualEagerSteps) {
@@ -525,14 +534,7 @@ TEST(GenerationCudaGraphs, StepsOfTwentySequencesEqualEagerSteps) {
     return results;
   };
   const std::vector<GenerationResult> eager = run(false), replayed = run(true);
-  ASSERT_EQ(eager.size(), replayed.size());
-  for (size_t i = 0; i < eager.size(); ++i) {
-    EXPECT_EQ(replayed[i].tokens, eager[i].tokens) << "request " << i;
-    ASSERT_EQ(replayed[i].logprobs.size(), eager[i].logprobs.size());
-    for (size_t t = 0; t < eager[i].logprobs.size(); ++t) {
-      EXPECT_NEAR(replayed[i].logprobs[t].logprob, eager[i].logprobs[t].logprob, 0.02) << "request " << i << ", token " << t;
-    }
-  }
+  expect_replayed_as_eager(eager, replayed, "20 sequences", /*until_parted=*/false);
 }
 
 // Mixtures of experts replay their decode steps too: the grouped GEMM over the packed experts, the
