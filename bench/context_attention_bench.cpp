@@ -17,7 +17,8 @@
 //                                    [--longest 131072]   (sequences of 32k up to it)
 //                                    [--rounds 3]   (the fused call and the ring's variants alternated: medians,
 //                                                    the ratios each round's over the fused call's in that round)
-//                                    [--block-kinds 0]   (1: each kind of block's kernels against its share)
+//                                    [--block-kinds 0]   (1: each kind of block's kernels against its share,
+//                                                         and the ring's arithmetic around them piece by piece)
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -39,6 +40,7 @@
 #include "context_parallel/document_blocks.h"
 #include "context_parallel/partial_attention.h"
 #include "context_parallel/ring_attention.h"
+#include "kernels/attention_ops.h"
 
 namespace {
 
@@ -95,7 +97,8 @@ struct RankRows {
 // kind to a block, cp::ring_groups): forward blocks folded into the output (cp::BlockOutputs:
 // combined in one pass when a rank has at most four, else merged into an fp32 accumulator and
 // cast back); then their backward, the query gradients likewise (cp::BlockQueryGrads), the key
-// and value gradients added into fp32 sums per owner and cast back. Under packed documents (non-null) one step a
+// and value gradients added into fp32 sums per owner (kernels::add_key_value_grads, as the ring
+// adds its shares) and cast back. Under packed documents (non-null) one step a
 // block, each piece by piece, as the ring does. bookkeeping false: the blocks' kernels alone (no
 // merges, sums or casts; the backward reads `merged`, which it needs): what the ring's own
 // arithmetic around the kernels costs is the difference. runs:
@@ -106,11 +109,9 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
                const std::function<bool(const cp::RingGroup&)>& runs = nullptr, std::vector<cp::PartialAttention>* merged = nullptr) {
   const int64_t c = r.q[0].size(2) / 2;
   const at::TensorOptions fp32 = r.q[0].options().dtype(at::kFloat);
-  std::vector<at::Tensor> dk, dv;  // [b, G, 2c, d] fp32 per owner
-  for (int owner = 0; bookkeeping && owner < cp; ++owner) {
-    dk.push_back(at::zeros(r.k[0].sizes(), fp32));
-    dv.push_back(at::zeros(r.v[0].sizes(), fp32));
-  }
+  // [b, G, 2c, d] fp32 per owner, started by its first share as the ring starts its sums: written
+  // over where the share covers every row, else zeros first.
+  std::vector<at::Tensor> dk(static_cast<size_t>(cp)), dv(static_cast<size_t>(cp));
   for (int rank = 0; rank < cp; ++rank) {
     const at::Tensor &mq = r.q[size_t(rank)], &mdout = r.dout[size_t(rank)];
     std::vector<cp::BlockDocuments> pieces;  // per step, as ring_attention cuts them
@@ -159,16 +160,102 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
       dq.add(g.dq, group.first_query);
       for (int i = 0; i < group.steps; ++i) {
         const size_t owner = size_t(owner_of(group.first_step + i));
-        dk[owner].narrow(2, group.first_key, group.keys).add_(g.dk.narrow(2, i * group.keys, group.keys));
-        dv[owner].narrow(2, group.first_key, group.keys).add_(g.dv.narrow(2, i * group.keys, group.keys));
+        const bool start = !dk[owner].defined(), covers_all = group.first_key == 0 && group.keys == 2 * c;
+        if (start) {
+          dk[owner] = covers_all ? at::empty(r.k[0].sizes(), fp32) : at::zeros(r.k[0].sizes(), fp32);
+          dv[owner] = covers_all ? at::empty(r.v[0].sizes(), fp32) : at::zeros(r.v[0].sizes(), fp32);
+        }
+        kernels::add_key_value_grads(dk[owner].narrow(2, group.first_key, group.keys), dv[owner].narrow(2, group.first_key, group.keys),
+                                     g.dk.narrow(2, i * group.keys, group.keys), g.dv.narrow(2, i * group.keys, group.keys),
+                                     start && covers_all);
       }
     }
     if (bookkeeping) (void)dq.finish(2 * c, mq.scalar_type());
   }
   for (int owner = 0; bookkeeping && owner < cp; ++owner) {
+    if (!dk[size_t(owner)].defined()) continue;  // under documents a rank's keys may meet no query
     (void)dk[size_t(owner)].to(r.k[0].scalar_type());
     (void)dv[size_t(owner)].to(r.v[0].scalar_type());
   }
+}
+
+// What the ring does around its kernels, each piece alone over every rank (the blocks' results
+// stand-ins of their shapes, as cuDNN returns them): the forward's combine of a rank's blocks, the
+// query gradients' sum, the key/value gradient shares into the owners' fp32 sums (this project's
+// kernel, and ATen's zeros and mixed-dtype add_ as the ring did before session 46), and the sums'
+// casts back. One line each: ms for all ranks, and the bytes it must move over that time.
+std::string bookkeeping_rows(int64_t seq, int cp, int steps_per_block, int64_t heads, int64_t groups, int64_t dim, int iters, int rounds) {
+  const int64_t c = seq / (2 * cp);
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16), fp32 = bf16.dtype(at::kFloat);
+  struct Rank {
+    std::vector<kernels::CombinedPart> outs, grads;
+    std::vector<std::pair<cp::RingGroup, std::pair<at::Tensor, at::Tensor>>> key_grads;  // each group's dk, dv
+  };
+  std::vector<Rank> ranks(static_cast<size_t>(cp));
+  double combine_bytes = 0, grad_bytes = 0, sum_bytes = 0;
+  for (int rank = 0; rank < cp; ++rank) {
+    Rank& r = ranks[size_t(rank)];
+    for (const cp::RingGroup& g : cp::ring_groups(rank, cp, c, steps_per_block)) {
+      r.outs.push_back({at::randn({1, heads, g.queries, dim}, bf16), at::randn({1, heads, g.queries}, fp32), g.first_query});
+      r.grads.push_back({at::randn({1, heads, g.queries, dim}, bf16), at::Tensor(), g.first_query});
+      r.key_grads.push_back({g, {at::randn({1, groups, g.steps * g.keys, dim}, bf16), at::randn({1, groups, g.steps * g.keys, dim}, bf16)}});
+      combine_bytes += double(heads * g.queries) * (dim * 2 + 4);
+      grad_bytes += double(heads * g.queries) * dim * 2;
+      sum_bytes += 2.0 * double(groups * g.steps * g.keys * dim) * (2 + 4 + 4);  // k and v: read bf16, read and write fp32
+    }
+    combine_bytes += double(heads * 2 * c) * (dim * 2 + 4);  // the output and its log-sum-exp
+    grad_bytes += double(heads * 2 * c) * dim * 2;
+  }
+  auto sums = [&](bool kernel) {
+    std::vector<at::Tensor> dk(static_cast<size_t>(cp)), dv(static_cast<size_t>(cp));
+    for (int rank = 0; rank < cp; ++rank) {
+      for (const auto& [g, grads] : ranks[size_t(rank)].key_grads) {
+        for (int i = 0; i < g.steps; ++i) {
+          const size_t owner = size_t((rank - g.first_step - i + cp) % cp);
+          const bool start = !dk[owner].defined(), covers_all = kernel && g.first_key == 0 && g.keys == 2 * c;
+          if (start) {
+            dk[owner] = covers_all ? at::empty({1, groups, 2 * c, dim}, fp32) : at::zeros({1, groups, 2 * c, dim}, fp32);
+            dv[owner] = covers_all ? at::empty({1, groups, 2 * c, dim}, fp32) : at::zeros({1, groups, 2 * c, dim}, fp32);
+          }
+          kernels::add_key_value_grads(dk[owner].narrow(2, g.first_key, g.keys), dv[owner].narrow(2, g.first_key, g.keys),
+                                       grads.first.narrow(2, i * g.keys, g.keys), grads.second.narrow(2, i * g.keys, g.keys),
+                                       start && covers_all, kernel ? kernels::Impl::Auto : kernels::Impl::Composite);
+        }
+      }
+    }
+    return std::make_pair(dk, dv);
+  };
+  std::vector<std::pair<at::Tensor, at::Tensor>> owner_sums;
+  {
+    auto [dk, dv] = sums(true);
+    for (int owner = 0; owner < cp; ++owner) owner_sums.push_back({dk[size_t(owner)], dv[size_t(owner)]});
+  }
+  const std::pair<const char*, std::function<void()>> pieces[] = {
+      {"combine of the blocks' outputs", [&] {
+         for (Rank& r : ranks) (void)kernels::attention_combine(r.outs, 2 * c, at::empty({1, heads, 2 * c}, fp32));
+       }},
+      {"query gradients' sum", [&] {
+         for (Rank& r : ranks) (void)kernels::attention_combine(r.grads, 2 * c, at::Tensor());
+       }},
+      {"key/value shares into the sums (kernel)", [&] { (void)sums(true); }},
+      {"key/value shares into the sums (ATen zeros + add_)", [&] { (void)sums(false); }},
+      {"the sums cast back", [&] {
+         for (auto& [dk, dv] : owner_sums) {
+           (void)dk.to(at::kBFloat16);
+           (void)dv.to(at::kBFloat16);
+         }
+       }}};
+  const double bytes[] = {combine_bytes, grad_bytes, sum_bytes, sum_bytes, 2.0 * cp * groups * 2 * c * dim * (4 + 2)};
+  std::string out;
+  char line[256];
+  for (size_t i = 0; i < std::size(pieces); ++i) {
+    Rounds t;
+    for (int round = 0; round < rounds; ++round) t.add(seconds_per_call(pieces[i].second, iters));
+    std::snprintf(line, sizeof line, "| %lld | %d | %s | %.3f | %.0f |\n", static_cast<long long>(seq), cp, pieces[i].first, t.median() * 1e3,
+                  bytes[i] / t.median() / 1e9);
+    out += line;
+  }
+  return out;
 }
 
 // The whole sequence as one causal block of a kernel, forward and backward: the kernel's own speed.
@@ -242,7 +329,7 @@ int main(int argc, char** argv) {
   if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, one step a block (ms) | "
               "steps a block | ring, steps grouped (ms) | their kernels alone (ms) | ring / SDPA, one step a block | ring / SDPA | kernels alone / SDPA |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::string kinds_table;  // the blocks' kernels by kind, printed after the main table
+  std::string kinds_table, bookkeeping_table;  // the blocks' kernels by kind, the ring's arithmetic around them: after the main table
   for (int64_t seq : {32768, 65536, 131072}) {
     if (!causal || seq > longest) break;
     at::manual_seed(0);
@@ -283,6 +370,7 @@ int main(int argc, char** argv) {
                   grouped_rounds.median_ratio_to(fused), kernels_alone.median_ratio_to(fused));
       std::fflush(stdout);
       if (!block_kinds) continue;
+      bookkeeping_table += bookkeeping_rows(seq, cp, grouped, heads, groups, dim, iters, rounds);
       // Each kind of block's kernels (every rank's), against its share of the fused call's work:
       // the own blocks 1/CP of it, the earlier ranks' and the later ranks' (CP-1)/2CP each.
       const int64_t c = seq / (2 * cp);
@@ -307,6 +395,9 @@ int main(int argc, char** argv) {
     std::printf("\nthe blocks' kernels by kind (every rank's, forward and backward) against their share of the fused call:\n"
                 "| sequence | CP | blocks | kernels (ms) | share of fused (ms) | ratio |\n|---|---|---|---|---|---|\n%s",
                 kinds_table.c_str());
+    std::printf("\nthe ring's arithmetic around its kernels, each piece alone (every rank's; GB/s: the bytes it must move over its time):\n"
+                "| sequence | CP | piece | ms | GB/s |\n|---|---|---|---|---|\n%s",
+                bookkeeping_table.c_str());
   }
   if (document_tokens <= 0) return 0;
   std::printf("\npacked documents, %lld tokens on average (uniform in [1/4, 7/4] of it):\n"

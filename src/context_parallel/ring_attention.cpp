@@ -14,6 +14,7 @@
 #include "context_parallel/document_blocks.h"
 #include "context_parallel/partial_attention.h"
 #include "context_parallel/saved_attention.h"
+#include "kernels/attention_ops.h"
 #include "tensor_parallel/group_capsule.h"
 
 namespace megatron::cp {
@@ -96,6 +97,7 @@ void wait_all(std::vector<dist::Work>& works) {
 struct KeyValues {
   std::vector<int64_t> k_shape, v_shape;
   at::Tensor pack(const at::Tensor& k, const at::Tensor& v) const { return at::cat({k.reshape(-1), v.reshape(-1)}); }
+  int64_t numel() const { return c10::multiply_integers(k_shape) + c10::multiply_integers(v_shape); }
   at::Tensor k(const at::Tensor& flat) const { return flat.narrow(0, 0, c10::multiply_integers(k_shape)).view(k_shape); }
   at::Tensor v(const at::Tensor& flat) const {
     return flat.narrow(0, c10::multiply_integers(k_shape), c10::multiply_integers(v_shape)).view(v_shape);
@@ -116,11 +118,15 @@ struct KeyValues {
 struct KeyValueShare {
   at::Tensor dk, dv;  // [b, G, rows, d], [b, G, rows, dv]; undefined: no share
   int64_t first_key = 0;
-  // Adds itself into `sum`, the owner's packed fp32 k/v gradient (fp32 += its dtype, one pass).
-  void add_to(at::Tensor& sum, const KeyValues& layout) {
+  // Adds itself into `sum`, the owner's packed fp32 k/v gradient (fp32 += its dtype, one pass for
+  // both). An undefined `sum` is started: written over where the share covers every row (the own
+  // block's does), else zeros first.
+  void add_to(at::Tensor& sum, const KeyValues& layout, const at::TensorOptions& fp32) {
+    const bool start = !sum.defined(), covers_all = dk.defined() && first_key == 0 && dk.size(2) == layout.k_shape[2];
+    if (start) sum = covers_all ? at::empty({layout.numel()}, fp32) : at::zeros({layout.numel()}, fp32);
     if (!dk.defined()) return;
-    layout.k(sum).narrow(2, first_key, dk.size(2)).add_(dk);
-    layout.v(sum).narrow(2, first_key, dv.size(2)).add_(dv);
+    kernels::add_key_value_grads(layout.k(sum).narrow(2, first_key, dk.size(2)), layout.v(sum).narrow(2, first_key, dv.size(2)), dk, dv,
+                                 /*overwrite=*/start && covers_all);
     dk.reset();
     dv.reset();
   }
@@ -231,7 +237,6 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     BlockQueryGrads dq(computed_groups(groups));  // the own block covers every query row
     std::vector<at::Tensor> held(static_cast<size_t>(cp));
     held[0] = layout.pack(k, v);
-    const int64_t numel = held[0].numel();
     const at::TensorOptions fp32 = k.options().dtype(at::kFloat);
     // Per step: this rank's share of the gradient of its owner's keys and values (views of its
     // group's gradients, kept until added into the sum going on), and the sum arriving from the
@@ -269,9 +274,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       if (cp > 1 && sending >= 0) {
         wait_all(grad_flight);
         if (sending > 0) sum[size_t(sending - 1)].reset();  // its pass is complete
-        at::Tensor& total = sum[size_t(sending)];
-        if (sending == 0) total = at::zeros({numel}, fp32);
-        share[size_t(sending)].add_to(total, layout);
+        at::Tensor& total = sum[size_t(sending)];  // undefined at step 0: this rank's share starts it
+        share[size_t(sending)].add_to(total, layout, fp32);
         sum[size_t(sending + 1)] = at::empty_like(total);
         grad_flight = pass_on(g, total, sum[size_t(sending + 1)]);
       }
@@ -281,8 +285,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       wait_all(grad_flight);
       own = sum[size_t(cp)];
     } else {
-      own = at::zeros({numel}, fp32);
-      share[0].add_to(own, layout);
+      share[0].add_to(own, layout, fp32);
     }
     return {dq.finish(2 * c, q.scalar_type()), layout.k(own).to(k.scalar_type()), layout.v(own).to(v.scalar_type()), at::Tensor()};
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "kernels/cuda_dispatch.h"
 
@@ -114,6 +115,36 @@ at::Tensor attention_combine(const std::vector<CombinedPart>& parts, int64_t row
   cuda::attention_combine(a, current_stream());
 #endif
   return out;
+}
+
+void add_key_value_grads(const at::Tensor& sum_k, const at::Tensor& sum_v, const at::Tensor& dk, const at::Tensor& dv, bool overwrite,
+                         Impl impl) {
+  TORCH_CHECK(sum_k.dim() == 4 && sum_k.sizes() == dk.sizes() && sum_v.dim() == 4 && sum_v.sizes() == dv.sizes(),
+              "add_key_value_grads: sums ", sum_k.sizes(), " / ", sum_v.sizes(), " and gradients ", dk.sizes(), " / ", dv.sizes(),
+              " must be [b, G, rows, d] alike");
+  TORCH_CHECK(sum_k.scalar_type() == at::kFloat && sum_v.scalar_type() == at::kFloat && dk.scalar_type() == dv.scalar_type(),
+              "add_key_value_grads: fp32 sums, key and value gradients of one dtype");
+  // Each (batch, head)'s rows one contiguous run in all four: the views the ring makes.
+  auto runs_contiguous = [](const at::Tensor& t) { return t.stride(3) == 1 && (t.size(2) <= 1 || t.stride(2) == t.size(3)); };
+  const bool kernel = uses_kernel(dk, impl) && sum_k.is_cuda() && runs_contiguous(sum_k) && runs_contiguous(sum_v) &&
+                      runs_contiguous(dk) && runs_contiguous(dv);
+  if (!kernel) {
+    for (auto [sum, grad] : {std::pair{sum_k, dk}, std::pair{sum_v, dv}}) overwrite ? sum.copy_(grad) : sum.add_(grad);
+    return;
+  }
+#ifdef MEGATRON_WITH_CUDA_KERNELS
+  cuda::KeyValueGradsArgs a{};
+  const at::Tensor* sums[2] = {&sum_k, &sum_v};
+  const at::Tensor* grads[2] = {&dk, &dv};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor &sum = *sums[i], &grad = *grads[i];
+    a.pair[i] = {sum.data_ptr<float>(), grad.data_ptr(), sum.size(0), sum.size(1), sum.size(2), sum.size(3),
+                 sum.stride(0), sum.stride(1), grad.stride(0), grad.stride(1)};
+  }
+  a.dtype = storage_type(dk);
+  a.overwrite = overwrite;
+  cuda::add_key_value_grads(a, current_stream());
+#endif
 }
 
 bool qkv_rope_into_cache_takes(const at::Tensor& qkv, int64_t head_dim, const at::Tensor& cos) {

@@ -32,6 +32,14 @@ struct CombinedPart {
 constexpr int kMostCombinedParts = 4;  // what the kernel takes in one pass
 at::Tensor attention_combine(const std::vector<CombinedPart>& parts, int64_t rows, const at::Tensor& lse_out, Impl impl = Impl::Auto);
 
+// Ring attention's share of a step's key and value gradients into the fp32 sums that travel the
+// ring: sum_k += dk and sum_v += dv (overwrite: =), each [b, G, rows, d] (views of the packed sum
+// and of a group's gradients), dk / dv in one float dtype, upcast as read. One CUDA launch for
+// both where every (batch, head)'s rows are contiguous in all four (attention_merge.cu: ATen's
+// mixed-dtype add takes its element-at-a-time casting path, two launches); ATen's add_ / copy_ else.
+void add_key_value_grads(const at::Tensor& sum_k, const at::Tensor& sum_v, const at::Tensor& dk, const at::Tensor& dv, bool overwrite,
+                         Impl impl = Impl::Auto);
+
 // The decode step's QKV output [s, b, G, (P + 2) * d] (split_qkv_rope's layout) in one pass: the
 // queries rotated into the result [s, b, G * P, d], the key rotated and the value copied into the
 // cache's stores [rows, G, d] at rows store_rows ([b s] int64, sequence-major). No autograd.

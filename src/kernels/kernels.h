@@ -180,6 +180,22 @@ struct AttentionCombineArgs {
 };
 void attention_combine(const AttentionCombineArgs& args, Stream stream);
 
+// Ring attention's key and value gradient shares into the fp32 sums that travel the ring
+// (attention_merge.cu), both in one launch: per part sum (+)= grad over [b, heads, rows, dim] with
+// each (batch, head)'s rows one contiguous run (row stride dim) in both; grad in `dtype`, upcast
+// as read; overwrite: = instead of +=.
+struct KeyValueGradsArgs {
+  struct Part {
+    float* sum;
+    const void* grad;
+    int64_t b, heads, rows, dim;
+    int64_t sum_stride_b, sum_stride_h, grad_stride_b, grad_stride_h;  // in elements
+  } pair[2];
+  DType dtype;
+  bool overwrite;
+};
+void add_key_value_grads(const KeyValueGradsArgs& args, Stream stream);
+
 // A batch-1 decode step's QKV GEMV with RoPE in its epilogue (GemvArgs::rope, q_out non-null):
 // its n = G (P + 2) d output rows are G groups of P query heads, a key and a value of d channels;
 // the queries rotate into q_out [G P d], the key rotates into its cache row, the value is copied

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <limits>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -66,10 +67,13 @@ TEST(ContextParallelCuda, FusedBlocksEqualTheArithmetic) {
 TEST(ContextParallelCuda, MergeKernelEqualsTheComposite) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(5);
-  const int64_t b = 2, heads = 4, total = 96, first = 32, rows = 48, dv = 72;
+  const int64_t b = 2, heads = 4, total = 96, first = 32, rows = 48;
   const at::TensorOptions fp32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   const double inf = std::numeric_limits<double>::infinity();
+  // 72 channels in packs of 4, 18 one at a time.
+  for (const int64_t dv : {72, 18})
   for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    SCOPED_TRACE(testing::Message() << "dv " << dv);
     at::Tensor acc_out = at::randn({b, heads, total, dv}, fp32), acc_lse = at::randn({b, heads, total}, fp32);
     const at::Tensor part_out = at::randn({b, rows, heads, dv}, fp32).to(dtype).transpose(1, 2);  // strided, as cuDNN's
     at::Tensor part_lse = at::randn({b, heads, rows}, fp32);
@@ -98,10 +102,13 @@ TEST(ContextParallelCuda, MergeKernelEqualsTheComposite) {
 TEST(ContextParallelCuda, CombineKernelEqualsTheComposite) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(6);
-  const int64_t b = 2, heads = 4, rows = 96, dv = 64;
+  const int64_t b = 2, heads = 4, rows = 96;
   const at::TensorOptions fp32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   const double inf = std::numeric_limits<double>::infinity();
+  // 64 channels in 16-byte packs; 20: fp32 in packs, bf16 one at a time; 136: more packs than a warp's lanes in fp32.
+  for (const int64_t dv : {64, 20, 136})
   for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    SCOPED_TRACE(testing::Message() << "dv " << dv);
     std::vector<kernels::CombinedPart> parts{
         {at::randn({b, heads, rows, dv}, fp32).to(dtype), at::randn({b, heads, rows}, fp32), 0},
         {at::randn({b, heads, rows, dv}, fp32).to(dtype), at::randn({b, heads, rows}, fp32), 0},
@@ -127,6 +134,34 @@ TEST(ContextParallelCuda, CombineKernelEqualsTheComposite) {
     EXPECT_LT(relative(sum, want_sum), dtype == at::kFloat ? 1e-6 : 4e-3) << dtype;
     const at::Tensor by_hand = parts[0].out.to(at::kFloat) + parts[1].out.to(at::kFloat);
     EXPECT_LT(relative(sum.narrow(2, 0, rows / 2), by_hand.narrow(2, 0, rows / 2)), dtype == at::kFloat ? 1e-6 : 4e-3) << dtype;
+  }
+}
+
+// The key/value gradient shares into the ring's fp32 sums (one launch for both) against ATen's
+// add_ / copy_: views as the ring makes them (rows of the packed sum, one step's rows of a group's
+// gradients), added and written over, bf16 and fp32, a value head narrower than the key's (MLA),
+// and a head dim that leaves the packs (one element at a time).
+TEST(ContextParallelCuda, KeyValueGradsKernelEqualsTheComposite) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(7);
+  const int64_t b = 2, groups = 3, c = 41, steps = 3;  // 41 rows: 10 and 6 channels leave the packs
+  const at::TensorOptions fp32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  for (const auto [d, dv] : {std::pair<int64_t, int64_t>{64, 64}, {96, 64}, {10, 6}})
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat})
+  for (const bool overwrite : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "d " << d << ", dv " << dv << ", " << dtype << (overwrite ? ", overwrite" : ", add"));
+    const int64_t k_numel = b * groups * 2 * c * d, numel = k_numel + b * groups * 2 * c * dv;
+    const at::Tensor packed = at::randn({numel}, fp32);
+    auto sum_k = [&](const at::Tensor& flat) { return flat.narrow(0, 0, k_numel).view({b, groups, 2 * c, d}).narrow(2, c, c); };
+    auto sum_v = [&](const at::Tensor& flat) { return flat.narrow(0, k_numel, numel - k_numel).view({b, groups, 2 * c, dv}).narrow(2, c, c); };
+    // A group's gradients over three steps' keys side by side; this share is the middle step's.
+    const at::Tensor dk = at::randn({b, groups, steps * c, d}, fp32).to(dtype).narrow(2, c, c);
+    const at::Tensor dv_ = at::randn({b, groups, steps * c, dv}, fp32).to(dtype).narrow(2, c, c);
+    at::Tensor got = packed.clone(), want = packed.clone();
+    kernels::add_key_value_grads(sum_k(want), sum_v(want), dk, dv_, overwrite, kernels::Impl::Composite);
+    kernels::add_key_value_grads(sum_k(got), sum_v(got), dk, dv_, overwrite);
+    EXPECT_TRUE(at::equal(got, want)) << "max difference " << (got - want).abs().max().item<double>();
+    EXPECT_FALSE(at::equal(got, packed)) << "the sums changed";
   }
 }
 
