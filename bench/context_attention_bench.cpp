@@ -14,7 +14,7 @@
 //   megatron_bench_context_attention [--heads 32] [--groups 4] [--dim 64] [--iters 10] [--document-tokens 4096]
 //                                    [--causal 1]   (0: the packed documents' table alone)
 //                                    [--steps-per-block 0]   (0: ring_attention's choice)
-//                                    [--longest 131072]   (sequences of 32k up to it)
+//                                    [--longest 131072] [--shortest 32768]   (the sequences of 32k, 64k, 128k between them)
 //                                    [--rounds 3]   (the fused call and the ring's variants alternated: medians,
 //                                                    the ratios each round's over the fused call's in that round)
 //                                    [--block-kinds 0]   (1: each kind of block's kernels against its share,
@@ -296,7 +296,7 @@ const char* sdpa_backend_name(int64_t choice) {
 int main(int argc, char** argv) {
   int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0, block_kinds = 0;
   int iters = 10, rounds = 3;
-  int64_t longest = 131072;
+  int64_t longest = 131072, shortest = 32768;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t value = std::atoll(argv[i + 1]);
@@ -309,9 +309,10 @@ int main(int argc, char** argv) {
     else if (flag == "--steps-per-block") steps_per_block = value;
     else if (flag == "--rounds") rounds = std::max(1, int(value));
     else if (flag == "--longest") longest = value;
+    else if (flag == "--shortest") shortest = value;
     else if (flag == "--block-kinds") block_kinds = value;
     else {
-      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --rounds, --longest, --document-tokens, --causal, --steps-per-block, --block-kinds)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --rounds, --longest, --shortest, --document-tokens, --causal, --steps-per-block, --block-kinds)\n", argv[i]);
       return 2;
     }
   }
@@ -332,6 +333,7 @@ int main(int argc, char** argv) {
   std::string kinds_table, bookkeeping_table;  // the blocks' kernels by kind, the ring's arithmetic around them: after the main table
   for (int64_t seq : {32768, 65536, 131072}) {
     if (!causal || seq > longest) break;
+    if (seq < shortest) continue;
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);
@@ -405,6 +407,7 @@ int main(int argc, char** argv) {
               "|---|---|---|---|---|---|\n", static_cast<long long>(document_tokens));
   for (int64_t seq : {32768, 65536, 131072}) {
     if (seq > longest) break;
+    if (seq < shortest) continue;
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);

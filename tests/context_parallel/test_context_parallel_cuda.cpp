@@ -16,6 +16,7 @@
 #include "context_parallel/ring_attention.h"
 #include "core/cuda_device.h"
 #include "kernels/attention_ops.h"
+#include "support/gloo_ranks.h"
 
 namespace megatron {
 namespace {
@@ -163,6 +164,32 @@ TEST(ContextParallelCuda, KeyValueGradsKernelEqualsTheComposite) {
     EXPECT_TRUE(at::equal(got, want)) << "max difference " << (got - want).abs().max().item<double>();
     EXPECT_FALSE(at::equal(got, packed)) << "the sums changed";
   }
+}
+
+// The ring on the GPU end to end, as a rank of one runs it (no exchange; one process cannot hold
+// two NCCL ranks on one device): the own block in the fused kernel, the blocks combined, the key
+// and value gradients started in the fp32 sum by the share kernel, written over, and cast back,
+// against SDPA over the same tokens, in bf16 with grouped-query heads.
+TEST(ContextParallelCuda, RingOfOneRankEqualsSdpa) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
+  at::manual_seed(8);
+  const int64_t b = 2, heads = 8, groups = 2, seq = 256, d = 64;
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({b, heads, seq, d}, bf16), k = at::randn({b, groups, seq, d}, bf16),
+                   v = at::randn({b, groups, seq, d}, bf16), upstream = at::randn({b, heads, seq, d}, bf16);
+  const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+  const at::Tensor want = at::scaled_dot_product_attention(rq, rk, rv, std::nullopt, 0.0, true, 0.125, /*enable_gqa=*/true);
+  want.backward(upstream);
+  test::on_gloo_ranks(1, [&](int, const dist::Group& g) {
+    const at::Tensor lq = q.clone().requires_grad_(), lk = k.clone().requires_grad_(), lv = v.clone().requires_grad_();
+    const at::Tensor got = cp::ring_attention(lq, lk, lv, at::Tensor(), 0.125, g);
+    got.backward(upstream);
+    EXPECT_EQ(lk.grad().scalar_type(), at::kBFloat16);
+    EXPECT_LT(relative(got, want), 1e-2);
+    EXPECT_LT(relative(lq.grad(), rq.grad()), 2e-2);
+    EXPECT_LT(relative(lk.grad(), rk.grad()), 2e-2);
+    EXPECT_LT(relative(lv.grad(), rv.grad()), 2e-2);
+  });
 }
 
 // Packed documents: FlashAttention-2's variable-length kernel over a ring block's document pieces
