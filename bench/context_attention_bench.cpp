@@ -93,6 +93,24 @@ struct RankRows {
   }
 };
 
+// One step's share of an owner's key and value gradients (rows [first_key, first_key + rows) of
+// them) into the owner's fp32 sums ([b, G, 2c, d] each), started as the ring starts its own
+// (ring_attention.cpp's KeyValueShare): an undefined sum is written over where the share covers
+// every row, else zeros first. Impl::Composite: ATen's zeros and add_, as the ring did before
+// session 46 (always zeros first).
+void add_share(at::Tensor& sum_k, at::Tensor& sum_v, at::IntArrayRef k_shape, at::IntArrayRef v_shape, int64_t first_key,
+               const at::Tensor& dk, const at::Tensor& dv, kernels::Impl impl = kernels::Impl::Auto) {
+  const at::TensorOptions fp32 = dk.options().dtype(at::kFloat);
+  const bool start = !sum_k.defined(),
+             covers_all = impl == kernels::Impl::Auto && first_key == 0 && dk.size(2) == k_shape[2];
+  if (start) {
+    sum_k = covers_all ? at::empty(k_shape, fp32) : at::zeros(k_shape, fp32);
+    sum_v = covers_all ? at::empty(v_shape, fp32) : at::zeros(v_shape, fp32);
+  }
+  kernels::add_key_value_grads(sum_k.narrow(2, first_key, dk.size(2)), sum_v.narrow(2, first_key, dv.size(2)), dk, dv,
+                               start && covers_all, impl);
+}
+
 // Every rank's ring steps for one sequence, as ring_attention runs them (steps_per_block of one
 // kind to a block, cp::ring_groups): forward blocks folded into the output (cp::BlockOutputs:
 // combined in one pass when a rank has at most four, else merged into an fp32 accumulator and
@@ -108,9 +126,7 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
                const cp::PackedDocuments* documents = nullptr, bool bookkeeping = true,
                const std::function<bool(const cp::RingGroup&)>& runs = nullptr, std::vector<cp::PartialAttention>* merged = nullptr) {
   const int64_t c = r.q[0].size(2) / 2;
-  const at::TensorOptions fp32 = r.q[0].options().dtype(at::kFloat);
-  // [b, G, 2c, d] fp32 per owner, started by its first share as the ring starts its sums: written
-  // over where the share covers every row, else zeros first.
+  // [b, G, 2c, d] fp32 per owner, started by its first share (add_share)
   std::vector<at::Tensor> dk(static_cast<size_t>(cp)), dv(static_cast<size_t>(cp));
   for (int rank = 0; rank < cp; ++rank) {
     const at::Tensor &mq = r.q[size_t(rank)], &mdout = r.dout[size_t(rank)];
@@ -160,14 +176,8 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
       dq.add(g.dq, group.first_query);
       for (int i = 0; i < group.steps; ++i) {
         const size_t owner = size_t(owner_of(group.first_step + i));
-        const bool start = !dk[owner].defined(), covers_all = group.first_key == 0 && group.keys == 2 * c;
-        if (start) {
-          dk[owner] = covers_all ? at::empty(r.k[0].sizes(), fp32) : at::zeros(r.k[0].sizes(), fp32);
-          dv[owner] = covers_all ? at::empty(r.v[0].sizes(), fp32) : at::zeros(r.v[0].sizes(), fp32);
-        }
-        kernels::add_key_value_grads(dk[owner].narrow(2, group.first_key, group.keys), dv[owner].narrow(2, group.first_key, group.keys),
-                                     g.dk.narrow(2, i * group.keys, group.keys), g.dv.narrow(2, i * group.keys, group.keys),
-                                     start && covers_all);
+        add_share(dk[owner], dv[owner], r.k[0].sizes(), r.v[0].sizes(), group.first_key, g.dk.narrow(2, i * group.keys, group.keys),
+                  g.dv.narrow(2, i * group.keys, group.keys));
       }
     }
     if (bookkeeping) (void)dq.finish(2 * c, mq.scalar_type());
@@ -206,20 +216,15 @@ std::string bookkeeping_rows(int64_t seq, int cp, int steps_per_block, int64_t h
     combine_bytes += double(heads * 2 * c) * (dim * 2 + 4);  // the output and its log-sum-exp
     grad_bytes += double(heads * 2 * c) * dim * 2;
   }
+  const std::vector<int64_t> sum_shape{1, groups, 2 * c, dim};
   auto sums = [&](bool kernel) {
     std::vector<at::Tensor> dk(static_cast<size_t>(cp)), dv(static_cast<size_t>(cp));
     for (int rank = 0; rank < cp; ++rank) {
       for (const auto& [g, grads] : ranks[size_t(rank)].key_grads) {
         for (int i = 0; i < g.steps; ++i) {
           const size_t owner = size_t((rank - g.first_step - i + cp) % cp);
-          const bool start = !dk[owner].defined(), covers_all = kernel && g.first_key == 0 && g.keys == 2 * c;
-          if (start) {
-            dk[owner] = covers_all ? at::empty({1, groups, 2 * c, dim}, fp32) : at::zeros({1, groups, 2 * c, dim}, fp32);
-            dv[owner] = covers_all ? at::empty({1, groups, 2 * c, dim}, fp32) : at::zeros({1, groups, 2 * c, dim}, fp32);
-          }
-          kernels::add_key_value_grads(dk[owner].narrow(2, g.first_key, g.keys), dv[owner].narrow(2, g.first_key, g.keys),
-                                       grads.first.narrow(2, i * g.keys, g.keys), grads.second.narrow(2, i * g.keys, g.keys),
-                                       start && covers_all, kernel ? kernels::Impl::Auto : kernels::Impl::Composite);
+          add_share(dk[owner], dv[owner], sum_shape, sum_shape, g.first_key, grads.first.narrow(2, i * g.keys, g.keys),
+                    grads.second.narrow(2, i * g.keys, g.keys), kernel ? kernels::Impl::Auto : kernels::Impl::Composite);
         }
       }
     }
