@@ -122,14 +122,22 @@ __global__ void attention_combine_kernel(AttentionCombineArgs a) {
     }
     T* out = static_cast<T*>(a.out) + batch * a.out_stride_b + head * a.out_stride_h + row * a.out_stride_row;
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      // Every part's pack loaded before any is summed: the loads are in flight together.
+      float x[kMaxCombinedParts][N];
+#pragma unroll
+      for (int i = 0; i < kMaxCombinedParts; ++i) {
+        if (weight[i] != 0.0f) {
+          load_floats<T, N>(part[i] + p * N, x[i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < N; ++j) x[i][j] = 0.0f;
+        }
+      }
       float total[N] = {};
 #pragma unroll
       for (int i = 0; i < kMaxCombinedParts; ++i) {
-        if (weight[i] == 0.0f) continue;
-        float x[N];
-        load_floats<T, N>(part[i] + p * N, x);
 #pragma unroll
-        for (int j = 0; j < N; ++j) total[j] += x[j] * weight[i];
+        for (int j = 0; j < N; ++j) total[j] += x[i][j] * weight[i];
       }
       store_floats<T, N>(out + p * N, total);
     }
