@@ -19,9 +19,6 @@
 //                                                    the ratios each round's over the fused call's in that round)
 //                                    [--block-kinds 0]   (1: each kind of block's kernels against its share,
 //                                                         and the ring's arithmetic around them piece by piece)
-//                                    [--repeat-heads 0]   (1: the ring with cuDNN's backward over K/V heads repeated
-//                                                          for every query head in blocks of at most N key rows, N from
-//                                                          never to every block; the kinds also with every block so)
 // prints one table row per (S, CP).
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -125,13 +122,9 @@ void add_share(at::Tensor& sum_k, at::Tensor& sum_v, at::IntArrayRef k_shape, at
 // arithmetic around the kernels costs is the difference. runs:
 // which groups run (others skipped); merged: each rank's merged output and statistics, filled by a
 // run given an empty vector and read by the backward of a run given a full one.
-// repeat_up_to_rows: under cuDNN, the backward of blocks of at most this many key rows (b·G·sk)
-// over a copy of the key/value heads for every query head (cp::repeats_heads_in_backward, as
-// Auto picks with its default).
 void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp::BlockKernel kernel,
                const cp::PackedDocuments* documents = nullptr, bool bookkeeping = true,
-               const std::function<bool(const cp::RingGroup&)>& runs = nullptr, std::vector<cp::PartialAttention>* merged = nullptr,
-               int64_t repeat_up_to_rows = 0) {
+               const std::function<bool(const cp::RingGroup&)>& runs = nullptr, std::vector<cp::PartialAttention>* merged = nullptr) {
   const int64_t c = r.q[0].size(2) / 2;
   // [b, G, 2c, d] fp32 per owner, started by its first share (add_share)
   std::vector<at::Tensor> dk(static_cast<size_t>(cp)), dv(static_cast<size_t>(cp));
@@ -176,11 +169,9 @@ void ring_work(const RankRows& r, int cp, int steps_per_block, double scale, cp:
       const at::Tensor bk = keys(r.k, group), bv = keys(r.v, group);
       const at::Tensor bdout = mdout.narrow(2, group.first_query, group.queries), bq = mq.narrow(2, group.first_query, group.queries),
                        bout = out.narrow(2, group.first_query, group.queries), blse = acc.lse.narrow(2, group.first_query, group.queries);
-      const cp::BlockKernel backward_kernel =
-          kernel == cp::BlockKernel::Cudnn && cp::repeats_heads_in_backward(bk, repeat_up_to_rows) ? cp::BlockKernel::CudnnRepeated : kernel;
       const cp::BlockGrads g =
           documents ? cp::attend_documents_backward(bdout, bq, bk, bv, bout, blse, pieces[size_t(group.first_step)], group.causal, scale, kernel)
-                    : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, group.causal, at::Tensor(), scale, backward_kernel);
+                    : cp::attend_block_backward(bdout, bq, bk, bv, bout, blse, group.causal, at::Tensor(), scale, kernel);
       if (!bookkeeping) continue;
       dq.add(g.dq, group.first_query);
       for (int i = 0; i < group.steps; ++i) {
@@ -295,31 +286,6 @@ cp::PackedDocuments uneven_documents(int64_t seq, int64_t mean) {
   return d;
 }
 
-constexpr int64_t kEveryBlock = int64_t(1) << 40;  // a repeat bound above every block's key rows
-
-// The ring (steps grouped, the arithmetic included) with cuDNN's backward over repeated K/V heads
-// for blocks of at most N key rows, for several N, alternated round by round with the fused call.
-std::string repeat_heads_rows(const RankRows& rows, int64_t seq, int cp, int grouped, double scale, const std::function<void()>& fused_call,
-                              int iters, int rounds) {
-  const int64_t bounds[] = {0, 16384, 32768, 65536, kEveryBlock};
-  Rounds fused, ring[std::size(bounds)];
-  for (int round = 0; round < rounds; ++round) {
-    fused.add(seconds_per_call(fused_call, iters));
-    for (size_t i = 0; i < std::size(bounds); ++i) {
-      ring[i].add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, cp::BlockKernel::Cudnn, nullptr, true, nullptr, nullptr, bounds[i]); }, iters));
-    }
-  }
-  std::string out;
-  char line[256];
-  for (size_t i = 0; i < std::size(bounds); ++i) {
-    const std::string bound = bounds[i] == kEveryBlock ? "every block" : std::to_string(bounds[i]);
-    std::snprintf(line, sizeof line, "| %lld | %d | %s | %.2f | %.3f |\n", static_cast<long long>(seq), cp, bound.c_str(), ring[i].median() * 1e3,
-                  ring[i].median_ratio_to(fused));
-    out += line;
-  }
-  return out;
-}
-
 const char* sdpa_backend_name(int64_t choice) {
   switch (choice) {  // at::SDPBackend's values
     case 0: return "math";
@@ -333,7 +299,7 @@ const char* sdpa_backend_name(int64_t choice) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0, block_kinds = 0, repeat_heads = 0;
+  int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0, block_kinds = 0;
   int iters = 10, rounds = 3;
   int64_t longest = 131072, shortest = 32768;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -350,9 +316,8 @@ int main(int argc, char** argv) {
     else if (flag == "--longest") longest = value;
     else if (flag == "--shortest") shortest = value;
     else if (flag == "--block-kinds") block_kinds = value;
-    else if (flag == "--repeat-heads") repeat_heads = value;
     else {
-      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --rounds, --longest, --shortest, --document-tokens, --causal, --steps-per-block, --block-kinds, --repeat-heads)\n", argv[i]);
+      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --rounds, --longest, --shortest, --document-tokens, --causal, --steps-per-block, --block-kinds)\n", argv[i]);
       return 2;
     }
   }
@@ -370,8 +335,7 @@ int main(int argc, char** argv) {
   if (causal) std::printf("| sequence | fused SDPA fwd+bwd (ms) | one FA2 block (ms) | one cuDNN block (ms) | CP | ring, one step a block (ms) | "
               "steps a block | ring, steps grouped (ms) | their kernels alone (ms) | ring / SDPA, one step a block | ring / SDPA | kernels alone / SDPA |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  // the blocks' kernels by kind, the ring's arithmetic around them, the backward's two ways: after the main table
-  std::string kinds_table, bookkeeping_table, repeat_table;
+  std::string kinds_table, bookkeeping_table;  // the blocks' kernels by kind, the ring's arithmetic around them: after the main table
   for (int64_t seq : {32768, 65536, 131072}) {
     if (!causal || seq > longest) break;
     if (seq < shortest) continue;
@@ -412,7 +376,6 @@ int main(int argc, char** argv) {
                   f * 1e3, fa2 * 1e3, cudnn * 1e3, cp, one * 1e3, grouped, g * 1e3, alone * 1e3, single.median_ratio_to(fused),
                   grouped_rounds.median_ratio_to(fused), kernels_alone.median_ratio_to(fused));
       std::fflush(stdout);
-      if (repeat_heads && kernel == cp::BlockKernel::Cudnn) repeat_table += repeat_heads_rows(rows, seq, cp, grouped, scale, fused_call, iters, rounds);
       if (!block_kinds) continue;
       bookkeeping_table += bookkeeping_rows(seq, cp, grouped, heads, groups, dim, iters, rounds);
       // Each kind of block's kernels (every rank's), against its share of the fused call's work:
@@ -424,19 +387,14 @@ int main(int argc, char** argv) {
           {"later ranks'", [c](const cp::RingGroup& g) { return !g.causal && g.first_query == c; }}};
       const double share[] = {1.0 / cp, (cp - 1) / (2.0 * cp), (cp - 1) / (2.0 * cp)};
       char line[256];
-      // Under cuDNN each kind also with its backward over K/V heads repeated for every query head.
-      std::vector<int64_t> repeats{0};
-      if (kernel == cp::BlockKernel::Cudnn) repeats.push_back(kEveryBlock);
-      for (const int64_t repeat : repeats) {
-        for (int kind = 0; kind < 3; ++kind) {
-          Rounds t;
-          for (int round = 0; round < rounds; ++round) {
-            t.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, false, kinds[kind].second, &merged, repeat); }, iters));
-          }
-          std::snprintf(line, sizeof line, "| %lld | %d | %s%s | %.2f | %.2f | %.3f |\n", static_cast<long long>(seq), cp, kinds[kind].first,
-                        repeat ? ", K/V heads repeated in the backward" : "", t.median() * 1e3, share[kind] * f * 1e3, t.median() / (share[kind] * f));
-          kinds_table += line;
+      for (int kind = 0; kind < 3; ++kind) {
+        Rounds t;
+        for (int round = 0; round < rounds; ++round) {
+          t.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, false, kinds[kind].second, &merged); }, iters));
         }
+        std::snprintf(line, sizeof line, "| %lld | %d | %s | %.2f | %.2f | %.3f |\n", static_cast<long long>(seq), cp, kinds[kind].first,
+                      t.median() * 1e3, share[kind] * f * 1e3, t.median() / (share[kind] * f));
+        kinds_table += line;
       }
     }
   }
@@ -447,12 +405,6 @@ int main(int argc, char** argv) {
     std::printf("\nthe ring's arithmetic around its kernels, each piece alone (every rank's; GB/s: the bytes it must move over its time):\n"
                 "| sequence | CP | piece | ms | GB/s |\n|---|---|---|---|---|\n%s",
                 bookkeeping_table.c_str());
-  }
-  if (!repeat_table.empty()) {
-    std::printf("\nthe ring with cuDNN's backward over K/V heads repeated for every query head, for blocks of at most N key rows (b·G·sk;\n"
-                "0: never, as the groups are), each round's ratio over the fused call timed in that round:\n"
-                "| sequence | CP | N | ring (ms) | ring / SDPA |\n|---|---|---|---|---|\n%s",
-                repeat_table.c_str());
   }
   if (document_tokens <= 0) return 0;
   std::printf("\npacked documents, %lld tokens on average (uniform in [1/4, 7/4] of it):\n"

@@ -17,20 +17,17 @@ constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
 
 std::atomic<bool> cudnn_failed{false};  // a cuDNN block failed once: FA2 for the rest of the run
 
-// k: the block's keys, for the backward's choice between cuDNN's two ways.
-BlockKernel choose(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, BlockKernel asked) {
+BlockKernel choose(const at::Tensor& q, const at::Tensor& v, const at::Tensor& mask, BlockKernel asked) {
   if (asked != BlockKernel::Auto) return asked;
   if (mask.defined() || !fused_kernels_take(q, v)) return BlockKernel::Arithmetic;
-  if (q.size(-1) <= 128 && cuda_compute_capability_major(q.device()) == 9 && !cudnn_failed.load()) {
-    return repeats_heads_in_backward(k) ? BlockKernel::CudnnRepeated : BlockKernel::Cudnn;
-  }
+  if (q.size(-1) <= 128 && cuda_compute_capability_major(q.device()) == 9 && !cudnn_failed.load()) return BlockKernel::Cudnn;
   return BlockKernel::Flash;
 }
 
 // Auto's cuDNN call, or FA2's when it throws (said once; FA2 from then on).
 template <typename Cudnn, typename Flash>
 auto cudnn_or_flash(BlockKernel asked, const Cudnn& cudnn, const Flash& flash) {
-  if (asked == BlockKernel::Cudnn || asked == BlockKernel::CudnnRepeated) return cudnn();
+  if (asked == BlockKernel::Cudnn) return cudnn();
   try {
     return cudnn();
   } catch (const c10::Error& e) {
@@ -72,21 +69,6 @@ BlockGrads cudnn_block_backward(const at::Tensor& dout, const at::Tensor& q, con
   return {dq, dk, dv};  // q's dtype; dk, dv per key/value head
 }
 
-// cuDNN's backward with every query head given its own copy of its group's keys and values
-// ([b, G, sk, d] -> [b, H, sk, d], query head h reading group h / (H/G) as SDPA's GQA does); the
-// key/value gradients come back per query head and are summed over each group (fp32 sum, one
-// rounding to q's dtype).
-BlockGrads cudnn_block_backward_repeated(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                         const at::Tensor& out, const at::Tensor& lse, bool causal, double scale) {
-  const int64_t b = k.size(0), groups = k.size(1), per_group = q.size(1) / groups, keys = k.size(2);
-  auto repeated = [&](const at::Tensor& x) {
-    return x.unsqueeze(2).expand({b, groups, per_group, keys, x.size(3)}).reshape({b, groups * per_group, keys, x.size(3)});
-  };
-  auto folded = [&](const at::Tensor& dx) { return dx.reshape({b, groups, per_group, keys, dx.size(3)}).sum(2); };  // [b, G, sk, d]
-  const BlockGrads g = cudnn_block_backward(dout, q, repeated(k), repeated(v), out, lse, causal, scale);
-  return {g.dq, folded(g.dk), folded(g.dv)};
-}
-
 BlockGrads flash_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& out, const at::Tensor& lse, bool causal, double scale) {
   const at::Tensor none;
@@ -119,10 +101,6 @@ at::Tensor probabilities(const at::Tensor& scores, const at::Tensor& lse5) {
 
 }  // namespace
 
-bool repeats_heads_in_backward(const at::Tensor& k, int64_t up_to_rows) {
-  return up_to_rows > 0 && k.size(0) * k.size(1) * k.size(2) <= up_to_rows;
-}
-
 bool fused_kernels_take(const at::Tensor& q, const at::Tensor& v) {
   const int64_t d = q.size(-1);
   return q.is_cuda() && cuda_compute_capability_major(q.device()) >= 8 &&
@@ -136,9 +114,8 @@ PartialAttention empty_partial(int64_t b, int64_t heads, int64_t rows, int64_t v
 
 PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                               const at::Tensor& mask, double scale, BlockKernel kernel) {
-  switch (choose(q, k, v, mask, kernel)) {
+  switch (choose(q, v, mask, kernel)) {
     case BlockKernel::Cudnn:
-    case BlockKernel::CudnnRepeated:  // the forward takes the groups as they are either way
       return cudnn_or_flash(kernel, [&] { return cudnn_block(q, k, v, causal, scale); },
                             [&] { return flash_block(q, k, v, causal, scale); });
     case BlockKernel::Flash: return flash_block(q, k, v, causal, scale);
@@ -154,12 +131,9 @@ PartialAttention attend_block(const at::Tensor& q, const at::Tensor& k, const at
 BlockGrads attend_block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& out, const at::Tensor& lse, bool causal, const at::Tensor& mask,
                                  double scale, BlockKernel kernel) {
-  switch (choose(q, k, v, mask, kernel)) {
+  switch (choose(q, v, mask, kernel)) {
     case BlockKernel::Cudnn:
       return cudnn_or_flash(kernel, [&] { return cudnn_block_backward(dout, q, k, v, out, lse, causal, scale); },
-                            [&] { return flash_block_backward(dout, q, k, v, out, lse, causal, scale); });
-    case BlockKernel::CudnnRepeated:
-      return cudnn_or_flash(kernel, [&] { return cudnn_block_backward_repeated(dout, q, k, v, out, lse, causal, scale); },
                             [&] { return flash_block_backward(dout, q, k, v, out, lse, causal, scale); });
     case BlockKernel::Flash: return flash_block_backward(dout, q, k, v, out, lse, causal, scale);
     default: break;

@@ -20,15 +20,7 @@
 namespace megatron::cp {
 
 // Which kernel runs a block: Auto picks as above; the others force one (tests, the bench).
-// CudnnRepeated: cuDNN, its backward over a copy of the key/value heads for every query head,
-// the key/value gradients summed back over each group (repeats_heads_in_backward says when).
-enum class BlockKernel { Auto, Cudnn, CudnnRepeated, Flash, Arithmetic };
-
-// Auto's cuDNN backward repeats the key/value heads for a block whose keys are few: b·G·sk key
-// rows up to `up_to_rows`. The default is measured (docs/performance.md, session 47); the bench
-// passes others.
-constexpr int64_t kRepeatHeadsUpToKeyRows = 0;
-bool repeats_heads_in_backward(const at::Tensor& k, int64_t up_to_rows = kRepeatHeadsUpToKeyRows);
+enum class BlockKernel { Auto, Cudnn, Flash, Arithmetic };
 
 // A block's result: out in fp32 from the arithmetic, in q's dtype from the fused kernels (no fp32
 // copy: the merge reads it as it is). An accumulator's out is fp32.
