@@ -15,8 +15,9 @@
 //                                    [--causal 1]   (0: the packed documents' table alone)
 //                                    [--steps-per-block 0]   (0: ring_attention's choice)
 //                                    [--longest 131072] [--shortest 32768]   (the sequences of 32k, 64k, 128k between them)
-//                                    [--rounds 3]   (the fused call and the ring's variants alternated: medians,
-//                                                    the ratios each round's over the fused call's in that round)
+//                                    [--rounds 3]   (each round the fused call timed around each of the ring's
+//                                                    variants, fused-ring-ring-fused: medians, the ratios each
+//                                                    round's over the fused call's around it)
 //                                    [--block-kinds 0]   (1: each kind of block's kernels against its share,
 //                                                         and the ring's arithmetic around them piece by piece)
 // prints one table row per (S, CP).
@@ -69,6 +70,16 @@ struct Rounds {
   std::vector<double> seconds;
   void add(double s) { seconds.push_back(s); }
   double median() const { return median_of(seconds); }
+  // One round of `work` against `base` timed around it, base-work-work-base: each ratio then pairs
+  // timings taken next to each other, the drift over the four cancels to first order, and no
+  // variant is timed only after another (session 47 on an H100: the grouped ring timed right after
+  // the one-step-a-block ring ran 2 ms, 5%, slower at 32k CP 8 than timed right after the fused call).
+  void add_paired(Rounds& base, const std::function<void()>& work, const std::function<void()>& base_work, int iters) {
+    const double b1 = seconds_per_call(base_work, iters), w1 = seconds_per_call(work, iters), w2 = seconds_per_call(work, iters),
+                 b2 = seconds_per_call(base_work, iters);
+    add((w1 + w2) / 2);
+    base.add((b1 + b2) / 2);
+  }
   // The median over rounds of this round's time over `base`'s in the same round: each ratio pairs
   // two timings taken moments apart, so the card's drift between rounds (it slows as it warms)
   // cancels, where a ratio of the two medians would carry it.
@@ -362,19 +373,20 @@ int main(int argc, char** argv) {
       // the ring's does: the own block's alone would leave the other blocks' probabilities unbounded).
       std::vector<cp::PartialAttention> merged;
       ring_work(rows, cp, grouped, scale, kernel, nullptr, true, nullptr, &merged);
-      // The fused call re-timed in every round, next to the ring's variants.
-      Rounds fused, single, ring, kernels_alone;
+      // The fused call timed around each of the ring's variants in every round (Rounds::add_paired).
+      Rounds fused, single, fused_single, ring, fused_ring, kernels_alone, fused_alone;
       for (int round = 0; round < rounds; ++round) {
-        fused.add(seconds_per_call(fused_call, iters));
-        single.add(seconds_per_call([&] { ring_work(rows, cp, 1, scale, kernel); }, iters));
-        if (grouped > 1) ring.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel); }, iters));
-        kernels_alone.add(seconds_per_call([&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false, nullptr, &merged); }, iters));
+        single.add_paired(fused_single, [&] { ring_work(rows, cp, 1, scale, kernel); }, fused_call, iters);
+        if (grouped > 1) ring.add_paired(fused_ring, [&] { ring_work(rows, cp, grouped, scale, kernel); }, fused_call, iters);
+        kernels_alone.add_paired(fused_alone, [&] { ring_work(rows, cp, grouped, scale, kernel, nullptr, /*bookkeeping=*/false, nullptr, &merged); },
+                                 fused_call, iters);
       }
+      for (const Rounds* r : {&fused_single, &fused_ring, &fused_alone}) fused.seconds.insert(fused.seconds.end(), r->seconds.begin(), r->seconds.end());
       const double f = fused.median(), one = single.median(), g = grouped > 1 ? ring.median() : one, alone = kernels_alone.median();
-      const Rounds& grouped_rounds = grouped > 1 ? ring : single;
+      const double grouped_ratio = grouped > 1 ? ring.median_ratio_to(fused_ring) : single.median_ratio_to(fused_single);
       std::printf("| %lld | %.2f | %.2f | %.2f | %d | %.2f | %d | %.2f | %.2f | %.3f | %.3f | %.3f |\n", static_cast<long long>(seq),
-                  f * 1e3, fa2 * 1e3, cudnn * 1e3, cp, one * 1e3, grouped, g * 1e3, alone * 1e3, single.median_ratio_to(fused),
-                  grouped_rounds.median_ratio_to(fused), kernels_alone.median_ratio_to(fused));
+                  f * 1e3, fa2 * 1e3, cudnn * 1e3, cp, one * 1e3, grouped, g * 1e3, alone * 1e3, single.median_ratio_to(fused_single),
+                  grouped_ratio, kernels_alone.median_ratio_to(fused_alone));
       std::fflush(stdout);
       if (!block_kinds) continue;
       bookkeeping_table += bookkeeping_rows(seq, cp, grouped, heads, groups, dim, iters, rounds);
