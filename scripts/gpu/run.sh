@@ -34,7 +34,9 @@
 # `decode-kernels`: only the kernels bench (DECODE_BENCH_FLAGS, e.g. "--only step").
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `open-figures` (the binary and the ring bench): what issues #22
-# and #23 wait for an H200 for, in one call: decode next to HF compiled, then the ring at 32k-128k. `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
+# and #23 wait for an H200 for, in one call: decode next to HF compiled, then the ring at 32k-128k.
+# `ring-figure` (the ring bench only): issue #22's figure, the ring at 32k three times, then 64k.
+# `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
 # `moe-graph`: the binary and the test program, the MoE CUDA tests (GPU_TESTS), then both MoE shapes (MOE_GRAPH_SHAPES)
 # at global batch 8 with bf16 optimizer state, eager against one CUDA graph a step, and HF compiled (GRAPH_ONLY).
@@ -90,6 +92,7 @@ case $what in generate-bench) targets=(--target megatron megatron_bench_decode_k
 case $what in decode-kernels) targets=(--target megatron_bench_decode_kernels) ;; esac
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
 case $what in open-figures) targets=(--target megatron megatron_bench_context_attention) ;; esac
+case $what in ring-figure) targets=(--target megatron_bench_context_attention) ;; esac
 case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
 # EXTRA_TARGETS: more to build with a mode's own (e.g. a second bench for the same call).
 if [ ${#targets[@]} -gt 0 ]; then for t in ${EXTRA_TARGETS:-}; do targets+=(--target "$t"); done; fi
@@ -294,6 +297,14 @@ if [ "$what" = open-figures ]; then
   timeout 240 env GENERATE_QUICK=1 GENERATE_ROUNDS=2 GENERATE_VARIANTS=";--no-decode-norms-in-gemv" bash bench/gpu_generate.sh build-gpu/megatron "$py" \
     .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | grep -v "batch 16" | tee "$out/generate.log"
   timeout 170 build-gpu/megatron_bench_context_attention --iters 4 --rounds 3 --document-tokens 0 2>&1 | tee "$out/ring.log"
+fi
+if [ "$what" = ring-figure ]; then
+  # Issue #22's open figure alone (~5 minutes with the build of the bench only): the ring against one
+  # fused attention at 32k on 2, 4 and 8 ranks, three runs (the paired timing of session 47), then 64k.
+  for run in 1 2 3; do
+    timeout 90 build-gpu/megatron_bench_context_attention --iters 6 --rounds 5 --longest 32768 --document-tokens 0 2>&1 | tee "$out/ring-32k-$run.log"
+  done
+  timeout 100 build-gpu/megatron_bench_context_attention --iters 3 --rounds 3 --shortest 65536 --longest 65536 --document-tokens 0 2>&1 | tee "$out/ring-64k.log"
 fi
 if [ "$what" = moe-precision ]; then
   # Both MoE shapes at global batch 8: default optimizer state, bf16 gradients and moments, HF compiled.
