@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -313,9 +314,14 @@ int main(int argc, char** argv) {
   int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0, block_kinds = 0;
   int iters = 10, rounds = 3;
   int64_t longest = 131072, shortest = 32768;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    const int64_t value = std::atoll(argv[i + 1]);
+    char* end = nullptr;
+    const int64_t value = i + 1 < argc ? std::strtoll(argv[i + 1], &end, 10) : 0;
+    if (i + 1 >= argc || end == argv[i + 1] || *end != '\0') {
+      std::fprintf(stderr, "%s needs a whole number after it (got %s)\n", argv[i], i + 1 < argc ? argv[i + 1] : "nothing");
+      return 2;
+    }
     if (flag == "--heads") heads = value;
     else if (flag == "--groups") groups = value;
     else if (flag == "--dim") dim = value;
@@ -332,6 +338,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // The sequences timed are 32k, 64k and 128k; a range holding none of them would print empty tables.
+  const int64_t timed[] = {32768, 65536, 131072};
+  if (std::none_of(std::begin(timed), std::end(timed), [&](int64_t seq) { return shortest <= seq && seq <= longest; })) {
+    std::fprintf(stderr, "--shortest %lld and --longest %lld hold none of the sequences timed (32768, 65536, 131072): "
+                 "give --shortest <= --longest with one of them between\n", static_cast<long long>(shortest), static_cast<long long>(longest));
+    return 2;
+  }
   if (!at::hasCUDA()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
@@ -347,7 +360,7 @@ int main(int argc, char** argv) {
               "steps a block | ring, steps grouped (ms) | their kernels alone (ms) | ring / SDPA, one step a block | ring / SDPA | kernels alone / SDPA |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string kinds_table, bookkeeping_table;  // the blocks' kernels by kind, the ring's arithmetic around them: after the main table
-  for (int64_t seq : {32768, 65536, 131072}) {
+  for (int64_t seq : timed) {
     if (!causal || seq > longest) break;
     if (seq < shortest) continue;
     at::manual_seed(0);
@@ -422,7 +435,7 @@ int main(int argc, char** argv) {
   std::printf("\npacked documents, %lld tokens on average (uniform in [1/4, 7/4] of it):\n"
               "| sequence | documents | one variable-length call fwd+bwd (ms) | CP | ring, document pieces (ms) | ring / one call |\n"
               "|---|---|---|---|---|---|\n", static_cast<long long>(document_tokens));
-  for (int64_t seq : {32768, 65536, 131072}) {
+  for (int64_t seq : timed) {
     if (seq > longest) break;
     if (seq < shortest) continue;
     at::manual_seed(0);
