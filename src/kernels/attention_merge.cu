@@ -169,8 +169,6 @@ __global__ void add_key_value_grads_kernel(KeyValueGradsArgs a) {
   }
 }
 
-bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 bool divisible(std::initializer_list<int64_t> values, int n) {
   for (int64_t v : values) {
     if (v % n != 0) return false;

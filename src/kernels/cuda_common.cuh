@@ -40,7 +40,8 @@ struct alignas(sizeof(T) * N) Pack {
 template <typename T>
 constexpr int kPack = 16 / sizeof(T);
 
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 // Calls launch(pack width): packs of 16 bytes when every row of `f` elements starts on a pack
 // boundary (f a multiple of the pack, the pointers 16-byte aligned), else one element at a time.
