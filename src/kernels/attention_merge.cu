@@ -30,8 +30,10 @@ struct RowGrid {
   }
 };
 
-// Every thread of a block runs the same number of turns (a row past the end does nothing), so
-// that the threads of a row can meet at a __syncwarp.
+// The rows a block takes in turns, blockDim.y of them a turn (row first() + threadIdx.y first,
+// then step() on). The merge loops over the turns' first rows, so that every thread of a block
+// runs the same number of turns (a row past the end does nothing) and a row's threads can meet
+// at a __syncwarp; the combine, which never syncs, loops over its own rows.
 struct RowTurns {
   int64_t rows;
   __device__ int64_t first() const { return int64_t(blockIdx.x) * blockDim.y; }
@@ -92,9 +94,10 @@ __global__ void attention_merge_kernel(AttentionMergeArgs a) {
 // to kMaxCombinedParts, unrolled, so that the per-part values stay in registers.
 template <typename T, int N>
 __global__ void attention_combine_kernel(AttentionCombineArgs a) {
-  const int64_t rows = a.b * a.heads * a.rows, packs = a.dv / N;
+  const RowTurns turns{a.b * a.heads * a.rows};
+  const int64_t packs = a.dv / N;
   const bool by_lse = a.part[0].lse != nullptr;
-  for (int64_t w = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; w < rows; w += int64_t(gridDim.x) * blockDim.y) {
+  for (int64_t w = turns.first() + threadIdx.y; w < turns.rows; w += turns.step()) {
     const int64_t row = w % a.rows, head = (w / a.rows) % a.heads, batch = w / (a.rows * a.heads);
     float weight[kMaxCombinedParts], lse[kMaxCombinedParts];
     const T* part[kMaxCombinedParts];
