@@ -36,6 +36,8 @@
 # the 1.1B shape against HF generate. `open-figures` (the binary and the ring bench): what issues #22
 # and #23 wait for an H200 for, in one call: decode next to HF compiled, then the ring at 32k-128k.
 # `ring-figure` (the ring bench only): issue #22's figure, the ring at 32k three times, then 64k.
+# `cp-test` (the test program only): the context-parallel CUDA tests (GPU_TESTS narrows or widens them),
+# the cheapest check of a change to the ring's kernels (src/kernels/attention_merge.cu).
 # `moe-precision` (the megatron binary only): both MoE shapes at global batch 8 with bf16 gradients and
 # Adam moments against the default and HF compiled (PRECISION_ONLY in bench/gpu_moe.sh, gpu_deepseek.sh).
 # `moe-graph`: the binary and the test program, the MoE CUDA tests (GPU_TESTS), then both MoE shapes (MOE_GRAPH_SHAPES)
@@ -93,6 +95,7 @@ case $what in decode-kernels) targets=(--target megatron_bench_decode_kernels) ;
 case $what in context-parallel) targets=(--target megatron megatron_tests megatron_bench_context_attention) ;; esac
 case $what in open-figures) targets=(--target megatron megatron_bench_context_attention) ;; esac
 case $what in ring-figure) targets=(--target megatron_bench_context_attention) ;; esac
+case $what in cp-test) targets=(--target megatron_tests) ;; esac
 case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
 # EXTRA_TARGETS: more to build with a mode's own (e.g. a second bench for the same call).
 if [ ${#targets[@]} -gt 0 ]; then for t in ${EXTRA_TARGETS:-}; do targets+=(--target "$t"); done; fi
@@ -297,6 +300,9 @@ if [ "$what" = open-figures ]; then
   timeout 240 env GENERATE_QUICK=1 GENERATE_ROUNDS=2 GENERATE_VARIANTS=";--no-decode-norms-in-gemv" bash bench/gpu_generate.sh build-gpu/megatron "$py" \
     .gpu/tokenizer-llama2.json /tmp/generate 2>&1 | grep -v "batch 16" | tee "$out/generate.log"
   timeout 170 build-gpu/megatron_bench_context_attention --iters 4 --rounds 3 --document-tokens 0 2>&1 | tee "$out/ring.log"
+fi
+if [ "$what" = cp-test ]; then
+  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-ContextParallelCuda}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
 fi
 if [ "$what" = ring-figure ]; then
   # Issue #22's open figure alone (~5 minutes with the build of the bench only): the ring against one
