@@ -312,35 +312,35 @@ const char* sdpa_backend_name(int64_t choice) {
 
 int main(int argc, char** argv) {
   int64_t heads = 32, groups = 4, dim = 64, document_tokens = 4096, causal = 1, steps_per_block = 0, block_kinds = 0;
-  int iters = 10, rounds = 3;
-  int64_t longest = 131072, shortest = 32768;
+  int64_t iters = 10, rounds = 3, longest = 131072, shortest = 32768;
+  const std::pair<const char*, int64_t*> flags[] = {
+      {"--heads", &heads}, {"--groups", &groups}, {"--dim", &dim}, {"--iters", &iters}, {"--rounds", &rounds},
+      {"--longest", &longest}, {"--shortest", &shortest}, {"--document-tokens", &document_tokens}, {"--causal", &causal},
+      {"--steps-per-block", &steps_per_block}, {"--block-kinds", &block_kinds}};
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    const auto known = std::find_if(std::begin(flags), std::end(flags), [&](const auto& f) { return flag == f.first; });
+    if (known == std::end(flags)) {
+      std::string names;
+      for (const auto& f : flags) names += std::string(names.empty() ? "" : ", ") + f.first;
+      std::fprintf(stderr, "unknown flag %s (expected %s)\n", argv[i], names.c_str());
+      return 2;
+    }
     char* end = nullptr;
     const int64_t value = i + 1 < argc ? std::strtoll(argv[i + 1], &end, 10) : 0;
     if (i + 1 >= argc || end == argv[i + 1] || *end != '\0') {
       std::fprintf(stderr, "%s needs a whole number after it (got %s)\n", argv[i], i + 1 < argc ? argv[i + 1] : "nothing");
       return 2;
     }
-    if (flag == "--heads") heads = value;
-    else if (flag == "--groups") groups = value;
-    else if (flag == "--dim") dim = value;
-    else if (flag == "--iters") iters = int(value);
-    else if (flag == "--document-tokens") document_tokens = value;
-    else if (flag == "--causal") causal = value;
-    else if (flag == "--steps-per-block") steps_per_block = value;
-    else if (flag == "--rounds") rounds = std::max(1, int(value));
-    else if (flag == "--longest") longest = value;
-    else if (flag == "--shortest") shortest = value;
-    else if (flag == "--block-kinds") block_kinds = value;
-    else {
-      std::fprintf(stderr, "unknown flag %s (expected --heads, --groups, --dim, --iters, --rounds, --longest, --shortest, --document-tokens, --causal, --steps-per-block, --block-kinds)\n", argv[i]);
-      return 2;
-    }
+    *known->second = value;
   }
-  // The sequences timed are 32k, 64k and 128k; a range holding none of them would print empty tables.
-  const int64_t timed[] = {32768, 65536, 131072};
-  if (std::none_of(std::begin(timed), std::end(timed), [&](int64_t seq) { return shortest <= seq && seq <= longest; })) {
+  rounds = std::max<int64_t>(1, rounds);
+  // The sequences timed: those of 32k, 64k and 128k between --shortest and --longest.
+  std::vector<int64_t> sequences;
+  for (int64_t seq : {32768, 65536, 131072}) {
+    if (shortest <= seq && seq <= longest) sequences.push_back(seq);
+  }
+  if (sequences.empty()) {
     std::fprintf(stderr, "--shortest %lld and --longest %lld hold none of the sequences timed (32768, 65536, 131072): "
                  "give --shortest <= --longest with one of them between\n", static_cast<long long>(shortest), static_cast<long long>(longest));
     return 2;
@@ -360,9 +360,8 @@ int main(int argc, char** argv) {
               "steps a block | ring, steps grouped (ms) | their kernels alone (ms) | ring / SDPA, one step a block | ring / SDPA | kernels alone / SDPA |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string kinds_table, bookkeeping_table;  // the blocks' kernels by kind, the ring's arithmetic around them: after the main table
-  for (int64_t seq : timed) {
-    if (!causal || seq > longest) break;
-    if (seq < shortest) continue;
+  for (int64_t seq : sequences) {
+    if (!causal) break;
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);
@@ -435,9 +434,7 @@ int main(int argc, char** argv) {
   std::printf("\npacked documents, %lld tokens on average (uniform in [1/4, 7/4] of it):\n"
               "| sequence | documents | one variable-length call fwd+bwd (ms) | CP | ring, document pieces (ms) | ring / one call |\n"
               "|---|---|---|---|---|---|\n", static_cast<long long>(document_tokens));
-  for (int64_t seq : timed) {
-    if (seq > longest) break;
-    if (seq < shortest) continue;
+  for (int64_t seq : sequences) {
     at::manual_seed(0);
     const at::Tensor q = at::randn({1, heads, seq, dim}, o), k = at::randn({1, groups, seq, dim}, o),
                      v = at::randn({1, groups, seq, dim}, o), dout = at::randn({1, heads, seq, dim}, o);

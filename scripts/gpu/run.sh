@@ -80,6 +80,12 @@ torch_root=$($py -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "torch: $($py -c 'import torch; print(torch.__version__, torch.cuda.device_count(), "GPUs")')"
 
+# The GPU tests matching GPU_TESTS, else the mode's default regex ($1), $3 at a time (default 8),
+# into $out/ctest.log; its last $2 lines shown.
+gpu_tests() {
+  (cd build-gpu && ctest -j "${3:-8}" --timeout 600 --output-on-failure -R "${GPU_TESTS:-$1}" > "$out/ctest.log" 2>&1); tail -"$2" "$out/ctest.log"
+}
+
 start=$(date +%s)
 cutlass=()  # CUTLASS's headers, packed by prepare.sh: the kernels of src/kernels/cutlass/
 if [ -f .gpu/cutlass.tgz ]; then
@@ -110,14 +116,14 @@ if [ "$what" = before-after ]; then
    cmake --build build-before -j "$(nproc)" --target megatron > "$out/build-before.log" 2>&1) \
     || { grep -E "error|Error" -A3 "$out/build-before.log" | head -40; exit 1; }
   echo "build (before): $(( $(date +%s) - start )) s"
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda|LayerReference|LayerSpec|FiniteDiff|GradAccumulation|GradBuffer}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  gpu_tests "Cuda|LayerReference|LayerSpec|FiniteDiff|GradAccumulation|GradBuffer" 8
   bash bench/gpu_ab.sh build-before/megatron build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/before-after.log"
 fi
 if [ "$what" = checkpoint ]; then
   bash bench/gpu_checkpoint.sh build-gpu/megatron 2>&1 | tee "$out/checkpoint.log"
 fi
 if [ "$what" = parallel ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -5 "$out/ctest.log"
+  gpu_tests "Cuda" 5
   bash bench/gpu_parallel.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/parallel.log"
 fi
 if [ "$what" = dp2 ]; then
@@ -197,24 +203,24 @@ if [ "$what" = pipeline ]; then
   bash bench/gpu_pipeline.sh build-gpu/megatron 2>&1 | tee "$out/pipeline.log"
 fi
 if [ "$what" = test ] || [ "$what" = all ] || [ "$what" = test-overlap ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda|LayerReference|FiniteDiff|GradAccumulation|GradBuffer}" > "$out/ctest.log" 2>&1); tail -15 "$out/ctest.log"
+  gpu_tests "Cuda|LayerReference|FiniteDiff|GradAccumulation|GradBuffer" 15
 fi
 if [ "$what" = fusion ]; then
   bash bench/gpu_fusion_check.sh build-gpu/megatron "$py" "$out/fusion" 2>&1 | tee "$out/fusion.log"
 fi
 if [ "$what" = moe-test ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-MoeCuda|Cuda}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
+  gpu_tests "MoeCuda|Cuda" 12
 fi
 if [ "$what" = deepseek ]; then
   bash bench/gpu_deepseek.sh build-gpu/megatron "$py" "$out/deepseek" 2>&1 | tee "$out/deepseek.log"
 fi
 if [ "$what" = precision-test ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  gpu_tests "Cuda" 8
   grep -h "largest relative loss difference" "$out/ctest.log"
   bash bench/gpu_memory.sh build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/memory.log"
 fi
 if [ "$what" = fp8 ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Fp8Cuda|Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  gpu_tests "Fp8Cuda|Cuda" 8
   grep -h "notice: FP8" "$out/ctest.log" | sort -u
   bash bench/gpu_fp8.sh build-gpu/megatron "$out/fp8" "${FP8_BENCH:-speed}" 2>&1 | tee "$out/fp8.log"
 fi
@@ -222,7 +228,7 @@ if [ "$what" = fp8-layers ]; then
   # The CUDA tests (GPU_TESTS narrows them), then bench/gpu_fp8.sh speed at each of FP8_LAYER_COUNTS
   # (default 8 and 20: the cut-down shape of earlier figures and about as many layers as fit one
   # H200 with the default optimizer).
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  gpu_tests "Cuda" 8
   grep -E "Failed|FAILED" "$out/ctest.log" | head -20
   for n in ${FP8_LAYER_COUNTS:-8 20}; do
     echo "== $n layers"
@@ -230,12 +236,12 @@ if [ "$what" = fp8-layers ]; then
   done
 fi
 if [ "$what" = activation-offload ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  gpu_tests "Cuda" 8
   grep -E "Failed|FAILED" "$out/ctest.log" | head -20
   bash bench/gpu_activation_offload.sh build-gpu/megatron 2>&1 | tee "$out/activation-offload.log"
 fi
 if [ "$what" = offload-test ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-Cuda}" > "$out/ctest.log" 2>&1); tail -8 "$out/ctest.log"
+  gpu_tests "Cuda" 8
   grep -E "Failed|FAILED" "$out/ctest.log" | head -20
 fi
 if [ "$what" = offload ]; then
@@ -251,12 +257,12 @@ if [ "$what" = deepseek-short ]; then
   bash bench/gpu_deepseek_short.sh build-gpu/megatron "$py" "$out" 2>&1 | tee "$out/deepseek-short.log"
 fi
 if [ "$what" = context-parallel ]; then
-  (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-ContextParallelCuda}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
+  gpu_tests "ContextParallelCuda" 12 4
   bash bench/gpu_context_parallel.sh build-gpu "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/context-parallel.log"
 fi
 if [ "$what" = generate-test ]; then
   # The generation CUDA tests (GPU_TESTS narrows them), then the generation figures.
-  (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-GenerationCuda|CudaParity}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
+  gpu_tests "GenerationCuda|CudaParity" 12 4
   # The decode step's kernels against what they replace (bench/decode_kernels_bench.cpp).
   build-gpu/megatron_bench_decode_kernels ${DECODE_BENCH_FLAGS:-} 2>&1 | tee "$out/decode-kernels.log"
   # GENERATE_FIGURES=0: the tests and the kernels bench only (generate-bench times the rest);
@@ -302,7 +308,7 @@ if [ "$what" = open-figures ]; then
   timeout 170 build-gpu/megatron_bench_context_attention --iters 4 --rounds 3 --document-tokens 0 2>&1 | tee "$out/ring.log"
 fi
 if [ "$what" = cp-test ]; then
-  (cd build-gpu && ctest -j 8 --timeout 600 --output-on-failure -R "${GPU_TESTS:-ContextParallelCuda}" > "$out/ctest.log" 2>&1); tail -12 "$out/ctest.log"
+  gpu_tests "ContextParallelCuda" 12
 fi
 if [ "$what" = ring-figure ]; then
   # Issue #22's open figure alone (~5 minutes with the build of the bench only): the ring against one
@@ -320,8 +326,7 @@ fi
 if [ "$what" = moe-graph ]; then
   # The MoE CUDA tests (the captured step against the eager one among them), then both MoE shapes at
   # global batch 8 with bf16 gradients and moments, eager and as one CUDA graph a step, and HF compiled.
-  (cd build-gpu && ctest -j 4 --timeout 600 --output-on-failure -R "${GPU_TESTS:-MoeCuda}" > "$out/ctest.log" 2>&1)
-  tail -8 "$out/ctest.log"; grep "largest relative difference" build-gpu/Testing/Temporary/LastTest.log 2>/dev/null | head -12
+  gpu_tests "MoeCuda" 8 4; grep "largest relative difference" build-gpu/Testing/Temporary/LastTest.log 2>/dev/null | head -12
   for shape in ${MOE_GRAPH_SHAPES:-moe deepseek}; do
     GRAPH_ONLY=1 bash "bench/gpu_$shape.sh" build-gpu/megatron "$py" "/tmp/$shape" 2>&1 | tee "$out/$shape-graph.log"
   done
