@@ -148,7 +148,8 @@ __global__ void attention_combine_kernel(AttentionCombineArgs a) {
   }
 }
 
-// One (tensor, batch, head) run of whole rows a y-block; its packs of N over x.
+// One (tensor, batch, head) run a y-block; its packs of N over x, row by row. A run whose rows
+// lie end to end in both tensors comes as one long row (rows == 1): no division a pack.
 template <typename T, int N>
 __global__ void add_key_value_grads_kernel(KeyValueGradsArgs a) {
   const int tensor = blockIdx.y < a.pair[0].b * a.pair[0].heads ? 0 : 1;
@@ -157,17 +158,19 @@ __global__ void add_key_value_grads_kernel(KeyValueGradsArgs a) {
   const int64_t batch = run / t.heads, head = run % t.heads;
   float* dst = t.sum + batch * t.sum_stride_b + head * t.sum_stride_h;
   const T* src = static_cast<const T*>(t.grad) + batch * t.grad_stride_b + head * t.grad_stride_h;
-  const int64_t packs = t.rows * t.dim / N;
+  const int64_t packs_per_row = t.dim / N, packs = t.rows * packs_per_row;
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = t.rows == 1 ? 0 : p / packs_per_row, channel = (p - row * packs_per_row) * N;
+    float* d = dst + row * t.sum_stride_row + channel;
     float g[N], s[N];
-    load_floats<T, N>(src + p * N, g);
+    load_floats<T, N>(src + row * t.grad_stride_row + channel, g);
     if (a.overwrite) {
-      store_floats<float, N>(dst + p * N, g);
+      store_floats<float, N>(d, g);
     } else {
-      load_floats<float, N>(dst + p * N, s);
+      load_floats<float, N>(d, s);
 #pragma unroll
       for (int j = 0; j < N; ++j) s[j] += g[j];
-      store_floats<float, N>(dst + p * N, s);
+      store_floats<float, N>(d, s);
     }
   }
 }
@@ -221,7 +224,11 @@ void attention_merge(const AttentionMergeArgs& args, Stream stream) {
   check_launch("attention_merge");
 }
 
-void add_key_value_grads(const KeyValueGradsArgs& args, Stream stream) {
+void add_key_value_grads(const KeyValueGradsArgs& given, Stream stream) {
+  KeyValueGradsArgs args = given;
+  for (KeyValueGradsArgs::Part& t : args.pair) {
+    if (t.rows > 1 && t.sum_stride_row == t.dim && t.grad_stride_row == t.dim) t.dim *= t.rows, t.rows = 1;  // one long row
+  }
   const int64_t runs = args.pair[0].b * args.pair[0].heads + args.pair[1].b * args.pair[1].heads;
   const int64_t longest = std::max(args.pair[0].rows * args.pair[0].dim, args.pair[1].rows * args.pair[1].dim);
   if (runs == 0 || longest == 0) return;
@@ -231,7 +238,7 @@ void add_key_value_grads(const KeyValueGradsArgs& args, Stream stream) {
     using T = decltype(type);
     bool packed = true;
     for (const KeyValueGradsArgs::Part& t : args.pair) {
-      packed = packed && divisible({t.rows * t.dim, t.sum_stride_b, t.sum_stride_h, t.grad_stride_b, t.grad_stride_h}, n) &&
+      packed = packed && divisible({t.dim, t.sum_stride_b, t.sum_stride_h, t.sum_stride_row, t.grad_stride_b, t.grad_stride_h, t.grad_stride_row}, n) &&
                aligned16(t.sum) && aligned_to(t.grad, n * sizeof(T));
     }
     if (packed) {

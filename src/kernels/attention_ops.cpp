@@ -124,10 +124,10 @@ void add_key_value_grads(const at::Tensor& sum_k, const at::Tensor& sum_v, const
               " must be [b, G, rows, d] alike");
   TORCH_CHECK(sum_k.scalar_type() == at::kFloat && sum_v.scalar_type() == at::kFloat && dk.scalar_type() == dv.scalar_type(),
               "add_key_value_grads: fp32 sums, key and value gradients of one dtype");
-  // Each (batch, head)'s rows one contiguous run in all four: the views the ring makes.
-  auto runs_contiguous = [](const at::Tensor& t) { return t.stride(3) == 1 && (t.size(2) <= 1 || t.stride(2) == t.size(3)); };
-  const bool kernel = uses_kernel(dk, impl) && sum_k.is_cuda() && runs_contiguous(sum_k) && runs_contiguous(sum_v) &&
-                      runs_contiguous(dk) && runs_contiguous(dv);
+  // Channels contiguous in all four; rows at any stride (the ring's views, FA2's transposed grads).
+  auto channels_contiguous = [](const at::Tensor& t) { return t.size(3) <= 1 || t.stride(3) == 1; };
+  const bool kernel = uses_kernel(dk, impl) && sum_k.is_cuda() && channels_contiguous(sum_k) && channels_contiguous(sum_v) &&
+                      channels_contiguous(dk) && channels_contiguous(dv);
   if (!kernel) {
     for (auto [sum, grad] : {std::pair{sum_k, dk}, std::pair{sum_v, dv}}) overwrite ? sum.copy_(grad) : sum.add_(grad);
     return;
@@ -139,7 +139,7 @@ void add_key_value_grads(const at::Tensor& sum_k, const at::Tensor& sum_v, const
   for (int i = 0; i < 2; ++i) {
     const at::Tensor &sum = *sums[i], &grad = *grads[i];
     a.pair[i] = {sum.data_ptr<float>(), grad.data_ptr(), sum.size(0), sum.size(1), sum.size(2), sum.size(3),
-                 sum.stride(0), sum.stride(1), grad.stride(0), grad.stride(1)};
+                 sum.stride(0), sum.stride(1), sum.stride(2), grad.stride(0), grad.stride(1), grad.stride(2)};
   }
   a.dtype = storage_type(dk);
   a.overwrite = overwrite;

@@ -182,14 +182,14 @@ void attention_combine(const AttentionCombineArgs& args, Stream stream);
 
 // Ring attention's key and value gradient shares into the fp32 sums that travel the ring
 // (attention_merge.cu), both in one launch: per part sum (+)= grad over [b, heads, rows, dim] with
-// each (batch, head)'s rows one contiguous run (row stride dim) in both; grad in `dtype`, upcast
-// as read; overwrite: = instead of +=.
+// channels contiguous and any row stride (FA2 hands its gradients transposed, [b, s, heads, dim]
+// viewed as [b, heads, s, dim]); grad in `dtype`, upcast as read; overwrite: = instead of +=.
 struct KeyValueGradsArgs {
   struct Part {
     float* sum;
     const void* grad;
     int64_t b, heads, rows, dim;
-    int64_t sum_stride_b, sum_stride_h, grad_stride_b, grad_stride_h;  // in elements
+    int64_t sum_stride_b, sum_stride_h, sum_stride_row, grad_stride_b, grad_stride_h, grad_stride_row;  // in elements
   } pair[2];
   DType dtype;
   bool overwrite;

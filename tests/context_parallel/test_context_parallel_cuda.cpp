@@ -141,7 +141,8 @@ TEST(ContextParallelCuda, CombineKernelEqualsTheComposite) {
 // The key/value gradient shares into the ring's fp32 sums (one launch for both) against ATen's
 // add_ / copy_: views as the ring makes them (rows of the packed sum, one step's rows of a group's
 // gradients), added and written over, bf16 and fp32, a value head narrower than the key's (MLA),
-// and a head dim that leaves the packs (one element at a time).
+// a head dim that leaves the packs (one element at a time), and gradients laid out [b, s, G, d]
+// as FA2 hands them (rows strided by G d).
 TEST(ContextParallelCuda, KeyValueGradsKernelEqualsTheComposite) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here; scripts/gpu/run.sh runs this on the GPU machine";
   at::manual_seed(7);
@@ -149,15 +150,22 @@ TEST(ContextParallelCuda, KeyValueGradsKernelEqualsTheComposite) {
   const at::TensorOptions fp32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
   for (const auto [d, dv] : {std::pair<int64_t, int64_t>{64, 64}, {96, 64}, {10, 6}})
   for (at::ScalarType dtype : {at::kBFloat16, at::kFloat})
-  for (const bool overwrite : {false, true}) {
-    SCOPED_TRACE(testing::Message() << "d " << d << ", dv " << dv << ", " << dtype << (overwrite ? ", overwrite" : ", add"));
+  for (const bool overwrite : {false, true})
+  for (const bool transposed : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "d " << d << ", dv " << dv << ", " << dtype << (overwrite ? ", overwrite" : ", add")
+                                    << (transposed ? ", [b, s, G, d] gradients" : ""));
     const int64_t k_numel = b * groups * 2 * c * d, numel = k_numel + b * groups * 2 * c * dv;
     const at::Tensor packed = at::randn({numel}, fp32);
     auto sum_k = [&](const at::Tensor& flat) { return flat.narrow(0, 0, k_numel).view({b, groups, 2 * c, d}).narrow(2, c, c); };
     auto sum_v = [&](const at::Tensor& flat) { return flat.narrow(0, k_numel, numel - k_numel).view({b, groups, 2 * c, dv}).narrow(2, c, c); };
     // A group's gradients over three steps' keys side by side; this share is the middle step's.
-    const at::Tensor dk = at::randn({b, groups, steps * c, d}, fp32).to(dtype).narrow(2, c, c);
-    const at::Tensor dv_ = at::randn({b, groups, steps * c, dv}, fp32).to(dtype).narrow(2, c, c);
+    auto gradient = [&](int64_t dim) {
+      const at::Tensor g = transposed ? at::randn({b, steps * c, groups, dim}, fp32).to(dtype).transpose(1, 2)
+                                      : at::randn({b, groups, steps * c, dim}, fp32).to(dtype);
+      return g.narrow(2, c, c);
+    };
+    const at::Tensor dk = gradient(d), dv_ = gradient(dv);
+    ASSERT_EQ(dk.stride(2), transposed ? groups * d : d);
     at::Tensor got = packed.clone(), want = packed.clone();
     kernels::add_key_value_grads(sum_k(want), sum_v(want), dk, dv_, overwrite, kernels::Impl::Composite);
     kernels::add_key_value_grads(sum_k(got), sum_v(got), dk, dv_, overwrite);
