@@ -65,6 +65,16 @@ void write_file_atomic(const std::string& path, std::initializer_list<std::strin
   fsync_path(dir.empty() ? "." : dir);
 }
 
+bool is_directory(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
+}
+
+bool is_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("cannot read " + path + ": " + std::strerror(errno));

@@ -23,5 +23,8 @@ void make_directories(const std::string& path);   // mkdir -p; UserError on fail
 // from the one the binary was built against).
 void remove_tree(const std::string& path);
 std::string temporary_name(const std::string& path);  // "<path>.tmp-<pid>"
+// std::filesystem's checks without exceptions: an unreadable path is simply "not one".
+bool is_directory(const std::string& path);
+bool is_file(const std::string& path);  // a regular file, or a link to one
 
 }  // namespace megatron

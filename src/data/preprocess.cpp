@@ -3,7 +3,6 @@
 #include "data/preprocess.h"
 
 #include <dirent.h>
-#include <filesystem>
 
 #include <algorithm>
 #include <chrono>
@@ -259,17 +258,6 @@ std::string parent_dir(const std::string& prefix) {
   const size_t slash = prefix.find_last_of('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : prefix.substr(0, slash);
-}
-
-// std::filesystem's checks, without exceptions: an unreadable path is simply "not one".
-bool is_directory(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_directory(path, ec);
-}
-
-bool is_file(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(path, ec);
 }
 
 }  // namespace

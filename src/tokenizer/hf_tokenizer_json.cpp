@@ -1,14 +1,11 @@
 // Reading tokenizer.json (+ tokenizer_config.json) into an HfTokenizer. Every problem with the
 // files is a UserError naming the file and saying what to do.
-#include <filesystem>
-
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
+#include "core/files.h"
 #include "core/json_text.h"
 #include "tokenizer/hf_tokenizer.h"
 
@@ -18,28 +15,9 @@ namespace {
 
 using nlohmann::json;
 
-// std::filesystem's checks, without exceptions: an unreadable path is simply "not one".
-bool is_directory(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_directory(path, ec);
-}
-
-bool is_file(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(path, ec);
-}
-
-std::string read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(path + ": cannot open the file for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 json parse_json(const std::string& path, const std::string& what) {
   try {
-    const std::string text = read_whole(path);
+    const std::string text = read_file(path);
     check_json_depth(text, path);
     return json::parse(text);
   } catch (const json::exception& e) {  // a syntax error, or a number past double's range
