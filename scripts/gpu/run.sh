@@ -313,8 +313,8 @@ fi
 if [ "$what" = ring-figure ]; then
   # Issue #22's open figure alone (~5 minutes with the build of the bench only): the ring against one
   # fused attention at 32k on 2, 4 and 8 ranks, three runs (the paired timing of session 47), then 64k
-  # (RING_64K=0 leaves it out where device time is short).
-  for run in 1 2 3; do
+  # (RING_64K=0 leaves it out, RING_RUNS=1 takes 32k once, where device time is short).
+  for run in $(seq "${RING_RUNS:-3}"); do
     timeout 90 build-gpu/megatron_bench_context_attention --iters 6 --rounds 5 --longest 32768 --document-tokens 0 2>&1 | tee "$out/ring-32k-$run.log"
   done
   [ "${RING_64K:-1}" = 0 ] || timeout 100 build-gpu/megatron_bench_context_attention --iters 3 --rounds 3 --shortest 65536 --longest 65536 --document-tokens 0 2>&1 | tee "$out/ring-64k.log"
