@@ -26,6 +26,7 @@ int serve(const Args& args);  // the OpenAI API over HTTP
 int convert(const Args& args);
 int preprocess(const Args& args);
 int version(const Args& args);
+int plan_layouts(const Args& args);  // `megatron plan`: parallel layouts of a model on a cluster
 int launch(const Args& args);
 // Around a program's subcommand (report_errors.cpp): SIGPIPE ignored (a peer gone is an error to
 // report, not a signal to die of), stdout line-buffered and a heartbeat

@@ -13,24 +13,23 @@
 namespace {
 
 struct Subcommand {
-  std::function<int(const megatron::cli::Args&)> run;  // empty: not available in this build yet
+  std::function<int(const megatron::cli::Args&)> run;
   const char* summary;
-  const char* arrives_with;                            // which piece of work brings it
 };
 
 const std::map<std::string, Subcommand>& subcommands() {
   static const std::map<std::string, Subcommand> table = {
-      {"train", {megatron::cli::train, "pre-train or fine-tune a model", ""}},
-      {"launch", {megatron::cli::launch, "start N ranks of a subcommand (like torchrun)", ""}},
-      {"preprocess", {megatron::cli::preprocess, "turn JSONL into Megatron .bin/.idx datasets", ""}},
-      {"convert", {megatron::cli::convert, "convert checkpoints to and from Hugging Face safetensors", "checkpoint conversion"}},
-      {"generate", {megatron::cli::generate, "sample text from a checkpoint", ""}},
-      {"serve", {megatron::cli::serve, "serve a checkpoint over HTTP with the OpenAI API", ""}},
-      {"eval", {megatron::cli::eval, "evaluate a checkpoint on the validation and test splits", ""}},
-      {"plan", {nullptr, "plan a parallel layout for a cluster", "the planner"}},
-      {"version", {megatron::cli::version, "print the version and the LibTorch it runs on", ""}},
+      {"train", {megatron::cli::train, "pre-train or fine-tune a model"}},
+      {"launch", {megatron::cli::launch, "start N ranks of a subcommand (like torchrun)"}},
+      {"preprocess", {megatron::cli::preprocess, "turn JSONL into Megatron .bin/.idx datasets"}},
+      {"convert", {megatron::cli::convert, "convert checkpoints to and from Hugging Face safetensors"}},
+      {"generate", {megatron::cli::generate, "sample text from a checkpoint"}},
+      {"serve", {megatron::cli::serve, "serve a checkpoint over HTTP with the OpenAI API"}},
+      {"eval", {megatron::cli::eval, "evaluate a checkpoint on the validation and test splits"}},
+      {"plan", {megatron::cli::plan_layouts, "plan a parallel layout for a cluster (memory and time of each)"}},
+      {"version", {megatron::cli::version, "print the version and the LibTorch it runs on"}},
       // Names starting with '_' are for tests and never listed.
-      {"_print-env", {megatron::cli::print_env, "print the parsed launch environment", ""}},
+      {"_print-env", {megatron::cli::print_env, "print the parsed launch environment"}},
   };
   return table;
 }
@@ -39,7 +38,7 @@ void print_usage(std::FILE* out) {
   std::fprintf(out, "usage: megatron <subcommand> [flags]   (megatron <subcommand> --help for its flags)\n\nsubcommands:\n");
   for (const auto& [name, sub] : subcommands()) {
     if (name.front() == '_') continue;
-    std::fprintf(out, "  %-11s %s%s\n", name.c_str(), sub.summary, sub.run ? "" : " (not yet available)");
+    std::fprintf(out, "  %-11s %s\n", name.c_str(), sub.summary);
   }
 }
 
@@ -89,11 +88,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const megatron::cli::Args args(argv + 2, argv + argc);
-  if (!it->second.run) {
-    std::fprintf(stderr, "error: `megatron %s` (%s) is not yet available in this build; it arrives with %s.\n",
-                 name.c_str(), it->second.summary, it->second.arrives_with);
-    return 2;
-  }
   return megatron::cli::run_reporting_errors([&] {
     // Rank 0 of the launch environment the trainer reads (its malformed variables are user errors).
     if (!script.empty() && megatron::dist::launch_env_from_environment().rank == 0) {

@@ -1,0 +1,240 @@
+// `megatron plan`: the parameters it counts on each rank against the models the ranks build, its
+// memory estimates against the peaks measured on GPUs (docs/performance.md), its layouts against
+// train's own checks, and its errors.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "distributed/parallel_state.h"
+#include "model/gpt_model.h"
+#include "pipeline/layout.h"
+#include "plan/layout_search.h"
+#include "plan/model_for_plan.h"
+#include "support/gloo_ranks.h"
+#include "support/test_support.h"
+#include "train/arguments.h"
+
+namespace megatron {
+namespace {
+
+using Flags = std::vector<std::string>;
+
+Flags concat(Flags a, const Flags& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A small Llama of 4 layers; tied or untied embeddings.
+const Flags kTinyLlama = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
+                          "--num-query-groups", "2", "--ffn-hidden-size", "128", "--swiglu", "--normalization", "RMSNorm",
+                          "--position-embedding-type", "rope", "--disable-bias-linear", "--vocab-size", "1000", "--seq-length",
+                          "32", "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "8",
+                          "--attention-dropout", "0", "--hidden-dropout", "0"};
+const Flags kTinyMoe = concat(kTinyLlama, {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+                                           "--moe-layer-freq", "([0]*1+[1]*3)", "--untie-embeddings-and-output-weights"});
+const Flags kTinyDeepSeek = {"--model-family", "deepseek_v3", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads",
+                             "4", "--q-lora-rank", "32", "--kv-lora-rank", "16", "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8",
+                             "--v-head-dim", "16", "--ffn-hidden-size", "128", "--num-experts", "8", "--moe-router-topk", "2",
+                             "--moe-ffn-hidden-size", "32", "--moe-shared-expert-intermediate-size", "32", "--moe-layer-freq",
+                             "([0]*1+[1]*3)", "--mtp-num-layers", "1", "--vocab-size", "1000", "--seq-length", "32",
+                             "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "8"};
+
+// What every rank of `layout` (on 8 ranks) builds, on the meta device as the trainer would build
+// it, against the census's count for its pipeline stage.
+void expect_ranks_hold_the_census(const Flags& model, const Flags& layout) {
+  Config config = plan::model_for_plan(concat(model, layout));
+  Config single = plan::model_for_plan(model);
+  finalize_config(single, 1);
+  const plan::ParameterCensus census(single.model);
+  finalize_config(config, 8);
+  const ParallelConfig& p = config.parallel;
+  std::vector<int64_t> built(8, -1), counted(8, -2);
+  test::on_gloo_worlds(8, [&](int rank, dist::World& world) {
+    const dist::ParallelState ps = dist::ParallelState::build(world, p);
+    tp::TensorParallel tensor_parallel{ps.tp, p.sequence_parallel, nullptr};
+    tensor_parallel.experts = ps.ep;
+    tensor_parallel.expert_group = ps.expert_tp;
+    int64_t n = 0;
+    for (int v = 0; v < p.num_virtual_stages_per_pipeline_rank; ++v) {
+      const GPTModel chunk(config.model, tensor_parallel, pipeline::chunk_layers(p, config.model.num_layers, ps.pp.rank(), v),
+                           std::nullopt, at::kMeta);
+      for (const auto& param : chunk.parameters()) n += param.numel();
+    }
+    built[size_t(rank)] = n;
+    const plan::ParameterCensus::RankCount c = census.on_rank(config, ps.pp.rank());
+    counted[size_t(rank)] = c.dense + c.expert;
+  });
+  std::string where;
+  for (const auto& f : layout) where += f + " ";
+  EXPECT_EQ(built, counted) << where;
+}
+
+TEST(PlanParameters, EveryRankHoldsWhatTheCensusCounts) {
+  // Tied embeddings (the last stage's copy), interleaving, TP's padded vocabulary.
+  expect_ranks_hold_the_census(kTinyLlama, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                            "--num-virtual-stages-per-pipeline-rank", "2"});
+  expect_ranks_hold_the_census(concat(kTinyLlama, {"--untie-embeddings-and-output-weights"}),
+                               {"--tensor-model-parallel-size", "2", "--context-parallel-size", "2", "--pipeline-model-parallel-size",
+                                "2", "--sequence-parallel"});
+  // An uneven split.
+  expect_ranks_hold_the_census(concat(kTinyLlama, {"--num-layers", "5"}),
+                               {"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2"});
+  // Experts over EP, split over TP or whole (ETP 1).
+  expect_ranks_hold_the_census(kTinyMoe, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",
+                                          "--pipeline-model-parallel-size", "2", "--sequence-parallel"});
+  expect_ranks_hold_the_census(kTinyMoe, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "4",
+                                          "--expert-tensor-parallel-size", "1", "--sequence-parallel"});
+  // MLA, shared experts, multi-token prediction on the last stage.
+  expect_ranks_hold_the_census(kTinyDeepSeek, {"--pipeline-model-parallel-size", "2", "--expert-model-parallel-size", "4"});
+  expect_ranks_hold_the_census(kTinyDeepSeek, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2",
+                                               "--pipeline-model-parallel-size", "2", "--sequence-parallel"});
+}
+
+// One GPU's estimate for `flags`, the allocator's peak (what max_allocated measured).
+double estimated_allocated_gib(const Flags& flags) {
+  plan::Cluster cluster;
+  cluster.gpu = plan::gpu_named("h200");
+  cluster.num_gpus = 1;
+  const plan::Plan plan = plan::search_layouts(plan::model_for_plan(flags), cluster);
+  EXPECT_EQ(plan.candidates.size(), 1u);
+  return plan.candidates.at(0).memory.allocated() / plan::kGiB;
+}
+
+TEST(PlanMemory, EstimatesMatchThePeaksMeasuredOnGpus) {
+  // Peaks measured on one H200 / H100 (CUDA allocator's max allocated; docs/performance.md's
+  // sections named below). The estimate is within 8% of each.
+  const Flags two_b = {"--num-layers", "28", "--hidden-size", "2048", "--num-attention-heads", "16", "--group-query-attention",
+                       "--num-query-groups", "8", "--kv-channels", "128", "--ffn-hidden-size", "6144", "--swiglu", "--normalization",
+                       "RMSNorm", "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                       "--vocab-size", "151936", "--seq-length", "4096", "--micro-batch-size", "1", "--global-batch-size", "8", "--bf16"};
+  const Flags bf16_state = {"--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+                            "--main-grads-dtype", "bf16"};
+  const Flags bench_1b = {"--config", test::source_dir() + "/examples/llama-1.1b-bench.yaml"};
+  const Flags long_1b = concat(bench_1b, {"--micro-batch-size", "1", "--global-batch-size", "1", "--recompute-granularity", "full",
+                                          "--recompute-method", "uniform", "--recompute-num-layers", "1", "--seq-length"});
+  const Flags llama8b = {"--config", test::source_dir() + "/examples/llama3-8b.yaml", "--vocab-size", "128256", "--global-batch-size", "1"};
+  const Flags qwen_moe = {"--model-family", "qwen3_moe", "--num-layers", "6", "--hidden-size", "2048", "--num-attention-heads", "32",
+                          "--num-query-groups", "4", "--kv-channels", "128", "--ffn-hidden-size", "6144", "--num-experts", "128",
+                          "--moe-router-topk", "8", "--moe-ffn-hidden-size", "768", "--seq-length", "4096", "--max-position-embeddings",
+                          "4096", "--micro-batch-size", "1", "--vocab-size", "151935", "--bf16", "--global-batch-size", "8"};
+  const Flags deepseek = {"--model-family", "deepseek_v2", "--num-layers", "6", "--hidden-size", "2048", "--num-attention-heads", "16",
+                          "--kv-lora-rank", "512", "--qk-head-dim", "128", "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128",
+                          "--ffn-hidden-size", "10944", "--num-experts", "64", "--moe-router-topk", "6", "--moe-ffn-hidden-size", "1408",
+                          "--moe-shared-expert-intermediate-size", "2816", "--moe-layer-freq", "([0]*1+[1]*5)", "--seq-length", "4096",
+                          "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--vocab-size", "102399", "--bf16",
+                          "--global-batch-size", "8"};
+  const double gb = 1e9 / plan::kGiB;  // the MoE rows were measured in 10^9 bytes
+  const struct {
+    Flags flags;
+    double measured_gib;
+    const char* where;
+  } cases[] = {
+      {two_b, 43.5, "Memory: the precision-aware optimizer on a 2B Qwen3-sized shape (session 15)"},
+      {concat(two_b, bf16_state), 28.3, "the same, precision-aware"},
+      {concat(concat(two_b, bf16_state), {"--recompute-granularity", "selective", "--recompute-modules", "mlp"}), 24.4, "the same, mlp recomputed"},
+      {concat(concat(two_b, bf16_state), {"--recompute-granularity", "selective", "--recompute-modules", "mlp", "layernorm"}), 23.5,
+       "the same, mlp and layernorm recomputed"},
+      {bench_1b, 29.5, "Single H200, Llama 1.1B reference shape"},
+      {concat(bench_1b, {"--grad-reduce-in-bf16"}), 27.5, "the same, bf16 gradients"},
+      {concat(long_1b, {"32768", "--max-position-embeddings", "32768"}), 28.0, "Llama 1.1B at seq 32k, full recomputation"},
+      {concat(long_1b, {"65536", "--max-position-embeddings", "65536"}), 37.6, "Llama 1.1B at seq 64k, full recomputation"},
+      {concat(llama8b, {"--num-layers", "8"}), 59.5, "FP8 on the Llama-3-8B layer shape: bf16 at 8 layers (session 16)"},
+      {concat(llama8b, {"--num-layers", "20"}), 116.0, "the same at 20 layers"},
+      {qwen_moe, 80.9 * gb, "The MoE shapes with bf16 gradients and Adam moments (session 23): Qwen3-30B-A3B, default"},
+      {concat(qwen_moe, bf16_state), 47.6 * gb, "the same, bf16 gradients and moments"},
+      {deepseek, 65.0 * gb, "the same section: DeepSeek-V2-Lite, default"},
+      {concat(deepseek, bf16_state), 38.9 * gb, "the same, bf16 gradients and moments"},
+  };
+  for (const auto& c : cases) {
+    const double estimate = estimated_allocated_gib(c.flags);
+    EXPECT_NEAR(estimate / c.measured_gib, 1.0, 0.08) << c.where << ": estimated " << estimate << " GiB, measured " << c.measured_gib;
+  }
+}
+
+TEST(PlanSearch, ProposesOnlyLayoutsTrainAcceptsAndKeepsTheGivenFlags) {
+  const Flags llama8b = {"--config", test::source_dir() + "/examples/llama3-8b.yaml", "--vocab-size", "128256"};
+  plan::Cluster cluster;
+  cluster.gpu = plan::gpu_named("h100");
+  cluster.num_gpus = 32;
+  cluster.gpus_per_node = 16;  // TP 16 is searched: 8 query groups do not divide over it
+  const plan::Plan plan = plan::search_layouts(plan::model_for_plan(llama8b), cluster);
+  ASSERT_FALSE(plan.candidates.empty());
+  EXPECT_TRUE(plan.candidates.front().fits);
+  bool refused_groups = false;
+  for (const auto& [reason, n] : plan.rejections) refused_groups |= reason.find("--num-query-groups") != std::string::npos;
+  EXPECT_TRUE(refused_groups) << "TP 16 with 8 query groups was not refused";
+  bool fitting_then_not = true, seen_unfit = false;
+  for (const plan::Candidate& c : plan.candidates) {
+    // The flags it prints give train the same layout.
+    Flags flags = llama8b;
+    std::istringstream words(c.flags());
+    for (std::string w; words >> w;) flags.push_back(w);
+    Config again = plan::model_for_plan(flags);
+    ASSERT_NO_THROW(finalize_config(again, 32)) << c.flags();
+    EXPECT_EQ(again.parallel.data_parallel_size, c.config.parallel.data_parallel_size) << c.flags();
+    EXPECT_EQ(again.parallel.num_virtual_stages_per_pipeline_rank, c.config.parallel.num_virtual_stages_per_pipeline_rank) << c.flags();
+    EXPECT_LE(c.config.parallel.tensor_model_parallel_size, 16);
+    if (!c.fits) seen_unfit = true;
+    if (c.fits && seen_unfit) fitting_then_not = false;
+  }
+  EXPECT_TRUE(fitting_then_not) << "layouts that fit come first";
+  for (size_t i = 1; i < plan.candidates.size() && plan.candidates[i].fits; ++i) {
+    EXPECT_GE(plan.candidates[i - 1].step.tokens_per_second_per_gpu, plan.candidates[i].step.tokens_per_second_per_gpu);
+  }
+
+  // A layout flag given is kept.
+  const plan::Plan pinned = plan::search_layouts(plan::model_for_plan(concat(llama8b, {"--tensor-model-parallel-size", "4"})), cluster);
+  ASSERT_FALSE(pinned.candidates.empty());
+  EXPECT_EQ(pinned.kept_flags, std::vector<std::string>{"tensor-model-parallel-size"});
+  for (const plan::Candidate& c : pinned.candidates) EXPECT_EQ(c.config.parallel.tensor_model_parallel_size, 4);
+}
+
+TEST(PlanSearch, RecomputesWhereNothingElseFits) {
+  // Llama 1.1B at 64k on one H100 fits only with its layers recomputed.
+  const Flags flags = {"--config", test::source_dir() + "/examples/llama-1.1b-bench.yaml", "--seq-length", "65536",
+                       "--max-position-embeddings", "65536", "--micro-batch-size", "1", "--global-batch-size", "1"};
+  plan::Cluster cluster;
+  cluster.gpu = plan::gpu_named("h100");
+  cluster.num_gpus = 1;
+  const plan::Plan plan = plan::search_layouts(plan::model_for_plan(flags), cluster);
+  ASSERT_EQ(plan.candidates.size(), 1u);
+  EXPECT_TRUE(plan.candidates[0].fits);
+  EXPECT_EQ(plan.candidates[0].config.model.recompute_granularity, "full");
+  EXPECT_NE(plan.candidates[0].flags().find("--recompute-granularity full"), std::string::npos);
+}
+
+TEST(PlanCommand, PrintsTheBestLayoutAndNamesWhatIsWrong) {
+  const std::string recipe = test::source_dir() + "/examples/llama3-8b.yaml";
+  auto best = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "16", "--gpu", "h200"});
+  EXPECT_EQ(best.status, 0) << best.output;
+  for (const char* part : {"model: 8.03B parameters", "cluster: 16 x h200", "| 1 |", "best: megatron launch --nproc-per-node 8",
+                           "--use-distributed-optimizer"}) {
+    EXPECT_NE(best.output.find(part), std::string::npos) << part << " not in\n" << best.output;
+  }
+  // Nothing fits: Llama-3-8B's weights and optimizer alone on one A100.
+  auto none = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "1", "--gpu", "a100"});
+  EXPECT_EQ(none.status, 1) << none.output;
+  EXPECT_NE(none.output.find("no layout fits"), std::string::npos) << none.output;
+
+  const struct {
+    Flags args;
+    const char* message;
+  } bad[] = {
+      {{"plan", "--config", recipe, "--vocab-size", "128256"}, "plan needs --num-gpus"},
+      {{"plan", "--config", recipe, "--num-gpus", "8"}, "plan needs the vocabulary's size"},
+      {{"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "8", "--gpu", "v100"}, "--gpu v100 is not one"},
+      {{"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "12"}, "--num-gpus 12 is not a whole number of nodes"},
+      {{"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "8", "--assumed-mfu", "45"}, "--assumed-mfu is a fraction"},
+      {{"plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "100", "--seq-length", "16",
+        "--num-gpus", "1"},
+       "plan needs --global-batch-size"},
+  };
+  for (const auto& b : bad) {
+    auto r = test::run_megatron(b.args);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(b.message), std::string::npos) << b.message << " not in\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace megatron
