@@ -35,6 +35,8 @@
 # `generate` (the megatron binary only): bench/gpu_generate.sh, decode latency and batched throughput on
 # the 1.1B shape against HF generate. `open-figures` (the binary and the ring bench): what issues #22
 # and #23 wait for an H200 for, in one call: decode next to HF compiled, then the ring at 32k-128k.
+# `plan-check` (the megatron binary only): bench/gpu_plan_check.sh, `megatron plan`'s memory estimate
+# against the peak of a short run, on shapes its tests were not calibrated on.
 # `ring-figure` (the ring bench only): issue #22's figure, the ring at 32k three times, then 64k.
 # `cp-test` (the test program only): the context-parallel CUDA tests (GPU_TESTS narrows or widens them),
 # the cheapest check of a change to the ring's kernels (src/kernels/attention_merge.cu).
@@ -102,7 +104,7 @@ case $what in context-parallel) targets=(--target megatron megatron_tests megatr
 case $what in open-figures) targets=(--target megatron megatron_bench_context_attention) ;; esac
 case $what in ring-figure) targets=(--target megatron_bench_context_attention) ;; esac
 case $what in cp-test) targets=(--target megatron_tests) ;; esac
-case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate) targets=(--target megatron) ;; esac
+case $what in dp2|build|gemm-algos|bench|zero-weights|moe|deepseek|deepseek-short|memory|fp8-curve|offload|moe-precision|moe-fp8|generate|plan-check) targets=(--target megatron) ;; esac
 # EXTRA_TARGETS: more to build with a mode's own (e.g. a second bench for the same call).
 if [ ${#targets[@]} -gt 0 ]; then for t in ${EXTRA_TARGETS:-}; do targets+=(--target "$t"); done; fi
 cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A3 "$out/build.log" | head -60; exit 1; }
@@ -118,6 +120,9 @@ if [ "$what" = before-after ]; then
   echo "build (before): $(( $(date +%s) - start )) s"
   gpu_tests "Cuda|LayerReference|LayerSpec|FiniteDiff|GradAccumulation|GradBuffer" 8
   bash bench/gpu_ab.sh build-before/megatron build-gpu/megatron "$py" .gpu/hf_baseline.py 2>&1 | tee "$out/before-after.log"
+fi
+if [ "$what" = plan-check ]; then
+  bash bench/gpu_plan_check.sh build-gpu/megatron 2>&1 | tee "$out/plan-check.log"
 fi
 if [ "$what" = checkpoint ]; then
   bash bench/gpu_checkpoint.sh build-gpu/megatron 2>&1 | tee "$out/checkpoint.log"
