@@ -17,7 +17,13 @@ Config model_for_plan(const std::vector<std::string>& train_args) {
   config.train.save_hf.clear();
   DataConfig& d = config.data;
   ModelConfig& m = config.model;
-  const bool given_vocab = config.explicit_flags.count("vocab-size") > 0;
+  bool given_vocab = config.explicit_flags.count("vocab-size") > 0;
+  if (!given_vocab && m.hf_vocab_size > 0 && d.tokenizer_model.empty()) {
+    // An HF model's config.json gives its embedding rows: the vocabulary the plan needs.
+    d.tokenizer_type = "HuggingFaceTokenizer";
+    m.vocab_size = m.hf_vocab_size;
+    given_vocab = true;
+  }
   if (!d.tokenizer_type.empty() && d.tokenizer_type != "NullTokenizer" && m.extra_vocab_size == 0) {
     // The tokenizer's ids: --vocab-size when given, else its files. NullTokenizer(N) has N + 1.
     int64_t ids = m.vocab_size;

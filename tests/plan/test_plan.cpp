@@ -3,6 +3,7 @@
 // train's own checks, and its errors.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <sstream>
 
 #include "distributed/parallel_state.h"
@@ -215,6 +216,24 @@ TEST(PlanCommand, PrintsTheBestLayoutAndNamesWhatIsWrong) {
   auto none = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "1", "--gpu", "a100"});
   EXPECT_EQ(none.status, 1) << none.output;
   EXPECT_NE(none.output.find("no layout fits"), std::string::npos) << none.output;
+
+  // An HF model's architecture and vocabulary from its config.json alone, as the same flags give them.
+  test::TempDir dir;
+  {
+    std::ofstream config(dir.path() + "/config.json");
+    config << R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 512,
+                  "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1000,
+                  "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": false,
+                  "attention_bias": false, "hidden_act": "silu"})";
+  }
+  auto hf = test::run_megatron({"plan", "--load-hf", dir.path(), "--seq-length", "1024", "--global-batch-size", "8", "--bf16",
+                                "--num-gpus", "8"});
+  auto flags = test::run_megatron({"plan", "--model-family", "qwen3", "--num-layers", "4", "--hidden-size", "256",
+                                   "--ffn-hidden-size", "512", "--num-attention-heads", "8", "--num-query-groups", "2",
+                                   "--kv-channels", "64", "--vocab-size", "1000", "--seq-length", "1024", "--global-batch-size", "8",
+                                   "--bf16", "--num-gpus", "8"});
+  EXPECT_EQ(hf.status, 0) << hf.output;
+  EXPECT_EQ(hf.output.substr(0, hf.output.find('\n')), flags.output.substr(0, flags.output.find('\n'))) << hf.output << flags.output;
 
   const struct {
     Flags args;
