@@ -2,6 +2,7 @@
 // in memory and time (plan/layout_search.h). Takes train's model flags (or --config, or --load-hf
 // for an HF model's architecture) plus the cluster's.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -44,6 +45,12 @@ double number(const std::string& flag, const std::string& text) {
   return v;
 }
 
+int whole_number(const std::string& flag, const std::string& text) {
+  const double v = number(flag, text);
+  if (v > 1e7 || v != std::floor(v)) throw UserError(flag + " takes a whole number up to 10 million (got '" + text + "')");
+  return int(v);
+}
+
 std::string gib(double bytes) {
   char out[32];
   std::snprintf(out, sizeof out, "%.1f", bytes / plan::kGiB);
@@ -82,15 +89,15 @@ int plan_layouts(const Args& args) {
   // A card of its own: named anything, given by its three figures.
   const bool own_card = !own["--gpu-memory-gib"].empty() && !own["--gpu-peak-tflops"].empty() && !own["--nvlink-gb-per-s"].empty();
   cluster.gpu = own_card ? plan::Gpu{own["--gpu"]} : plan::gpu_named(own["--gpu"]);
-  cluster.num_gpus = static_cast<int>(number("--num-gpus", own["--num-gpus"]));
-  cluster.gpus_per_node = static_cast<int>(number("--gpus-per-node", own["--gpus-per-node"]));
+  cluster.num_gpus = whole_number("--num-gpus", own["--num-gpus"]);
+  cluster.gpus_per_node = whole_number("--gpus-per-node", own["--gpus-per-node"]);
   if (!own["--gpu-memory-gib"].empty()) cluster.gpu.memory_gib = number("--gpu-memory-gib", own["--gpu-memory-gib"]);
   if (!own["--gpu-peak-tflops"].empty()) cluster.gpu.peak_tflops = number("--gpu-peak-tflops", own["--gpu-peak-tflops"]);
   if (!own["--nvlink-gb-per-s"].empty()) cluster.gpu.nvlink_gb_per_s = number("--nvlink-gb-per-s", own["--nvlink-gb-per-s"]);
   cluster.network_gb_per_s = number("--network-gb-per-s", own["--network-gb-per-s"]);
   cluster.mfu = number("--assumed-mfu", own["--assumed-mfu"]);
   if (cluster.mfu > 1) throw UserError("--assumed-mfu is a fraction of the peak (got " + own["--assumed-mfu"] + ")");
-  const int top = static_cast<int>(number("--top", own["--top"]));
+  const int top = whole_number("--top", own["--top"]);
   if (cluster.num_gpus > cluster.gpus_per_node && cluster.num_gpus % cluster.gpus_per_node != 0) {
     throw UserError("--num-gpus " + own["--num-gpus"] + " is not a whole number of nodes of --gpus-per-node " + own["--gpus-per-node"]);
   }

@@ -180,9 +180,13 @@ Plan search_layouts(const Config& parsed, const Cluster& cluster) {
                 r.config.model.recompute_granularity = "full";
                 r.config.model.recompute_method = "uniform";
                 r.config.model.recompute_num_layers = 1;
-                finalize_config(r.config, world);
-                judge(r, census, cluster, plan.flops_per_token);
-                if (r.fits) c = std::move(r);
+                try {
+                  finalize_config(r.config, world);
+                  judge(r, census, cluster, plan.flops_per_token);
+                  if (r.fits) c = std::move(r);
+                } catch (const UserError&) {
+                  // Recomputation this configuration refuses (train would too): the layout stays as it was.
+                }
               }
               plan.candidates.push_back(std::move(c));
             }

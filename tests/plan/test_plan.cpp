@@ -243,6 +243,7 @@ TEST(PlanCommand, PrintsTheBestLayoutAndNamesWhatIsWrong) {
       {{"plan", "--config", recipe, "--num-gpus", "8"}, "plan needs the vocabulary's size"},
       {{"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "8", "--gpu", "v100"}, "--gpu v100 is not one"},
       {{"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "12"}, "--num-gpus 12 is not a whole number of nodes"},
+      {{"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "8.5"}, "--num-gpus takes a whole number"},
       {{"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "8", "--assumed-mfu", "45"}, "--assumed-mfu is a fraction"},
       {{"plan", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "100", "--seq-length", "16",
         "--num-gpus", "1"},
