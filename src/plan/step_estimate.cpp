@@ -66,7 +66,7 @@ StepEstimate estimate_step(const Config& c, const Cluster& cluster, double flops
   // scores, the backward 2.5 times that.
   const double heads = double(m.num_attention_heads) / double(tp);
   const double head_dim = m.multi_latent_attention ? m.qk_head_dim + m.qk_pos_emb_head_dim : m.kv_channels;
-  const double attention_flops = 3.5 * 2 * 2 * tokens * (m.seq_length / 2.0) * heads * head_dim * t.micro_batch_size * layers;
+  const double attention_flops = 3.5 * 2 * 2 * tokens * (m.seq_length / 2.0) * heads * head_dim * layers;
   // Context parallelism splits the attention into blocks of S / 2CP tokens, each with its fixed
   // costs: the ring measured 1.07x one fused call at 2k-token chunks, 1.02-1.04x at 4k, 0.98-1.01x
   // from 8k (bench/context_attention_bench.cpp on an H100, docs/performance.md), which

@@ -245,6 +245,9 @@ TEST(PlanStep, TermsFollowTheLayout) {
   const plan::StepEstimate cp2 = step_of(concat(llama8b, {"--context-parallel-size", "2"}), cluster);
   const plan::StepEstimate cp8 = step_of(concat(llama8b, {"--context-parallel-size", "8"}), cluster);
   EXPECT_GT(cp8.compute * 8, cp2.compute * 2 * 1.01);  // the same work spread over 4x the ranks, and more
+  // Micro-batches of two sequences do the work of two of one.
+  const Flags overlapped = concat(llama8b, {"--context-parallel-size", "2", "--overlap-grad-reduce", "--overlap-param-gather"});
+  EXPECT_NEAR(step_of(concat(overlapped, {"--micro-batch-size", "2"}), cluster).total(), step_of(overlapped, cluster).total(), 1e-9);
 
   // On one H200, the 1.1B shape at seq 32k and 64k with every layer recomputed: within 10% of
   // the tokens/s measured (20.3k / 13.1k; docs/performance.md, context parallelism, session 27).
