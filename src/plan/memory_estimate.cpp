@@ -134,6 +134,8 @@ double layer_activation_bytes(const Config& c, int layer) {
     // q, k, v after RoPE, the attention output (the projection's input), fp32 log-sum-exp.
     per_token += (2 * heads * d + 2 * groups * d) * act + heads * 4;
   }
+  // In fp32 no flash kernel runs: the attention keeps its probabilities, [b, heads, s, s] (fp32).
+  if (act == 4) per_token += m.num_attention_heads / tp * double(m.seq_length) * 4;
   if (m.hidden_dropout > 0) per_token += 2 * h / sp;  // the two residual dropouts' masks (a byte each)
   if (m.is_moe_layer(layer)) {
     const double etp = p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : tp;

@@ -146,6 +146,20 @@ TEST(PlanMemory, EstimatesMatchThePeaksMeasuredOnGpus) {
       {concat(qwen_moe, bf16_state), 47.6 * gb, "the same, bf16 gradients and moments"},
       {deepseek, 65.0 * gb, "the same section: DeepSeek-V2-Lite, default"},
       {concat(deepseek, bf16_state), 38.9 * gb, "the same, bf16 gradients and moments"},
+      // Session 50, one H100 (bench/gpu_plan_check.sh): shapes the rows above did not include.
+      {concat(bench_1b, {"--bf16", "false", "--micro-batch-size", "2", "--global-batch-size", "2"}), 53563.2 / 1024,
+       "Llama 1.1B in fp32, micro-batch 2"},
+      {{"--config", test::source_dir() + "/examples/qwen3-8b.yaml", "--vocab-size", "151936", "--num-layers", "6",
+        "--micro-batch-size", "2", "--global-batch-size", "2"},
+       52597.2 / 1024, "Qwen3-8B shape, 6 layers, micro-batch 2"},
+      {{"--config", test::source_dir() + "/examples/deepseek-v3.yaml", "--vocab-size", "129280", "--num-layers", "4", "--hidden-size",
+        "2048", "--num-attention-heads", "16", "--q-lora-rank", "768", "--num-experts", "32", "--moe-router-num-groups", "4",
+        "--moe-router-group-topk", "2", "--moe-ffn-hidden-size", "1024", "--moe-shared-expert-intermediate-size", "1024",
+        "--moe-layer-freq", "([0]*1+[1]*3)", "--ffn-hidden-size", "8192", "--global-batch-size", "1"},
+       31553.8 / 1024, "DeepSeek-V3-like, 4 layers, 32 experts, MTP 1"},
+      {concat(llama8b, {"--num-layers", "6", "--recompute-granularity", "full", "--recompute-method", "block",
+                        "--recompute-num-layers", "3"}),
+       48264.4 / 1024, "Llama-3-8B shape, 6 layers, block recompute of 3"},
   };
   for (const auto& c : cases) {
     const double estimate = estimated_allocated_gib(c.flags);
