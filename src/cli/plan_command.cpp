@@ -63,6 +63,26 @@ std::string billions(int64_t n) {
   return out;
 }
 
+// The cluster the plan is for, from its flags (each given, or its default).
+plan::Cluster cluster_from_flags(std::map<std::string, std::string>& own) {
+  plan::Cluster cluster;
+  // A card of its own: named anything, given by its three figures.
+  const bool own_card = !own["--gpu-memory-gib"].empty() && !own["--gpu-peak-tflops"].empty() && !own["--nvlink-gb-per-s"].empty();
+  cluster.gpu = own_card ? plan::Gpu{own["--gpu"]} : plan::gpu_named(own["--gpu"]);
+  cluster.num_gpus = whole_number("--num-gpus", own["--num-gpus"]);
+  cluster.gpus_per_node = whole_number("--gpus-per-node", own["--gpus-per-node"]);
+  if (!own["--gpu-memory-gib"].empty()) cluster.gpu.memory_gib = number("--gpu-memory-gib", own["--gpu-memory-gib"]);
+  if (!own["--gpu-peak-tflops"].empty()) cluster.gpu.peak_tflops = number("--gpu-peak-tflops", own["--gpu-peak-tflops"]);
+  if (!own["--nvlink-gb-per-s"].empty()) cluster.gpu.nvlink_gb_per_s = number("--nvlink-gb-per-s", own["--nvlink-gb-per-s"]);
+  cluster.network_gb_per_s = number("--network-gb-per-s", own["--network-gb-per-s"]);
+  cluster.mfu = number("--assumed-mfu", own["--assumed-mfu"]);
+  if (cluster.mfu > 1) throw UserError("--assumed-mfu is a fraction of the peak (got " + own["--assumed-mfu"] + ")");
+  if (cluster.num_gpus > cluster.gpus_per_node && cluster.num_gpus % cluster.gpus_per_node != 0) {
+    throw UserError("--num-gpus " + own["--num-gpus"] + " is not a whole number of nodes of --gpus-per-node " + own["--gpus-per-node"]);
+  }
+  return cluster;
+}
+
 }  // namespace
 
 int plan_layouts(const Args& args) {
@@ -85,22 +105,8 @@ int plan_layouts(const Args& args) {
     it->second = args[++i];
   }
   if (own["--num-gpus"].empty()) throw UserError("plan needs --num-gpus N: the GPUs of the cluster (megatron plan --help)");
-  plan::Cluster cluster;
-  // A card of its own: named anything, given by its three figures.
-  const bool own_card = !own["--gpu-memory-gib"].empty() && !own["--gpu-peak-tflops"].empty() && !own["--nvlink-gb-per-s"].empty();
-  cluster.gpu = own_card ? plan::Gpu{own["--gpu"]} : plan::gpu_named(own["--gpu"]);
-  cluster.num_gpus = whole_number("--num-gpus", own["--num-gpus"]);
-  cluster.gpus_per_node = whole_number("--gpus-per-node", own["--gpus-per-node"]);
-  if (!own["--gpu-memory-gib"].empty()) cluster.gpu.memory_gib = number("--gpu-memory-gib", own["--gpu-memory-gib"]);
-  if (!own["--gpu-peak-tflops"].empty()) cluster.gpu.peak_tflops = number("--gpu-peak-tflops", own["--gpu-peak-tflops"]);
-  if (!own["--nvlink-gb-per-s"].empty()) cluster.gpu.nvlink_gb_per_s = number("--nvlink-gb-per-s", own["--nvlink-gb-per-s"]);
-  cluster.network_gb_per_s = number("--network-gb-per-s", own["--network-gb-per-s"]);
-  cluster.mfu = number("--assumed-mfu", own["--assumed-mfu"]);
-  if (cluster.mfu > 1) throw UserError("--assumed-mfu is a fraction of the peak (got " + own["--assumed-mfu"] + ")");
+  const plan::Cluster cluster = cluster_from_flags(own);
   const int top = whole_number("--top", own["--top"]);
-  if (cluster.num_gpus > cluster.gpus_per_node && cluster.num_gpus % cluster.gpus_per_node != 0) {
-    throw UserError("--num-gpus " + own["--num-gpus"] + " is not a whole number of nodes of --gpus-per-node " + own["--gpus-per-node"]);
-  }
 
   const Config config = plan::model_for_plan(train_args);
   const plan::Plan plan = plan::search_layouts(config, cluster);
@@ -147,10 +153,15 @@ int plan_layouts(const Args& args) {
   for (size_t i = 0; i < reasons.size() && i < 5; ++i) {
     std::printf("  %lld: %s\n", static_cast<long long>(reasons[i].first), reasons[i].second.c_str());
   }
+  if (plan.candidates.empty()) {
+    std::printf("\nno layout passes train's checks on %d GPUs (the reasons above): change the GPU count or the flags they name\n",
+                cluster.num_gpus);
+    return 1;
+  }
   if (fitting == 0) {
     std::printf("\nno layout fits: the smallest needs %s GiB a GPU. More GPUs, --use-precision-aware-optimizer --exp-avg-dtype bf16 "
                 "--exp-avg-sq-dtype bf16, a smaller --micro-batch-size or --optimizer-cpu-offload bring it down.\n",
-                plan.candidates.empty() ? "?" : gib(plan.candidates.front().memory.total()).c_str());
+                gib(plan.candidates.front().memory.total()).c_str());
     return 1;
   }
   std::printf("\nbest: megatron launch --nproc-per-node %d ... megatron train [model flags] %s\n",

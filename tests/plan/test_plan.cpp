@@ -288,6 +288,11 @@ TEST(PlanCommand, PrintsTheBestLayoutAndNamesWhatIsWrong) {
   auto none = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "1", "--gpu", "a100"});
   EXPECT_EQ(none.status, 1) << none.output;
   EXPECT_NE(none.output.find("no layout fits"), std::string::npos) << none.output;
+  // Nothing train accepts: on 3 GPUs the global batch of 128 does not divide over DP 3, and TP 3 not the heads.
+  auto refused = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "3"});
+  EXPECT_EQ(refused.status, 1) << refused.output;
+  EXPECT_NE(refused.output.find("no layout passes train's checks on 3 GPUs"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("is not divisible by --tensor-model-parallel-size"), std::string::npos) << refused.output;
 
   // An HF model's architecture and vocabulary from its config.json alone, as the same flags give them.
   test::TempDir dir;
