@@ -103,6 +103,14 @@ bool fully_recomputed(const ModelConfig& m, int index_in_chunk) {
 
 }  // namespace
 
+int64_t chunks_in_flight(int pp, int stage, int chunks, int64_t micro_batches) {
+  if (chunks == 1) return std::min<int64_t>(micro_batches, pp - stage);
+  // With as many micro-batches as stages, every forward runs before the first backward (Megatron's
+  // all-warm-up case).
+  if (micro_batches == pp) return micro_batches * chunks;
+  return std::min<int64_t>(micro_batches * chunks, 2 * int64_t(pp - stage - 1) + int64_t(chunks - 1) * pp + 1);
+}
+
 double layer_activation_bytes(const Config& c, int layer) {
   const ModelConfig& m = c.model;
   const ParallelConfig& p = c.parallel;
@@ -183,11 +191,7 @@ MemoryEstimate estimate_memory(const ParameterCensus& census, const Config& c) {
     e.weights = params * b.weight;
     e.gradients = params * b.grad;
     e.optimizer = on_device * (b.master + b.moments) * (e.parameters.dense / dense_shards + e.parameters.expert / expert_shards);
-    // The micro-batches whose activations a stage holds at once under 1F1B: PP - stage; with
-    // interleaving, in model chunks: 2 (PP - stage - 1) + (chunks - 1) PP + 1 (the warm-up).
-    const double in_flight_chunks =
-        chunks == 1 ? std::min<double>(micro_batches, pp - stage)
-                    : std::min<double>(double(micro_batches) * chunks, 2.0 * (pp - stage - 1) + (chunks - 1) * pp + 1);
+    const double in_flight_chunks = chunks_in_flight(pp, stage, chunks, micro_batches);
     double stage_layers = 0, recompute_group = 0;  // one micro-batch through every chunk of the stage
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const pipeline::ChunkLayers layers = pipeline::chunk_layers(p, m.num_layers, stage, chunk);

@@ -75,6 +75,12 @@ struct MemoryEstimate {
 // The estimate for `layout` (a config finalize_config accepted for its world size).
 MemoryEstimate estimate_memory(const ParameterCensus& census, const Config& layout);
 
+// The model chunks' forwards whose activations pipeline stage `stage` holds at once, at most:
+// under 1F1B (one chunk a stage) PP - stage micro-batches; interleaved, Megatron's warm-up
+// 2 (PP - stage - 1) + (chunks - 1) PP chunk forwards and one more, all of them when the step has
+// as many micro-batches as stages; never more than the step has.
+int64_t chunks_in_flight(int pp, int stage, int chunks, int64_t micro_batches);
+
 // Bytes one decoder layer keeps for its backward for one micro-batch on one GPU of `layout`
 // (`layer` picks dense or MoE, and whether --recompute-granularity full covers it).
 double layer_activation_bytes(const Config& layout, int layer);

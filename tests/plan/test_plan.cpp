@@ -3,7 +3,10 @@
 // train's own checks, and its errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <sstream>
 
 #include "distributed/parallel_state.h"
@@ -164,6 +167,38 @@ TEST(PlanMemory, EstimatesMatchThePeaksMeasuredOnGpus) {
   for (const auto& c : cases) {
     const double estimate = estimated_allocated_gib(c.flags);
     EXPECT_NEAR(estimate / c.measured_gib, 1.0, 0.08) << c.where << ": estimated " << estimate << " GiB, measured " << c.measured_gib;
+  }
+}
+
+// What the trainer's schedule held at its peak, per pipeline stage (its memory report counts
+// chunk forwards not yet run backward), on 2 real processes over Gloo.
+std::map<int, int> schedule_in_flight(const Flags& pipeline, int micro_batches) {
+  Flags model = kTinyLlama;
+  *(std::find(model.begin(), model.end(), "--global-batch-size") + 1) = std::to_string(micro_batches);
+  Flags args = {"launch", "--nproc-per-node", "2", "--master-port", "0", "train"};
+  args = concat(concat(args, model), pipeline);
+  args = concat(args, {"--train-iters", "1", "--lr", "1e-3", "--mock-data",
+                       "--tokenizer-type", "NullTokenizer", "--log-interval", "1", "--cpu-threads", "1", "--device", "cpu"});
+  const auto run = test::run_megatron(args);
+  EXPECT_EQ(run.status, 0) << run.output;
+  std::regex line(R"(micro-batches in flight at peak: (\d+) \| pipeline stage: (\d))");
+  std::map<int, int> stages;
+  for (auto it = std::sregex_iterator(run.output.begin(), run.output.end(), line); it != std::sregex_iterator(); ++it) {
+    stages[std::stoi((*it)[2])] = std::stoi((*it)[1]);
+  }
+  EXPECT_EQ(stages.size(), 2u) << run.output;
+  return stages;
+}
+
+TEST(PlanMemory, MicroBatchesInFlightAreTheSchedules) {
+  for (const auto& [chunks, micro_batches] : {std::pair{1, 8}, {1, 1}, {2, 8}, {2, 4}, {2, 2}}) {
+    Flags pipeline = {"--pipeline-model-parallel-size", "2"};
+    if (chunks > 1) pipeline = concat(pipeline, {"--num-virtual-stages-per-pipeline-rank", std::to_string(chunks)});
+    const std::map<int, int> held = schedule_in_flight(pipeline, micro_batches);
+    for (int stage = 0; stage < 2; ++stage) {
+      EXPECT_EQ(held.count(stage) ? held.at(stage) : -1, plan::chunks_in_flight(2, stage, chunks, micro_batches))
+          << "stage " << stage << ", " << chunks << " chunks, " << micro_batches << " micro-batches";
+    }
   }
 }
 
