@@ -35,11 +35,11 @@ if [ "${PLAN_CHECK_SET:-first}" = more ]; then
                  --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --ffn-hidden-size 10944 --num-experts 64
                  --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816
                  --moe-layer-freq "([0]*1+[1]*5)" --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1
-                 --tokenizer-type NullTokenizer --vocab-size 102399 --bf16 --global-batch-size 1)
+                 --tokenizer-type NullTokenizer --vocab-size 102399 --bf16 --global-batch-size 1 --lr 1e-4)
   qwen_moe=(--model-family qwen3_moe --num-layers 6 --hidden-size 2048 --num-attention-heads 32 --num-query-groups 4
             --kv-channels 128 --ffn-hidden-size 6144 --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768
             --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --tokenizer-type NullTokenizer
-            --vocab-size 151935 --bf16 --global-batch-size 1)
+            --vocab-size 151935 --bf16 --global-batch-size 1 --lr 1e-4)
   check "DeepSeek-V2-Lite shape, 6 layers, bf16 state, recompute mla_up_proj moe_act layernorm" "${deepseek_lite[@]}" "${bf16_state[@]}" \
     --recompute-granularity selective --recompute-modules mla_up_proj moe_act layernorm
   check "Qwen3-30B-A3B shape, 6 layers, bf16 state, recompute moe" "${qwen_moe[@]}" "${bf16_state[@]}" \

@@ -166,6 +166,18 @@ TEST(PlanMemory, EstimatesMatchThePeaksMeasuredOnGpus) {
       {concat(llama8b, {"--num-layers", "6", "--recompute-granularity", "full", "--recompute-method", "block",
                         "--recompute-num-layers", "3"}),
        48264.4 / 1024, "Llama-3-8B shape, 6 layers, block recompute of 3"},
+      {concat(concat(deepseek, bf16_state), {"--global-batch-size", "1", "--recompute-granularity", "selective", "--recompute-modules",
+                                             "mla_up_proj", "moe_act", "layernorm"}),
+       38198.7 / 1024, "DeepSeek-V2-Lite shape, bf16 state, recompute mla_up_proj moe_act layernorm"},
+      {concat(concat(qwen_moe, bf16_state), {"--global-batch-size", "1", "--recompute-granularity", "selective", "--recompute-modules",
+                                             "moe"}),
+       45091.4 / 1024, "Qwen3-30B-A3B shape, bf16 state, recompute moe"},
+      {concat({"--config", test::source_dir() + "/examples/qwen2-57b-a14b.yaml", "--vocab-size", "151936", "--num-layers", "2",
+               "--global-batch-size", "1", "--micro-batch-size", "1", "--seq-length", "4096"},
+              bf16_state),
+       55028.7 / 1024, "Qwen2-57B-A14B shape, 2 layers, bf16 state (gated shared experts)"},
+      {concat(bench_1b, {"--hidden-dropout", "0.1", "--micro-batch-size", "2", "--global-batch-size", "2"}), 24924.5 / 1024,
+       "Llama 1.1B shape, hidden dropout 0.1, micro-batch 2"},
   };
   for (const auto& c : cases) {
     const double estimate = estimated_allocated_gib(c.flags);
