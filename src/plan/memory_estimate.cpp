@@ -71,7 +71,6 @@ ParameterCensus::RankCount ParameterCensus::on_rank(const Config& layout, int pp
 
 namespace {
 
-
 // Bytes of one element of each kind of state, by the precision flags.
 struct StateBytes {
   double weight, grad, master, moments;
