@@ -37,8 +37,8 @@ struct Plan {
   double flops_per_token = 0;
 };
 
-// `parsed`: the command line / recipe as parse_train_arguments returned it (tokenizer resolved
-// into --vocab-size by the caller); `cluster.num_gpus` the world size.
+// `parsed`: the model as model_for_plan read it (plan/model_for_plan.h); `cluster.num_gpus` the
+// world size.
 Plan search_layouts(const Config& parsed, const Cluster& cluster);
 
 }  // namespace megatron::plan

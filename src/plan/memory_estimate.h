@@ -25,9 +25,7 @@ class ParameterCensus {
 
   // Parameters of the whole model (a tied output layer counted once).
   int64_t total() const { return total_; }
-  // Of those, the routed experts' (all of them) and what one token passes through (MoE: top-k of
-  // the experts; the rest of the model whole).
-  int64_t experts() const { return experts_; }
+  // Of those, what one token passes through (MoE: top-k of the routed experts, the rest whole).
   int64_t active_per_token(const ModelConfig& m) const;
 
   // What pipeline rank `pp_rank` of `layout` (a finalized config) holds on one of its GPUs.

@@ -114,7 +114,7 @@ StepEstimate estimate_step(const Config& c, const Cluster& cluster, double flops
   // --overlap-grad-reduce and --overlap-param-gather the backward and the next forward hide what
   // fits under them; what is left shows.
   {
-    const double grad = t.bf16 || t.fp16 ? (p.grad_reduce_in_bf16 ? 2 : 4) : 4;
+    const double grad = (t.bf16 || t.fp16) && (p.grad_reduce_in_bf16 || t.main_grads_dtype == "bf16") ? 2 : 4;
     const int64_t dense_ranks = dp * cp, expert_ranks = world / (pp * ep * etp);
     const double seconds = ring_seconds(double(parameters.dense) * (grad + act), dense_ranks, link_bytes_per_second(cluster, tp * cp * dp)) +
                            ring_seconds(double(parameters.expert) * (grad + act), expert_ranks, link_bytes_per_second(cluster, world / pp));
