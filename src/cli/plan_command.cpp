@@ -8,6 +8,7 @@
 #include <map>
 
 #include "cli/commands.h"
+#include "cli/inference_flags.h"
 #include "core/errors.h"
 #include "plan/layout_search.h"
 #include "plan/model_for_plan.h"
@@ -39,9 +40,8 @@ const char* kPlanHelp =
     "measurements: docs/plan.md says what each term counts and how it compares with measured runs.\n";
 
 double number(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !(v > 0)) throw UserError(flag + " takes a positive number (got '" + text + "')");
+  const double v = number_flag(flag, text);  // finite, or a UserError naming the flag
+  if (!(v > 0)) throw UserError(flag + " takes a positive number (got '" + text + "')");
   return v;
 }
 

@@ -97,7 +97,7 @@ void Runner::no_pipelining() {
 // drains the remaining backwards: at most p - r micro-batches are in flight on it.
 void Runner::one_f_one_b() {
   const int64_t m = o_.micro_batches;
-  const int64_t warmup = o_.forward_only ? m : std::min<int64_t>(pp_.size() - pp_.rank() - 1, m);
+  const int64_t warmup = o_.forward_only ? m : warmup_forwards(pp_.size(), pp_.rank(), 1, m);
   const int64_t remaining = m - warmup;
   std::deque<at::Tensor> inputs, outputs;
   auto keep = [&](const at::Tensor& input, const at::Tensor& output) {
@@ -161,16 +161,8 @@ void Runner::interleaved() {
   auto micro_batch_of = [&](int64_t k) { return (k / group) * p + k % p; };
   auto last_for_chunk = [&](int64_t k) { return k / group == total / group - 1 && (k % group) % p == p - 1; };
 
-  bool all_warmup = false;
-  int64_t warmup;
-  if (o_.forward_only) {
-    warmup = total;
-  } else if (m == p) {
-    warmup = total;
-    all_warmup = true;
-  } else {
-    warmup = std::min<int64_t>(int64_t(p - pp_.rank() - 1) * 2 + int64_t(v - 1) * p, total);
-  }
+  const bool all_warmup = !o_.forward_only && m == p;
+  const int64_t warmup = o_.forward_only ? total : warmup_forwards(p, pp_.rank(), v, m);
   const int64_t remaining = total - warmup;
 
   std::vector<std::deque<at::Tensor>> inputs(v), outputs(v), output_grads(v);
@@ -258,6 +250,13 @@ void Runner::interleaved() {
 }
 
 }  // namespace
+
+int64_t warmup_forwards(int stages, int stage, int chunks, int64_t micro_batches) {
+  const int64_t forwards = micro_batches * chunks;
+  if (chunks == 1) return std::min<int64_t>(stages - stage - 1, forwards);
+  if (micro_batches == stages) return forwards;
+  return std::min<int64_t>(int64_t(stages - stage - 1) * 2 + int64_t(chunks - 1) * stages, forwards);
+}
 
 ScheduleStats forward_backward(const StageFunctions& functions, const ScheduleOptions& options, const dist::Group& pp) {
   TORCH_CHECK(options.micro_batches >= 1, "forward_backward: no micro-batches");

@@ -41,6 +41,13 @@ struct ScheduleStats {
   int max_in_flight = 0;  // the most micro-batches whose activations this rank held at once
 };
 
+// The forwards stage `stage` of `stages` runs before its first backward in a training step of
+// `micro_batches` through `chunks` model chunks a stage (Megatron's warm-up): 1F1B (one chunk)
+// stages - stage - 1; interleaved 2 (stages - stage - 1) + (chunks - 1) stages, or every forward
+// when there are as many micro-batches as stages; never more than the step has. One forward more
+// follows before the first backward, so min(warm-up + 1, forwards) are in flight at the peak.
+int64_t warmup_forwards(int stages, int stage, int chunks, int64_t micro_batches);
+
 // Collective over the pipeline group: every stage calls it with the same options.
 ScheduleStats forward_backward(const StageFunctions& functions, const ScheduleOptions& options, const dist::Group& pp);
 

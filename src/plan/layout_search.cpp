@@ -17,6 +17,9 @@ const char* const kLayoutFlags[] = {"tensor-model-parallel-size", "pipeline-mode
                                     "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
                                     "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"};
 
+// Whether the command line or recipe gave `flag`.
+bool given_flag(const Config& parsed, const char* flag) { return parsed.explicit_flags.count(flag) > 0; }
+
 std::vector<int> divisors_up_to(int64_t n, int64_t limit) {
   std::vector<int> out;
   for (int64_t d = 1; d <= std::min(n, limit); ++d) {
@@ -57,7 +60,7 @@ std::vector<LayoutChoice> layout_choices(const Config& parsed, const Cluster& cl
   const int world = cluster.num_gpus;
   const ParallelConfig& given = parsed.parallel;
   const ModelConfig& m = parsed.model;
-  auto kept = [&](const char* flag) { return parsed.explicit_flags.count(flag) > 0; };
+  auto kept = [&](const char* flag) { return given_flag(parsed, flag); };
   auto or_given = [&](const char* flag, int value, std::vector<int> searched) { return kept(flag) ? std::vector<int>{value} : searched; };
   const std::vector<int> tps = or_given("tensor-model-parallel-size", given.tensor_model_parallel_size,
                                         divisors_up_to(std::min(world, cluster.gpus_per_node), cluster.gpus_per_node));
@@ -176,7 +179,7 @@ Plan search_layouts(const Config& parsed, const Cluster& cluster) {
   const int world = cluster.num_gpus;
   if (world < 1) throw UserError("--num-gpus must be at least 1 (got " + std::to_string(world) + ")");
   Plan plan;
-  auto kept = [&](const char* flag) { return parsed.explicit_flags.count(flag) > 0; };
+  auto kept = [&](const char* flag) { return given_flag(parsed, flag); };
   for (const char* flag : kLayoutFlags) {
     if (kept(flag)) plan.kept_flags.push_back(flag);
   }

@@ -3,8 +3,9 @@
 #include <algorithm>
 
 #include "model/gpt_model.h"
-#include "model/parameter_names.h"
+#include "optim/adamw.h"
 #include "pipeline/layout.h"
+#include "pipeline/schedules.h"
 
 namespace megatron::plan {
 
@@ -16,11 +17,10 @@ ParameterCensus::ParameterCensus(const ModelConfig& finalized) : num_experts_(fi
     const std::string& name = item.key();
     const at::Tensor& p = item.value();
     const tp::ParamInfo& info = table.at(name);
-    // Which part holds it, by the same rule as pipeline::stage_holds.
-    const int part = name.rfind(layers, 0) == 0 ? std::stoi(name.substr(layers.size()))
-                     : name == kWordEmbeddings  ? kWordEmbedding
-                     : name.rfind("embedding.", 0) == 0 ? kEmbedding
-                                                        : kAfterDecoder;
+    // A decoder layer's parameters go to one part, named as the layer ("decoder.layers.7"); every
+    // other parameter is a part of its own.
+    const size_t layer_end = name.rfind(layers, 0) == 0 ? name.find('.', layers.size()) : std::string::npos;
+    const std::string part = layer_end == std::string::npos ? name : name.substr(0, layer_end);
     PartSums& sums = parts_[part];
     const int64_t n = p.numel();
     total_ += n;
@@ -44,23 +44,12 @@ int64_t ParameterCensus::active_per_token(const ModelConfig& m) const {
 ParameterCensus::RankCount ParameterCensus::on_rank(const Config& layout, int pp_rank) const {
   const ModelConfig& m = layout.model;
   const ParallelConfig& p = layout.parallel;
-  const int pp = p.pipeline_model_parallel_size;
   const int64_t tp = p.tensor_model_parallel_size;
   const int64_t etp = p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : tp;
   const int64_t ep = std::max(1, p.expert_model_parallel_size);
-  std::vector<int> held;  // the parts this stage holds
-  for (int chunk = 0; chunk < p.num_virtual_stages_per_pipeline_rank; ++chunk) {
-    const pipeline::ChunkLayers c = pipeline::chunk_layers(p, m.num_layers, pp_rank, chunk);
-    for (int i = 0; i < c.num_layers; ++i) held.push_back(c.first_layer + i);
-  }
-  if (pp_rank == 0) held.push_back(kEmbedding);
-  if (pp_rank == 0 || (pp_rank == pp - 1 && m.output_uses_word_embeddings())) held.push_back(kWordEmbedding);
-  if (pp_rank == pp - 1) held.push_back(kAfterDecoder);
   RankCount count;
-  for (int part : held) {
-    const auto it = parts_.find(part);
-    if (it == parts_.end()) continue;
-    const PartSums& s = it->second;
+  for (const auto& [part, s] : parts_) {
+    if (!pipeline::stage_holds(part, p, m, pp_rank)) continue;
     // The vocabulary is padded to a multiple of 128 x TP: a layout's rows differ from the census's.
     count.dense += s.replicated + s.split / tp + s.vocab_split_columns * m.padded_vocab_size / tp;
     // Every expert-parallel rank holds as many of each layer's experts.
@@ -71,29 +60,6 @@ ParameterCensus::RankCount ParameterCensus::on_rank(const Config& layout, int pp
 
 namespace {
 
-// Bytes of one element of each kind of state, by the precision flags.
-struct StateBytes {
-  double weight, grad, master, moments;
-};
-
-StateBytes state_bytes(const TrainConfig& t, const ParallelConfig& p) {
-  const bool half = t.bf16 || t.fp16;
-  auto size_of = [](const std::string& dtype) { return dtype == "fp32" ? 4.0 : 2.0; };
-  StateBytes b{};
-  b.weight = half ? 2 : 4;
-  b.grad = half && (p.grad_reduce_in_bf16 || t.main_grads_dtype == "bf16") ? 2 : 4;
-  if (!half) {
-    b.master = 0;  // fp32 training steps the parameters themselves
-  } else if (t.use_precision_aware_optimizer) {
-    // fp32 masters of bf16 weights are kept as 16-bit remainders (Megatron's store_param_remainders).
-    b.master = t.bf16 ? 2 : size_of(t.main_params_dtype);
-  } else {
-    b.master = 4;
-  }
-  b.moments = t.use_precision_aware_optimizer ? size_of(t.exp_avg_dtype) + size_of(t.exp_avg_sq_dtype) : 8;
-  return b;
-}
-
 // Whether --recompute-granularity full recomputes `layer` (its index within its model chunk).
 bool fully_recomputed(const ModelConfig& m, int index_in_chunk) {
   if (m.recompute_granularity != "full") return false;
@@ -102,12 +68,29 @@ bool fully_recomputed(const ModelConfig& m, int index_in_chunk) {
 
 }  // namespace
 
+StateBytes state_bytes(const Config& c) {
+  const TrainConfig& t = c.train;
+  const bool half = t.bf16 || t.fp16;
+  auto size_of = [](const std::string& dtype) { return dtype == "fp32" ? 4.0 : 2.0; };
+  StateBytes b{};
+  b.activation = half ? 2 : 4;
+  b.weight = half ? 2 : 4;
+  b.grad = half && (c.parallel.grad_reduce_in_bf16 || t.main_grads_dtype == "bf16") ? 2 : 4;
+  if (!half) {
+    b.master = 0;  // fp32 training steps the parameters themselves
+  } else if (t.use_precision_aware_optimizer) {
+    // bf16 weights' fp32 masters as 16-bit remainders (Megatron's store_param_remainders).
+    b.master = t.bf16 && stores_param_remainders(t) ? 2 : size_of(t.main_params_dtype);
+  } else {
+    b.master = 4;
+  }
+  b.moments = t.use_precision_aware_optimizer ? size_of(t.exp_avg_dtype) + size_of(t.exp_avg_sq_dtype) : 8;
+  return b;
+}
+
 int64_t chunks_in_flight(int pp, int stage, int chunks, int64_t micro_batches) {
-  if (chunks == 1) return std::min<int64_t>(micro_batches, pp - stage);
-  // With as many micro-batches as stages, every forward runs before the first backward (Megatron's
-  // all-warm-up case).
-  if (micro_batches == pp) return micro_batches * chunks;
-  return std::min<int64_t>(micro_batches * chunks, 2 * int64_t(pp - stage - 1) + int64_t(chunks - 1) * pp + 1);
+  // The schedule's warm-up, then one forward more before the first backward.
+  return std::min<int64_t>(pipeline::warmup_forwards(pp, stage, chunks, micro_batches) + 1, micro_batches * chunks);
 }
 
 double layer_activation_bytes(const Config& c, int layer) {
@@ -118,7 +101,7 @@ double layer_activation_bytes(const Config& c, int layer) {
   // the TP region ([s/tp, b, h]) further.
   const double tokens = double(c.train.micro_batch_size) * m.seq_length / p.context_parallel_size;
   const double sp = p.sequence_parallel ? tp : 1;
-  const double act = c.train.bf16 || c.train.fp16 ? 2 : 4;
+  const double act = state_bytes(c).activation;
   const double h = m.hidden_size;
   const bool swiglu = m.swiglu;
   auto recomputes = [&](const char* module) { return m.selectively_recomputes(module); };
@@ -169,9 +152,9 @@ MemoryEstimate estimate_memory(const ParameterCensus& census, const Config& c) {
   const int pp = p.pipeline_model_parallel_size, chunks = p.num_virtual_stages_per_pipeline_rank;
   const int64_t dp = p.data_parallel_size;
   const int64_t micro_batches = std::max<int64_t>(1, t.global_batch_size / (int64_t(t.micro_batch_size) * dp));
-  const StateBytes b = state_bytes(t, p);
+  const StateBytes b = state_bytes(c);
+  const double act = b.activation;
   const double tp = p.tensor_model_parallel_size, sp = p.sequence_parallel ? tp : 1;
-  const double act = t.bf16 || t.fp16 ? 2 : 4;
   const double tokens = double(t.micro_batch_size) * m.seq_length / p.context_parallel_size;
   // The distributed optimizer shards dense state over DP x CP, expert state over the ranks that
   // hold the same experts (world / (PP x EP x ETP)).

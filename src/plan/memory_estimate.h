@@ -36,16 +36,14 @@ class ParameterCensus {
   RankCount on_rank(const Config& layout, int pp_rank) const;
 
  private:
-  // The parameters of one part a pipeline stage holds whole: a decoder layer (its index), the
-  // embedding, the word embedding (which a tied output layer's stage holds a copy of), and what
-  // follows the decoder (final norm, output layer, multi-token prediction).
+  // The parameters of one part a pipeline stage holds whole (pipeline::stage_holds says which):
+  // a decoder layer, named as the layer ("decoder.layers.7"), or one parameter outside the layers.
   struct PartSums {
     int64_t replicated = 0, split = 0;                 // dense: on every TP rank, or split over TP
     int64_t vocab_split_columns = 0;                   // dense, rows = the padded vocabulary, split over TP
     int64_t expert_replicated = 0, expert_split = 0;   // all experts' (split over expert TP)
   };
-  enum Part : int { kEmbedding = -1, kWordEmbedding = -2, kAfterDecoder = -3 };
-  std::map<int, PartSums> parts_;  // by layer index or Part
+  std::map<std::string, PartSums> parts_;
   int64_t total_ = 0, experts_ = 0;
   int num_experts_ = 0;
 };
@@ -73,10 +71,14 @@ struct MemoryEstimate {
 // The estimate for `layout` (a config finalize_config accepted for its world size).
 MemoryEstimate estimate_memory(const ParameterCensus& census, const Config& layout);
 
+// Bytes of one element of each kind of state, by the precision flags.
+struct StateBytes {
+  double activation, weight, grad, master, moments;
+};
+StateBytes state_bytes(const Config& config);
+
 // The model chunks' forwards whose activations pipeline stage `stage` holds at once, at most:
-// under 1F1B (one chunk a stage) PP - stage micro-batches; interleaved, Megatron's warm-up
-// 2 (PP - stage - 1) + (chunks - 1) PP chunk forwards and one more, all of them when the step has
-// as many micro-batches as stages; never more than the step has.
+// the schedule's warm-up (pipeline::warmup_forwards) and one more, never more than the step has.
 int64_t chunks_in_flight(int pp, int stage, int chunks, int64_t micro_batches);
 
 // Bytes one decoder layer keeps for its backward for one micro-batch on one GPU of `layout`

@@ -48,7 +48,8 @@ StepEstimate estimate_step(const Config& c, const Cluster& cluster, double flops
   const int64_t etp = p.expert_tensor_parallel_size > 0 ? p.expert_tensor_parallel_size : tp;
   const int64_t world = tp * pp * cp * dp, chunks = p.num_virtual_stages_per_pipeline_rank;
   const int64_t micro_batches = std::max<int64_t>(1, t.global_batch_size / (int64_t(t.micro_batch_size) * dp));
-  const double act = t.bf16 || t.fp16 ? 2 : 4;
+  const StateBytes state = state_bytes(c);
+  const double act = state.activation;
   const double sequence_tokens = double(t.micro_batch_size) * m.seq_length;  // a micro-batch's tokens
   const double tokens = sequence_tokens / double(cp);                          // ... on this rank's layers
   const double layers = double(m.num_layers) / double(pp);                      // this stage's, all chunks
@@ -114,10 +115,9 @@ StepEstimate estimate_step(const Config& c, const Cluster& cluster, double flops
   // --overlap-grad-reduce and --overlap-param-gather the backward and the next forward hide what
   // fits under them; what is left shows.
   {
-    const double grad = (t.bf16 || t.fp16) && (p.grad_reduce_in_bf16 || t.main_grads_dtype == "bf16") ? 2 : 4;
     const int64_t dense_ranks = dp * cp, expert_ranks = world / (pp * ep * etp);
-    const double seconds = ring_seconds(double(parameters.dense) * (grad + act), dense_ranks, link_bytes_per_second(cluster, tp * cp * dp)) +
-                           ring_seconds(double(parameters.expert) * (grad + act), expert_ranks, link_bytes_per_second(cluster, world / pp));
+    const double seconds = ring_seconds(double(parameters.dense) * (state.grad + state.weight), dense_ranks, link_bytes_per_second(cluster, tp * cp * dp)) +
+                           ring_seconds(double(parameters.expert) * (state.grad + state.weight), expert_ranks, link_bytes_per_second(cluster, world / pp));
     const bool overlapped = p.overlap_grad_reduce && p.overlap_param_gather;
     s.data_parallel = overlapped ? std::max(0.0, seconds - s.compute) : seconds;
   }
