@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "core/errors.h"
 #include "distributed/launch_env.h"
+#include "distributed/launcher.h"
 
 namespace megatron::cli {
 namespace {
@@ -60,7 +61,7 @@ int print_env(const Args& args) {
   };
   int exit_code = 1, fail_signal = 0, lines = 0;
   double seconds = 0;
-  bool ignore_sigterm = false, spawn_grandchild = false;
+  bool ignore_sigterm = false, spawn_grandchild = false, probe_master_port = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     const auto value = [&]() -> const std::string& {
@@ -76,6 +77,7 @@ int print_env(const Args& args) {
     else if (flag == "--lines") lines = int_value(flag, value());
     else if (flag == "--ignore-sigterm") ignore_sigterm = true;
     else if (flag == "--spawn-grandchild") spawn_grandchild = true;
+    else if (flag == "--probe-master-port") probe_master_port = true;
     else if (flag == "--error-at") timed(flag, value(), error_at);
     else if (flag == "--exit-at") timed(flag, value(), exit_at);
     else if (flag == "--touch-after-error") touch_after_error = value();
@@ -85,6 +87,10 @@ int print_env(const Args& args) {
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   if (ignore_sigterm) std::signal(SIGTERM, SIG_IGN);
   std::printf("env %s pid=%d\n", dist::describe(env).c_str(), static_cast<int>(::getpid()));
+  if (probe_master_port) {
+    std::printf("rank %d: master port %d is %s\n", env.rank, env.master_port,
+                dist::port_is_free(env.master_port) ? "free" : "taken");
+  }
   for (int k = 1; k <= lines; ++k) std::printf("line %d of rank %d\n", k, env.rank);
   if (spawn_grandchild) {
     // A descendant the rank never waits for: only killing the rank's process group stops it.

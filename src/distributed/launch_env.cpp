@@ -1,6 +1,10 @@
 // Reads a process's place in a distributed job from torchrun-style or Slurm variables.
 #include "distributed/launch_env.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -43,6 +47,26 @@ int require_int(const char* name, const char* because) {
   auto value = env_int(name);
   if (!value) throw UserError(std::string(name) + " is not set, but " + because + " is");
   return *value;
+}
+
+// The socket `megatron launch` handed rank 0 must be listening on MASTER_PORT: anything else (a
+// variable copied into another job's environment) would have the store serve where no rank looks.
+int master_listen_fd(const LaunchEnv& e) {
+  const int fd = *env_int(kMasterListenFdVariable);
+  int listening = 0;
+  socklen_t size = sizeof(listening);
+  sockaddr_storage addr{};
+  socklen_t addr_size = sizeof(addr);
+  const bool is_listener = ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) == 0 && listening != 0 &&
+                           ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_size) == 0;
+  int port = -1;
+  if (is_listener && addr.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in&>(addr).sin_port);
+  if (is_listener && addr.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6&>(addr).sin6_port);
+  if (port != e.master_port) {
+    throw UserError(std::string(kMasterListenFdVariable) + "=" + std::to_string(fd) + " is not a socket listening on MASTER_PORT=" +
+                    std::to_string(e.master_port) + " (only `megatron launch --master-port 0` sets it; unset it)");
+  }
+  return fd;
 }
 
 int parse_port(const std::string& value, const std::string& variable) {
@@ -89,6 +113,7 @@ LaunchEnv from_torchrun() {
   if (auto port = env("MASTER_PORT")) e.master_port = parse_port(*port, "MASTER_PORT");
   if (auto agent = env("TORCHELASTIC_USE_AGENT_STORE")) e.agent_store = *agent == "True";
   e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT").value_or(0);
+  if (e.rank == 0 && env(kMasterListenFdVariable)) e.master_listen_fd = master_listen_fd(e);
   return e;
 }
 
@@ -262,7 +287,8 @@ LaunchEnv launch_env_from_environment() {
 std::string describe(const LaunchEnv& e) {
   return "rank=" + std::to_string(e.rank) + " world_size=" + std::to_string(e.world_size) +
          " local_rank=" + std::to_string(e.local_rank) + " local_world_size=" + std::to_string(e.local_world_size) +
-         " master_addr=" + e.master_addr + " master_port=" + std::to_string(e.master_port) + " source=" + e.source;
+         " master_addr=" + e.master_addr + " master_port=" + std::to_string(e.master_port) + " source=" + e.source +
+         (e.master_listen_fd >= 0 ? " master_listen_fd=" + std::to_string(e.master_listen_fd) : "");
 }
 
 }  // namespace megatron::dist

@@ -8,6 +8,9 @@
 
 namespace megatron::dist {
 
+// Set by `megatron launch --master-port 0` for rank 0 only (LaunchEnv::master_listen_fd).
+inline constexpr const char* kMasterListenFdVariable = "MEGATRON_MASTER_LISTEN_FD";
+
 struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
@@ -21,6 +24,11 @@ struct LaunchEnv {
   // the restart attempt's prefix (TORCHELASTIC_RESTART_COUNT), as torch.distributed does.
   bool agent_store = false;
   int restart_count = 0;
+  // `megatron launch --master-port 0` binds and listens on the port it picks before any rank
+  // starts, and hands rank 0 that socket (MEGATRON_MASTER_LISTEN_FD): rank 0's store serves on it
+  // instead of binding the port again, which another process could have taken in between.
+  // -1: rank 0 binds MASTER_PORT itself.
+  int master_listen_fd = -1;
 };
 
 // Reads, in this order, torchrun's / `megatron launch`'s variables (RANK, WORLD_SIZE,

@@ -26,6 +26,7 @@
 
 #include "core/errors.h"
 #include "distributed/heartbeat.h"
+#include "distributed/launch_env.h"
 
 namespace megatron::dist {
 namespace {
@@ -76,9 +77,11 @@ std::string describe_status(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
-// Binds port 0 and reads back what the kernel chose. Another process may take it before rank 0
-// binds it; torchrun accepts the same small race.
-int pick_free_port() {
+// `--master-port 0`: a socket on a port the kernel picks, already listening, that rank 0's store
+// then serves on (MEGATRON_MASTER_LISTEN_FD). Picking a port, closing it and letting rank 0 bind
+// it again later (torchrun's way) lets another process take the port in between, which parallel
+// test runs did now and then. Connections that arrive before rank 0 accepts wait in the backlog.
+int listen_on_free_port(int& port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw UserError(std::string("--master-port 0: cannot open a socket: ") + std::strerror(errno));
   sockaddr_in addr{};
@@ -86,31 +89,20 @@ int pick_free_port() {
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd);
-    throw UserError("--master-port 0: cannot find a free port: " + why);
+    throw UserError("--master-port 0: cannot listen on a free port: " + why);
   }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  port = ntohs(addr.sin_port);
+  return fd;
 }
 
 // Rank 0's store will listen on `port` of this node: in use (another job, a previous run still
-// alive), the ranks would wait out the rendezvous timeout. Said now instead. SO_REUSEADDR as
-// the store's own socket, so a port left in TIME_WAIT passes.
+// alive), the ranks would wait out the rendezvous timeout. Said now instead.
 void check_port_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;  // nothing to learn; the store reports its own failure
-  const int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
-  ::close(fd);
-  if (in_use) {
+  if (!port_is_free(port)) {
     throw UserError("--master-port " + std::to_string(port) + " is already in use on this node (another job, or a run still "
                     "exiting): pass another port, or --master-port 0 (or --standalone) to pick a free one");
   }
@@ -166,6 +158,7 @@ class Supervisor {
   std::optional<Clock::time_point> kill_at_;  // when stopping ranks get SIGKILL
   std::optional<Clock::time_point> drain_until_;
   struct sigaction old_actions_[4]{};
+  int master_listen_fd_ = -1;  // --master-port 0: rank 0's listening socket until rank 0 holds it
 };
 
 constexpr int kHandled[4] = {SIGCHLD, SIGINT, SIGTERM, SIGPIPE};
@@ -183,6 +176,7 @@ Supervisor::~Supervisor() {
     if (c.heartbeat_fd >= 0) ::close(c.heartbeat_fd);
     if (c.log != nullptr) std::fclose(c.log);
   }
+  if (master_listen_fd_ >= 0) ::close(master_listen_fd_);
   for (int i = 0; i < 4; ++i) ::sigaction(kHandled[i], &old_actions_[i], nullptr);
   for (int& fd : g_signal_pipe) {
     if (fd >= 0) ::close(fd);
@@ -230,10 +224,14 @@ std::vector<std::string> Supervisor::child_environment(const Child& child, int m
     const std::string name = entry.substr(0, entry.find('='));
     bool overridden = false;
     for (const auto& [ours_name, value] : ours) overridden = overridden || name == ours_name;
+    overridden = overridden || name == kMasterListenFdVariable;  // only ever this launcher's own
     has_omp = has_omp || name == "OMP_NUM_THREADS";
     if (!overridden) env.push_back(entry);
   }
   for (const auto& [name, value] : ours) env.push_back(std::string(name) + "=" + value);
+  if (child.rank == 0 && master_listen_fd_ >= 0) {
+    env.push_back(std::string(kMasterListenFdVariable) + "=" + std::to_string(master_listen_fd_));
+  }
   // N ranks each starting one thread per core would oversubscribe the node N times over.
   if (!has_omp && options_.nproc_per_node > 1) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -289,6 +287,7 @@ void Supervisor::spawn(Child& child, std::vector<std::string> environment) {
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
     ::fcntl(beat[1], F_SETFD, 0);  // this rank's own heartbeat socket survives exec
+    if (child.rank == 0 && master_listen_fd_ >= 0) ::fcntl(master_listen_fd_, F_SETFD, 0);  // and rank 0's store socket
     ::execve(program_.c_str(), argv.data(), envp.data());
     [[maybe_unused]] ssize_t n = ::write(2, exec_failed.data(), exec_failed.size());
     ::_exit(127);
@@ -470,7 +469,8 @@ void Supervisor::report_failure() const {
 }
 
 int Supervisor::run() {
-  const int master_port = options_.master_port == 0 ? pick_free_port() : options_.master_port;
+  int master_port = options_.master_port;
+  if (master_port == 0) master_listen_fd_ = listen_on_free_port(master_port);
   if (options_.master_port != 0 && options_.node_rank == 0) check_port_free(master_port);
   if (!options_.log_dir.empty()) {
     std::error_code ec;
@@ -491,6 +491,10 @@ int Supervisor::run() {
   }
   install_signal_handlers();
   for (auto& c : children_) spawn(c, child_environment(c, master_port));
+  if (master_listen_fd_ >= 0) {  // rank 0 holds it now; the port stays taken while rank 0 lives
+    ::close(master_listen_fd_);
+    master_listen_fd_ = -1;
+  }
 
   while (true) {
     reap();  // also catches exits whose SIGCHLD arrived before the handler saw a poll
@@ -562,6 +566,21 @@ int Supervisor::run() {
 }
 
 }  // namespace
+
+// SO_REUSEADDR as the store's own socket, so a port left in TIME_WAIT counts as free.
+bool port_is_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // nothing to learn; the store reports its own failure
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return !in_use;
+}
 
 int run_launch(const LaunchOptions& options, const std::string& program) {
   Supervisor supervisor(options, program);

@@ -36,4 +36,7 @@ std::string launch_help();
 // 1 when a rank failed, 128 + signal when the launcher was interrupted.
 int run_launch(const LaunchOptions& options, const std::string& program = "/proc/self/exe");
 
+// Whether a TCP store could bind `port` on this node now (a port in TIME_WAIT counts as free).
+bool port_is_free(int port);
+
 }  // namespace megatron::dist

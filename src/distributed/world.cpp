@@ -65,6 +65,7 @@ World World::connect(const LaunchEnv& env, const std::string& backend, std::chro
   o.numWorkers = static_cast<size_t>(env.world_size);
   o.waitWorkers = false;  // we count arrivals ourselves, to say how many came
   o.timeout = timeout;
+  if (o.isServer && env.master_listen_fd >= 0) o.masterListenFd = env.master_listen_fd;
   try {
     w.shared_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
     if (env.agent_store) {

@@ -1,7 +1,11 @@
 // LaunchEnv parsing: torchrun / `megatron launch` variables, Slurm's (task counts, node lists),
 // precedence, and the inconsistent values that must be user errors naming the variable. The
 // environment is set in-process and restored after each test.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <map>
@@ -37,7 +41,7 @@ class ScopedLaunchEnvironment {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
       "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
       "SLURM_NODEID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-      "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID"};
+      "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", kMasterListenFdVariable};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -75,6 +79,60 @@ TEST(LaunchEnv, Torchrun) {
   const LaunchEnv e = launch_env_from_environment();
   EXPECT_EQ(describe(e), "rank=5 world_size=8 local_rank=1 local_world_size=4 master_addr=node-a master_port=1234 "
                          "source=torchrun");
+}
+
+// A TCP socket bound to a free port, listening or not; closed at scope end.
+struct TestSocket {
+  int fd = -1;
+  int port = 0;
+  explicit TestSocket(bool listening) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    if (listening) EXPECT_EQ(::listen(fd, 8), 0);
+    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port = ntohs(addr.sin_port);
+  }
+  ~TestSocket() { ::close(fd); }
+};
+
+// `megatron launch --master-port 0` hands rank 0 its listening socket; only rank 0 takes it, and
+// only a socket listening on MASTER_PORT passes.
+TEST(LaunchEnv, RankZeroTakesTheLaunchersListeningSocket) {
+  TestSocket listener(true), bound_only(false);
+  {
+    ScopedLaunchEnvironment env;
+    env.set("RANK", "0");
+    env.set("WORLD_SIZE", "2");
+    env.set("MASTER_PORT", std::to_string(listener.port));
+    env.set(kMasterListenFdVariable, std::to_string(listener.fd));
+    const LaunchEnv e = launch_env_from_environment();
+    EXPECT_EQ(e.master_listen_fd, listener.fd);
+    EXPECT_NE(describe(e).find(" master_listen_fd=" + std::to_string(listener.fd)), std::string::npos) << describe(e);
+    env.set("RANK", "1");
+    EXPECT_EQ(launch_env_from_environment().master_listen_fd, -1);
+  }
+  const std::vector<std::pair<std::map<std::string, std::string>, std::vector<std::string>>> cases = {
+      // listening, but on another port than MASTER_PORT
+      {{{"MASTER_PORT", std::to_string(listener.port == 65535 ? 1 : listener.port + 1)}, {kMasterListenFdVariable, std::to_string(listener.fd)}},
+       {kMasterListenFdVariable, "MASTER_PORT=", "unset it"}},
+      // bound, not listening
+      {{{"MASTER_PORT", std::to_string(bound_only.port)}, {kMasterListenFdVariable, std::to_string(bound_only.fd)}},
+       {std::string(kMasterListenFdVariable) + "=" + std::to_string(bound_only.fd)}},
+      // not open at all, or not a number
+      {{{"MASTER_PORT", "29500"}, {kMasterListenFdVariable, "1000"}}, {std::string(kMasterListenFdVariable) + "=1000"}},
+      {{{"MASTER_PORT", "29500"}, {kMasterListenFdVariable, "x"}}, {std::string(kMasterListenFdVariable) + "='x'"}},
+  };
+  for (const auto& [vars, parts] : cases) {
+    ScopedLaunchEnvironment env;
+    env.set("RANK", "0");
+    env.set("WORLD_SIZE", "2");
+    for (const auto& [name, value] : vars) env.set(name.c_str(), value);
+    expect_user_error([] { launch_env_from_environment(); }, parts);
+  }
 }
 
 TEST(LaunchEnv, PlainEnvInitDefaultsToOneNode) {

@@ -160,8 +160,11 @@ TEST(Launcher, SecondNodeRanksFollowTheNodeRank) {
   EXPECT_NE(r.output.find("[rank 3] " + env_line(3, 4, 1, 2, "10.1.2.3", 12345)), std::string::npos) << r.output;
 }
 
+// The port is picked and held listening by the launcher before any rank starts, and rank 0's
+// store serves on that very socket: no other process can take the port in between (picking a
+// port and letting rank 0 bind it later lost it now and then to parallel test runs).
 TEST(Launcher, PortZeroPicksOneFreePortSharedByAllRanks) {
-  const auto r = run_megatron(launch_args({"--nproc-per-node=2", "--master_port=0"}, {}));
+  const auto r = run_megatron(launch_args({"--nproc-per-node=2", "--master_port=0"}, {"--probe-master-port"}));
   ASSERT_EQ(r.status, 0) << r.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex("master_port=(\\d+)"))) << r.output;
@@ -169,6 +172,10 @@ TEST(Launcher, PortZeroPicksOneFreePortSharedByAllRanks) {
   EXPECT_GT(port, 0);
   EXPECT_NE(port, 29500);
   EXPECT_EQ(count(r.output, "master_port=" + std::to_string(port) + " "), 2u) << r.output;
+  // Rank 0 alone holds the socket, already listening when it starts.
+  EXPECT_EQ(count(r.output, "master_listen_fd="), 1u) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\\] env rank=0 [^\\n]* master_listen_fd=\\d+"))) << r.output;
+  EXPECT_NE(r.output.find("rank 0: master port " + std::to_string(port) + " is taken"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, LogDirAndUnprefixedRankZero) {

@@ -50,7 +50,7 @@ void check_schedule(const Case& c, bool forward_only) {
     loss.backward();
   }
 
-  const int port = test::free_port();
+  const test::ListeningPort port = test::listening_port();
   std::mutex mutex;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < c.p; ++rank) {
@@ -58,7 +58,8 @@ void check_schedule(const Case& c, bool forward_only) {
       dist::LaunchEnv env;
       env.rank = rank;
       env.world_size = c.p;
-      env.master_port = port;
+      env.master_port = port.port;
+      if (rank == 0) env.master_listen_fd = port.fd;
       dist::World world = dist::World::connect(env, "gloo", std::chrono::seconds(60));
       const dist::Group pp = world.everyone();
       std::vector<at::Tensor> w;  // chunk v holds virtual stage v * p + rank
