@@ -108,6 +108,7 @@ std::string wanted(const Field& f) {
     case Kind::String: return "a string";
     case Kind::ObjectOrNull: return "an object, or null";
     case Kind::CountList: return "a list of integers from 0";
+    case Kind::StringList: return "a non-empty list of strings";
   }
   return "";
 }
@@ -126,6 +127,13 @@ bool fits(const Field& f, const nlohmann::json& v) {
       if (!v.is_array()) return false;
       for (const auto& e : v) {
         if (!is_count(e, 0)) return false;
+      }
+      return true;
+    }
+    case Kind::StringList: {
+      if (!v.is_array() || v.empty()) return false;
+      for (const auto& e : v) {
+        if (!e.is_string()) return false;
       }
       return true;
     }

@@ -10,7 +10,8 @@ namespace megatron {
 namespace {
 
 constexpr FieldKind Count = FieldKind::Count, Positive = FieldKind::Positive, NonNegative = FieldKind::NonNegative,
-                    Finite = FieldKind::Finite, Bool = FieldKind::Bool, String = FieldKind::String, CountList = FieldKind::CountList;
+                    Finite = FieldKind::Finite, Bool = FieldKind::Bool, String = FieldKind::String, CountList = FieldKind::CountList,
+                    StringList = FieldKind::StringList;
 
 // One list of (rule, member) pairs drives writing, reading and checking, so they cannot drift apart.
 template <typename Visit>
@@ -60,6 +61,8 @@ void visit_moe(ModelConfig& m, Visit&& v) {
   v({"moe_router_topk_scaling_factor", NonNegative}, m.moe_router_topk_scaling_factor);
   v({"moe_shared_expert_intermediate_size", Count, 0}, m.moe_shared_expert_intermediate_size);
   v({"moe_shared_expert_gate", Bool}, m.moe_shared_expert_gate);
+  // sinkhorn routes otherwise at inference too (generate, convert); older checkpoints: top-k.
+  v({"moe_router_load_balancing_type", StringList}, m.moe_router_load_balancing_type);
 }
 
 // Written by checkpoints since multi-latent attention and DeepSeek routing; older ones lack them

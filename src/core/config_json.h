@@ -25,6 +25,7 @@ enum class FieldKind {
   String,
   ObjectOrNull,
   CountList,     // a list of integers >= 0
+  StringList,    // a non-empty list of strings
 };
 struct FieldRule {
   const char* key;

@@ -94,6 +94,19 @@ bool all_digits(const std::string& s) {
 
 [[noreturn]] void bad(const std::string& flag, const std::string& what) { throw UserError("--" + flag + " " + what); }
 
+// Sinkhorn routing has its own weights (sigmoid for top-1, else the softmax over all experts, as
+// --moe-router-pre-softmax: Qwen2-MoE's preset keeps it) and its own balance; Megatron ignores the
+// routing flags below under it, and asserts a zero coefficient. Given here, they would do
+// nothing: said instead.
+void check_sinkhorn(const ModelConfig& m) {
+  const std::string why = "with --moe-router-load-balancing-type sinkhorn, which ";
+  if (m.moe_aux_loss_coeff.front() != 0) bad("moe-aux-loss-coeff", "must be 0 " + why + "balances the routing without a loss");
+  if (m.moe_router_score_function != "softmax") bad("moe-router-score-function", "cannot be set " + why + "has its own weights");
+  if (m.moe_router_topk_scaling_factor > 0) bad("moe-router-topk-scaling-factor", "cannot be given " + why + "has its own weights");
+  if (m.moe_router_num_groups > 0) bad("moe-router-num-groups", "cannot be given " + why + "chooses among all experts");
+  if (m.moe_router_enable_expert_bias) bad("moe-router-enable-expert-bias", "cannot be given " + why + "balances by itself");
+}
+
 }  // namespace
 
 std::vector<int> parse_moe_layer_freq(const std::string& value, int num_layers) {
@@ -166,13 +179,13 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
     }
   }
   const std::vector<std::string>& types = m.moe_router_load_balancing_type;
-  if (types.empty()) bad("moe-router-load-balancing-type", "needs a type: aux_loss, seq_aux_loss, global_aux_loss or none");
+  if (types.empty()) bad("moe-router-load-balancing-type", "needs a type: aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none");
   for (size_t i = 0; i < types.size(); ++i) {
     const std::string& lb = types[i];
-    if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "global_aux_loss" && lb != "none") {
-      bad("moe-router-load-balancing-type",
-          "must be aux_loss, seq_aux_loss, global_aux_loss or none (got '" + lb + "'; sinkhorn is not supported)");
+    if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "global_aux_loss" && lb != "sinkhorn" && lb != "none") {
+      bad("moe-router-load-balancing-type", "must be aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none (got '" + lb + "')");
     }
+    if (lb == "sinkhorn" && types.size() > 1) bad("moe-router-load-balancing-type", "sinkhorn routes by itself: give it alone");
     if (std::find(types.begin(), types.begin() + long(i), lb) != types.begin() + long(i)) {
       bad("moe-router-load-balancing-type", "names " + lb + " twice");
     }
@@ -181,6 +194,7 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
     bad("moe-aux-loss-coeff", "gives " + std::to_string(m.moe_aux_loss_coeff.size()) + " coefficient(s) for " +
                                   std::to_string(types.size()) + " --moe-router-load-balancing-type(s): give one per type");
   }
+  if (types.front() == "sinkhorn") check_sinkhorn(m);
   if (m.moe_expert_capacity_factor < 0) bad("moe-expert-capacity-factor", "must be positive (or left out: dropless)");
   if (m.moe_token_drop_policy != "probs" && m.moe_token_drop_policy != "position") {
     bad("moe-token-drop-policy", "must be probs or position (got '" + m.moe_token_drop_policy + "')");

@@ -20,6 +20,29 @@ std::tuple<at::Tensor, at::Tensor> group_limited_topk(const at::Tensor& scores, 
   return scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity()).topk(k, 1);
 }
 
+at::Tensor sinkhorn(const at::Tensor& cost, double tolerance) {
+  at::NoGradGuard no_grad;
+  const at::Tensor weights = cost.to(at::kFloat).exp();  // [T, E]
+  const double T = double(weights.size(0)), E = double(weights.size(1));
+  constexpr double eps = 1e-8;  // an all-underflowed row or column scales to 1 / eps, not inf
+  at::Tensor row_scale;                                 // [T]
+  at::Tensor column_scale = at::ones({weights.size(1)}, weights.options());  // [E]
+  double moved = std::numeric_limits<double>::infinity();
+  while (moved > tolerance) {
+    row_scale = (1.0 / T) / ((column_scale * weights).sum(1) + eps);
+    const at::Tensor next = (1.0 / E) / ((row_scale.unsqueeze(1) * weights).sum(0) + eps);
+    moved = (column_scale - next).abs().mean().item<double>();
+    column_scale = next;
+  }
+  return column_scale * weights * row_scale.unsqueeze(1);
+}
+
+std::pair<at::Tensor, at::Tensor> sinkhorn_routing(const at::Tensor& logits, int64_t k, bool training) {
+  const at::Tensor weights = k == 1 ? at::sigmoid(logits) : at::softmax(logits, -1, at::kFloat).to(logits.scalar_type());  // [T, E]
+  const at::Tensor indices = std::get<1>((training ? sinkhorn(logits) : weights.detach()).topk(k, 1));                  // [T, k]
+  return {weights.gather(1, indices), indices};
+}
+
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t num_experts, double capacity_factor) {
   return int64_t(std::ceil(double(tokens * topk) / double(num_experts) * capacity_factor));
 }
@@ -178,6 +201,7 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
 std::pair<at::Tensor, at::Tensor> TopKRouter::choose(const at::Tensor& logits) const {
   const ModelConfig& c = config_;
   const int64_t k = c.moe_router_topk;
+  if (c.moe_router_load_balancing_type.front() == "sinkhorn") return sinkhorn_routing(logits, k, is_training());
   auto topk = [&](const at::Tensor& scores) {
     return c.moe_router_num_groups > 0 ? group_limited_topk(scores, k, c.moe_router_num_groups, c.moe_router_group_topk)
                                        : scores.topk(k, 1);

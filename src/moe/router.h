@@ -27,6 +27,18 @@ struct Routing {
 // scores [T, E] -> (values, indices) [T, k].
 std::tuple<at::Tensor, at::Tensor> group_limited_topk(const at::Tensor& scores, int64_t k, int64_t groups, int64_t group_topk);
 
+// Megatron's sinkhorn routing (--moe-router-load-balancing-type sinkhorn), balanced by
+// construction rather than by a loss. In training a token's k experts are the top k of
+// sinkhorn(logits); at inference the top k of its weights. The weights are sigmoid(logits) for
+// k = 1, else the softmax over all experts, in the logits' dtype and not renormalised over the k.
+// logits [T, E] -> (probs, indices) [T, k].
+std::pair<at::Tensor, at::Tensor> sinkhorn_routing(const at::Tensor& logits, int64_t k, bool training);
+
+// exp(cost) with its rows and columns rescaled alternately towards sums of 1/T and 1/E, until
+// the column scales move by less than `tolerance` on average (one host read per round).
+// cost [T, E] -> [T, E] fp32.
+at::Tensor sinkhorn(const at::Tensor& cost, double tolerance = 1e-4);
+
 // Megatron's expert capacity for T tokens routed to k of E experts: ceil(T k / E x factor).
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t num_experts, double capacity_factor);
 

@@ -386,7 +386,12 @@ void finalize_config(Config& c, int world_size) {
   }
   moe::finalize_moe_config(m, p, world_size);
   if (m.num_experts > 0 && captures_cuda_graph(t)) {
-    if (const std::string why = moe::route_reads_host(m, t.bf16); !why.empty()) {
+    std::string why = moe::route_reads_host(m, t.bf16);
+    // Training only: at inference sinkhorn routing is a plain top-k.
+    if (why.empty() && m.moe_router_load_balancing_type.front() == "sinkhorn") {
+      why = "--moe-router-load-balancing-type sinkhorn reads on the host whether it has converged, each round";
+    }
+    if (!why.empty()) {
       throw UserError("--cuda-graph-impl local with --num-experts: " + why + ", which a captured CUDA graph cannot; change that or "
                       "drop --cuda-graph-impl");
     }

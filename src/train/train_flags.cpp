@@ -93,7 +93,7 @@ std::vector<TrainFlag> train_flags(Config& c) {
       {"moe-router-dtype", FlagKind::String, &m.moe_router_dtype, "fp32 or fp64: the router's logits and scores in this precision"},
       {"moe-router-force-load-balancing", FlagKind::Bool, &m.moe_router_force_load_balancing, "route on random logits (benchmarks of balanced load)"},
       {"moe-router-load-balancing-type", FlagKind::StringList, &m.moe_router_load_balancing_type,
-       "aux_loss, seq_aux_loss, global_aux_loss or none; several types together take one coefficient each"},
+       "aux_loss, seq_aux_loss, global_aux_loss, sinkhorn (balanced routing, no loss) or none; several loss types together take one coefficient each"},
       {"moe-aux-loss-coeff", FlagKind::DoubleList, &m.moe_aux_loss_coeff, "coefficient(s) of the load-balancing loss(es), one per type"},
       {"moe-z-loss-coeff", FlagKind::Double, &m.moe_z_loss_coeff, "coefficient of the router z-loss"},
       {"moe-expert-capacity-factor", FlagKind::Double, &m.moe_expert_capacity_factor, "each expert takes at most ceil(tokens x topk / experts x factor) tokens; the rest are dropped (default: dropless)"},

@@ -171,6 +171,31 @@ TEST(MoeTraining, CheckpointReshardsAcrossExpertLayouts) {
               "expert TP 1 resumed at expert TP 2", 4);
 }
 
+// --moe-router-load-balancing-type sinkhorn (no balancing loss): each rank balances its own
+// micro-batch's tokens, so EP=2 (two ranks, different data) reproduces one process; the routing
+// differs from plain top-k's, and no balancing loss is logged.
+TEST(MoeTraining, SinkhornRoutingUnderExpertParallelism) {
+  test::TempDir dir;
+  const std::vector<std::string> sinkhorn = {"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0"};
+  const MoeRun single = train(dir, "single", 1, sinkhorn, 6);
+  ASSERT_EQ(single.series.at("lm_loss").size(), 6u) << single.output;
+  EXPECT_EQ(single.series.count("load_balancing_loss"), 0u) << single.output;
+  const MoeRun topk = train(dir, "topk", 1, {"--moe-aux-loss-coeff", "0"}, 6);
+  double apart = 0;
+  for (size_t i = 0; i < 6; ++i) apart = std::max(apart, std::abs(single.series.at("lm_loss")[i] - topk.series.at("lm_loss")[i]));
+  EXPECT_GT(apart, 1e-4) << "sinkhorn routed as plain top-k";
+  std::vector<std::string> ep2 = sinkhorn;
+  for (const auto& a : {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}) ep2.push_back(a);
+  expect_same(single, train(dir, "ep2", 2, ep2, 6), "EP=2 sinkhorn");
+  // A sinkhorn-routed model has no Hugging Face router to export to.
+  std::vector<std::string> save = sinkhorn;
+  for (const std::string& a : std::vector<std::string>{"--save", dir / "ckpt", "--save-interval", "2"}) save.push_back(a);
+  train(dir, "saved", 1, save, 2);
+  const auto r = test::run_megatron({"convert", "--from", "native", "--to", "hf", "--load", dir / "ckpt", "--save", dir / "hf"});
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--moe-router-load-balancing-type sinkhorn does not export to Hugging Face"), std::string::npos) << r.output;
+}
+
 // Megatron's global balancing loss (expert counts over the whole data-parallel batch, averaged
 // over the step's micro-batches), here beside the per-sequence one with a coefficient each:
 // TP=2 + SP, PP=2 and CP=2 keep the batch and reproduce one process. Under DP=2 (here EP=2) the batch's
@@ -202,8 +227,17 @@ TEST(MoeTraining, BadFlagsNameTheFlag) {
       {{"--moe-router-topk", "5"}, "--moe-router-topk 5 must be between 1 and --num-experts 4"},
       {{"--moe-layer-freq", "[1,0]"}, "--moe-layer-freq '[1,0]' gives 2 layers, the model has --num-layers 4"},
       {{"--moe-layer-freq", "([1]*2+[0]*2"}, "--moe-layer-freq '([1]*2+[0]*2': missing ')'"},
+      {{"--moe-router-load-balancing-type", "sinkorn"},
+       "--moe-router-load-balancing-type must be aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none (got 'sinkorn')"},
       {{"--moe-router-load-balancing-type", "sinkhorn"},
-       "--moe-router-load-balancing-type must be aux_loss, seq_aux_loss, global_aux_loss or none"},
+       "--moe-aux-loss-coeff must be 0 with --moe-router-load-balancing-type sinkhorn"},
+      {{"--moe-router-load-balancing-type", "sinkhorn", "aux_loss", "--moe-aux-loss-coeff", "0", "0"},
+       "--moe-router-load-balancing-type sinkhorn routes by itself: give it alone"},
+      {{"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0", "--moe-router-score-function", "sigmoid"},
+       "--moe-router-score-function cannot be set with --moe-router-load-balancing-type sinkhorn"},
+      {{"--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0", "--moe-grouped-gemm", "--bf16",
+        "--cuda-graph-impl", "local"},
+       "--moe-router-load-balancing-type sinkhorn reads on the host whether it has converged"},
       {{"--moe-router-load-balancing-type", "aux_loss", "global_aux_loss"},
        "--moe-aux-loss-coeff gives 1 coefficient(s) for 2 --moe-router-load-balancing-type(s)"},
       {{"--moe-shared-expert-overlap"}, "--moe-shared-expert-overlap works with --moe-token-dispatcher-type alltoall only"},

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <memory>
 
 #include "model/layer_spec.h"
 #include "moe/aux_loss.h"
 #include "moe/router.h"
+#include "support/test_support.h"
 
 namespace megatron {
 namespace {
@@ -115,6 +118,77 @@ TEST(MoeRouter, GlobalAuxLossAveragesCountsOverTheStepsMicroBatches) {
     ASSERT_EQ(tracked.numel(), 2);
     EXPECT_NEAR(tracked[0].item<double>(), want_aux, 1e-5 * want_aux) << "step " << step;
     EXPECT_NEAR(tracked[1].item<double>(), want_global, 1e-5 * want_global) << "step " << step;
+  }
+}
+
+// --moe-router-load-balancing-type sinkhorn through the router, against Megatron-Core's own method
+// run in Python on the same logits: in training the experts of sinkhorn's balanced assignment,
+// at inference the plain top-k, each with sigmoid (top-1) or all-expert softmax (top-2) weights.
+// The logits lean hard towards expert 0, so balancing changes the choice.
+TEST(MoeRouter, SinkhornRoutesAsMegatronCore) {
+  const std::string python = test::venv_python();
+  ASSERT_FALSE(python.empty()) << "no reference venv: run scripts/setup.sh";
+  at::manual_seed(6);
+  const int64_t T = 48, E = 4, h = 16;
+  at::Tensor tokens = at::randn({T, h});
+  tokens.select(1, 0).add_(3.0);
+  test::TempDir dir;
+  struct Case {
+    int64_t k;
+    bool training;
+    std::string name() const { return "k" + std::to_string(k) + (training ? " training" : " inference"); }
+    std::string file() const { return "k" + std::to_string(k) + (training ? "_training" : "_inference") + ".bin"; }
+  };
+  const std::vector<Case> cases = {{1, true}, {1, false}, {2, true}, {2, false}};
+  auto router_for = [&](int64_t k) {
+    ModelConfig c;
+    c.hidden_size = h;
+    c.num_layers = 1;
+    c.num_experts = E;
+    c.moe_router_topk = k;
+    c.moe_layers = {1};
+    c.moe_router_load_balancing_type = {"sinkhorn"};
+    c.moe_aux_loss_coeff = {0.0};
+    auto router = std::make_unique<moe::TopKRouter>(PartContext{c, tp::TensorParallel(), at::kCPU, false, 0});
+    at::NoGradGuard no_grad;
+    at::manual_seed(7 + k);
+    router->weight.normal_(0, 0.5);
+    router->weight[0][0].add_(2.0);  // expert 0 wins most tokens' plain top-k
+    return router;
+  };
+  // Their scores, all cases in one run.
+  std::string command = test::shell_quote(python) + " " + test::shell_quote(test::source_dir() + "/tests/moe/megatron_sinkhorn.py");
+  for (const int64_t k : {1, 2}) {
+    const at::Tensor logits = at::linear(tokens, router_for(k)->weight).detach().contiguous();  // [T, E]
+    const std::string logits_file = dir / ("logits_k" + std::to_string(k) + ".bin");
+    std::ofstream(logits_file, std::ios::binary).write(static_cast<const char*>(logits.data_ptr()), logits.nbytes());
+    for (const Case& c : cases) {
+      if (c.k != k) continue;
+      command += " " + logits_file + "," + (dir / c.file()) + "," + std::to_string(T) + "," + std::to_string(E) + "," +
+                 std::to_string(k) + (c.training ? ",1" : ",0");
+    }
+  }
+  const auto r = test::run_command(command);
+  ASSERT_EQ(r.status, 0) << r.output;
+
+  for (const Case& c : cases) {
+    at::Tensor theirs = at::empty({T, E});
+    std::ifstream(dir / c.file(), std::ios::binary).read(static_cast<char*>(theirs.data_ptr()), theirs.nbytes());
+    auto router = router_for(c.k);
+    if (c.training) router->train();
+    else router->eval();
+    const moe::Routing routing = router->forward(tokens, 1);
+    const at::Tensor ours = at::zeros({T, E}).scatter_(1, routing.indices, routing.probs.detach().to(at::kFloat));
+    EXPECT_TRUE(at::equal(ours != 0, theirs != 0)) << c.name() << ": other experts chosen\n" << ours << theirs;
+    EXPECT_TRUE(at::allclose(ours, theirs, 1e-6, 1e-7)) << c.name();
+    // What the balancing does: plain top-k sends nearly every token to expert 0, sinkhorn's
+    // choice spreads them.
+    const at::Tensor per_expert = (ours != 0).sum(0);
+    if (c.training) {
+      EXPECT_LE(per_expert.max().item<int64_t>(), T * c.k / E + T / 4) << c.name() << ": not balanced " << per_expert;
+    } else {
+      EXPECT_GE(per_expert[0].item<int64_t>(), T * 7 / 8) << c.name() << ": the logits do not lean as meant " << per_expert;
+    }
   }
 }
 
