@@ -253,6 +253,8 @@ TEST(BadCheckpoints, SavedModelConfigIsCheckedBeforeConvertOrGenerateBuildsIt) {
       {[](nlohmann::json& j) { j["model_config"]["num_query_groups"] = 3; }, "must be a multiple of num_key_value_heads"},
       {[](nlohmann::json& j) { j["model_config"]["num_layers"] = 100000; }, "num_layers above 4096"},
       {[](nlohmann::json& j) { j["model_config"]["normalization"] = "BatchNorm"; }, "normalization must be LayerNorm or RMSNorm"},
+      {[](nlohmann::json& j) { j["model_config"]["moe_router_load_balancing_type"] = "sinkhorn"; },
+       "model_config.moe_router_load_balancing_type must be a non-empty list of strings"},
       {[](nlohmann::json& j) { j = 5; }, "state.json is corrupt: expected a JSON object"},
       {[](nlohmann::json& j) { j["format_version"] = "1"; }, "unsupported checkpoint format version \"1\""},
   };
