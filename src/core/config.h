@@ -320,6 +320,11 @@ struct TrainConfig {
   int64_t lr_wsd_decay_iters = 0;
 
   double weight_decay = 0.01;
+  // Megatron's weight-decay schedule: constant (--weight-decay throughout), or linear / cosine
+  // from --start-weight-decay to --end-weight-decay over the run. -1: not given.
+  std::string weight_decay_incr_style = "constant";
+  double start_weight_decay = -1.0;
+  double end_weight_decay = -1.0;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;

@@ -76,6 +76,9 @@ class AdamW {
   // captured as a CUDA graph reads it there on every replay); `decoupled_lr`: the embedding's and
   // output layer's under --decoupled-lr (ignored without it).
   void set_learning_rate(double lr, double decoupled_lr = 0.0);
+  // The weight decay of the next step() (--weight-decay-incr-style). A kernel argument, not a
+  // device value: a captured step keeps the one it was captured with (train refuses the pair).
+  void set_weight_decay(double weight_decay) { c_.weight_decay = weight_decay; }
   // The L2 norm of the fp32 master weights (Megatron's calc_params_l2_norm: every parameter
   // once, whatever the layout), and the count of zero elements in the reduced gradients
   // (count_zeros_fp32): [] fp32 on the device each, not read back.

@@ -50,6 +50,20 @@ double LearningRateSchedule::at_samples(int64_t samples) const {
   return min_lr + coeff * (max_lr - min_lr);
 }
 
+WeightDecaySchedule::WeightDecaySchedule(const TrainConfig& config) : style_(config.weight_decay_incr_style) {
+  const bool constant = style_ == "constant";
+  start_ = constant ? config.weight_decay : config.start_weight_decay;
+  end_ = constant ? config.weight_decay : config.end_weight_decay;
+  samples_ = config.train_samples > 0 ? double(config.train_samples) : double(config.train_iters) * double(config.global_batch_size);
+}
+
+double WeightDecaySchedule::at_samples(int64_t samples) const {
+  if (style_ == "constant" || double(samples) > samples_) return end_;
+  const double ratio = double(samples) / samples_;
+  const double coeff = style_ == "linear" ? ratio : 0.5 * (std::cos(M_PI * (1.0 - ratio)) + 1.0);
+  return start_ + coeff * (end_ - start_);
+}
+
 std::optional<LearningRateSchedule> decoupled_lr_schedule(const TrainConfig& config) {
   if (config.decoupled_lr < 0.0) return std::nullopt;
   TrainConfig decoupled = config;

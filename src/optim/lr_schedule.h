@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "core/config.h"
 
@@ -24,6 +25,20 @@ class LearningRateSchedule {
  private:
   TrainConfig c_;
   double warmup_ = 0, decay_ = 0, wsd_decay_ = 0;  // in samples
+};
+
+// Megatron's weight-decay schedule (OptimizerParamScheduler.get_wd): --weight-decay throughout
+// with --weight-decay-incr-style constant; else from --start-weight-decay to --end-weight-decay
+// over the run's samples (--train-iters x --global-batch-size, or --train-samples), linearly or
+// along a half cosine, then --end-weight-decay.
+class WeightDecaySchedule {
+ public:
+  explicit WeightDecaySchedule(const TrainConfig& config);
+  double at_samples(int64_t samples) const;
+
+ private:
+  std::string style_;
+  double start_ = 0, end_ = 0, samples_ = 0;
 };
 
 // --decoupled-lr: the embedding's and output layer's schedule, the same shape from that peak down

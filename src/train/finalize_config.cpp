@@ -215,6 +215,31 @@ void finalize_schedule(TrainConfig& t, int64_t seq_length) {
   }
 }
 
+// As Megatron's validate_args: constant decays by --weight-decay throughout and takes no start or
+// end; linear and cosine need both (and ignore --weight-decay).
+void check_weight_decay_schedule(const TrainConfig& t) {
+  const std::string& style = t.weight_decay_incr_style;
+  const bool start = t.start_weight_decay != -1.0, end = t.end_weight_decay != -1.0;
+  if (style == "constant") {
+    if (start || end) {
+      throw UserError(std::string(start ? "--start-weight-decay" : "--end-weight-decay") +
+                      " needs --weight-decay-incr-style linear or cosine (constant decays by --weight-decay throughout)");
+    }
+    return;
+  }
+  if (style != "linear" && style != "cosine") {
+    throw UserError("--weight-decay-incr-style must be constant, linear or cosine (got '" + style + "')");
+  }
+  if (!start || !end) throw UserError("--weight-decay-incr-style " + style + " needs --start-weight-decay and --end-weight-decay");
+  if (t.start_weight_decay < 0 || t.end_weight_decay < t.start_weight_decay) {
+    throw UserError("--start-weight-decay must be >= 0 and --end-weight-decay at least as large (Megatron's schedule only increases it)");
+  }
+  if (captures_cuda_graph(t)) {
+    throw UserError("--weight-decay-incr-style " + style + " changes the weight decay every step, which a captured CUDA graph "
+                    "replays unchanged: use constant, or drop --cuda-graph-impl");
+  }
+}
+
 }  // namespace
 
 TokenizerSpec tokenizer_spec(const DataConfig& d, int64_t vocab_size) {
@@ -490,6 +515,7 @@ void finalize_config(Config& c, int world_size) {
   }
   if (!(t.adam_eps > 0.0)) throw UserError("--adam-eps must be > 0");
   if (t.weight_decay < 0.0) throw UserError("--weight-decay must be >= 0");
+  check_weight_decay_schedule(t);
 
   // Logging and checkpoints.
   if (t.log_interval <= 0) throw UserError("--log-interval must be positive");

@@ -212,6 +212,7 @@ int Trainer::run() {
     const int64_t micro_batches = global_batch / dp_block;
     const int64_t scheduled = scheduled_samples();
     optimizer_->set_learning_rate(schedule_.at_samples(scheduled), decoupled_schedule_ ? decoupled_schedule_->at_samples(scheduled) : 0.0);
+    optimizer_->set_weight_decay(weight_decay_schedule_.at_samples(scheduled));
     const BatchFn batch = [&](int64_t k) { return train_batches_->get(progress_.consumed_train_samples + k * dp_block); };
     const StepOutcome step = step_graph_ ? graphed_step(micro_batches, batch) : train_step(micro_batches, batch);
     // fp16 skips steps routinely (overflows while the scale settles), and the next learning rate

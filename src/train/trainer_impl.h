@@ -49,6 +49,7 @@ class Trainer {
         mode_(mode),
         schedule_(c.train),
         decoupled_schedule_(decoupled_lr_schedule(c.train)),
+        weight_decay_schedule_(c.train),
         device_(pick_device(c.train, env)),
         ltor_(ltor_options(c)) {}
   Trainer(const Trainer&) = delete;
@@ -115,6 +116,7 @@ class Trainer {
   dist::ParallelState ps_;
   LearningRateSchedule schedule_;
   std::optional<LearningRateSchedule> decoupled_schedule_;  // --decoupled-lr: the embedding and output layer
+  WeightDecaySchedule weight_decay_schedule_;
   at::Device device_;
   LtorOptions ltor_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // this pipeline rank's model chunks (one unless interleaved)

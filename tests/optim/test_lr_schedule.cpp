@@ -91,5 +91,59 @@ INSTANTIATE_TEST_SUITE_P(Styles, LrSchedule,
                            return name;
                          });
 
+// --weight-decay-incr-style: megatron-core's get_wd at every iteration, past the end of the run too
+// (an interrupted run resumed with more iterations keeps --end-weight-decay).
+TEST(WeightDecaySchedule, MatchesMegatronCore) {
+  const std::string python = test::venv_python();
+  ASSERT_FALSE(python.empty()) << "no reference venv: run scripts/setup.sh";
+  struct WdCase {
+    std::string style;
+    double start, end;
+    int iters, batch;
+    int samples = 0;  // --train-samples instead of --train-iters
+  };
+  const WdCase cases[] = {{"constant", 0.1, 0.1, 10, 4}, {"linear", 0.0, 0.1, 20, 4}, {"cosine", 0.05, 0.3, 16, 3},
+                          {"cosine", 0.0, 0.2, 0, 7, 100}, {"linear", 0.02, 0.1, 0, 6, 45}};
+  auto steps_of = [](const WdCase& c) {
+    const int incr_steps = c.samples > 0 ? c.samples : c.iters * c.batch;
+    return std::make_pair(incr_steps, incr_steps / c.batch + 4);
+  };
+  // Every case in one run (megatron-core imported once).
+  std::ostringstream args;
+  args.precision(17);
+  for (const WdCase& c : cases) {
+    const auto [incr_steps, steps] = steps_of(c);
+    args << " " << c.style << "," << c.start << "," << c.end << "," << incr_steps << "," << steps << "," << c.batch;
+  }
+  auto ref = test::run_command(test::shell_quote(python) + " " +
+                               test::shell_quote(test::source_dir() + "/tests/optim/megatron_wd_reference.py") + args.str() +
+                               " 2>/dev/null");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  std::istringstream lines(ref.output);
+  for (const WdCase& c : cases) {
+    TrainConfig t;
+    t.weight_decay_incr_style = c.style;
+    if (c.style == "constant") {
+      t.weight_decay = c.start;
+    } else {
+      t.weight_decay = 0.7;  // not used by linear or cosine
+      t.start_weight_decay = c.start;
+      t.end_weight_decay = c.end;
+    }
+    t.global_batch_size = c.batch;
+    t.train_iters = c.iters;
+    t.train_samples = c.samples;
+    const WeightDecaySchedule schedule(t);
+    const int steps = steps_of(c).second;
+    for (int step = 0; step <= steps; ++step) {
+      double expected = 0;
+      ASSERT_TRUE(lines >> expected) << c.style << " step " << step << "\n" << ref.output;
+      EXPECT_NEAR(schedule.at_samples(int64_t(step) * c.batch), expected, 1e-15 + 1e-12 * expected) << c.style << " step " << step;
+    }
+  }
+  double extra = 0;
+  EXPECT_FALSE(lines >> extra) << "more lines than steps:\n" << ref.output;
+}
+
 }  // namespace
 }  // namespace megatron

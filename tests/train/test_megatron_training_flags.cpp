@@ -329,6 +329,40 @@ std::vector<std::string> three_exact_steps(const test::TempDir& dir, const std::
   return lines;
 }
 
+// --weight-decay-incr-style reaches the optimizer: linear from 0 to 0.9 over three iterations
+// decays by 0 in the first update (iteration 2's loss and gradients are those of a run without
+// weight decay, bit for bit) and by 0.3 in the second (iteration 3's differ); linear from 0 to 0
+// is no weight decay, whatever --weight-decay says (Megatron's scheduler ignores it then).
+TEST(MegatronTrainingFlags, WeightDecayScheduleReachesTheOptimizer) {
+  test::TempDir dir;
+  auto losses = [&](const std::string& name, std::vector<std::string> extra) { return three_exact_steps(dir, name, std::move(extra)); };
+  const auto none = losses("none", {"--weight-decay", "0"});
+  ASSERT_EQ(none.size(), 3u);
+  EXPECT_EQ(losses("zero_to_zero", {"--weight-decay", "0.5", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0",
+                                    "--end-weight-decay", "0"}),
+            none);
+  const auto rising = losses("rising", {"--weight-decay-incr-style", "linear", "--start-weight-decay", "0", "--end-weight-decay", "0.9"});
+  ASSERT_EQ(rising.size(), 3u);
+  EXPECT_EQ(rising[0], none[0]);
+  EXPECT_EQ(rising[1], none[1]);
+  EXPECT_NE(rising[2], none[2]);
+  auto error = [](std::vector<std::string> extra) { return test::run_megatron(small(extra)).output; };
+  EXPECT_NE(error({"--train-iters", "1", "--start-weight-decay", "0.1"}).find("--start-weight-decay needs --weight-decay-incr-style linear or cosine"),
+            std::string::npos);
+  EXPECT_NE(error({"--train-iters", "1", "--weight-decay-incr-style", "cosine", "--end-weight-decay", "0.1"})
+                .find("--weight-decay-incr-style cosine needs --start-weight-decay and --end-weight-decay"),
+            std::string::npos);
+  EXPECT_NE(error({"--train-iters", "1", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0.2", "--end-weight-decay", "0.1"})
+                .find("--end-weight-decay at least as large"),
+            std::string::npos);
+  EXPECT_NE(error({"--train-iters", "1", "--weight-decay-incr-style", "exponential"}).find("must be constant, linear or cosine (got 'exponential')"),
+            std::string::npos);
+  EXPECT_NE(error({"--train-iters", "1", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0", "--end-weight-decay", "0.1",
+                   "--cuda-graph-impl", "local"})
+                .find("which a captured CUDA graph replays unchanged"),
+            std::string::npos);
+}
+
 TEST(MegatronTrainingFlags, RecomputeModulesMlpTrainsAsKeepingActivations) {
   test::TempDir dir;
   auto losses = [&](const std::string& name, std::vector<std::string> extra) { return three_exact_steps(dir, name, std::move(extra)); };
