@@ -77,28 +77,6 @@ std::string describe_status(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
-// `--master-port 0`: a socket on a port the kernel picks, already listening, that rank 0's store
-// then serves on (MEGATRON_MASTER_LISTEN_FD). Picking a port, closing it and letting rank 0 bind
-// it again later (torchrun's way) lets another process take the port in between, which parallel
-// test runs did now and then. Connections that arrive before rank 0 accepts wait in the backlog.
-int listen_on_free_port(int& port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw UserError(std::string("--master-port 0: cannot open a socket: ") + std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    throw UserError("--master-port 0: cannot listen on a free port: " + why);
-  }
-  port = ntohs(addr.sin_port);
-  return fd;
-}
-
 // Rank 0's store will listen on `port` of this node: in use (another job, a previous run still
 // alive), the ranks would wait out the rendezvous timeout. Said now instead.
 void check_port_free(int port) {
@@ -566,6 +544,28 @@ int Supervisor::run() {
 }
 
 }  // namespace
+
+// `--master-port 0`: a socket on a port the kernel picks, already listening, that rank 0's store
+// then serves on (MEGATRON_MASTER_LISTEN_FD). Picking a port, closing it and letting rank 0 bind
+// it again later (torchrun's way) lets another process take the port in between, which parallel
+// test runs did now and then. Connections that arrive before rank 0 accepts wait in the backlog.
+int listen_on_free_port(int& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw UserError(std::string("--master-port 0: cannot open a socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw UserError("--master-port 0: cannot listen on a free port: " + why);
+  }
+  port = ntohs(addr.sin_port);
+  return fd;
+}
 
 // SO_REUSEADDR as the store's own socket, so a port left in TIME_WAIT counts as free.
 bool port_is_free(int port) {

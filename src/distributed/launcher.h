@@ -36,6 +36,10 @@ std::string launch_help();
 // 1 when a rank failed, 128 + signal when the launcher was interrupted.
 int run_launch(const LaunchOptions& options, const std::string& program = "/proc/self/exe");
 
+// A TCP socket listening on a free port of this node (into `port`), for rank 0's store to serve
+// on (LaunchEnv::master_listen_fd). Throws UserError when none can be had.
+int listen_on_free_port(int& port);
+
 // Whether a TCP store could bind `port` on this node now (a port in TIME_WAIT counts as free).
 bool port_is_free(int port);
 

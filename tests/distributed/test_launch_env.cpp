@@ -13,6 +13,7 @@
 
 #include "core/errors.h"
 #include "distributed/launch_env.h"
+#include "distributed/launcher.h"
 
 namespace megatron::dist {
 namespace {
@@ -81,18 +82,22 @@ TEST(LaunchEnv, Torchrun) {
                          "source=torchrun");
 }
 
-// A TCP socket bound to a free port, listening or not; closed at scope end.
+// A TCP socket bound to a free port, listening (as the launcher hands rank 0) or only bound;
+// closed at scope end.
 struct TestSocket {
   int fd = -1;
   int port = 0;
   explicit TestSocket(bool listening) {
+    if (listening) {
+      fd = listen_on_free_port(port);
+      return;
+    }
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(addr);
     EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    if (listening) EXPECT_EQ(::listen(fd, 8), 0);
     EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
     port = ntohs(addr.sin_port);
   }

@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "distributed/launcher.h"
+
 namespace megatron::test {
 
 // A port nobody listens on right now (the kernel's pick for port 0). Another process may take it
@@ -33,16 +35,7 @@ struct ListeningPort {
 
 inline ListeningPort listening_port() {
   ListeningPort p;
-  p.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  ::bind(p.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  ::listen(p.fd, SOMAXCONN);
-  socklen_t len = sizeof(addr);
-  ::getsockname(p.fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  p.port = ntohs(addr.sin_port);
+  p.fd = dist::listen_on_free_port(p.port);
   return p;
 }
 
