@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 
 #include "core/errors.h"
 #include "core/files.h"
@@ -42,6 +44,51 @@ std::string read_range(const std::string& path, int64_t offset, int64_t length) 
     throw UserError(path + ": truncated: " + std::to_string(length) + " bytes at offset " + std::to_string(offset) + " are not all there");
   }
   return bytes;
+}
+
+// The routed experts' tensors, stacked over experts in torch_dist:
+// "<layer>.mlp.experts.experts.<linear>.<param>".
+const std::string kStackedExperts = ".mlp.experts.experts.";
+
+// Our name for the stored torch_dist tensor `key` at `index` along its stacked axes: a stack over
+// layers ("decoder.layers.<rest>") gets its layer, one over experts its expert after the
+// parameter's name, as the TE spec's GroupedMLP names them (".mlp.experts.linear_fc1.weight3").
+std::string dist_member_name(const std::string& key, bool layer_stacked, bool expert_stacked, const std::vector<int64_t>& index) {
+  std::string name = key;
+  size_t next = 0;
+  if (layer_stacked) name.insert(std::string("decoder.layers.").size(), std::to_string(index[next++]) + ".");
+  if (expert_stacked) {
+    const size_t at = name.find(kStackedExperts);
+    name = name.substr(0, at) + ".mlp.experts." + name.substr(at + kStackedExperts.size()) + std::to_string(index[next]);
+  }
+  return name;
+}
+
+// A legacy state dict's routed-expert tensor under our name: its expert-parallel rank's local
+// expert i (SequentialMLP "<layer>.mlp.experts.local_experts.<i>.<linear>.<param>", TEGroupedMLP
+// "<layer>.mlp.experts.<linear>.<param><i>") becomes global expert first_expert + i. Empty for
+// tensors outside the routed experts.
+std::string legacy_expert_name(const std::string& key, int64_t first_expert, const std::string& file) {
+  const std::string experts = ".mlp.experts.";
+  const size_t at = key.find(experts);
+  if (at == std::string::npos) return "";
+  const std::string layer = key.substr(0, at + experts.size()), rest = key.substr(at + experts.size());
+  const std::string local = "local_experts.";
+  if (rest.rfind(local, 0) == 0) {
+    const size_t dot = rest.find('.', local.size());
+    const std::string digits = rest.substr(local.size(), dot - local.size());
+    if (dot == std::string::npos || digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
+      throw UserError(file + ": '" + key + "' does not name a local expert");
+    }
+    return layer + rest.substr(dot + 1) + std::to_string(first_expert + std::stoll(digits));
+  }
+  if (rest.rfind("linear_fc1.", 0) != 0 && rest.rfind("linear_fc2.", 0) != 0) {
+    throw UserError(file + ": '" + key + "' is the legacy GroupedMLP's (--moe-use-legacy-grouped-gemm), which convert --from megatron "
+                    "does not read: save the run with --ckpt-format torch_dist, which stores its experts one by one");
+  }
+  const size_t digits = rest.find_last_not_of("0123456789") + 1;
+  if (digits == rest.size()) throw UserError(file + ": '" + key + "' names no expert (TEGroupedMLP's end in the expert's index)");
+  return layer + rest.substr(0, digits) + std::to_string(first_expert + std::stoll(rest.substr(digits)));
 }
 
 // The iteration directory `path` names: itself, or what its tracker file points at.
@@ -130,55 +177,104 @@ void MegatronCheckpoint::open_torch_dist() {
       if (c.file.empty()) throw UserError(metadata_path + ": no storage entry for a chunk of " + key);
     }
     const std::string layers = "decoder.layers.";
-    const bool stacked = key.rfind(layers, 0) == 0 && !std::isdigit(static_cast<unsigned char>(key[layers.size()]));
-    if (!stacked) {
-      sources_[key] = {key, -1};
-      continue;
+    // Homogeneous layers are saved as one tensor over all of them, [L, ...]; the routed experts
+    // as one over experts, [E, ...], after the layers' axis when that is there.
+    const bool layer_stacked = key.rfind(layers, 0) == 0 && !std::isdigit(static_cast<unsigned char>(key[layers.size()]));
+    const bool expert_stacked = key.find(kStackedExperts) != std::string::npos;
+    const size_t stacked = size_t(layer_stacked) + size_t(expert_stacked);
+    if (t.size.size() < stacked) throw UserError(metadata_path + ": " + key + " has fewer dimensions than the layers or experts it stacks");
+    if (layer_stacked && num_layers_ > 0 && t.size[0] != num_layers_) {
+      throw UserError(metadata_path + ": " + key + " has first dimension " + std::to_string(t.size[0]) + ", expected the " +
+                      std::to_string(num_layers_) + " layers it stacks");
     }
-    // Homogeneous layers are saved as one tensor over all of them: [L, ...].
-    if (num_layers_ > 0 && (t.size.empty() || t.size[0] != num_layers_)) {
-      throw UserError(metadata_path + ": " + key + " has first dimension " + (t.size.empty() ? std::string("none") : std::to_string(t.size[0])) +
-                      ", expected the " + std::to_string(num_layers_) + " layers it stacks");
+    // One name per member some chunk holds (a stack over layers may hold only the MoE ones).
+    std::set<std::vector<int64_t>> members;
+    for (const Chunk& c : t.chunks) {
+      std::vector<int64_t> index(stacked);
+      std::function<void(size_t)> each = [&](size_t d) {
+        if (d == stacked) return void(members.insert(index));
+        for (index[d] = c.offsets[d]; index[d] < c.offsets[d] + c.sizes[d]; ++index[d]) each(d + 1);
+      };
+      each(0);
     }
-    for (int64_t l = 0; l < t.size.at(0); ++l) sources_[layers + std::to_string(l) + "." + key.substr(layers.size())] = {key, l};
+    for (const std::vector<int64_t>& index : members) {
+      sources_[dist_member_name(key, layer_stacked, expert_stacked, index)] = {key, index};
+    }
   }
   for (const auto& [name, source] : sources_) names_.push_back(name);
 }
 
 void MegatronCheckpoint::open_legacy() {
-  // mp_rank_XX per tensor-parallel rank; mp_rank_XX_YYY when pipeline stages are saved apart.
-  int ranks = 0;
+  // mp_rank_TT per tensor-parallel rank, mp_rank_TT_EEE under expert parallelism (EEE the
+  // expert-parallel rank), mp_rank_TT_PPP[_EEE] when pipeline stages are saved apart.
+  std::set<std::string> ranks;
   for (const auto& entry : fs::directory_iterator(dir_)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("mp_rank_", 0) != 0) continue;
-    if (name.size() != 10) {
+    if (name.rfind("mp_rank_", 0) == 0) ranks.insert(name);
+  }
+  const std::string first = ranks.count("mp_rank_00") ? "mp_rank_00" : "mp_rank_00_000";
+  const std::string path = dir_ + "/" + first + "/model_optim_rng.pt";
+  if (!fs::exists(path)) throw UserError(dir_ + ": " + first + "/model_optim_rng.pt is missing");
+  common_ = std::make_unique<TorchSaveFile>(path);
+  const Value* args = common_->root().get("args");
+  auto arg = [&](const char* name, int64_t fallback) {
+    const Value* v = args != nullptr ? args->get(name) : nullptr;
+    return v != nullptr && v->kind == Value::Kind::Int ? v->integer : fallback;
+  };
+  const int64_t ep = arg("expert_model_parallel_size", 1);
+  for (const std::string& name : ranks) {
+    if (name.size() != (ep > 1 ? 14u : 10u)) {
       throw UserError(dir_ + ": a legacy checkpoint saved over pipeline stages (" + name + "), which is not read yet: save it with "
                       "--ckpt-format torch_dist (the default), or with --pipeline-model-parallel-size 1");
     }
-    ++ranks;
   }
-  for (int r = 0; r < ranks; ++r) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "/mp_rank_%02d/model_optim_rng.pt", r);
-    if (!fs::exists(dir_ + name)) throw UserError(dir_ + ": " + std::string(name + 1) + " is missing (" + std::to_string(ranks) + " ranks saved)");
-    legacy_.push_back(std::make_unique<TorchSaveFile>(dir_ + name));
+  const int64_t tp = int64_t(ranks.size()) / ep;
+  if (const int64_t saved = arg("tensor_model_parallel_size", tp); saved * ep != int64_t(ranks.size())) {
+    throw UserError(dir_ + ": " + std::to_string(ranks.size()) + " mp_rank_* directories, but the run saved " + std::to_string(saved) +
+                    " tensor-parallel ranks" + (ep > 1 ? " x " + std::to_string(ep) + " expert-parallel ranks" : ""));
   }
-  const std::string path = dir_ + "/mp_rank_00/model_optim_rng.pt";
-  common_ = std::make_unique<TorchSaveFile>(path);
-  if (const Value* tp = common_->root().get("args") ? common_->root().at("args").get("tensor_model_parallel_size") : nullptr;
-      tp != nullptr && tp->kind == Value::Kind::Int && tp->integer != ranks) {
-    throw UserError(dir_ + ": " + std::to_string(ranks) + " mp_rank_* directories, but the run saved " + std::to_string(tp->integer) +
-                    " tensor-parallel ranks");
+  const int64_t experts = arg("num_experts", 0);
+  if (experts > 0 && tp > 1) {
+    throw UserError(dir_ + ": a legacy mixture-of-experts checkpoint saved under tensor parallelism (" + std::to_string(tp) +
+                    " ranks), which is not read yet: save it with --ckpt-format torch_dist (the default)");
   }
-  const Value* model = common_->root().get("model");
-  if (model == nullptr) {
-    throw UserError(path + ": no 'model' state dict" + (common_->root().get("model0") ? " (it holds virtual pipeline chunks model0, model1, ...: not read yet)" : ""));
+  auto rank_file = [&](int64_t t, int64_t e) {
+    char name[48];
+    if (ep > 1) {
+      std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d/model_optim_rng.pt", int(t), int(e));
+    } else {
+      std::snprintf(name, sizeof(name), "mp_rank_%02d/model_optim_rng.pt", int(t));
+    }
+    return std::string(name);
+  };
+  for (int64_t t = 0; t < tp; ++t) {
+    legacy_.emplace_back();
+    for (int64_t e = 0; e < ep; ++e) {
+      const std::string name = rank_file(t, e);
+      if (!fs::exists(dir_ + "/" + name)) throw UserError(dir_ + ": " + name + " is missing (" + std::to_string(ranks.size()) + " ranks saved)");
+      legacy_.back().push_back(std::make_unique<TorchSaveFile>(dir_ + "/" + name));
+    }
   }
-  for (const auto& [key, value] : model->entries) {
-    if (!TorchSaveFile::is_tensor(*value) || !is_model_tensor(key->text)) continue;  // _extra_state and the like
-    sources_[key->text] = {key->text, -1};
-    names_.push_back(key->text);
+  // Each expert-parallel rank's file holds the same dense tensors and its own experts.
+  for (int64_t e = 0; e < ep; ++e) {
+    const TorchSaveFile& file = *legacy_[0][size_t(e)];
+    const std::string file_path = dir_ + "/" + rank_file(0, e);
+    const Value* model = file.root().get("model");
+    if (model == nullptr) {
+      throw UserError(file_path + ": no 'model' state dict" +
+                      (file.root().get("model0") ? " (it holds virtual pipeline chunks model0, model1, ...: not read yet)" : ""));
+    }
+    for (const auto& [key, value] : model->entries) {
+      if (!TorchSaveFile::is_tensor(*value) || !is_model_tensor(key->text)) continue;  // _extra_state and the like
+      const std::string expert = experts > 0 ? legacy_expert_name(key->text, e * (experts / ep), file_path) : "";
+      if (!expert.empty()) {
+        sources_[expert] = {key->text, {}, int(e)};
+      } else if (e == 0) {
+        sources_[key->text] = {key->text, {}, 0};
+      }
+    }
   }
+  for (const auto& [name, source] : sources_) names_.push_back(name);
 }
 
 const pickle::Value& MegatronCheckpoint::args() const {
@@ -189,29 +285,34 @@ const pickle::Value& MegatronCheckpoint::args() const {
 
 bool MegatronCheckpoint::has(const std::string& name) const { return sources_.count(name) > 0; }
 
-at::Tensor MegatronCheckpoint::read_dist(const DistTensor& t, int64_t layer) const {
-  std::vector<int64_t> shape = t.size;
-  if (layer >= 0) shape[0] = 1;
+at::Tensor MegatronCheckpoint::read_dist(const std::string& key, const std::vector<int64_t>& index) const {
+  const DistTensor& t = stored_.at(key);
+  const size_t lead = index.size();
+  const std::vector<int64_t> shape(t.size.begin() + long(lead), t.size.end());
   at::Tensor out;
+  int64_t filled = 0;
   for (const Chunk& c : t.chunks) {
-    if (layer >= 0 && (layer < c.offsets[0] || layer >= c.offsets[0] + c.sizes[0])) continue;
+    bool holds = true;
+    for (size_t d = 0; d < lead; ++d) holds = holds && index[d] >= c.offsets[d] && index[d] < c.offsets[d] + c.sizes[d];
+    if (!holds) continue;
     const std::string file = dir_ + "/" + c.file;
     TorchSaveFile item(read_range(file, c.byte_offset, c.byte_length), file + " at byte " + std::to_string(c.byte_offset));
     at::Tensor part = item.tensor(item.root());
     if (part.sizes().vec() != c.sizes) throw UserError(file + ": a chunk of shape " + c10::str(part.sizes()) + " where .metadata says " + c10::str(c.sizes));
+    for (size_t d = 0; d < lead; ++d) part = part.select(0, index[d] - c.offsets[d]);  // the member's slice of the chunk
     if (!out.defined()) out = at::empty(shape, part.options());
     at::Tensor into = out;
-    for (size_t d = 0; d < c.offsets.size(); ++d) {
-      if (d == 0 && layer >= 0) {
-        part = part.narrow(0, layer - c.offsets[0], 1);  // the layer's slice of the chunk; `into` keeps its one row
-        continue;
-      }
-      into = into.narrow(int64_t(d), c.offsets[d], c.sizes[d]);
-    }
+    for (size_t d = lead; d < c.offsets.size(); ++d) into = into.narrow(int64_t(d - lead), c.offsets[d], c.sizes[d]);
     into.copy_(part);
+    filled += part.numel();
   }
-  if (!out.defined()) throw UserError(dir_ + "/.metadata: no chunk holds layer " + std::to_string(layer) + " of a stacked tensor");
-  return layer >= 0 ? out[0] : out;
+  // Chunks do not overlap; fewer elements than the tensor holds would leave some unread.
+  if (!out.defined() || filled != out.numel()) {
+    throw UserError(dir_ + "/.metadata: the chunks of " + key + (lead ? " at " + c10::str(index) : std::string()) + " cover " +
+                    std::to_string(filled) + " of its " + std::to_string(out.defined() ? out.numel() : c10::multiply_integers(shape)) +
+                    " elements");
+  }
+  return out;
 }
 
 at::Tensor MegatronCheckpoint::tensor(const std::string& name, int part) const {
@@ -219,22 +320,26 @@ at::Tensor MegatronCheckpoint::tensor(const std::string& name, int part) const {
   if (it == sources_.end()) throw UserError(dir_ + ": the checkpoint has no tensor '" + name + "'");
   const Source& s = it->second;
   if (format_ == Format::Legacy) {
-    const TorchSaveFile& file = *legacy_.at(size_t(part));
+    const TorchSaveFile& file = *legacy_.at(size_t(part)).at(size_t(s.expert_rank));
     const Value* value = file.root().at("model").get(s.key);
     if (value == nullptr) throw UserError(dir_ + ": tensor-parallel rank " + std::to_string(part) + "'s file has no '" + s.key + "'");
     return file.tensor(*value);
   }
-  return read_dist(stored_.at(s.key), s.layer);
+  return read_dist(s.key, s.index);
 }
 
 std::string megatron_source_name(const MegatronCheckpoint& checkpoint, const std::string& name) {
   if (checkpoint.has(name)) return name;
-  // The local layer spec keeps the norms as modules of the layer; the TE spec (ours) in the linears.
+  // The local layer spec keeps the norms as modules of the layer; the TE spec (ours) in the
+  // linears. An MoE layer has no linear_fc1 to hold its pre-MLP norm (ours is a module), but the
+  // local spec's torch_dist keys put it there all the same.
   static const std::pair<const char*, const char*> renames[] = {
       {".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"},
       {".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias"},
       {".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"},
-      {".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias"}};
+      {".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias"},
+      {".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"},
+      {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"}};
   for (const auto& [ours, local] : renames) {
     const std::string tail = ours;
     if (name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0) {
@@ -243,61 +348,6 @@ std::string megatron_source_name(const MegatronCheckpoint& checkpoint, const std
     }
   }
   return "";
-}
-
-ModelConfig model_config_from_megatron_args(const pickle::Value& args, const std::string& what) {
-  auto get = [&](const char* name) -> const Value* {
-    const Value* v = args.get(name);
-    return v == nullptr || v->kind == Value::Kind::None ? nullptr : v;
-  };
-  auto integer = [&](const char* name, int64_t fallback) { const Value* v = get(name); return v ? v->as_int() : fallback; };
-  auto number = [&](const char* name, double fallback) { const Value* v = get(name); return v ? v->as_number() : fallback; };
-  auto flag = [&](const char* name, bool fallback) { const Value* v = get(name); return v ? v->as_int() != 0 : fallback; };
-  auto text = [&](const char* name, const std::string& fallback) {
-    const Value* v = get(name);
-    return v && v->kind == Value::Kind::String ? v->text : fallback;
-  };
-  auto refuse = [&](const std::string& arg, const std::string& why) {
-    throw UserError(what + ": the checkpoint's run used --" + arg + ", " + why);
-  };
-  if (integer("num_experts", 0) > 0) refuse("num-experts", "a mixture of experts, which convert --from megatron does not read yet");
-  if (flag("multi_latent_attention", false)) refuse("multi-latent-attention", "which convert --from megatron does not read yet");
-  if (integer("mtp_num_layers", 0) > 0) refuse("mtp-num-layers", "which convert --from megatron does not read yet");
-  ModelConfig m;
-  for (const char* required : {"num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size"}) {
-    if (get(required) == nullptr) throw UserError(what + ": the checkpoint's args lack '" + std::string(required) + "'");
-  }
-  m.num_layers = int(integer("num_layers", 0));
-  m.hidden_size = int(integer("hidden_size", 0));
-  m.num_attention_heads = int(integer("num_attention_heads", 0));
-  m.ffn_hidden_size = int(integer("ffn_hidden_size", 4 * m.hidden_size));
-  m.group_query_attention = flag("group_query_attention", false);
-  m.num_query_groups = m.group_query_attention ? int(integer("num_query_groups", m.num_attention_heads)) : m.num_attention_heads;
-  m.kv_channels = int(integer("kv_channels", m.hidden_size / m.num_attention_heads));
-  m.seq_length = int(integer("seq_length", 2048));
-  m.max_position_embeddings = int(integer("max_position_embeddings", m.seq_length));
-  m.padded_vocab_size = int(integer("padded_vocab_size", 0));
-  m.vocab_size = m.padded_vocab_size;
-  m.padded_vocab_size_flag = m.padded_vocab_size;
-  m.make_vocab_size_divisible_by = int(integer("make_vocab_size_divisible_by", 128));
-  m.normalization = text("normalization", "LayerNorm");
-  m.norm_epsilon = number("norm_epsilon", number("layernorm_epsilon", 1e-5));
-  m.layernorm_zero_centered_gamma = flag("apply_layernorm_1p", false);
-  m.swiglu = flag("swiglu", false);
-  m.add_bias_linear = flag("add_bias_linear", true);
-  m.add_qkv_bias = flag("add_qkv_bias", false);
-  m.qk_layernorm = flag("qk_layernorm", false);
-  m.untie_embeddings_and_output_weights = flag("untie_embeddings_and_output_weights", false);
-  m.position_embedding_type = text("position_embedding_type", "learned_absolute");
-  m.rotary_base = number("rotary_base", 10000.0);
-  m.rotary_percent = number("rotary_percent", 1.0);
-  m.rotary_seq_len_interpolation_factor = number("rotary_seq_len_interpolation_factor", 1.0);
-  m.use_rope_scaling = flag("use_rope_scaling", false);
-  m.rope_scaling_factor = number("rope_scaling_factor", 8.0);
-  m.init_method_std = number("init_method_std", 0.02);
-  m.hidden_dropout = number("hidden_dropout", 0.1);
-  m.attention_dropout = number("attention_dropout", 0.1);
-  return m;
 }
 
 }  // namespace megatron

@@ -4,10 +4,16 @@
 //    in), the __R_I.distcp files (each chunk a torch.save'd tensor at a byte range) and common.pt
 //    (the run's arguments). Tensors are global, whatever layout saved them; a layer's tensors
 //    are stacked over layers ("decoder.layers.self_attention.linear_qkv.weight" [L, ...]) or
-//    saved per layer ("decoder.layers.3.self_attention...").
-//  - legacy: iter_XXXXXXX/mp_rank_XX/model_optim_rng.pt, a torch.save'd dict with "args" and the
-//    "model" state dict, one file per tensor-parallel rank (pipeline stages are not read yet).
-// Names come out as Megatron-Core's, one tensor per layer ("decoder.layers.3.<...>").
+//    saved per layer ("decoder.layers.3.self_attention..."; Megatron does so when MoE and dense
+//    layers mix); the routed experts' are stacked over experts too
+//    ("decoder.layers.3.mlp.experts.experts.linear_fc1.weight" [E, 2f, h], SequentialMLP's and
+//    TEGroupedMLP's alike).
+//  - legacy: iter_XXXXXXX/mp_rank_TT[_EEE]/model_optim_rng.pt, a torch.save'd dict with "args"
+//    and the "model" state dict, one file per tensor-parallel rank (TT) and, under expert
+//    parallelism, expert-parallel rank (EEE), which holds its own experts under local indices
+//    (pipeline stages are not read yet).
+// Names come out as Megatron-Core's TE layer spec's, one tensor per layer and expert:
+// "decoder.layers.3.<...>", "decoder.layers.3.mlp.experts.linear_fc1.weight<global expert>".
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,7 +24,6 @@
 #include <vector>
 
 #include "checkpoint/torch_save.h"
-#include "core/config.h"
 
 namespace megatron {
 
@@ -55,34 +60,34 @@ class MegatronCheckpoint {
     std::vector<int64_t> size;
     std::vector<Chunk> chunks;
   };
-  struct Source {              // where a (layer's) tensor lives
-    std::string key;           // torch_dist: the stored name; legacy: the state dict key
-    int64_t layer = -1;        // torch_dist stacked layers: the index along the first dimension
+  struct Source {                // where a (layer's, expert's) tensor lives
+    std::string key;             // torch_dist: the stored name; legacy: the state dict key
+    std::vector<int64_t> index;  // torch_dist: its place along the stacked leading axes (layer, expert)
+    int expert_rank = 0;         // legacy: the expert-parallel rank whose file holds it
   };
   void open_torch_dist();
   void open_legacy();
-  // The stored tensor, whole, or (layer >= 0) its slice `layer` of a stack over layers: only the
-  // chunks that hold it are read, so a stacked tensor is not read once per layer.
-  at::Tensor read_dist(const DistTensor& t, int64_t layer) const;
+  // The stored tensor's slice at `index` along its leading (stacked) axes, the whole tensor for
+  // none: only the chunks that hold it are read, so a stack is not read once per member.
+  at::Tensor read_dist(const std::string& key, const std::vector<int64_t>& index) const;
 
   std::string dir_;
   Format format_ = Format::TorchDist;
   int64_t iteration_ = 0;
   std::unique_ptr<TorchSaveFile> common_;  // common.pt (torch_dist), or rank 0's model_optim_rng.pt (legacy)
-  std::vector<std::unique_ptr<TorchSaveFile>> legacy_;  // legacy: every tensor-parallel rank's file
+  // legacy: every rank's file, [tensor-parallel rank][expert-parallel rank]
+  std::vector<std::vector<std::unique_ptr<TorchSaveFile>>> legacy_;
   std::map<std::string, DistTensor> stored_;  // torch_dist, by stored name
   std::map<std::string, Source> sources_;   // by Megatron-Core name
   std::vector<std::string> names_;
   int64_t num_layers_ = 0;
 };
 
-// The ModelConfig of a Megatron run's arguments (dense GPT models: Llama, Qwen, Mistral, GPT);
-// UserError naming the argument for what it cannot build yet (MoE, MLA, ...).
-ModelConfig model_config_from_megatron_args(const pickle::Value& args, const std::string& what);
-
 // Megatron-Core's name for the tensor our model calls `name` in `checkpoint`: the same, or the
 // local layer spec's (input_layernorm.weight for the TE spec's linear_qkv.layer_norm_weight,
-// pre_mlp_layernorm.weight for linear_fc1.layer_norm_weight). Empty when it has neither.
+// pre_mlp_layernorm.weight for linear_fc1.layer_norm_weight, and the reverse for an MoE layer's
+// pre_mlp_layernorm, which the local spec's torch_dist keys file under mlp.linear_fc1). Empty
+// when it has none of them.
 std::string megatron_source_name(const MegatronCheckpoint& checkpoint, const std::string& name);
 
 }  // namespace megatron

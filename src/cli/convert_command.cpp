@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_mapping.h"
+#include "checkpoint/megatron_args.h"
 #include "checkpoint/megatron_checkpoint.h"
 #include "checkpoint/reshard.h"
 #include "checkpoint/safetensors.h"
@@ -41,13 +42,13 @@ const char* kHelp =
     "                             from it with `megatron train --load DST --finetune`\n"
     "  --from megatron --to native  a Megatron-LM checkpoint (torch_dist, or legacy without PP):\n"
     "                             SRC is its --save directory or an iter_* directory in it; the\n"
-    "                             model's shape comes from the arguments saved with it\n"
+    "                             model's shape (dense or MoE) comes from the arguments saved with it\n"
     "  --from native --to hf      the latest checkpoint under SRC -> config.json, safetensors\n"
     "                             shards + index, tokenizer files\n"
-    "  --target-tensor-parallel-size T     split for T tensor-parallel ranks (hf -> native; default 1)\n"
-    "  --target-pipeline-parallel-size P   split the layers over P pipeline stages (hf -> native; default 1)\n"
+    "  --target-tensor-parallel-size T     split for T tensor-parallel ranks (-> native; default 1)\n"
+    "  --target-pipeline-parallel-size P   split the layers over P pipeline stages (-> native; default 1)\n"
     "  --target-expert-parallel-size E     MoE: each of E expert-parallel ranks' experts in a file of its own\n"
-    "                                      (hf -> native; default 1; any EP size loads either way)\n"
+    "                                      (-> native; default 1; any EP size loads either way)\n"
     "  --make-vocab-size-divisible-by N    pad the vocabulary to a multiple of N x T (default 128)\n"
     "  --max-shard-size SIZE               largest HF shard, e.g. 5GB, 500MB or bytes (default 5GB)\n";
 
@@ -166,18 +167,32 @@ void hf_to_native(const std::string& hf_dir, const std::string& save, int tp, in
 
 // A Megatron-LM checkpoint (torch_dist or legacy) -> a weights-only native checkpoint, the
 // model's shape from the saving run's arguments.
-void megatron_to_native(const std::string& load, const std::string& save, int tp, int pp) {
+void megatron_to_native(const std::string& load, const std::string& save, int tp, int pp, int ep) {
   const MegatronCheckpoint checkpoint(load);
   Config config;
   ModelConfig& m = config.model;
   m = model_config_from_megatron_args(checkpoint.args(), checkpoint.directory());
+  // Megatron-LM has no --moe-shared-expert-gate (Megatron-Core's config does): a gate saved
+  // beside the shared experts says the run had one.
+  for (const std::string& name : checkpoint.names()) {
+    const std::string gate = ".mlp.shared_experts.gate_weight";
+    if (name.size() > gate.size() && name.compare(name.size() - gate.size(), gate.size(), gate) == 0) m.moe_shared_expert_gate = true;
+  }
   config.parallel.tensor_model_parallel_size = tp;
   config.parallel.pipeline_model_parallel_size = pp;
+  config.parallel.expert_model_parallel_size = ep;
   pipeline::check_pipeline_layout(config.parallel, m.num_layers);
-  if (m.padded_vocab_size % tp != 0 || m.num_query_groups % tp != 0 || m.ffn_hidden_size % tp != 0) {
+  const int expert_ffn = m.num_experts > 0 ? m.expert_ffn_hidden_size() : 0;
+  if (m.padded_vocab_size % tp != 0 || m.num_query_groups % tp != 0 || m.ffn_hidden_size % tp != 0 || expert_ffn % tp != 0 ||
+      m.moe_shared_expert_intermediate_size % tp != 0) {
     throw UserError("--target-tensor-parallel-size " + std::to_string(tp) + ": the checkpoint's vocabulary (" +
                     std::to_string(m.padded_vocab_size) + " rows), query groups (" + std::to_string(m.num_query_groups) +
-                    ") or MLP (" + std::to_string(m.ffn_hidden_size) + ") do not split into that many parts");
+                    "), MLP (" + std::to_string(m.ffn_hidden_size) + ") or experts' MLPs (" + std::to_string(expert_ffn) + ", shared " +
+                    std::to_string(m.moe_shared_expert_intermediate_size) + ") do not split into that many parts");
+  }
+  if (ep > 1 && (m.num_experts == 0 || m.num_experts % ep != 0)) {
+    throw UserError("--target-expert-parallel-size " + std::to_string(ep) + ": the checkpoint's model has " + std::to_string(m.num_experts) +
+                    " experts, which " + (m.num_experts == 0 ? "leaves nothing to split" : "do not split evenly"));
   }
   const pickle::Value& args = checkpoint.args();
   if (const pickle::Value* type = args.get("tokenizer_type"); type && type->kind == pickle::Value::Kind::String) {
@@ -217,9 +232,11 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
       }
     }
   });
-  std::printf("convert: %s (Megatron %s, iteration %lld) -> %s (tensor parallel %d, pipeline parallel %d, vocabulary %d, %s)\n",
+  const std::string experts = m.num_experts > 0 ? ", " + std::to_string(m.num_experts) + " experts, expert parallel " + std::to_string(ep) : "";
+  std::printf("convert: %s (Megatron %s, iteration %lld) -> %s (tensor parallel %d, pipeline parallel %d%s, vocabulary %d, %s)\n",
               checkpoint.directory().c_str(), checkpoint.format() == MegatronCheckpoint::Format::TorchDist ? "torch_dist" : "legacy",
-              static_cast<long long>(checkpoint.iteration()), save.c_str(), tp, pp, m.padded_vocab_size, bf16 ? "bf16" : "as stored");
+              static_cast<long long>(checkpoint.iteration()), save.c_str(), tp, pp, experts.c_str(), m.padded_vocab_size,
+              bf16 ? "bf16" : "as stored");
 }
 
 // A native checkpoint (iteration directory `dir`, its state.json `state`) -> an HF directory.
@@ -297,12 +314,13 @@ static int convert_with(const Args& args, const ModelFamily* family) {
     const int ep = values.count("--target-expert-parallel-size") ? positive("--target-expert-parallel-size", values["--target-expert-parallel-size"]) : 1;
     hf_to_native(values["--load"], values["--save"], tp, pp, ep, divisible, family);
   } else if (from == "megatron" && to == "native") {
-    for (const char* flag : {"--target-expert-parallel-size", "--make-vocab-size-divisible-by", "--max-shard-size"}) {
+    for (const char* flag : {"--make-vocab-size-divisible-by", "--max-shard-size"}) {
       if (values.count(flag)) throw UserError(std::string(flag) + " does not apply to --from megatron");
     }
     const int tp = values.count("--target-tensor-parallel-size") ? positive("--target-tensor-parallel-size", values["--target-tensor-parallel-size"]) : 1;
     const int pp = values.count("--target-pipeline-parallel-size") ? positive("--target-pipeline-parallel-size", values["--target-pipeline-parallel-size"]) : 1;
-    megatron_to_native(values["--load"], values["--save"], tp, pp);
+    const int ep = values.count("--target-expert-parallel-size") ? positive("--target-expert-parallel-size", values["--target-expert-parallel-size"]) : 1;
+    megatron_to_native(values["--load"], values["--save"], tp, pp, ep);
   } else if (from == "native" && to == "hf") {
     for (const char* flag : {"--target-tensor-parallel-size", "--target-pipeline-parallel-size", "--target-expert-parallel-size"}) {
       if (values.count(flag)) throw UserError(std::string(flag) + " applies to --to native only");

@@ -15,9 +15,15 @@ Output layout (each sub-directory is what `--save <dir>` would contain in megatr
                          megatron-core's GPTDataset draws from it (split 100,0,0, --seed)
 
 Usage:
-  python make_megatron_checkpoint.py --out /tmp/ckpt [--format both] [--tp 1|2]
+  python make_megatron_checkpoint.py --out /tmp/ckpt [--format both] [--tp 1|2] [--moe] [--ep 1|2]
 With --tp 2 the TP=1 torch_dist checkpoint is written first, then loaded (resharded by
-megatron) into a TP=2 model, so both variants hold the same global weights and loss.
+megatron) into a TP=2 model, so both variants hold the same global weights and loss. --ep 2 does
+the same for two expert-parallel ranks (under <out>/ep2/; legacy mp_rank_00_000 and _001).
+
+--moe makes the GPT a mixture of experts as DeepSeek-V3 routes (3 layers, the middle one dense:
+moe_layer_freq [1,0,1]; 4 experts of which 2 per token, sigmoid scores, a random expert bias, a
+top-k scaling factor; a shared expert with Qwen2-MoE's sigmoid gate), its experts SequentialMLP
+(the local spec; TEGroupedMLP saves the same torch_dist keys).
 """
 import argparse
 import contextlib
@@ -41,6 +47,9 @@ def parse_args(argv=None):
     p.add_argument("--format", choices=["torch_dist", "torch", "both"], default="both")
     p.add_argument("--tp", type=int, choices=[1, 2], default=1,
                    help="2 additionally writes TP=2 checkpoints under <out>/tp2/")
+    p.add_argument("--ep", type=int, choices=[1, 2], default=1,
+                   help="2 additionally writes an expert-parallel (EP=2) torch_dist checkpoint under <out>/ep2/")
+    p.add_argument("--moe", action="store_true", help="a mixture-of-experts GPT (see above)")
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--ffn-hidden-size", type=int, default=128)
@@ -68,6 +77,11 @@ def patch_megatron_for_cpu():
     # RotaryEmbedding.get_emb moves inv_freq to torch.cuda.current_device() on first use (and a
     # few other call sites build tensors there). Answer "cpu" so everything stays on the host.
     torch.cuda.current_device = lambda: "cpu"
+    # The MoE router's logits go through a fused TE GEMM (router_gating_linear); without TE the
+    # plain linear in the router's dtype computes the same product.
+    from megatron.core.transformer.moe import router as mrouter
+    mrouter.router_gating_linear = lambda inp, weight, bias, dtype: torch.nn.functional.linear(
+        inp.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
     # The torch_dist writer "preloads" tensors to host with non_blocking copies and then calls
     # torch.cuda.synchronize(); the tensors already live on the CPU, so there is nothing to wait for.
     torch.cuda.synchronize = lambda *_, **__: None
@@ -80,7 +94,33 @@ def patch_megatron_for_cpu():
         filesystem_async._process_memory = lambda: 0
 
 
-def megatron_args(a, tp):
+# The --moe model's routing, as megatron.training's arguments name it (num_experts is
+# TransformerConfig's num_moe_experts); lists where Megatron-LM's parser gives lists.
+MOE_ARGS = dict(
+    num_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2, moe_layer_freq=[1, 0, 1],
+    moe_shared_expert_intermediate_size=48, moe_shared_expert_gate=True, moe_router_score_function="sigmoid",
+    moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3, moe_router_topk_scaling_factor=2.5,
+    moe_router_pre_softmax=False, moe_router_num_groups=None, moe_router_group_topk=None,
+    moe_router_load_balancing_type=["seq_aux_loss"], moe_aux_loss_coeff=[1e-3], moe_z_loss_coeff=None,
+    moe_expert_capacity_factor=None, moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
+    moe_router_dtype="fp32", moe_permute_fusion=False,
+)
+
+
+def moe_transformer_config(a, ep):
+    """MOE_ARGS as TransformerConfig fields (empty for a dense model)."""
+    if not a.moe:
+        return {}
+    m = dict(MOE_ARGS)
+    m["num_moe_experts"] = m.pop("num_experts")
+    m["moe_router_load_balancing_type"] = m["moe_router_load_balancing_type"][0]
+    m["moe_aux_loss_coeff"] = m["moe_aux_loss_coeff"][0]
+    for unset in ("moe_router_num_groups", "moe_router_group_topk", "moe_z_loss_coeff", "moe_expert_capacity_factor"):
+        m.pop(unset)
+    return {**m, "expert_model_parallel_size": ep}
+
+
+def megatron_args(a, tp, ep=1):
     """An argparse.Namespace like megatron.training's, with the fields a loader/converter reads.
 
     Non-primitive values are kept on purpose: real checkpoints pickle torch dtypes and the
@@ -88,7 +128,7 @@ def megatron_args(a, tp):
     from megatron.core.transformer.enums import AttnBackend
 
     kv = a.hidden_size // a.num_attention_heads
-    return Namespace(
+    args = Namespace(
         num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
         num_attention_heads=a.num_attention_heads, num_query_groups=a.num_query_groups,
         group_query_attention=a.num_query_groups != a.num_attention_heads, kv_channels=kv,
@@ -104,17 +144,20 @@ def megatron_args(a, tp):
         params_dtype=torch.float32, fp16=False, bf16=False, main_grads_dtype=torch.float32,
         main_params_dtype=torch.float32, attention_backend=AttnBackend.local,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
-        virtual_pipeline_model_parallel_size=None, expert_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None, expert_model_parallel_size=ep,
         context_parallel_size=1, sequence_parallel=False, num_experts=None,
         transformer_impl="local", use_dist_ckpt=None, ckpt_format=None,
         iteration=1, consumed_train_samples=a.micro_batch_size, consumed_valid_samples=0,
         use_distributed_optimizer=False, no_save_optim=True, no_save_rng=True,
     )
+    if a.moe:
+        vars(args).update(MOE_ARGS)
+    return args
 
 
-def build_model(a, tp):
+def build_model(a, tp, ep=1):
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
     cfg = TransformerConfig(
@@ -125,13 +168,17 @@ def build_model(a, tp):
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, hidden_dropout=0.0,
         attention_dropout=0.0, init_method_std=0.02, use_cpu_initialization=True,
-        params_dtype=torch.float32, tensor_model_parallel_size=tp,
+        params_dtype=torch.float32, tensor_model_parallel_size=tp, **moe_transformer_config(a, ep),
     )
+    if a.moe:  # dense and MoE layers as moe_layer_freq says, experts as SequentialMLP
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    else:
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     # CPU init draws every master weight from torch's default generator on every rank, so
     # seeding it here makes the model deterministic (and identical across TP ranks).
     torch.manual_seed(a.seed)
     model = GPTModel(
-        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        config=cfg, transformer_layer_spec=spec,
         vocab_size=a.vocab_size, max_sequence_length=a.seq_length, pre_process=True,
         post_process=True, share_embeddings_and_output_weights=False,
         position_embedding_type="rope", rotary_base=a.rotary_base,
@@ -142,6 +189,10 @@ def build_model(a, tp):
         for name, p in model.named_parameters():
             if "layernorm" in name:
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
+        # The expert bias starts at zero too; a persistent buffer, saved with the weights.
+        for name, b in model.named_buffers():
+            if name.endswith("router.expert_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=gen))
     return model.eval()
 
 
@@ -236,8 +287,12 @@ def save_legacy(model, args, save_dir):
     from megatron.core import parallel_state as ps
 
     args = Namespace(**{**vars(args), "ckpt_format": "torch", "use_dist_ckpt": False})
-    # get_checkpoint_name without pipeline/expert parallelism: mp_rank_{tp:02d}.
-    path = os.path.join(save_dir, "iter_0000001", f"mp_rank_{ps.get_tensor_model_parallel_rank():02d}")
+    # get_checkpoint_name without pipeline parallelism: mp_rank_{tp:02d}, and _{ep:03d} after it
+    # under expert parallelism (each expert-parallel rank's file holds its own experts).
+    name = f"mp_rank_{ps.get_tensor_model_parallel_rank():02d}"
+    if ps.get_expert_model_parallel_world_size() > 1:
+        name += f"_{ps.get_expert_model_parallel_rank():03d}"
+    path = os.path.join(save_dir, "iter_0000001", name)
     os.makedirs(path, exist_ok=True)
     state = {"args": args, "checkpoint_version": 3.0, "iteration": 1,
              "model": model.state_dict_for_save_checkpoint(),
@@ -255,20 +310,20 @@ def load_torch_dist(model, ckpt_dir):
     model.load_state_dict(dist_checkpointing.load(sd, ckpt_dir)["model"])
 
 
-def worker(rank, world, port, a, tp, out, load_from):
+def worker(rank, world, port, a, tp, out, load_from, ep=1):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     patch_megatron_for_cpu()
     from megatron.core import parallel_state as ps
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
-    model = build_model(a, tp)
+    model = build_model(a, tp, ep)
     if load_from:
         load_torch_dist(model, load_from)
     tokens, labels = make_batch(a)
     per_token, loss = compute_loss(model, tokens, labels)
-    margs = megatron_args(a, tp)
+    margs = megatron_args(a, tp, ep)
     if a.format in ("torch_dist", "both"):
         save_torch_dist(model, margs, os.path.join(out, "torch_dist"))
     if a.format in ("torch", "both"):
@@ -280,13 +335,13 @@ def worker(rank, world, port, a, tp, out, load_from):
             extra = {"first_batch_loss": first_batch_loss(model, a, prefix)}
         else:
             extra = {}
-        ref = {"tensor_model_parallel_size": tp, "loss": loss.item(), **extra,
+        ref = {"tensor_model_parallel_size": tp, "expert_model_parallel_size": ep, "loss": loss.item(), **extra,
                "per_token_loss": per_token.tolist(), "tokens": tokens.tolist(),
                "labels": labels.tolist(), "loss_mask": "all ones",
                "model": {k: v for k, v in vars(margs).items() if isinstance(v, (int, float, str, bool))}}
         with open(os.path.join(out, "reference.json"), "w") as f:
             json.dump(ref, f, indent=1)
-        print(f"[tp={tp}] loss = {loss.item():.8f}")
+        print(f"[tp={tp} ep={ep}] loss = {loss.item():.8f}")
     ps.destroy_model_parallel()
     torch.distributed.destroy_process_group()
 
@@ -299,13 +354,15 @@ def free_port():
 
 def main():
     a = parse_args()
+    if a.moe:
+        a.num_layers = len(MOE_ARGS["moe_layer_freq"])
     # torch_dist's forked writer processes turn most failures into a silent hang of the parent;
     # fail loudly (with stacks) instead of stalling a test run.
     faulthandler.dump_traceback_later(300, exit=True)
     t0 = time.time()
     shutil.rmtree(a.out, ignore_errors=True)
     os.makedirs(a.out)
-    tp1_fmt = "both" if a.tp == 2 else a.format  # TP=2 reshards from the TP=1 torch_dist ckpt
+    tp1_fmt = "both" if a.tp == 2 or a.ep == 2 else a.format  # TP=2 and EP=2 reshard from the TP=1 torch_dist ckpt
     worker(0, 1, free_port(), Namespace(**{**vars(a), "format": tp1_fmt}), 1, a.out, None)
     if a.tp == 2:
         out2 = os.path.join(a.out, "tp2")
@@ -315,6 +372,15 @@ def main():
         l1 = json.load(open(os.path.join(a.out, "reference.json")))["loss"]
         l2 = json.load(open(os.path.join(out2, "reference.json")))["loss"]
         assert abs(l1 - l2) < 1e-5, f"TP=2 loss {l2} != TP=1 loss {l1}"
+    if a.ep == 2:
+        out2 = os.path.join(a.out, "ep2")
+        os.makedirs(out2)
+        src = os.path.join(a.out, "torch_dist", "iter_0000001")
+        ep_args = Namespace(**{**vars(a), "format": "both", "data": False})
+        torch.multiprocessing.spawn(worker, args=(2, free_port(), ep_args, 1, out2, src, 2), nprocs=2)
+        l1 = json.load(open(os.path.join(a.out, "reference.json")))["loss"]
+        l2 = json.load(open(os.path.join(out2, "reference.json")))["loss"]
+        assert abs(l1 - l2) < 1e-5, f"EP=2 loss {l2} != EP=1 loss {l1}"
     print(f"wrote {a.out} in {time.time() - t0:.1f}s")
 
 

@@ -7,62 +7,30 @@
 // starts from megatron-core's loss on the first batch its GPTDataset draws, and trains on.
 #include <gtest/gtest.h>
 
-#include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/megatron_args.h"
 #include "checkpoint/megatron_checkpoint.h"
-#include "core/config_json.h"
+#include "checkpoint/megatron_fixture.h"
 #include "core/errors.h"
-#include "model/gpt_model.h"
-#include "support/test_support.h"
 
 namespace megatron {
 namespace {
-
-at::Tensor int_matrix(const nlohmann::json& rows) {
-  std::vector<int64_t> flat;
-  for (const auto& row : rows) {
-    for (const auto& v : row) flat.push_back(v.get<int64_t>());
-  }
-  return at::tensor(flat, at::kLong).reshape({int64_t(rows.size()), -1});
-}
-
-// The mean loss of the converted checkpoint under `dir` on the reference batch.
-double converted_loss(const std::string& dir, const nlohmann::json& reference) {
-  const std::string iter = latest_checkpoint_directory(dir);
-  const ModelConfig config = model_config_from_json(read_checkpoint_state(iter).at("model_config"));
-  GPTModel model(config);
-  load_model_weights(iter, model);
-  model.eval();
-  Batch batch;
-  batch.tokens = int_matrix(reference.at("tokens"));
-  batch.labels = int_matrix(reference.at("labels"));
-  batch.loss_mask = at::ones(batch.tokens.sizes(), at::kFloat);
-  at::NoGradGuard no_grad;
-  return model.loss(batch).item<double>();
-}
 
 class MegatronConvert : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    auto made = test::run_command(test::shell_quote(test::venv_python()) + " " +
-                                  test::shell_quote(test::source_dir() + "/tests/checkpoint/make_megatron_checkpoint.py") +
-                                  " --out " + test::shell_quote(*dir_ / "mcore") + " --format both --tp 2 --data");
-    ASSERT_EQ(made.status, 0) << made.output;
-    reference_ = new nlohmann::json(nlohmann::json::parse(std::ifstream(*dir_ / "mcore/reference.json")));
+    reference_ = new nlohmann::json(test::make_megatron_fixture(*dir_ / "mcore", "--format both --tp 2 --data"));
   }
+  void SetUp() override { ASSERT_NE(reference_, nullptr) << "megatron-core's fixture was not written"; }
   static void TearDownTestSuite() {
     delete reference_;
     delete dir_;
   }
   static test::CommandResult convert(const std::string& from, const std::string& to) {
-    return test::run_megatron({"convert", "--from", "megatron", "--to", "native", "--load", *dir_ / from, "--save", *dir_ / to});
+    return test::convert_from_megatron(*dir_ / from, *dir_ / to);
   }
   static test::TempDir* dir_;
   static nlohmann::json* reference_;
@@ -91,7 +59,7 @@ TEST_F(MegatronConvert, TorchDistGivesMegatronCoresLossAndTrainsOn) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("(Megatron torch_dist, iteration 1)"), std::string::npos) << r.output;
   const double expected = reference_->at("loss").get<double>();
-  EXPECT_NEAR(converted_loss(*dir_ / "native", *reference_), expected, 1e-5 * expected);
+  EXPECT_NEAR(test::converted_loss(*dir_ / "native", *reference_), expected, 1e-5 * expected);
 
   // The same flags as the megatron-core run, its indexed dataset, split and seed: the sample
   // order is Megatron's, so the first iteration's loss is the one megatron-core computed on the
@@ -122,7 +90,7 @@ TEST_F(MegatronConvert, TorchDistSavedUnderTensorParallelismIsTheSameModel) {
   auto r = convert("mcore/tp2/torch_dist", "native_tp2");
   ASSERT_EQ(r.status, 0) << r.output;
   const double expected = reference_->at("loss").get<double>();
-  EXPECT_NEAR(converted_loss(*dir_ / "native_tp2", *reference_), expected, 1e-5 * expected);
+  EXPECT_NEAR(test::converted_loss(*dir_ / "native_tp2", *reference_), expected, 1e-5 * expected);
 }
 
 TEST_F(MegatronConvert, LegacyCheckpointsOfOneAndTwoTensorParallelRanksGiveTheSameLoss) {
@@ -130,11 +98,11 @@ TEST_F(MegatronConvert, LegacyCheckpointsOfOneAndTwoTensorParallelRanksGiveTheSa
   auto r = convert("mcore/torch", "native_legacy");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("(Megatron legacy, iteration 1)"), std::string::npos) << r.output;
-  EXPECT_NEAR(converted_loss(*dir_ / "native_legacy", *reference_), expected, 1e-5 * expected);
+  EXPECT_NEAR(test::converted_loss(*dir_ / "native_legacy", *reference_), expected, 1e-5 * expected);
   // mp_rank_00 and mp_rank_01, each its shard (SwiGLU's fc1: that rank's [gate; up] halves).
   auto tp2 = convert("mcore/tp2/torch", "native_legacy_tp2");
   ASSERT_EQ(tp2.status, 0) << tp2.output;
-  EXPECT_NEAR(converted_loss(*dir_ / "native_legacy_tp2", *reference_), expected, 1e-5 * expected);
+  EXPECT_NEAR(test::converted_loss(*dir_ / "native_legacy_tp2", *reference_), expected, 1e-5 * expected);
 
   // Pipeline stages saved apart (mp_rank_TT_PPP) are not read yet, and say so.
   const std::string staged = *dir_ / "staged/iter_0000001";
