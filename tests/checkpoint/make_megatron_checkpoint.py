@@ -50,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--ep", type=int, choices=[1, 2], default=1,
                    help="2 additionally writes an expert-parallel (EP=2) torch_dist checkpoint under <out>/ep2/")
     p.add_argument("--moe", action="store_true", help="a mixture-of-experts GPT (see above)")
+    p.add_argument("--moe-every-layer", action="store_true",
+                   help="with --moe: all 3 layers MoE (moe_layer_freq 1), so torch_dist stacks them over layers and experts")
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--ffn-hidden-size", type=int, default=128)
@@ -107,11 +109,16 @@ MOE_ARGS = dict(
 )
 
 
+def moe_args(a):
+    """MOE_ARGS with --moe-every-layer's moe_layer_freq."""
+    return {**MOE_ARGS, "moe_layer_freq": 1} if a.moe_every_layer else dict(MOE_ARGS)
+
+
 def moe_transformer_config(a, ep):
-    """MOE_ARGS as TransformerConfig fields (empty for a dense model)."""
+    """moe_args as TransformerConfig fields (empty for a dense model)."""
     if not a.moe:
         return {}
-    m = dict(MOE_ARGS)
+    m = moe_args(a)
     m["num_moe_experts"] = m.pop("num_experts")
     m["moe_router_load_balancing_type"] = m["moe_router_load_balancing_type"][0]
     m["moe_aux_loss_coeff"] = m["moe_aux_loss_coeff"][0]
@@ -151,7 +158,7 @@ def megatron_args(a, tp, ep=1):
         use_distributed_optimizer=False, no_save_optim=True, no_save_rng=True,
     )
     if a.moe:
-        vars(args).update(MOE_ARGS)
+        vars(args).update(moe_args(a))
     return args
 
 

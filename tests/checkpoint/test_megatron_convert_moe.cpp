@@ -2,8 +2,9 @@
 // (make_megatron_checkpoint.py --moe: 3 layers, the middle one dense, 4 experts routed 2 per token
 // by sigmoid scores with a random expert bias and a scaling factor, a gated shared expert):
 // torch_dist (per-layer keys, experts stacked on an axis of their own) and legacy files, each as
-// one process saved them and as two expert-parallel ranks did. Every one converts and gives
-// megatron-core's own loss; training from it starts at megatron-core's first-batch loss.
+// one process saved them and as two expert-parallel ranks did; and one with every layer MoE
+// (stacked over layers and experts). Every one converts and gives megatron-core's own loss;
+// training from it starts at megatron-core's first-batch loss.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,25 +23,30 @@ class MegatronConvertMoe : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
     reference_ = new nlohmann::json(test::make_megatron_fixture(*dir_ / "mcore", "--moe --format both --ep 2 --data"));
+    every_layer_ = new nlohmann::json(test::make_megatron_fixture(*dir_ / "every_layer", "--moe --moe-every-layer --format torch_dist"));
   }
-  void SetUp() override { ASSERT_NE(reference_, nullptr) << "megatron-core's fixture was not written"; }
+  void SetUp() override { ASSERT_NE(every_layer_, nullptr) << "megatron-core's fixtures were not written"; }
   static void TearDownTestSuite() {
+    delete every_layer_;
     delete reference_;
     delete dir_;
   }
   // Converts `from` (under the fixture) into `to` and checks the loss is megatron-core's.
-  static void expect_megatron_loss(const std::string& from, const std::string& to, std::vector<std::string> extra = {}) {
+  static void expect_megatron_loss(const std::string& from, const std::string& to, std::vector<std::string> extra = {},
+                                   const nlohmann::json* reference = reference_) {
     auto r = test::convert_from_megatron(*dir_ / from, *dir_ / to, extra);
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("4 experts"), std::string::npos) << r.output;
-    const double expected = reference_->at("loss").get<double>();
-    EXPECT_NEAR(test::converted_loss(*dir_ / to, *reference_), expected, 1e-5 * expected) << from;
+    const double expected = reference->at("loss").get<double>();
+    EXPECT_NEAR(test::converted_loss(*dir_ / to, *reference), expected, 1e-5 * expected) << from;
   }
   static test::TempDir* dir_;
-  static nlohmann::json* reference_;
+  static nlohmann::json* reference_;    // mcore/: layers MoE, dense, MoE
+  static nlohmann::json* every_layer_;  // every_layer/: all three MoE
 };
 test::TempDir* MegatronConvertMoe::dir_ = nullptr;
 nlohmann::json* MegatronConvertMoe::reference_ = nullptr;
+nlohmann::json* MegatronConvertMoe::every_layer_ = nullptr;
 
 TEST_F(MegatronConvertMoe, ReadsTheExpertsAndTheRoutingFromTheCheckpoint) {
   const MegatronCheckpoint checkpoint(*dir_ / "mcore/torch_dist");
@@ -103,6 +109,17 @@ TEST_F(MegatronConvertMoe, TorchDistGivesMegatronCoresLossAndTrainsOn) {
   const double first = reference_->at("first_batch_loss").get<double>();
   EXPECT_NEAR(losses[0], first, 1e-5 * first) << "the first loss is not megatron-core's on its first batch";
   EXPECT_TRUE(std::isfinite(losses[1])) << trained.output;
+}
+
+TEST_F(MegatronConvertMoe, EveryLayerMoeIsStackedOverLayersAndExperts) {
+  // Homogeneous layers (Mixtral, Qwen-MoE): one stored tensor per parameter, [L, E, ...].
+  const MegatronCheckpoint checkpoint(*dir_ / "every_layer/torch_dist");
+  EXPECT_TRUE(checkpoint.has("decoder.layers.1.mlp.experts.linear_fc2.weight2"));
+  EXPECT_TRUE(checkpoint.has("decoder.layers.2.mlp.shared_experts.gate_weight"));
+  EXPECT_EQ(checkpoint.tensor("decoder.layers.1.mlp.experts.linear_fc2.weight2").sizes().vec(), (std::vector<int64_t>{64, 32}));
+  EXPECT_FALSE(at::equal(checkpoint.tensor("decoder.layers.1.mlp.experts.linear_fc2.weight2"),
+                         checkpoint.tensor("decoder.layers.2.mlp.experts.linear_fc2.weight1")));
+  expect_megatron_loss("every_layer/torch_dist", "native_every_layer", {}, every_layer_);
 }
 
 TEST_F(MegatronConvertMoe, LegacyAndExpertParallelSavesAreTheSameModel) {
