@@ -50,9 +50,6 @@ class Args {
   [[noreturn]] void bad(const char* name, const std::string& expected, const Value& found) const {
     throw UserError(what_ + ": the checkpoint's args hold '" + name + "' as " + found.describe() + ", expected " + expected);
   }
-  [[noreturn]] void refuse(const std::string& flag, const std::string& why) const {
-    throw UserError(what_ + ": the checkpoint's run used --" + flag + ", " + why);
-  }
   const std::string& what() const { return what_; }
 
  private:
@@ -126,12 +123,33 @@ void read_moe(const Args& args, ModelConfig& m) {
   }
 }
 
+// DeepSeek's multi-latent attention (its latents' norms are --qk-layernorm's) and the YaRN rotary
+// embedding it takes when --rope-type is unset. YaRN's original context and betas have no
+// Megatron-LM flag: MLATransformerConfig's defaults, unless the args carry them.
+void read_mla(const Args& args, ModelConfig& m) {
+  m.multi_latent_attention = args.flag("multi_latent_attention", false);
+  m.rope_type = args.text("rope_type", "");
+  m.rotary_scaling_factor = args.number("rotary_scaling_factor", 1.0);
+  m.mscale = args.number("mscale", 1.0);
+  m.mscale_all_dim = args.number("mscale_all_dim", 0.0);
+  m.yarn_original_max_position_embeddings =
+      int(args.integer("original_max_position_embeddings", args.integer("yarn_original_max_position_embeddings", 4096)));
+  m.yarn_beta_fast = args.number("beta_fast", args.number("yarn_beta_fast", 32.0));
+  m.yarn_beta_slow = args.number("beta_slow", args.number("yarn_beta_slow", 1.0));
+  if (!m.multi_latent_attention) return;
+  m.group_query_attention = false;  // every head has its own keys, up-projected from the shared latent
+  m.num_query_groups = m.num_attention_heads;
+  m.q_lora_rank = int(args.integer("q_lora_rank", 0));
+  m.kv_lora_rank = int(args.integer("kv_lora_rank", 512));
+  m.qk_head_dim = int(args.integer("qk_head_dim", 128));
+  m.qk_pos_emb_head_dim = int(args.integer("qk_pos_emb_head_dim", 64));
+  m.v_head_dim = int(args.integer("v_head_dim", 128));
+}
+
 }  // namespace
 
 ModelConfig model_config_from_megatron_args(const pickle::Value& value, const std::string& what) {
   const Args args(value, what);
-  if (args.flag("multi_latent_attention", false)) args.refuse("multi-latent-attention", "which convert --from megatron does not read yet");
-  if (args.integer("mtp_num_layers", 0) > 0) args.refuse("mtp-num-layers", "which convert --from megatron does not read yet");
   ModelConfig m;
   for (const char* required : {"num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size"}) {
     if (args.get(required) == nullptr) throw UserError(what + ": the checkpoint's args lack '" + std::string(required) + "'");
@@ -166,6 +184,9 @@ ModelConfig model_config_from_megatron_args(const pickle::Value& value, const st
   m.init_method_std = args.number("init_method_std", 0.02);
   m.hidden_dropout = args.number("hidden_dropout", 0.1);
   m.attention_dropout = args.number("attention_dropout", 0.1);
+  m.mtp_num_layers = int(args.integer("mtp_num_layers", 0));
+  m.mtp_loss_scaling_factor = args.number("mtp_loss_scaling_factor", 0.1);
+  read_mla(args, m);
   read_moe(args, m);
   return m;
 }

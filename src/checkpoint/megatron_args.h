@@ -9,11 +9,11 @@
 
 namespace megatron {
 
-// The ModelConfig of a Megatron run's arguments: dense GPT models (Llama, Qwen, Mistral, GPT) and
-// mixtures of experts (--num-experts and the --moe-* flags that shape the model or its routing).
-// UserError naming `what` and the argument for what it cannot build yet (MLA, MTP) or a value out
-// of place. Speed choices (grouped GEMM, dispatcher, fusions) keep this project's defaults: they
-// do not change the weights or the model's outputs.
+// The ModelConfig of a Megatron run's arguments: dense GPT models (Llama, Qwen, Mistral, GPT),
+// mixtures of experts (--num-experts and the --moe-* flags that shape the model or its routing),
+// DeepSeek's multi-latent attention and multi-token prediction. UserError naming `what` and the
+// argument for a value out of place. Speed choices (grouped GEMM, dispatcher, fusions) keep this
+// project's defaults: they do not change the weights or the model's outputs.
 ModelConfig model_config_from_megatron_args(const pickle::Value& args, const std::string& what);
 
 }  // namespace megatron

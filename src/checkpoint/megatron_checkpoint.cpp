@@ -331,15 +331,17 @@ at::Tensor MegatronCheckpoint::tensor(const std::string& name, int part) const {
 std::string megatron_source_name(const MegatronCheckpoint& checkpoint, const std::string& name) {
   if (checkpoint.has(name)) return name;
   // The local layer spec keeps the norms as modules of the layer; the TE spec (ours) in the
-  // linears. An MoE layer has no linear_fc1 to hold its pre-MLP norm (ours is a module), but the
-  // local spec's torch_dist keys put it there all the same.
+  // linears (MLA's latent norms too). An MoE layer has no linear_fc1 to hold its pre-MLP norm
+  // (ours is a module), but the local spec's torch_dist keys put it there all the same.
   static const std::pair<const char*, const char*> renames[] = {
       {".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"},
       {".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias"},
       {".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"},
       {".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias"},
       {".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"},
-      {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"}};
+      {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"},
+      {".self_attention.linear_q_up_proj.layer_norm_weight", ".self_attention.q_layernorm.weight"},
+      {".self_attention.linear_kv_up_proj.layer_norm_weight", ".self_attention.kv_layernorm.weight"}};
   for (const auto& [ours, local] : renames) {
     const std::string tail = ours;
     if (name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0) {

@@ -85,7 +85,8 @@ class MegatronCheckpoint {
 
 // Megatron-Core's name for the tensor our model calls `name` in `checkpoint`: the same, or the
 // local layer spec's (input_layernorm.weight for the TE spec's linear_qkv.layer_norm_weight,
-// pre_mlp_layernorm.weight for linear_fc1.layer_norm_weight, and the reverse for an MoE layer's
+// pre_mlp_layernorm.weight for linear_fc1.layer_norm_weight, MLA's q_layernorm / kv_layernorm for
+// linear_q_up_proj / linear_kv_up_proj.layer_norm_weight, and the reverse for an MoE layer's
 // pre_mlp_layernorm, which the local spec's torch_dist keys file under mlp.linear_fc1). Empty
 // when it has none of them.
 std::string megatron_source_name(const MegatronCheckpoint& checkpoint, const std::string& name);

@@ -20,6 +20,7 @@ With --tp 2 the TP=1 torch_dist checkpoint is written first, then loaded (reshar
 megatron) into a TP=2 model, so both variants hold the same global weights and loss. --ep 2 does
 the same for two expert-parallel ranks (under <out>/ep2/; legacy mp_rank_00_000 and _001).
 
+--mla gives it DeepSeek's multi-latent attention (MLA_ARGS); with --moe, a tiny DeepSeek-V3.
 --moe makes the GPT a mixture of experts as DeepSeek-V3 routes (3 layers, the middle one dense:
 moe_layer_freq [1,0,1]; 4 experts of which 2 per token, sigmoid scores, a random expert bias, a
 top-k scaling factor; a shared expert with Qwen2-MoE's sigmoid gate), its experts SequentialMLP
@@ -50,6 +51,10 @@ def parse_args(argv=None):
     p.add_argument("--ep", type=int, choices=[1, 2], default=1,
                    help="2 additionally writes an expert-parallel (EP=2) torch_dist checkpoint under <out>/ep2/")
     p.add_argument("--moe", action="store_true", help="a mixture-of-experts GPT (see above)")
+    p.add_argument("--mla", action="store_true",
+                   help="DeepSeek's multi-latent attention (see MLA_ARGS) in place of GQA")
+    p.add_argument("--mtp", action="store_true",
+                   help="one multi-token prediction depth (DeepSeek-V3's); reference.json then holds its loss, mtp_loss")
     p.add_argument("--moe-every-layer", action="store_true",
                    help="with --moe: all 3 layers MoE (moe_layer_freq 1), so torch_dist stacks them over layers and experts")
     p.add_argument("--num-layers", type=int, default=2)
@@ -84,6 +89,10 @@ def patch_megatron_for_cpu():
     from megatron.core.transformer.moe import router as mrouter
     mrouter.router_gating_linear = lambda inp, weight, bias, dtype: torch.nn.functional.linear(
         inp.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    # multi_latent_attention imports Transformer Engine's wrappers, which without TE are None, and
+    # then checks isinstance against them: tell it TE is absent.
+    from megatron.core.transformer import multi_latent_attention
+    multi_latent_attention.HAVE_TE = False
     # The torch_dist writer "preloads" tensors to host with non_blocking copies and then calls
     # torch.cuda.synchronize(); the tensors already live on the CPU, so there is nothing to wait for.
     torch.cuda.synchronize = lambda *_, **__: None
@@ -107,6 +116,32 @@ MOE_ARGS = dict(
     moe_expert_capacity_factor=None, moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
     moe_router_dtype="fp32", moe_permute_fusion=False,
 )
+
+
+# --mla: DeepSeek-V3's attention (a query latent too), its YaRN rotary embedding stretching the
+# context 4x with mscale_all_dim set, so the softmax scale moves as well; qk_layernorm gives the
+# latents their norms.
+MLA_ARGS = dict(
+    multi_latent_attention=True, group_query_attention=False, num_query_groups=None, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8,
+    v_head_dim=16, rope_type="yarn", rotary_scaling_factor=4.0, mscale=1.0, mscale_all_dim=1.0, qk_layernorm=True,
+)
+
+
+class CausalCoreAttention(torch.nn.Module):
+    """Causal softmax attention where megatron-core's local DotProductAttention cannot go: MLA's
+    keys are wider than its values (k_channels != v_channels), which only Transformer Engine's
+    attention takes. Everything MLA-specific (the latents, their norms, YaRN, the mscale'd softmax
+    scale it hands in) stays megatron-core's; this is softmax(q k^T * scale) v over [s, b, n, d]."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type, softmax_scale=None, **_):
+        super().__init__()
+        self.softmax_scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, **_):
+        s, b = query.shape[:2]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, n * dv]
 
 
 def moe_args(a):
@@ -159,15 +194,25 @@ def megatron_args(a, tp, ep=1):
     )
     if a.moe:
         vars(args).update(moe_args(a))
+    if a.mla:
+        vars(args).update(MLA_ARGS)
+    if a.mtp:
+        vars(args).update(mtp_num_layers=1, mtp_loss_scaling_factor=0.1)
     return args
 
 
 def build_model(a, tp, ep=1):
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec, get_gpt_layer_local_spec, get_gpt_mtp_block_spec)
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-    cfg = TransformerConfig(
+    config_class, mla = TransformerConfig, {}
+    if a.mla:
+        config_class = MLATransformerConfig
+        mla = {k: v for k, v in MLA_ARGS.items() if k not in ("multi_latent_attention", "group_query_attention", "num_query_groups")}
+    cfg = config_class(
         num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
         num_attention_heads=a.num_attention_heads, num_query_groups=a.num_query_groups,
         normalization="RMSNorm", layernorm_epsilon=a.norm_epsilon, gated_linear_unit=True,
@@ -175,10 +220,14 @@ def build_model(a, tp, ep=1):
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, hidden_dropout=0.0,
         attention_dropout=0.0, init_method_std=0.02, use_cpu_initialization=True,
-        params_dtype=torch.float32, tensor_model_parallel_size=tp, **moe_transformer_config(a, ep),
+        params_dtype=torch.float32, tensor_model_parallel_size=tp, **moe_transformer_config(a, ep), **mla,
+        **({"mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1} if a.mtp else {}),
     )
-    if a.moe:  # dense and MoE layers as moe_layer_freq says, experts as SequentialMLP
+    if a.moe or a.mla:  # dense and MoE layers as moe_layer_freq says, experts as SequentialMLP
         spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+        if a.mla:
+            for layer in spec.layer_specs:
+                layer.submodules.self_attention.submodules.core_attention = CausalCoreAttention
     else:
         spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     # CPU init draws every master weight from torch's default generator on every rank, so
@@ -189,6 +238,7 @@ def build_model(a, tp, ep=1):
         vocab_size=a.vocab_size, max_sequence_length=a.seq_length, pre_process=True,
         post_process=True, share_embeddings_and_output_weights=False,
         position_embedding_type="rope", rotary_base=a.rotary_base,
+        mtp_block_spec=get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False) if a.mtp else None,
     )
     # Norm weights init to exactly 1, which would hide a reader that skips/misplaces them.
     gen = torch.Generator().manual_seed(a.seed + 1)
@@ -220,6 +270,20 @@ def compute_loss(model, tokens, labels, loss_mask=None):
     with torch.no_grad():
         per_token = model(tokens, position_ids, attention_mask, labels=labels).float()
     return per_token, (per_token.view(-1) * loss_mask.view(-1)).sum() / loss_mask.sum()
+
+
+def mtp_loss(model, tokens, labels):
+    """The MTP depth's mean loss on the batch (its tokens and labels one further ahead, the last
+    position dropped), as megatron-core tracks it: only a training-mode forward computes it
+    (dropout is 0 and nothing steps, so the model is unchanged)."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    model.train()
+    compute_loss(model, tokens, labels)
+    model.eval()
+    value = MTPLossLoggingHelper.tracker["values"][0].item()
+    MTPLossLoggingHelper.clean_loss_in_tracker()
+    return value
 
 
 def write_dataset(a, prefix):
@@ -330,6 +394,7 @@ def worker(rank, world, port, a, tp, out, load_from, ep=1):
         load_torch_dist(model, load_from)
     tokens, labels = make_batch(a)
     per_token, loss = compute_loss(model, tokens, labels)
+    mtp = {"mtp_loss": mtp_loss(model, tokens, labels)} if a.mtp else {}
     margs = megatron_args(a, tp, ep)
     if a.format in ("torch_dist", "both"):
         save_torch_dist(model, margs, os.path.join(out, "torch_dist"))
@@ -342,7 +407,7 @@ def worker(rank, world, port, a, tp, out, load_from, ep=1):
             extra = {"first_batch_loss": first_batch_loss(model, a, prefix)}
         else:
             extra = {}
-        ref = {"tensor_model_parallel_size": tp, "expert_model_parallel_size": ep, "loss": loss.item(), **extra,
+        ref = {"tensor_model_parallel_size": tp, "expert_model_parallel_size": ep, "loss": loss.item(), **extra, **mtp,
                "per_token_loss": per_token.tolist(), "tokens": tokens.tolist(),
                "labels": labels.tolist(), "loss_mask": "all ones",
                "model": {k: v for k, v in vars(margs).items() if isinstance(v, (int, float, str, bool))}}

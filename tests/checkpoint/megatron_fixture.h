@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,20 +34,39 @@ inline at::Tensor int_matrix(const nlohmann::json& rows) {
   return at::tensor(flat, at::kLong).reshape({int64_t(rows.size()), -1});
 }
 
-// The mean loss of the converted checkpoint under `dir` on the reference batch, in one process
-// (whatever expert-parallel split it was written for).
-inline double converted_loss(const std::string& dir, const nlohmann::json& reference) {
-  const std::string iter = latest_checkpoint_directory(dir);
-  const ModelConfig config = model_config_from_json(read_checkpoint_state(iter).at("model_config"));
-  GPTModel model(config);
-  load_model_weights(iter, model);
-  model.eval();
+// The batch megatron-core scored (all tokens count).
+inline Batch reference_batch(const nlohmann::json& reference) {
   Batch batch;
   batch.tokens = int_matrix(reference.at("tokens"));
   batch.labels = int_matrix(reference.at("labels"));
   batch.loss_mask = at::ones(batch.tokens.sizes(), at::kFloat);
+  return batch;
+}
+
+// The model of the converted checkpoint under `dir`, in one process (whatever expert-parallel
+// split it was written for).
+inline std::unique_ptr<GPTModel> load_converted(const std::string& dir) {
+  const std::string iter = latest_checkpoint_directory(dir);
+  auto model = std::make_unique<GPTModel>(model_config_from_json(read_checkpoint_state(iter).at("model_config")));
+  load_model_weights(iter, *model);
+  return model;
+}
+
+// The converted model's mean loss on the reference batch.
+inline double converted_loss(const std::string& dir, const nlohmann::json& reference) {
+  auto model = load_converted(dir);
+  model->eval();
   at::NoGradGuard no_grad;
-  return model.loss(batch).item<double>();
+  return model->loss(reference_batch(reference)).item<double>();
+}
+
+// The first multi-token prediction depth's mean loss on the reference batch (its tokens and
+// labels one further ahead), which only a training forward computes (the fixture's dropout is 0).
+inline double converted_mtp_loss(const std::string& dir, const nlohmann::json& reference) {
+  auto model = load_converted(dir);
+  model->train();
+  model->loss(reference_batch(reference));
+  return model->take_mtp_losses()[0].item<double>();
 }
 
 // `megatron convert --from megatron --to native --load from --save to [extra...]`.

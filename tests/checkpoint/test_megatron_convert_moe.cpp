@@ -208,8 +208,8 @@ TEST(MegatronArgs, MoeArgumentsInEitherOfMegatronsFormsOrNamedErrors) {
   EXPECT_NE(coeffs.find("2 moe_aux_loss_coeff values for 1 moe_router_load_balancing_type entries"), std::string::npos) << coeffs;
   const std::string topk = config_error(megatron_args({{"moe_router_topk", pickled_list({2})}}));
   EXPECT_NE(topk.find("'moe_router_topk' as"), std::string::npos) << topk;
-  const std::string mla = config_error(megatron_args({{"multi_latent_attention", pickled_int(1)}}));
-  EXPECT_NE(mla.find("ckpt: the checkpoint's run used --multi-latent-attention"), std::string::npos) << mla;
+  const std::string mtp = config_error(megatron_args({{"mtp_num_layers", pickled_list({1})}}));
+  EXPECT_NE(mtp.find("ckpt: the checkpoint's args hold 'mtp_num_layers' as"), std::string::npos) << mtp;
 }
 
 }  // namespace
