@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -17,16 +18,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using pickle::Value;
-
-// The model's tensors among everything a torch_dist checkpoint holds (optimizer state, RNG
-// states and Transformer Engine's _extra_state are left out).
-bool is_model_tensor(const std::string& name) {
-  if (name.find("_extra_state") != std::string::npos) return false;
-  for (const char* prefix : {"embedding.", "decoder.", "output_layer.", "mtp."}) {
-    if (name.rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
 
 std::vector<int64_t> ints(const Value& v) {
   std::vector<int64_t> out;
@@ -64,33 +55,6 @@ std::string dist_member_name(const std::string& key, bool layer_stacked, bool ex
   return name;
 }
 
-// A legacy state dict's routed-expert tensor under our name: its expert-parallel rank's local
-// expert i (SequentialMLP "<layer>.mlp.experts.local_experts.<i>.<linear>.<param>", TEGroupedMLP
-// "<layer>.mlp.experts.<linear>.<param><i>") becomes global expert first_expert + i. Empty for
-// tensors outside the routed experts.
-std::string legacy_expert_name(const std::string& key, int64_t first_expert, const std::string& file) {
-  const std::string experts = ".mlp.experts.";
-  const size_t at = key.find(experts);
-  if (at == std::string::npos) return "";
-  const std::string layer = key.substr(0, at + experts.size()), rest = key.substr(at + experts.size());
-  const std::string local = "local_experts.";
-  if (rest.rfind(local, 0) == 0) {
-    const size_t dot = rest.find('.', local.size());
-    const std::string digits = rest.substr(local.size(), dot - local.size());
-    if (dot == std::string::npos || digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
-      throw UserError(file + ": '" + key + "' does not name a local expert");
-    }
-    return layer + rest.substr(dot + 1) + std::to_string(first_expert + std::stoll(digits));
-  }
-  if (rest.rfind("linear_fc1.", 0) != 0 && rest.rfind("linear_fc2.", 0) != 0) {
-    throw UserError(file + ": '" + key + "' is the legacy GroupedMLP's (--moe-use-legacy-grouped-gemm), which convert --from megatron "
-                    "does not read: save the run with --ckpt-format torch_dist, which stores its experts one by one");
-  }
-  const size_t digits = rest.find_last_not_of("0123456789") + 1;
-  if (digits == rest.size()) throw UserError(file + ": '" + key + "' names no expert (TEGroupedMLP's end in the expert's index)");
-  return layer + rest.substr(0, digits) + std::to_string(first_expert + std::stoll(rest.substr(digits)));
-}
-
 // The iteration directory `path` names: itself, or what its tracker file points at.
 std::string iteration_directory(const std::string& path, int64_t* iteration) {
   const std::string tracker = path + "/latest_checkpointed_iteration.txt";
@@ -119,15 +83,24 @@ MegatronCheckpoint::MegatronCheckpoint(const std::string& path) {
   if (fs::exists(dir_ + "/.metadata")) {
     format_ = Format::TorchDist;
     open_torch_dist();
-  } else if (fs::exists(dir_ + "/mp_rank_00/model_optim_rng.pt") || fs::exists(dir_ + "/mp_rank_00_000")) {
-    format_ = Format::Legacy;
+  } else if (std::any_of(fs::directory_iterator(dir_), fs::directory_iterator(),
+                         [](const fs::directory_entry& e) { return e.path().filename().string().rfind("mp_rank_", 0) == 0; })) {
+    format_ = Format::Legacy;  // one mp_rank_* directory per model-parallel rank
     open_legacy();
   } else {
-    throw UserError(dir_ + ": neither a torch_dist checkpoint (.metadata) nor a legacy one (mp_rank_00/model_optim_rng.pt)");
+    throw UserError(dir_ + ": neither a torch_dist checkpoint (.metadata) nor a legacy one (mp_rank_*/model_optim_rng.pt)");
   }
 }
 
 MegatronCheckpoint::~MegatronCheckpoint() = default;
+
+bool MegatronCheckpoint::is_model_tensor(const std::string& name) {
+  if (name.find("_extra_state") != std::string::npos) return false;
+  for (const char* prefix : {"embedding.", "decoder.", "output_layer.", "mtp."}) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
 
 void MegatronCheckpoint::open_torch_dist() {
   const std::string metadata_path = dir_ + "/.metadata";
@@ -204,79 +177,6 @@ void MegatronCheckpoint::open_torch_dist() {
   for (const auto& [name, source] : sources_) names_.push_back(name);
 }
 
-void MegatronCheckpoint::open_legacy() {
-  // mp_rank_TT per tensor-parallel rank, mp_rank_TT_EEE under expert parallelism (EEE the
-  // expert-parallel rank), mp_rank_TT_PPP[_EEE] when pipeline stages are saved apart.
-  std::set<std::string> ranks;
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("mp_rank_", 0) == 0) ranks.insert(name);
-  }
-  const std::string first = ranks.count("mp_rank_00") ? "mp_rank_00" : "mp_rank_00_000";
-  const std::string path = dir_ + "/" + first + "/model_optim_rng.pt";
-  if (!fs::exists(path)) throw UserError(dir_ + ": " + first + "/model_optim_rng.pt is missing");
-  common_ = std::make_unique<TorchSaveFile>(path);
-  const Value* args = common_->root().get("args");
-  auto arg = [&](const char* name, int64_t fallback) {
-    const Value* v = args != nullptr ? args->get(name) : nullptr;
-    return v != nullptr && v->kind == Value::Kind::Int ? v->integer : fallback;
-  };
-  const int64_t ep = arg("expert_model_parallel_size", 1);
-  for (const std::string& name : ranks) {
-    if (name.size() != (ep > 1 ? 14u : 10u)) {
-      throw UserError(dir_ + ": a legacy checkpoint saved over pipeline stages (" + name + "), which is not read yet: save it with "
-                      "--ckpt-format torch_dist (the default), or with --pipeline-model-parallel-size 1");
-    }
-  }
-  const int64_t tp = int64_t(ranks.size()) / ep;
-  if (const int64_t saved = arg("tensor_model_parallel_size", tp); saved * ep != int64_t(ranks.size())) {
-    throw UserError(dir_ + ": " + std::to_string(ranks.size()) + " mp_rank_* directories, but the run saved " + std::to_string(saved) +
-                    " tensor-parallel ranks" + (ep > 1 ? " x " + std::to_string(ep) + " expert-parallel ranks" : ""));
-  }
-  const int64_t experts = arg("num_experts", 0);
-  if (experts > 0 && tp > 1) {
-    throw UserError(dir_ + ": a legacy mixture-of-experts checkpoint saved under tensor parallelism (" + std::to_string(tp) +
-                    " ranks), which is not read yet: save it with --ckpt-format torch_dist (the default)");
-  }
-  auto rank_file = [&](int64_t t, int64_t e) {
-    char name[48];
-    if (ep > 1) {
-      std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d/model_optim_rng.pt", int(t), int(e));
-    } else {
-      std::snprintf(name, sizeof(name), "mp_rank_%02d/model_optim_rng.pt", int(t));
-    }
-    return std::string(name);
-  };
-  for (int64_t t = 0; t < tp; ++t) {
-    legacy_.emplace_back();
-    for (int64_t e = 0; e < ep; ++e) {
-      const std::string name = rank_file(t, e);
-      if (!fs::exists(dir_ + "/" + name)) throw UserError(dir_ + ": " + name + " is missing (" + std::to_string(ranks.size()) + " ranks saved)");
-      legacy_.back().push_back(std::make_unique<TorchSaveFile>(dir_ + "/" + name));
-    }
-  }
-  // Each expert-parallel rank's file holds the same dense tensors and its own experts.
-  for (int64_t e = 0; e < ep; ++e) {
-    const TorchSaveFile& file = *legacy_[0][size_t(e)];
-    const std::string file_path = dir_ + "/" + rank_file(0, e);
-    const Value* model = file.root().get("model");
-    if (model == nullptr) {
-      throw UserError(file_path + ": no 'model' state dict" +
-                      (file.root().get("model0") ? " (it holds virtual pipeline chunks model0, model1, ...: not read yet)" : ""));
-    }
-    for (const auto& [key, value] : model->entries) {
-      if (!TorchSaveFile::is_tensor(*value) || !is_model_tensor(key->text)) continue;  // _extra_state and the like
-      const std::string expert = experts > 0 ? legacy_expert_name(key->text, e * (experts / ep), file_path) : "";
-      if (!expert.empty()) {
-        sources_[expert] = {key->text, {}, int(e)};
-      } else if (e == 0) {
-        sources_[key->text] = {key->text, {}, 0};
-      }
-    }
-  }
-  for (const auto& [name, source] : sources_) names_.push_back(name);
-}
-
 const pickle::Value& MegatronCheckpoint::args() const {
   const Value* args = common_ ? common_->root().get("args") : nullptr;
   if (args == nullptr) throw UserError(dir_ + ": the checkpoint holds no 'args' (the saving run's arguments), which give the model's shape");
@@ -320,9 +220,13 @@ at::Tensor MegatronCheckpoint::tensor(const std::string& name, int part) const {
   if (it == sources_.end()) throw UserError(dir_ + ": the checkpoint has no tensor '" + name + "'");
   const Source& s = it->second;
   if (format_ == Format::Legacy) {
-    const TorchSaveFile& file = *legacy_.at(size_t(part)).at(size_t(s.expert_rank));
-    const Value* value = file.root().at("model").get(s.key);
-    if (value == nullptr) throw UserError(dir_ + ": tensor-parallel rank " + std::to_string(part) + "'s file has no '" + s.key + "'");
+    const TorchSaveFile& file = legacy_file(part, s.stage, s.expert_rank);
+    const std::string model = s.chunk < 0 ? "model" : "model" + std::to_string(s.chunk);
+    const Value* value = file.root().at(model).get(s.key);
+    if (value == nullptr) {
+      throw UserError(dir_ + ": tensor-parallel rank " + std::to_string(part) + "'s file of stage " + std::to_string(s.stage) + " has no '" +
+                      s.key + "' in '" + model + "'");
+    }
     return file.tensor(*value);
   }
   return read_dist(s.key, s.index);

@@ -8,10 +8,10 @@
 //    layers mix); the routed experts' are stacked over experts too
 //    ("decoder.layers.3.mlp.experts.experts.linear_fc1.weight" [E, 2f, h], SequentialMLP's and
 //    TEGroupedMLP's alike).
-//  - legacy: iter_XXXXXXX/mp_rank_TT[_EEE]/model_optim_rng.pt, a torch.save'd dict with "args"
-//    and the "model" state dict, one file per tensor-parallel rank (TT) and, under expert
-//    parallelism, expert-parallel rank (EEE), which holds its own experts under local indices
-//    (pipeline stages are not read yet).
+//  - legacy: iter_XXXXXXX/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt, a torch.save'd dict with
+//    "args" and the "model" state dict ("model0", "model1", ... for virtual pipeline chunks), one
+//    file per tensor-parallel rank (TT), pipeline stage (PPP, its layers under local indices) and
+//    expert-parallel rank (EEE, its own experts under local indices).
 // Names come out as Megatron-Core's TE layer spec's, one tensor per layer and expert:
 // "decoder.layers.3.<...>", "decoder.layers.3.mlp.experts.linear_fc1.weight<global expert>".
 #pragma once
@@ -47,7 +47,7 @@ class MegatronCheckpoint {
   // caller joins them by the model's split: tp::unshard).
   const std::vector<std::string>& names() const { return names_; }
   bool has(const std::string& name) const;
-  int parts() const { return format_ == Format::Legacy ? static_cast<int>(legacy_.size()) : 1; }
+  int parts() const { return format_ == Format::Legacy ? legacy_tp_ : 1; }
   at::Tensor tensor(const std::string& name, int part = 0) const;
 
  private:
@@ -63,10 +63,16 @@ class MegatronCheckpoint {
   struct Source {                // where a (layer's, expert's) tensor lives
     std::string key;             // torch_dist: the stored name; legacy: the state dict key
     std::vector<int64_t> index;  // torch_dist: its place along the stacked leading axes (layer, expert)
-    int expert_rank = 0;         // legacy: the expert-parallel rank whose file holds it
+    int stage = 0;               // legacy: the pipeline stage and expert-parallel rank whose file holds it
+    int expert_rank = 0;
+    int chunk = -1;              // legacy: its virtual pipeline chunk ("model<chunk>"); -1: "model"
   };
+  // The model's tensors among everything a checkpoint holds (optimizer state, RNG states and
+  // Transformer Engine's _extra_state are left out).
+  static bool is_model_tensor(const std::string& name);
   void open_torch_dist();
-  void open_legacy();
+  void open_legacy();  // megatron_legacy_checkpoint.cpp
+  const TorchSaveFile& legacy_file(int tp_rank, int stage, int expert_rank) const;
   // The stored tensor's slice at `index` along its leading (stacked) axes, the whole tensor for
   // none: only the chunks that hold it are read, so a stack is not read once per member.
   at::Tensor read_dist(const std::string& key, const std::vector<int64_t>& index) const;
@@ -75,8 +81,9 @@ class MegatronCheckpoint {
   Format format_ = Format::TorchDist;
   int64_t iteration_ = 0;
   std::unique_ptr<TorchSaveFile> common_;  // common.pt (torch_dist), or rank 0's model_optim_rng.pt (legacy)
-  // legacy: every rank's file, [tensor-parallel rank][expert-parallel rank]
-  std::vector<std::vector<std::unique_ptr<TorchSaveFile>>> legacy_;
+  // legacy: every rank's file, [tensor-parallel rank][stage][expert-parallel rank] flattened
+  std::vector<std::unique_ptr<TorchSaveFile>> legacy_;
+  int legacy_tp_ = 0, legacy_pp_ = 1, legacy_ep_ = 1;
   std::map<std::string, DistTensor> stored_;  // torch_dist, by stored name
   std::map<std::string, Source> sources_;   // by Megatron-Core name
   std::vector<std::string> names_;

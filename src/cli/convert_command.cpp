@@ -40,7 +40,7 @@ const char* kHelp =
     "and native checkpoints. Tensors stream one at a time; the source is memory-mapped.\n\n"
     "  --from hf --to native      HF_DIR -> a weights-only checkpoint (DST/iter_0000000); train\n"
     "                             from it with `megatron train --load DST --finetune`\n"
-    "  --from megatron --to native  a Megatron-LM checkpoint (torch_dist, or legacy without PP):\n"
+    "  --from megatron --to native  a Megatron-LM checkpoint (torch_dist or legacy --ckpt-format torch):\n"
     "                             SRC is its --save directory or an iter_* directory in it; the\n"
     "                             model's shape (dense or MoE) comes from the arguments saved with it\n"
     "  --from native --to hf      the latest checkpoint under SRC -> config.json, safetensors\n"

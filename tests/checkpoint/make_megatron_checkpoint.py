@@ -50,6 +50,10 @@ def parse_args(argv=None):
                    help="2 additionally writes TP=2 checkpoints under <out>/tp2/")
     p.add_argument("--ep", type=int, choices=[1, 2], default=1,
                    help="2 additionally writes an expert-parallel (EP=2) torch_dist checkpoint under <out>/ep2/")
+    p.add_argument("--pp", type=int, choices=[1, 2], default=1,
+                   help="2 additionally writes a legacy checkpoint of two pipeline stages under <out>/pp2/")
+    p.add_argument("--vpp", type=int, choices=[1, 2], default=1,
+                   help="with --pp 2: each stage holds 2 virtual pipeline chunks (needs --num-layers 4)")
     p.add_argument("--moe", action="store_true", help="a mixture-of-experts GPT (see above)")
     p.add_argument("--mla", action="store_true",
                    help="DeepSeek's multi-latent attention (see MLA_ARGS) in place of GQA")
@@ -201,7 +205,8 @@ def megatron_args(a, tp, ep=1):
     return args
 
 
-def build_model(a, tp, ep=1):
+def build_model(a, tp, ep=1, pp=1, vpp=1, vp_stage=None):
+    """The model, or under pipeline parallelism (pp > 1) this rank's chunk `vp_stage` of it."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec, get_gpt_layer_local_spec, get_gpt_mtp_block_spec)
@@ -222,6 +227,8 @@ def build_model(a, tp, ep=1):
         attention_dropout=0.0, init_method_std=0.02, use_cpu_initialization=True,
         params_dtype=torch.float32, tensor_model_parallel_size=tp, **moe_transformer_config(a, ep), **mla,
         **({"mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1} if a.mtp else {}),
+        pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        pipeline_dtype=torch.float32,
     )
     if a.moe or a.mla:  # dense and MoE layers as moe_layer_freq says, experts as SequentialMLP
         spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
@@ -233,10 +240,13 @@ def build_model(a, tp, ep=1):
     # CPU init draws every master weight from torch's default generator on every rank, so
     # seeding it here makes the model deterministic (and identical across TP ranks).
     torch.manual_seed(a.seed)
+    from megatron.core import parallel_state as ps
     model = GPTModel(
         config=cfg, transformer_layer_spec=spec,
-        vocab_size=a.vocab_size, max_sequence_length=a.seq_length, pre_process=True,
-        post_process=True, share_embeddings_and_output_weights=False,
+        vocab_size=a.vocab_size, max_sequence_length=a.seq_length,
+        pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+        post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+        share_embeddings_and_output_weights=False, vp_stage=vp_stage,
         position_embedding_type="rope", rotary_base=a.rotary_base,
         mtp_block_spec=get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False) if a.mtp else None,
     )
@@ -374,6 +384,41 @@ def save_legacy(model, args, save_dir):
         write_tracker(save_dir)
 
 
+def pipeline_worker(rank, world, port, a, vpp, out, load_from):
+    """Pipeline parallelism (PP = world, VPP = vpp chunks a rank): each stage loads its layers of
+    the TP=1 torch_dist checkpoint (megatron-core resharding) and saves a legacy checkpoint,
+    mp_rank_00_<stage>, with "model" (or "model0", "model1", ... for the chunks)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    patch_megatron_for_cpu()
+    from megatron.core import parallel_state as ps
+    ps.initialize_model_parallel(pipeline_model_parallel_size=world,
+                                 virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+    torch.set_num_threads(1)
+    chunks = [build_model(a, 1, pp=world, vpp=vpp, vp_stage=v if vpp > 1 else None) for v in range(vpp)]
+    # One load for all chunks: megatron-core checks every stored shard is read by some rank.
+    from megatron.core import dist_checkpointing
+    sd = {f"model{v}": chunk.sharded_state_dict(metadata={"singleton_local_shards": False}) for v, chunk in enumerate(chunks)}
+    loaded = dist_checkpointing.load(sd, load_from)
+    for v, chunk in enumerate(chunks):
+        chunk.load_state_dict(loaded[f"model{v}"])
+    args = Namespace(**{**vars(megatron_args(a, 1)), "ckpt_format": "torch", "use_dist_ckpt": False,
+                        "pipeline_model_parallel_size": world, "virtual_pipeline_model_parallel_size": vpp if vpp > 1 else None})
+    state = {"args": args, "checkpoint_version": 3.0, "iteration": 1, "num_floating_point_operations_so_far": 0}
+    if vpp > 1:
+        state.update({f"model{v}": chunk.state_dict_for_save_checkpoint() for v, chunk in enumerate(chunks)})
+    else:
+        state["model"] = chunks[0].state_dict_for_save_checkpoint()
+    path = os.path.join(out, "torch", "iter_0000001", f"mp_rank_00_{ps.get_pipeline_model_parallel_rank():03d}")
+    os.makedirs(path, exist_ok=True)
+    torch.save(state, os.path.join(path, "model_optim_rng.pt"))
+    torch.distributed.barrier()
+    if rank == 0:
+        write_tracker(os.path.join(out, "torch"))
+    ps.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+
+
 def load_torch_dist(model, ckpt_dir):
     from megatron.core import dist_checkpointing
 
@@ -434,7 +479,8 @@ def main():
     t0 = time.time()
     shutil.rmtree(a.out, ignore_errors=True)
     os.makedirs(a.out)
-    tp1_fmt = "both" if a.tp == 2 or a.ep == 2 else a.format  # TP=2 and EP=2 reshard from the TP=1 torch_dist ckpt
+    # TP=2, PP=2 and EP=2 reshard from the TP=1 torch_dist checkpoint.
+    tp1_fmt = "both" if a.tp == 2 or a.ep == 2 or a.pp == 2 else a.format
     worker(0, 1, free_port(), Namespace(**{**vars(a), "format": tp1_fmt}), 1, a.out, None)
     if a.tp == 2:
         out2 = os.path.join(a.out, "tp2")
@@ -444,6 +490,10 @@ def main():
         l1 = json.load(open(os.path.join(a.out, "reference.json")))["loss"]
         l2 = json.load(open(os.path.join(out2, "reference.json")))["loss"]
         assert abs(l1 - l2) < 1e-5, f"TP=2 loss {l2} != TP=1 loss {l1}"
+    if a.pp == 2:
+        out2 = os.path.join(a.out, "pp2")
+        src = os.path.join(a.out, "torch_dist", "iter_0000001")
+        torch.multiprocessing.spawn(pipeline_worker, args=(2, free_port(), a, a.vpp, out2, src), nprocs=2)
     if a.ep == 2:
         out2 = os.path.join(a.out, "ep2")
         os.makedirs(out2)

@@ -1,7 +1,8 @@
 // `megatron convert --from megatron` on checkpoints megatron-core itself writes in the test
 // (tests/checkpoint/make_megatron_checkpoint.py: a tiny Llama-style GPT on CPU, its norms
 // randomised so that a norm read wrongly shows): torch_dist saved at TP=1 and at TP=2 (chunks
-// along several axes), and legacy model_optim_rng.pt of one and of two tensor-parallel ranks. Each
+// along several axes), and legacy model_optim_rng.pt of one and of two tensor-parallel ranks, of
+// two pipeline stages, and of two stages with two virtual chunks each. Each
 // converts and gives megatron-core's own
 // loss on its batch; `megatron train --load --finetune` on the indexed dataset the fixture writes
 // starts from megatron-core's loss on the first batch its GPTDataset draws, and trains on.
@@ -22,10 +23,13 @@ class MegatronConvert : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    reference_ = new nlohmann::json(test::make_megatron_fixture(*dir_ / "mcore", "--format both --tp 2 --data"));
+    reference_ = new nlohmann::json(test::make_megatron_fixture(*dir_ / "mcore", "--format both --tp 2 --pp 2 --data"));
+    // 4 layers over 2 stages x 2 virtual chunks: one layer per file's chunk.
+    chunked_ = new nlohmann::json(test::make_megatron_fixture(*dir_ / "chunked", "--num-layers 4 --pp 2 --vpp 2"));
   }
-  void SetUp() override { ASSERT_NE(reference_, nullptr) << "megatron-core's fixture was not written"; }
+  void SetUp() override { ASSERT_NE(chunked_, nullptr) << "megatron-core's fixtures were not written"; }
   static void TearDownTestSuite() {
+    delete chunked_;
     delete reference_;
     delete dir_;
   }
@@ -34,9 +38,11 @@ class MegatronConvert : public ::testing::Test {
   }
   static test::TempDir* dir_;
   static nlohmann::json* reference_;
+  static nlohmann::json* chunked_;
 };
 test::TempDir* MegatronConvert::dir_ = nullptr;
 nlohmann::json* MegatronConvert::reference_ = nullptr;
+nlohmann::json* MegatronConvert::chunked_ = nullptr;
 
 TEST_F(MegatronConvert, TorchDistGivesMegatronCoresLossAndTrainsOn) {
   {  // What the reader finds.
@@ -104,16 +110,49 @@ TEST_F(MegatronConvert, LegacyCheckpointsOfOneAndTwoTensorParallelRanksGiveTheSa
   ASSERT_EQ(tp2.status, 0) << tp2.output;
   EXPECT_NEAR(test::converted_loss(*dir_ / "native_legacy_tp2", *reference_), expected, 1e-5 * expected);
 
-  // Pipeline stages saved apart (mp_rank_TT_PPP) are not read yet, and say so.
+  // A directory the saved args do not lay out (no pipeline stages, yet mp_rank_TT_PPP).
   const std::string staged = *dir_ / "staged/iter_0000001";
   std::filesystem::create_directories(staged);
   std::filesystem::copy(*dir_ / "mcore/torch/iter_0000001/mp_rank_00", staged + "/mp_rank_00_000", std::filesystem::copy_options::recursive);
   auto refused = convert("staged/iter_0000001", "refused");
   EXPECT_EQ(refused.status, 2);
-  EXPECT_NE(refused.output.find("a legacy checkpoint saved over pipeline stages (mp_rank_00_000)"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("mp_rank_00_000 does not fit the saving run's layout (pipeline parallel 1, expert parallel 1 in its args: "
+                                "mp_rank_TT)"),
+            std::string::npos)
+      << refused.output;
   auto missing = convert("mcore/nothing", "refused");
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.output.find("no such directory"), std::string::npos) << missing.output;
+}
+
+TEST_F(MegatronConvert, LegacyPipelineStagesAndVirtualChunksAreOneModel) {
+  // mp_rank_00_000 and _001, each stage's layers numbered from 0 (megatron-core resharding its
+  // TP=1 checkpoint into two stages).
+  auto r = convert("mcore/pp2/torch", "native_pp2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const double expected = reference_->at("loss").get<double>();
+  EXPECT_NEAR(test::converted_loss(*dir_ / "native_pp2", *reference_), expected, 1e-5 * expected);
+  // Two chunks a stage (model0, model1): layers 0 and 2 on stage 0, 1 and 3 on stage 1.
+  const MegatronCheckpoint chunked(*dir_ / "chunked/pp2/torch");
+  const MegatronCheckpoint whole(*dir_ / "chunked/torch_dist");
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::string name = "decoder.layers." + std::to_string(layer) + ".self_attention.linear_qkv.weight";
+    EXPECT_TRUE(at::equal(chunked.tensor(name), whole.tensor(name))) << name;
+  }
+  auto c = convert("chunked/pp2/torch", "native_chunked");
+  ASSERT_EQ(c.status, 0) << c.output;
+  const double chunked_loss = chunked_->at("loss").get<double>();
+  EXPECT_NEAR(test::converted_loss(*dir_ / "native_chunked", *chunked_), chunked_loss, 1e-5 * chunked_loss);
+
+  // A stage's file missing: named.
+  const std::string partial = *dir_ / "partial/iter_0000001";
+  std::filesystem::create_directories(partial);
+  std::filesystem::copy(*dir_ / "mcore/pp2/torch/iter_0000001/mp_rank_00_001", partial + "/mp_rank_00_001",
+                        std::filesystem::copy_options::recursive);
+  auto missing = convert("partial/iter_0000001", "refused_partial");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.output.find("1 mp_rank_* directories, but the run saved 1 tensor-parallel ranks x 2 pipeline stages"), std::string::npos)
+      << missing.output;
 }
 
 }  // namespace
