@@ -76,4 +76,38 @@ inline CommandResult convert_from_megatron(const std::string& from, const std::s
   return run_megatron(args);
 }
 
+// The fixture's --moe routing as `megatron train` flags (make_megatron_checkpoint.py's MOE_ARGS).
+inline std::vector<std::string> fixture_moe_flags() {
+  return {"--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-router-topk", "2", "--moe-layer-freq", "[1,0,1]",
+          "--moe-shared-expert-intermediate-size", "48", "--moe-shared-expert-gate", "--moe-router-score-function", "sigmoid",
+          "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor", "2.5", "--moe-router-load-balancing-type",
+          "seq_aux_loss", "--moe-aux-loss-coeff", "1e-3", "--moe-router-dtype", "fp32"};
+}
+
+struct TrainedFromFixture {
+  CommandResult run;
+  std::vector<double> lm_losses;  // one per iteration, from --metrics-jsonl
+};
+
+// `megatron train --load native --finetune` for `iterations` on the indexed dataset the fixture
+// under `fixture` wrote (--data), with the fixture's shape and flags (NullTokenizer: EOD = vocab
+// size = 127; its split and seed, so the sample order is megatron-core's) plus `model_flags`
+// (layers, attention, experts); scratch files under `work`.
+inline TrainedFromFixture train_from_converted(const std::string& native, const std::string& fixture, const std::string& work,
+                                               const std::vector<std::string>& model_flags, int iterations) {
+  std::vector<std::string> args = {
+      "train", "--load", native, "--finetune", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+      "--seq-length", "16", "--max-position-embeddings", "16", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+      "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--hidden-dropout", "0", "--attention-dropout", "0",
+      "--tokenizer-type", "NullTokenizer", "--vocab-size", "127", "--micro-batch-size", "2", "--global-batch-size", "2",
+      "--train-iters", std::to_string(iterations), "--lr", "1e-3", "--data-path", fixture + "/data_text_document", "--split",
+      "100,0,0", "--seed", "1234", "--data-cache-path", work + "/cache", "--eval-interval", "0", "--log-interval", "1",
+      "--metrics-jsonl", work + "/trained.jsonl", "--device", "cpu", "--cpu-threads", "1"};
+  args.insert(args.end(), model_flags.begin(), model_flags.end());
+  TrainedFromFixture out{run_megatron(args), {}};
+  std::ifstream jsonl(work + "/trained.jsonl");
+  for (std::string line; std::getline(jsonl, line);) out.lm_losses.push_back(nlohmann::json::parse(line).at("lm_loss").get<double>());
+  return out;
+}
+
 }  // namespace megatron::test

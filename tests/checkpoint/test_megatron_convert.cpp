@@ -70,24 +70,14 @@ TEST_F(MegatronConvert, TorchDistGivesMegatronCoresLossAndTrainsOn) {
   // The same flags as the megatron-core run, its indexed dataset, split and seed: the sample
   // order is Megatron's, so the first iteration's loss is the one megatron-core computed on the
   // first batch its GPTDataset drew (NullTokenizer: EOD = vocab size = 127; 128 rows padded).
-  auto trained = test::run_megatron(
-      {"train", "--load", *dir_ / "native", "--finetune", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
-       "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--seq-length", "16",
-       "--max-position-embeddings", "16", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
-       "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--hidden-dropout", "0",
-       "--attention-dropout", "0", "--tokenizer-type", "NullTokenizer", "--vocab-size", "127", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3", "--lr", "1e-3",
-       "--data-path", *dir_ / "mcore/data_text_document", "--split", "100,0,0", "--seed", "1234", "--data-cache-path",
-       *dir_ / "cache", "--eval-interval", "0", "--log-interval", "1", "--metrics-jsonl", *dir_ / "trained.jsonl", "--device",
-       "cpu", "--cpu-threads", "1"});
-  ASSERT_EQ(trained.status, 0) << trained.output;
-  EXPECT_NE(trained.output.find("loaded weights from"), std::string::npos) << trained.output;
-  std::ifstream jsonl(*dir_ / "trained.jsonl");
-  std::vector<double> losses;
-  for (std::string line; std::getline(jsonl, line);) losses.push_back(nlohmann::json::parse(line).at("lm_loss").get<double>());
-  ASSERT_EQ(losses.size(), 3u) << trained.output;
+  const auto trained = test::train_from_converted(*dir_ / "native", *dir_ / "mcore", *dir_ / "trained",
+                                                  {"--num-layers", "2", "--group-query-attention", "--num-query-groups", "2"}, 3);
+  ASSERT_EQ(trained.run.status, 0) << trained.run.output;
+  EXPECT_NE(trained.run.output.find("loaded weights from"), std::string::npos) << trained.run.output;
+  ASSERT_EQ(trained.lm_losses.size(), 3u) << trained.run.output;
   const double first = reference_->at("first_batch_loss").get<double>();
-  EXPECT_NEAR(losses[0], first, 1e-5 * first) << "the first loss is not megatron-core's on its first batch";
-  for (double loss : losses) EXPECT_TRUE(std::isfinite(loss)) << trained.output;
+  EXPECT_NEAR(trained.lm_losses[0], first, 1e-5 * first) << "the first loss is not megatron-core's on its first batch";
+  for (double loss : trained.lm_losses) EXPECT_TRUE(std::isfinite(loss)) << trained.run.output;
 }
 
 TEST_F(MegatronConvert, TorchDistSavedUnderTensorParallelismIsTheSameModel) {

@@ -62,29 +62,17 @@ TEST_F(MegatronConvertMla, TorchDistAndLegacyGiveMegatronCoresLossAndTrainOn) {
     EXPECT_NEAR(test::converted_mtp_loss(native, *reference_), mtp, 1e-5 * mtp) << format;
   }
 
-  auto trained = test::run_megatron(
-      {"train", "--load", *dir_ / "native_torch_dist", "--finetune", "--num-layers", "3", "--hidden-size", "64", "--ffn-hidden-size",
-       "128", "--num-attention-heads", "4", "--seq-length", "16",
-       "--max-position-embeddings", "16", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
-       "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--hidden-dropout", "0", "--attention-dropout", "0",
-       "--multi-latent-attention", "--qk-layernorm", "--q-lora-rank", "32", "--kv-lora-rank", "16", "--qk-head-dim", "16",
-       "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--rope-type", "yarn", "--rotary-scaling-factor", "4", "--mscale", "1",
-       "--mscale-all-dim", "1", "--mtp-num-layers", "1", "--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-router-topk", "2", "--moe-layer-freq",
-       "[1,0,1]", "--moe-shared-expert-intermediate-size", "48", "--moe-shared-expert-gate", "--moe-router-score-function", "sigmoid",
-       "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor", "2.5", "--moe-router-load-balancing-type",
-       "seq_aux_loss", "--moe-aux-loss-coeff", "1e-3", "--moe-router-dtype", "fp32", "--tokenizer-type", "NullTokenizer",
-       "--vocab-size", "127", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-3",
-       "--data-path", *dir_ / "mcore/data_text_document", "--split", "100,0,0", "--seed", "1234", "--data-cache-path",
-       *dir_ / "cache", "--eval-interval", "0", "--log-interval", "1", "--metrics-jsonl", *dir_ / "trained.jsonl", "--device", "cpu",
-       "--cpu-threads", "1"});
-  ASSERT_EQ(trained.status, 0) << trained.output;
-  std::ifstream jsonl(*dir_ / "trained.jsonl");
-  std::vector<double> losses;
-  for (std::string line; std::getline(jsonl, line);) losses.push_back(nlohmann::json::parse(line).at("lm_loss").get<double>());
-  ASSERT_EQ(losses.size(), 2u) << trained.output;
+  std::vector<std::string> flags = {"--num-layers", "3", "--multi-latent-attention", "--qk-layernorm", "--q-lora-rank", "32",
+                                    "--kv-lora-rank", "16", "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16",
+                                    "--rope-type", "yarn", "--rotary-scaling-factor", "4", "--mscale", "1", "--mscale-all-dim", "1",
+                                    "--mtp-num-layers", "1"};
+  for (const std::string& flag : test::fixture_moe_flags()) flags.push_back(flag);
+  const auto trained = test::train_from_converted(*dir_ / "native_torch_dist", *dir_ / "mcore", *dir_ / "trained", flags, 2);
+  ASSERT_EQ(trained.run.status, 0) << trained.run.output;
+  ASSERT_EQ(trained.lm_losses.size(), 2u) << trained.run.output;
   const double first = reference_->at("first_batch_loss").get<double>();
-  EXPECT_NEAR(losses[0], first, 1e-5 * first) << "the first loss is not megatron-core's on its first batch";
-  EXPECT_TRUE(std::isfinite(losses[1])) << trained.output;
+  EXPECT_NEAR(trained.lm_losses[0], first, 1e-5 * first) << "the first loss is not megatron-core's on its first batch";
+  EXPECT_TRUE(std::isfinite(trained.lm_losses[1])) << trained.run.output;
 }
 
 }  // namespace
