@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "cli/inference_flags.h"
 #include "core/errors.h"
@@ -33,7 +35,8 @@ const char* kPlanHelp =
     "  --nvlink-gb-per-s X      NVLink bandwidth a GPU, one direction\n"
     "  --network-gb-per-s X     bandwidth a GPU between nodes (default 50: 400 Gb/s)\n"
     "  --assumed-mfu X          model FLOPs utilisation of the compute (default 0.45)\n"
-    "  --top N                  layouts listed (default 10)\n\n"
+    "  --top N                  layouts listed (default 10)\n"
+    "  --json                   one JSON document on stdout instead of the table (same exit status)\n\n"
     "model: train's flags (--config, --model-family, --num-layers, ..., --seq-length,\n"
     "--micro-batch-size, --global-batch-size (required), --bf16, --use-precision-aware-optimizer,\n"
     "--recompute-*); the vocabulary from --vocab-size or the tokenizer's files. Estimates, not\n"
@@ -83,6 +86,63 @@ plan::Cluster cluster_from_flags(std::map<std::string, std::string>& own) {
   return cluster;
 }
 
+// The plan as one JSON document: what the table and the lines around it say, memory in GiB,
+// times in seconds, the top `top` layouts best first.
+nlohmann::json plan_json(const plan::Plan& plan, const Config& config, const plan::Cluster& cluster, int top) {
+  using nlohmann::json;
+  const ModelConfig& m = config.model;
+  json out;
+  out["model"] = {{"parameters", plan.parameters},
+                  {"active_parameters", plan.active_parameters},
+                  {"training_flops_per_token", plan.flops_per_token},
+                  {"seq_length", m.seq_length},
+                  {"global_batch_size", config.train.global_batch_size},
+                  {"micro_batch_size", config.train.micro_batch_size}};
+  out["cluster"] = {{"num_gpus", cluster.num_gpus},           {"gpu", cluster.gpu.name},
+                    {"gpu_memory_gib", cluster.gpu.memory_gib}, {"gpu_peak_tflops", cluster.gpu.peak_tflops},
+                    {"gpus_per_node", cluster.gpus_per_node}, {"nvlink_gb_per_s", cluster.gpu.nvlink_gb_per_s},
+                    {"network_gb_per_s", cluster.network_gb_per_s}, {"assumed_mfu", cluster.mfu}};
+  out["kept_flags"] = plan.kept_flags;
+  const double GiB = 1024.0 * 1024.0 * 1024.0;
+  json layouts = json::array();
+  int64_t fitting = 0;
+  for (const auto& c : plan.candidates) fitting += c.fits;
+  for (size_t i = 0; i < plan.candidates.size() && int(i) < top; ++i) {
+    const plan::Candidate& c = plan.candidates[i];
+    const ParallelConfig& p = c.config.parallel;
+    const plan::MemoryEstimate& e = c.memory;
+    const plan::StepEstimate& t = c.step;
+    layouts.push_back({{"tensor_model_parallel_size", p.tensor_model_parallel_size},
+                       {"pipeline_model_parallel_size", p.pipeline_model_parallel_size},
+                       {"virtual_stages_per_pipeline_rank", p.num_virtual_stages_per_pipeline_rank},
+                       {"context_parallel_size", p.context_parallel_size},
+                       {"expert_model_parallel_size", p.expert_model_parallel_size},
+                       {"expert_tensor_parallel_size", m.num_experts > 0 ? p.expert_tensor_parallel_size : p.tensor_model_parallel_size},
+                       {"data_parallel_size", p.data_parallel_size},
+                       {"recompute_granularity", c.config.model.recompute_granularity},
+                       {"memory_gib",
+                        {{"weights", e.weights / GiB}, {"gradients", e.gradients / GiB}, {"optimizer", e.optimizer / GiB},
+                         {"activations", e.activations / GiB}, {"logits", e.logits / GiB}, {"other", e.overhead / GiB},
+                         {"total", e.total() / GiB}}},
+                       {"fits", c.fits},
+                       {"step_seconds",
+                        {{"compute", t.compute}, {"bubble", t.bubble}, {"tensor_parallel", t.tensor_parallel},
+                         {"context_parallel", t.context_parallel}, {"expert_parallel", t.expert_parallel}, {"pipeline", t.pipeline},
+                         {"data_parallel", t.data_parallel}, {"total", t.total()}}},
+                       {"tokens_per_second_per_gpu", t.tokens_per_second_per_gpu},
+                       {"mfu", t.mfu},
+                       {"flags", c.flags()}});
+  }
+  out["layouts"] = layouts;
+  out["layouts_judged"] = plan.candidates.size();
+  out["layouts_fitting"] = fitting;
+  out["refused_by_train"] = plan.rejections;
+  out["best"] = fitting > 0 ? json{{"nproc_per_node", std::min(cluster.num_gpus, cluster.gpus_per_node)},
+                                   {"flags", plan.candidates.front().flags()}}
+                            : json(nullptr);
+  return out;
+}
+
 }  // namespace
 
 int plan_layouts(const Args& args) {
@@ -95,7 +155,12 @@ int plan_layouts(const Args& args) {
                                             {"--gpu-memory-gib", ""}, {"--gpu-peak-tflops", ""}, {"--nvlink-gb-per-s", ""},
                                             {"--network-gb-per-s", "50"}, {"--assumed-mfu", "0.45"}, {"--top", "10"}};
   Args train_args;
+  bool as_json = false;
   for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--json") {
+      as_json = true;
+      continue;
+    }
     auto it = own.find(args[i]);
     if (it == own.end()) {
       train_args.push_back(args[i]);
@@ -110,6 +175,11 @@ int plan_layouts(const Args& args) {
 
   const Config config = plan::model_for_plan(train_args);
   const plan::Plan plan = plan::search_layouts(config, cluster);
+  if (as_json) {
+    const nlohmann::json out = plan_json(plan, config, cluster, top);
+    std::printf("%s\n", out.dump(1).c_str());
+    return out["best"].is_null() ? 1 : 0;
+  }
   const ModelConfig& m = config.model;
   std::printf("model: %s parameters", billions(plan.parameters).c_str());
   if (plan.active_parameters != plan.parameters) std::printf(" (%s active a token)", billions(plan.active_parameters).c_str());

@@ -3,6 +3,8 @@
 // train's own checks, and its errors.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -334,10 +336,35 @@ TEST(PlanCommand, PrintsTheBestLayoutAndNamesWhatIsWrong) {
                            "--use-distributed-optimizer"}) {
     EXPECT_NE(best.output.find(part), std::string::npos) << part << " not in\n" << best.output;
   }
+  // The same plan as JSON: the table's best row, the same flags, nothing else on stdout.
+  auto json = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "16", "--gpu", "h200", "--json",
+                                  "--top", "3"});
+  ASSERT_EQ(json.status, 0) << json.output;
+  const nlohmann::json doc = nlohmann::json::parse(json.output);
+  EXPECT_EQ(doc.at("model").at("parameters").get<int64_t>() / 10000000, 803) << doc.at("model");
+  EXPECT_EQ(doc.at("cluster").at("gpu"), "h200");
+  ASSERT_EQ(doc.at("layouts").size(), 3u);
+  const nlohmann::json& first = doc.at("layouts")[0];
+  EXPECT_TRUE(first.at("fits").get<bool>());
+  EXPECT_EQ(first.at("tensor_model_parallel_size").get<int>() * first.at("pipeline_model_parallel_size").get<int>() *
+                first.at("context_parallel_size").get<int>() * first.at("data_parallel_size").get<int>(),
+            16);
+  EXPECT_NEAR(first.at("memory_gib").at("total").get<double>(),
+              first.at("memory_gib").at("weights").get<double>() + first.at("memory_gib").at("gradients").get<double>() +
+                  first.at("memory_gib").at("optimizer").get<double>() + first.at("memory_gib").at("activations").get<double>() +
+                  first.at("memory_gib").at("logits").get<double>() + first.at("memory_gib").at("other").get<double>(),
+              1e-9);
+  EXPECT_EQ(doc.at("best").at("flags"), first.at("flags"));
+  EXPECT_NE(best.output.find(first.at("flags").get<std::string>()), std::string::npos) << "the table's best is the JSON's";
+  EXPECT_GT(doc.at("layouts_judged").get<int64_t>(), 3);
+
   // Nothing fits: Llama-3-8B's weights and optimizer alone on one A100.
   auto none = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "1", "--gpu", "a100"});
   EXPECT_EQ(none.status, 1) << none.output;
   EXPECT_NE(none.output.find("no layout fits"), std::string::npos) << none.output;
+  auto none_json = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "1", "--gpu", "a100", "--json"});
+  EXPECT_EQ(none_json.status, 1) << none_json.output;
+  EXPECT_TRUE(nlohmann::json::parse(none_json.output).at("best").is_null()) << none_json.output;
   // Nothing train accepts: on 3 GPUs the global batch of 128 does not divide over DP 3, and TP 3 not the heads.
   auto refused = test::run_megatron({"plan", "--config", recipe, "--vocab-size", "128256", "--num-gpus", "3"});
   EXPECT_EQ(refused.status, 1) << refused.output;
