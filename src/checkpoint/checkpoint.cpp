@@ -286,9 +286,9 @@ void save_checkpoint(const std::string& save_dir, const TrainingProgress& progre
 void save_weights_checkpoint(const std::string& save_dir, const Config& config, const tp::ParamTable& params,
                              const std::function<void(int, int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files,
-                             const std::function<void()>& check_before_publish) {
+                             const std::function<void()>& check_before_publish, const TrainingProgress& progress) {
   make_directories(save_dir);
-  const std::string final_dir = iteration_directory(save_dir, 0);
+  const std::string final_dir = iteration_directory(save_dir, progress.iteration);
   if (fs::exists(final_dir)) throw UserError(final_dir + " exists: convert into a new directory");
   const std::string tmp_dir = temporary_name(final_dir);
   remove_tree(tmp_dir);
@@ -319,7 +319,7 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
       descriptions.push_back(describe_files({f}, params, t, tp_size));
     }
     const nlohmann::json table = merge_file_descriptions(descriptions);
-    nlohmann::json state = state_skeleton(config, TrainingProgress(), layout);
+    nlohmann::json state = state_skeleton(config, progress, layout);
     state["weights_only"] = true;
     state["tensors"] = table.at("tensors");
     write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
@@ -331,7 +331,7 @@ void save_weights_checkpoint(const std::string& save_dir, const Config& config, 
   }
   fs::rename(tmp_dir, final_dir);
   fsync_path(save_dir);
-  write_file_atomic((fs::path(save_dir) / kTracker).string(), "0\n");
+  write_file_atomic((fs::path(save_dir) / kTracker).string(), std::to_string(progress.iteration) + "\n");
 }
 
 }  // namespace megatron

@@ -113,14 +113,17 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
 // parallelism one more per EP rank from write_model_file(tp_rank, pp_rank, ep_rank, path) that
 // holds that rank's experts (the first file then the dense tensors only), `extra_files`
 // (name in the directory -> source path) copied in, state.json and the tracker. `megatron
-// train --load DIR --finetune` starts from it. config.parallel gives the layout; `params`
+// train --load DIR --finetune` starts from it; it records `progress` (iter_N for iteration N),
+// where `--load DIR --no-load-optim --no-load-rng` goes on (a Megatron-LM run's iteration and
+// consumed samples: its data order and schedule continue). config.parallel gives the layout; `params`
 // describes the tensors written (the model's parameter table). `check_before_publish` runs once
 // every file is written, before anything is published: an error from it (or from any step before
 // it) removes the partial directory, so nothing loadable is left behind.
 void save_weights_checkpoint(const std::string& save_dir, const Config& config, const tp::ParamTable& params,
                              const std::function<void(int, int, int, const std::string&)>& write_model_file,
                              const std::map<std::string, std::string>& extra_files,
-                             const std::function<void()>& check_before_publish = {});
+                             const std::function<void()>& check_before_publish = {},
+                             const TrainingProgress& progress = TrainingProgress());
 
 // The file name of a part of a multi-rank checkpoint: "model_tp01_pp000.safetensors", with
 // dp_rank >= 0 (distributed-optimizer state) "optimizer_tp01_pp000_dp003.safetensors", with

@@ -2,6 +2,7 @@
 // layout or, through the resharding reader, of any other (checkpoint.h says what is where).
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -275,7 +276,26 @@ TrainingProgress load_checkpoint_directory(const std::string& dir, const nlohman
 
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
                                                 AdamW* optimizer, const Config& config, const dist::ParallelState& ps) {
-  const std::string dir = latest_checkpoint_directory(load_dir);
+  std::string dir;
+  if (config.train.ckpt_step >= 0) {  // --ckpt-step: that iteration, whatever the tracker says
+    dir = iteration_directory(load_dir, config.train.ckpt_step);
+    if (!fs::is_directory(dir)) {
+      std::string saved;
+      if (fs::is_directory(load_dir)) {
+        std::vector<std::string> names;
+        for (const auto& entry : fs::directory_iterator(load_dir)) {
+          const std::string name = entry.path().filename().string();
+          if (name.rfind("iter_", 0) == 0 && name.find(".tmp") == std::string::npos) names.push_back(name);
+        }
+        std::sort(names.begin(), names.end());
+        for (const std::string& name : names) saved += (saved.empty() ? "" : ", ") + name;
+      }
+      throw UserError("--ckpt-step " + std::to_string(config.train.ckpt_step) + ": " + dir + " does not exist (saved under --load: " +
+                      (saved.empty() ? std::string("none") : saved) + ")");
+    }
+  } else {
+    dir = latest_checkpoint_directory(load_dir);
+  }
   if (dir.empty()) {
     // `--save D --load D` resumes whatever is there, and starts from scratch the first time; any
     // other --load must exist: a typo must not restart a run from scratch.
@@ -284,6 +304,9 @@ std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, con
     }
     if (fs::exists(fs::path(load_dir) / "config.json")) {
       throw UserError("--load " + load_dir + " holds a Hugging Face model (config.json): start from it with --load-hf " + load_dir);
+    }
+    if (config.train.exit_on_missing_checkpoint) {
+      throw UserError("--load " + load_dir + " holds no checkpoint (no " + std::string(kTracker) + ") and --exit-on-missing-checkpoint is given");
     }
     if (ps.rank == 0) std::printf("WARNING: no %s under --load %s; starting from scratch\n", kTracker, load_dir.c_str());
     return std::nullopt;

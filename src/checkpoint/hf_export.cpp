@@ -22,7 +22,7 @@ nlohmann::json hf_config_json(const ModelConfig& m, int64_t hf_vocab, at::Scalar
   if (!family.config_to_hf) {
     throw UserError("only Llama-family models (RMSNorm, SwiGLU, RoPE, no linear biases but QKV's) export to Hugging Face");
   }
-  if (m.num_experts > 0 && m.moe_router_load_balancing_type.front() == "sinkhorn") {
+  if (m.routes_by_sinkhorn()) {
     // Its experts' weights are the softmax over all experts (sigmoid for top-1), which no HF MoE
     // router of these families computes: the exported model would route differently.
     throw UserError("a model trained with --moe-router-load-balancing-type sinkhorn does not export to Hugging Face: " + family.name +

@@ -85,7 +85,8 @@ std::map<std::string, std::vector<int64_t>> full_parameter_shapes(const ModelCon
 // Returns whether every tensor was bf16.
 bool write_native_checkpoint(const std::string& save, const Config& config,
                              const std::function<at::Tensor(const std::string&)>& full_tensor,
-                             const std::map<std::string, std::string>& extra_files, const std::function<void()>& check_source) {
+                             const std::map<std::string, std::string>& extra_files, const std::function<void()>& check_source,
+                             const TrainingProgress& progress = TrainingProgress()) {
   const ModelConfig& m = config.model;
   const int tp = config.parallel.tensor_model_parallel_size, pp = config.parallel.pipeline_model_parallel_size;
   const int ep = config.parallel.expert_model_parallel_size;
@@ -118,7 +119,7 @@ bool write_native_checkpoint(const std::string& save, const Config& config,
                                      {"pipeline_parallel_rank", std::to_string(stage)}});
     std::printf("convert: wrote %s (%zu tensors)\n", path.c_str(), entries.size());
     std::fflush(stdout);
-  }, extra_files, check_source);
+  }, extra_files, check_source, progress);
   return bf16;
 }
 
@@ -201,6 +202,17 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
       config.data.tokenizer_model = model->text;
     }
   }
+  // Where the Megatron run stood: `train --load --no-load-optim --no-load-rng` goes on from there
+  // (its iteration, the samples it consumed: the same next batches and learning rate).
+  TrainingProgress progress;
+  progress.iteration = checkpoint.iteration();
+  auto count = [&](const char* name) {
+    const pickle::Value* v = args.get(name);
+    return v != nullptr && v->kind == pickle::Value::Kind::Int ? v->integer : int64_t(0);
+  };
+  progress.consumed_train_samples = count("consumed_train_samples");
+  progress.consumed_valid_samples = count("consumed_valid_samples");
+  progress.skipped_train_samples = count("skipped_train_samples");
   const auto expected = full_parameter_shapes(m);
   const tp::ParamTable split_of = describe_model(m);
   std::set<std::string> used;
@@ -231,12 +243,15 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
                         "(an architecture option convert --from megatron does not map)");
       }
     }
-  });
+  }, progress);
   const std::string experts = m.num_experts > 0 ? ", " + std::to_string(m.num_experts) + " experts, expert parallel " + std::to_string(ep) : "";
   std::printf("convert: %s (Megatron %s, iteration %lld) -> %s (tensor parallel %d, pipeline parallel %d%s, vocabulary %d, %s)\n",
               checkpoint.directory().c_str(), checkpoint.format() == MegatronCheckpoint::Format::TorchDist ? "torch_dist" : "legacy",
               static_cast<long long>(checkpoint.iteration()), save.c_str(), tp, pp, experts.c_str(), m.padded_vocab_size,
               bf16 ? "bf16" : "as stored");
+  std::printf("convert: train --load %s --no-load-optim --no-load-rng goes on from iteration %lld (%lld samples consumed; "
+              "a fresh optimizer), --finetune starts over at 0\n",
+              save.c_str(), static_cast<long long>(progress.iteration), static_cast<long long>(progress.consumed_train_samples));
 }
 
 // A native checkpoint (iteration directory `dir`, its state.json `state`) -> an HF directory.

@@ -165,6 +165,11 @@ struct ModelConfig {
     }
     return 0.0;
   }
+  // --moe-router-load-balancing-type sinkhorn: the router balances by Sinkhorn iterations
+  // (moe/router.cpp), no load-balancing loss; sinkhorn is then the only type.
+  bool routes_by_sinkhorn() const {
+    return num_experts > 0 && !moe_router_load_balancing_type.empty() && moe_router_load_balancing_type.front() == "sinkhorn";
+  }
   int num_moe_layers() const {
     int n = 0;
     for (int v : moe_layers) n += v;
@@ -376,6 +381,11 @@ struct TrainConfig {
   int64_t save_interval = 0;
   int64_t exit_interval = 0;
   bool no_load_optim = false;
+  // Megatron's --ckpt-step: load iteration N under --load, not the one its tracker names (-1).
+  int64_t ckpt_step = -1;
+  // Megatron's --exit-on-missing-checkpoint: nothing to load under --load is an error, not a
+  // fresh start.
+  bool exit_on_missing_checkpoint = false;
   bool no_save_optim = false;  // checkpoints without optimizer state (resumed with --no-load-optim)
   bool no_save_rng = false;    // checkpoints without generator states (resumed with --no-load-rng)
   bool no_load_rng = false;

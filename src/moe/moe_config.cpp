@@ -194,7 +194,7 @@ void finalize_moe_config(ModelConfig& m, ParallelConfig& p, int world_size) {
     bad("moe-aux-loss-coeff", "gives " + std::to_string(m.moe_aux_loss_coeff.size()) + " coefficient(s) for " +
                                   std::to_string(types.size()) + " --moe-router-load-balancing-type(s): give one per type");
   }
-  if (types.front() == "sinkhorn") check_sinkhorn(m);
+  if (m.routes_by_sinkhorn()) check_sinkhorn(m);
   if (m.moe_expert_capacity_factor < 0) bad("moe-expert-capacity-factor", "must be positive (or left out: dropless)");
   if (m.moe_token_drop_policy != "probs" && m.moe_token_drop_policy != "position") {
     bad("moe-token-drop-policy", "must be probs or position (got '" + m.moe_token_drop_policy + "')");

@@ -201,7 +201,7 @@ Routing TopKRouter::forward(const at::Tensor& tokens, int64_t batch) {
 std::pair<at::Tensor, at::Tensor> TopKRouter::choose(const at::Tensor& logits) const {
   const ModelConfig& c = config_;
   const int64_t k = c.moe_router_topk;
-  if (c.moe_router_load_balancing_type.front() == "sinkhorn") return sinkhorn_routing(logits, k, is_training());
+  if (c.routes_by_sinkhorn()) return sinkhorn_routing(logits, k, is_training());
   auto topk = [&](const at::Tensor& scores) {
     return c.moe_router_num_groups > 0 ? group_limited_topk(scores, k, c.moe_router_num_groups, c.moe_router_group_topk)
                                        : scores.topk(k, 1);

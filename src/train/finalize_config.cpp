@@ -413,7 +413,7 @@ void finalize_config(Config& c, int world_size) {
   if (m.num_experts > 0 && captures_cuda_graph(t)) {
     std::string why = moe::route_reads_host(m, t.bf16);
     // Training only: at inference sinkhorn routing is a plain top-k.
-    if (why.empty() && m.moe_router_load_balancing_type.front() == "sinkhorn") {
+    if (why.empty() && m.routes_by_sinkhorn()) {
       why = "--moe-router-load-balancing-type sinkhorn reads on the host whether it has converged, each round";
     }
     if (!why.empty()) {
@@ -572,6 +572,8 @@ void finalize_config(Config& c, int world_size) {
     }
   }
   if (t.finetune && t.load.empty()) throw UserError("--finetune needs --load DIR");
+  if (t.ckpt_step < -1) throw UserError("--ckpt-step must be an iteration number (>= 0)");
+  if (t.ckpt_step >= 0 && t.load.empty()) throw UserError("--ckpt-step needs --load DIR (the iteration to load under it)");
   if (t.keep_last_n < 0) throw UserError("--keep-last-n must be >= 0");
 }
 

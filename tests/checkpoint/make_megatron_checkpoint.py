@@ -11,8 +11,10 @@ Output layout (each sub-directory is what `--save <dir>` would contain in megatr
   <out>/torch/iter_0000001/mp_rank_XX/model_optim_rng.pt  (one per TP rank)
   <out>/reference.json   model shape, token batch, labels, per-token and mean loss
   <out>/data_text_document.{bin,idx}   with --data: an indexed dataset; reference.json then also
-                         holds "first_batch_loss", the loss on the first training batch that
-                         megatron-core's GPTDataset draws from it (split 100,0,0, --seed)
+                         holds "batch_losses", the losses on the first two training batches
+                         megatron-core's GPTDataset draws from it (split 100,0,0, --seed): the
+                         checkpoint's iteration 1 consumed the first, a resumed run's iteration
+                         2 takes the second
 
 Usage:
   python make_megatron_checkpoint.py --out /tmp/ckpt [--format both] [--tp 1|2] [--moe] [--ep 1|2]
@@ -310,9 +312,10 @@ def write_dataset(a, prefix):
     builder.finalize(prefix + ".idx")
 
 
-def first_batch_loss(model, a, prefix):
-    """The loss pretrain_gpt computes on the first global batch (micro_batch_size samples, one
-    iteration) of the training split GPTDataset builds for one iteration, split 100,0,0."""
+def batch_losses(model, a, prefix):
+    """The losses pretrain_gpt computes on the first two global batches (micro_batch_size samples,
+    one iteration, each) of the training split GPTDataset builds for two iterations, split
+    100,0,0."""
     from collections import OrderedDict
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
@@ -326,13 +329,15 @@ def first_batch_loss(model, a, prefix):
     config = GPTDatasetConfig(random_seed=a.seed, sequence_length=a.seq_length, blend=get_blend_from_list([prefix]),
                               split="100,0,0", path_to_cache=None, tokenizer=Tokenizer(), reset_position_ids=False,
                               reset_attention_mask=False, eod_mask_loss=False)
-    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [a.micro_batch_size, 0, 0], lambda: True, config).build()
-    items = [train[k] for k in range(a.micro_batch_size)]
-    tokens = torch.stack([item["tokens"] for item in items]).long()
-    labels = torch.stack([item["labels"] for item in items]).long()
-    loss_mask = torch.stack([item["loss_mask"] for item in items]).float()
-    _, loss = compute_loss(model, tokens, labels, loss_mask)
-    return loss.item()
+    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [2 * a.micro_batch_size, 0, 0], lambda: True, config).build()
+    losses = []
+    for batch in range(2):
+        items = [train[batch * a.micro_batch_size + k] for k in range(a.micro_batch_size)]
+        tokens = torch.stack([item["tokens"] for item in items]).long()
+        labels = torch.stack([item["labels"] for item in items]).long()
+        loss_mask = torch.stack([item["loss_mask"] for item in items]).float()
+        losses.append(compute_loss(model, tokens, labels, loss_mask)[1].item())
+    return losses
 
 
 def write_tracker(save_dir):
@@ -449,7 +454,7 @@ def worker(rank, world, port, a, tp, out, load_from, ep=1):
         if a.data and tp == 1:
             prefix = os.path.join(out, "data_text_document")
             write_dataset(a, prefix)
-            extra = {"first_batch_loss": first_batch_loss(model, a, prefix)}
+            extra = {"batch_losses": batch_losses(model, a, prefix)}
         else:
             extra = {}
         ref = {"tensor_model_parallel_size": tp, "expert_model_parallel_size": ep, "loss": loss.item(), **extra, **mtp,

@@ -89,21 +89,22 @@ struct TrainedFromFixture {
   std::vector<double> lm_losses;  // one per iteration, from --metrics-jsonl
 };
 
-// `megatron train --load native --finetune` for `iterations` on the indexed dataset the fixture
+// `megatron train --load native` up to iteration `iterations` on the indexed dataset the fixture
 // under `fixture` wrote (--data), with the fixture's shape and flags (NullTokenizer: EOD = vocab
-// size = 127; its split and seed, so the sample order is megatron-core's) plus `model_flags`
-// (layers, attention, experts); scratch files under `work`.
+// size = 127; its split and seed, so the sample order is megatron-core's) plus `flags` (how to
+// load: --finetune, or --no-load-optim --no-load-rng to go on; layers, attention, experts);
+// scratch files under `work`.
 inline TrainedFromFixture train_from_converted(const std::string& native, const std::string& fixture, const std::string& work,
-                                               const std::vector<std::string>& model_flags, int iterations) {
+                                               const std::vector<std::string>& flags, int iterations) {
   std::vector<std::string> args = {
-      "train", "--load", native, "--finetune", "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
+      "train", "--load", native, "--hidden-size", "64", "--ffn-hidden-size", "128", "--num-attention-heads", "4",
       "--seq-length", "16", "--max-position-embeddings", "16", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
       "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--hidden-dropout", "0", "--attention-dropout", "0",
       "--tokenizer-type", "NullTokenizer", "--vocab-size", "127", "--micro-batch-size", "2", "--global-batch-size", "2",
       "--train-iters", std::to_string(iterations), "--lr", "1e-3", "--data-path", fixture + "/data_text_document", "--split",
       "100,0,0", "--seed", "1234", "--data-cache-path", work + "/cache", "--eval-interval", "0", "--log-interval", "1",
       "--metrics-jsonl", work + "/trained.jsonl", "--device", "cpu", "--cpu-threads", "1"};
-  args.insert(args.end(), model_flags.begin(), model_flags.end());
+  args.insert(args.end(), flags.begin(), flags.end());
   TrainedFromFixture out{run_megatron(args), {}};
   std::ifstream jsonl(work + "/trained.jsonl");
   for (std::string line; std::getline(jsonl, line);) out.lm_losses.push_back(nlohmann::json::parse(line).at("lm_loss").get<double>());

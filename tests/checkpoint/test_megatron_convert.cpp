@@ -70,14 +70,28 @@ TEST_F(MegatronConvert, TorchDistGivesMegatronCoresLossAndTrainsOn) {
   // The same flags as the megatron-core run, its indexed dataset, split and seed: the sample
   // order is Megatron's, so the first iteration's loss is the one megatron-core computed on the
   // first batch its GPTDataset drew (NullTokenizer: EOD = vocab size = 127; 128 rows padded).
-  const auto trained = test::train_from_converted(*dir_ / "native", *dir_ / "mcore", *dir_ / "trained",
-                                                  {"--num-layers", "2", "--group-query-attention", "--num-query-groups", "2"}, 3);
+  const std::vector<std::string> shape = {"--num-layers", "2", "--group-query-attention", "--num-query-groups", "2"};
+  std::vector<std::string> finetune = shape;
+  finetune.push_back("--finetune");
+  const auto trained = test::train_from_converted(*dir_ / "native", *dir_ / "mcore", *dir_ / "trained", finetune, 3);
   ASSERT_EQ(trained.run.status, 0) << trained.run.output;
   EXPECT_NE(trained.run.output.find("loaded weights from"), std::string::npos) << trained.run.output;
   ASSERT_EQ(trained.lm_losses.size(), 3u) << trained.run.output;
-  const double first = reference_->at("first_batch_loss").get<double>();
+  const double first = reference_->at("batch_losses")[0].get<double>();
   EXPECT_NEAR(trained.lm_losses[0], first, 1e-5 * first) << "the first loss is not megatron-core's on its first batch";
   for (double loss : trained.lm_losses) EXPECT_TRUE(std::isfinite(loss)) << trained.run.output;
+
+  // Going on with Megatron's run instead: the checkpoint is its iteration 1, which consumed the
+  // first batch; iteration 2 here takes the second batch megatron-core's GPTDataset draws.
+  EXPECT_NE(r.output.find("--no-load-optim --no-load-rng goes on from iteration 1 (2 samples consumed"), std::string::npos) << r.output;
+  std::vector<std::string> go_on = shape;
+  for (const char* flag : {"--no-load-optim", "--no-load-rng"}) go_on.push_back(flag);
+  const auto resumed = test::train_from_converted(*dir_ / "native", *dir_ / "mcore", *dir_ / "resumed", go_on, 2);
+  ASSERT_EQ(resumed.run.status, 0) << resumed.run.output;
+  EXPECT_NE(resumed.run.output.find("(iteration 1)"), std::string::npos) << resumed.run.output;
+  ASSERT_EQ(resumed.lm_losses.size(), 1u) << resumed.run.output;
+  const double second = reference_->at("batch_losses")[1].get<double>();
+  EXPECT_NEAR(resumed.lm_losses[0], second, 1e-5 * second) << "iteration 2 did not take megatron-core's second batch";
 }
 
 TEST_F(MegatronConvert, TorchDistSavedUnderTensorParallelismIsTheSameModel) {

@@ -11,6 +11,8 @@
 //    mla_up_proj train bit for bit as keeping the activations;
 //  - --load must exist unless it is the --save directory (the first run of `--save D --load D`),
 //    and an HF model or a Megatron torch_dist / legacy / release checkpoint there is named;
+//    --ckpt-step N loads iteration N rather than the tracker's, --exit-on-missing-checkpoint
+//    refuses the fresh start;
 //  - real launch scripts' argument lists (tests/fixtures/launch_scripts) train unchanged but for
 //    smaller shapes, one process, mock data and this machine's paths: Pai-Megatron-Patch's Qwen3
 //    dense and MoE and DeepSeek-V3 scripts, Megatron-LM's Mixtral script, and its GPT-3 script in
@@ -91,6 +93,37 @@ TEST(MegatronTrainingFlags, LoadMustExistAndForeignCheckpointsAreNamed) {
   EXPECT_NE(megatron_checkpoint("dist", "100", "iter_0000100").find("a Megatron-Core torch_dist checkpoint"), std::string::npos);
   EXPECT_NE(megatron_checkpoint("legacy", "7", "iter_0000007/mp_rank_00").find("a legacy Megatron checkpoint"), std::string::npos);
   EXPECT_NE(megatron_checkpoint("release", "release", "release").find("names a Megatron 'release' checkpoint"), std::string::npos);
+}
+
+TEST(MegatronTrainingFlags, CkptStepLoadsThatIterationAndExitOnMissingCheckpointRefusesAFreshStart) {
+  test::TempDir dir;
+  auto run = [](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), {"--lr-warmup-iters", "0", "--log-interval", "1"});
+    return test::run_megatron(tiny(extra));
+  };
+  auto saved = run({"--train-iters", "3", "--save", dir / "ckpt", "--save-interval", "1"});
+  ASSERT_EQ(saved.status, 0) << saved.output;
+  // The tracker names iteration 3; --ckpt-step 1 goes on from 1.
+  auto from_one = run({"--train-iters", "3", "--load", dir / "ckpt", "--ckpt-step", "1"});
+  ASSERT_EQ(from_one.status, 0) << from_one.output;
+  EXPECT_NE(from_one.output.find(" iteration        2/       3 |"), std::string::npos) << "went on from iteration 1\n" << from_one.output;
+  auto absent = run({"--train-iters", "3", "--load", dir / "ckpt", "--ckpt-step", "5"});
+  EXPECT_EQ(absent.status, 2);
+  EXPECT_NE(absent.output.find("--ckpt-step 5: " + (dir / "ckpt/iter_0000005") +
+                               " does not exist (saved under --load: iter_0000001, iter_0000002, iter_0000003)"),
+            std::string::npos)
+      << absent.output;
+  auto no_load = run({"--train-iters", "3", "--ckpt-step", "1"});
+  EXPECT_EQ(no_load.status, 2);
+  EXPECT_NE(no_load.output.find("--ckpt-step needs --load DIR"), std::string::npos) << no_load.output;
+
+  // `--save D --load D` starts from scratch the first time, unless a checkpoint must be there.
+  auto fresh = run({"--train-iters", "1", "--load", dir / "empty", "--save", dir / "empty", "--exit-on-missing-checkpoint"});
+  EXPECT_EQ(fresh.status, 2);
+  EXPECT_NE(fresh.output.find("holds no checkpoint (no latest_checkpointed_iteration.txt) and --exit-on-missing-checkpoint is given"),
+            std::string::npos)
+      << fresh.output;
+  EXPECT_FALSE(fs::exists(dir / "empty/latest_checkpointed_iteration.txt")) << "nothing trained";
 }
 
 // "lm loss: ... | ... learning rate: ..." of each logged iteration: what two equivalent runs share.
