@@ -36,8 +36,9 @@ namespace {
 
 const char* kHelp =
     "usage: megatron convert --from hf|megatron|native --to native|hf --load SRC --save DST [flags]\n\n"
-    "Converts between Hugging Face model directories (config.json + safetensors, sharded or not)\n"
-    "and native checkpoints. Tensors stream one at a time; the source is memory-mapped.\n\n"
+    "Converts Hugging Face model directories (config.json + safetensors, sharded or not) and\n"
+    "Megatron-LM checkpoints to native checkpoints, and native checkpoints to Hugging Face. Tensors\n"
+    "stream one at a time; the source is memory-mapped.\n\n"
     "  --from hf --to native      HF_DIR -> a weights-only checkpoint (DST/iter_0000000); train\n"
     "                             from it with `megatron train --load DST --finetune`\n"
     "  --from megatron --to native  a Megatron-LM checkpoint (torch_dist or legacy --ckpt-format torch):\n"
