@@ -17,10 +17,13 @@ Output layout (each sub-directory is what `--save <dir>` would contain in megatr
                          2 takes the second
 
 Usage:
-  python make_megatron_checkpoint.py --out /tmp/ckpt [--format both] [--tp 1|2] [--moe] [--ep 1|2]
+  python make_megatron_checkpoint.py --out /tmp/ckpt [--format both] [--tp 1|2] [--pp 1|2 [--vpp 1|2]]
+      [--moe [--moe-every-layer] [--ep 1|2]] [--mla] [--mtp] [--data]
 With --tp 2 the TP=1 torch_dist checkpoint is written first, then loaded (resharded by
 megatron) into a TP=2 model, so both variants hold the same global weights and loss. --ep 2 does
-the same for two expert-parallel ranks (under <out>/ep2/; legacy mp_rank_00_000 and _001).
+the same for two expert-parallel ranks (under <out>/ep2/; legacy mp_rank_00_000 and _001), --pp 2
+for two pipeline stages (legacy only, under <out>/pp2/: mp_rank_00_000 and _001; with --vpp 2 each
+holds two virtual chunks, model0 and model1).
 
 --mla gives it DeepSeek's multi-latent attention (MLA_ARGS); with --moe, a tiny DeepSeek-V3.
 --moe makes the GPT a mixture of experts as DeepSeek-V3 routes (3 layers, the middle one dense:
@@ -51,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--tp", type=int, choices=[1, 2], default=1,
                    help="2 additionally writes TP=2 checkpoints under <out>/tp2/")
     p.add_argument("--ep", type=int, choices=[1, 2], default=1,
-                   help="2 additionally writes an expert-parallel (EP=2) torch_dist checkpoint under <out>/ep2/")
+                   help="2 additionally writes expert-parallel (EP=2) torch_dist and legacy checkpoints under <out>/ep2/")
     p.add_argument("--pp", type=int, choices=[1, 2], default=1,
                    help="2 additionally writes a legacy checkpoint of two pipeline stages under <out>/pp2/")
     p.add_argument("--vpp", type=int, choices=[1, 2], default=1,
@@ -128,8 +131,9 @@ MOE_ARGS = dict(
 # context 4x with mscale_all_dim set, so the softmax scale moves as well; qk_layernorm gives the
 # latents their norms.
 MLA_ARGS = dict(
-    multi_latent_attention=True, group_query_attention=False, num_query_groups=None, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8,
-    v_head_dim=16, rope_type="yarn", rotary_scaling_factor=4.0, mscale=1.0, mscale_all_dim=1.0, qk_layernorm=True,
+    multi_latent_attention=True, group_query_attention=False, num_query_groups=None, q_lora_rank=32, kv_lora_rank=16,
+    qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, rope_type="yarn", rotary_scaling_factor=4.0, mscale=1.0,
+    mscale_all_dim=1.0, qk_layernorm=True,
 )
 
 
