@@ -77,6 +77,20 @@ nlohmann::json state_skeleton(const Config& config, const TrainingProgress& prog
   if (const auto& g = progress.grad_scaler) {
     state["grad_scaler"] = {{"scale", g->scale}, {"growth_tracker", g->growth_tracker}, {"hysteresis_tracker", g->hysteresis_tracker}};
   }
+  if (const auto& s = progress.schedule) {
+    // Megatron's OptimizerParamScheduler.state_dict(), field for field.
+    state["opt_param_scheduler"] = {
+        {"max_lr", s->max_lr},
+        {"min_lr", s->min_lr},
+        {"lr_warmup_steps", s->lr_warmup_steps},
+        {"lr_decay_steps", s->lr_decay_steps},
+        {"lr_decay_style", s->lr_decay_style},
+        {"start_wd", s->start_wd},
+        {"end_wd", s->end_wd},
+        {"wd_incr_steps", s->wd_incr_steps},
+        {"wd_incr_style", s->wd_incr_style},
+        {"num_steps", progress.consumed_train_samples - progress.skipped_train_samples - progress.schedule_start_samples}};
+  }
   return state;
 }
 

@@ -31,6 +31,7 @@
 #include "checkpoint/safetensors.h"
 #include "distributed/parallel_state.h"
 #include "optim/grad_scaler.h"
+#include "optim/lr_schedule.h"
 #include "tensor_parallel/parameters.h"
 
 namespace megatron {
@@ -50,6 +51,15 @@ struct TrainingProgress {
   // --fp16 with dynamic loss scaling: the scaler's state (saved with the optimizer's: not loaded
   // under --no-load-optim or --finetune).
   std::optional<GradScalerState> grad_scaler;
+  // The learning-rate and weight-decay schedule (Megatron's opt_param_scheduler in state.json;
+  // absent in checkpoints from before it was saved). After a load: the one to go on with,
+  // resume_opt_param_scheduler's choice; unset under --no-load-optim, --finetune or an old
+  // checkpoint (the flags').
+  std::optional<OptParamSchedulerState> schedule;
+  // The scheduled samples (consumed less skipped) at which the schedule started counting: 0 but
+  // after a --no-load-optim resume, which starts it over as Megatron's (its scheduler is
+  // optimizer state). The schedule stands at scheduled samples - this.
+  int64_t schedule_start_samples = 0;
 };
 
 std::string iteration_directory(const std::string& save_dir, int64_t iteration);

@@ -147,6 +147,49 @@ TrainingProgress progress_of(const nlohmann::json& state) {
     };
     progress.grad_scaler = GradScalerState{number("scale"), number("growth_tracker"), number("hysteresis_tracker")};
   }
+  if (state.contains("opt_param_scheduler")) {
+    const nlohmann::json& j = state["opt_param_scheduler"];
+    auto field = [&](const char* key) -> const nlohmann::json& {
+      if (!j.is_object() || !j.contains(key)) {
+        throw UserError("state.json: \"opt_param_scheduler\" has no \"" + std::string(key) + "\"; the checkpoint is damaged");
+      }
+      return j[key];
+    };
+    try {
+      OptParamSchedulerState s;
+      s.max_lr = field("max_lr").get<double>();
+      s.min_lr = field("min_lr").get<double>();
+      s.lr_warmup_steps = field("lr_warmup_steps").get<double>();
+      s.lr_decay_steps = field("lr_decay_steps").get<double>();
+      s.lr_decay_style = field("lr_decay_style").get<std::string>();
+      s.start_wd = field("start_wd").get<double>();
+      s.end_wd = field("end_wd").get<double>();
+      s.wd_incr_steps = field("wd_incr_steps").get<double>();
+      s.wd_incr_style = field("wd_incr_style").get<std::string>();
+      s.num_steps = field("num_steps").get<int64_t>();
+      progress.schedule = s;
+    } catch (const nlohmann::json::exception& e) {
+      throw UserError(std::string("state.json: \"opt_param_scheduler\" holds a value of the wrong type (") + e.what() +
+                      "); the checkpoint is damaged");
+    }
+    progress.schedule_start_samples = progress.consumed_train_samples - progress.skipped_train_samples - progress.schedule->num_steps;
+  }
+  return progress;
+}
+
+// The progress a load goes on with: the saved one but for the learning-rate schedule, which
+// --no-load-optim starts over (Megatron's scheduler is part of the optimizer state it skips) and
+// a resume with the optimizer checks against the flags (resume_opt_param_scheduler).
+TrainingProgress resumed_progress(const nlohmann::json& state, const Config& config, const std::string& dir) {
+  TrainingProgress progress = progress_of(state);
+  if (config.train.no_load_optim) {
+    progress.schedule.reset();
+    progress.schedule_start_samples = progress.consumed_train_samples - progress.skipped_train_samples;
+  } else if (progress.schedule) {
+    progress.schedule = resume_opt_param_scheduler(opt_param_scheduler_state(config.train), *progress.schedule, config.train, dir);
+    // Megatron's override puts the schedule where the run is.
+    if (config.train.override_opt_param_scheduler) progress.schedule_start_samples = 0;
+  }
   return progress;
 }
 
@@ -181,7 +224,7 @@ TrainingProgress load_resharded(const std::string& dir, const nlohmann::json& st
                 config.train.no_load_rng ? "" : " (generator states start from --seed: they are per rank)");
   }
   if (!config.train.finetune) load_fp8_state(dir, chunks, /*report=*/ps.rank == 0);
-  return config.train.finetune ? TrainingProgress() : progress_of(state);
+  return config.train.finetune ? TrainingProgress() : resumed_progress(state, config, dir);
 }
 
 // The generators' states from `path` (this rank's rng file). A state of another dtype or size
@@ -265,7 +308,7 @@ TrainingProgress load_checkpoint_directory(const std::string& dir, const nlohman
     load_generator_states(rng_file, chunks);
   }
   load_fp8_state(dir, chunks, /*report=*/ps.rank == 0);
-  const TrainingProgress progress = progress_of(state);
+  const TrainingProgress progress = resumed_progress(state, config, dir);
   if (ps.rank == 0) {
     std::printf("loaded checkpoint %s (iteration %lld)\n", dir.c_str(), static_cast<long long>(progress.iteration));
   }

@@ -19,12 +19,7 @@ class Args {
     const Value* v = args_.get(name);
     return v == nullptr || v->kind == Value::Kind::None ? nullptr : v;
   }
-  int64_t integer(const char* name, int64_t fallback) const {
-    const Value* v = get(name);
-    if (v == nullptr) return fallback;
-    if (v->kind != Value::Kind::Int && v->kind != Value::Kind::Bool) bad(name, "an int", *v);
-    return v->as_int();
-  }
+  int64_t integer(const char* name, int64_t fallback) const { return megatron_int_arg(&args_, name, fallback, what_); }
   double number(const char* name, double fallback) const {
     const Value* v = get(name);
     if (v == nullptr) return fallback;
@@ -189,6 +184,15 @@ ModelConfig model_config_from_megatron_args(const pickle::Value& value, const st
   read_mla(args, m);
   read_moe(args, m);
   return m;
+}
+
+int64_t megatron_int_arg(const pickle::Value* args, const char* name, int64_t fallback, const std::string& what) {
+  const Value* v = args != nullptr ? args->get(name) : nullptr;
+  if (v == nullptr || v->kind == Value::Kind::None) return fallback;
+  if (v->kind != Value::Kind::Int && v->kind != Value::Kind::Bool) {
+    throw UserError(what + ": the checkpoint's args hold '" + name + "' as " + v->describe() + ", expected an int");
+  }
+  return v->as_int();
 }
 
 }  // namespace megatron

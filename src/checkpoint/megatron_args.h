@@ -16,4 +16,8 @@ namespace megatron {
 // project's defaults: they do not change the weights or the model's outputs.
 ModelConfig model_config_from_megatron_args(const pickle::Value& args, const std::string& what);
 
+// The run's integer argument `name` (a bool reads as 0/1), `fallback` when `args` is null or the
+// argument absent or None; UserError naming `what` and the argument when it holds another type.
+int64_t megatron_int_arg(const pickle::Value* args, const char* name, int64_t fallback, const std::string& what);
+
 }  // namespace megatron

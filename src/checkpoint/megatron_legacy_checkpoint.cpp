@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "checkpoint/megatron_args.h"
 #include "checkpoint/megatron_checkpoint.h"
 #include "core/errors.h"
 
@@ -52,12 +53,6 @@ int64_t local_layer(const std::string& key) {
   return std::stoll(digits);
 }
 
-// The saving run's argument `name` when an int, else `fallback`.
-int64_t int_arg(const Value* args, const char* name, int64_t fallback) {
-  const Value* v = args != nullptr ? args->get(name) : nullptr;
-  return v != nullptr && v->kind == Value::Kind::Int ? v->integer : fallback;
-}
-
 }  // namespace
 
 const TorchSaveFile& MegatronCheckpoint::legacy_file(int tp_rank, int stage, int expert_rank) const {
@@ -77,7 +72,8 @@ void MegatronCheckpoint::open_legacy() {
   if (!fs::exists(path)) throw UserError(dir_ + ": " + first + "/model_optim_rng.pt is missing");
   common_ = std::make_unique<TorchSaveFile>(path);
   const Value* args = common_->root().get("args");
-  const int64_t pp = int_arg(args, "pipeline_model_parallel_size", 1), ep = int_arg(args, "expert_model_parallel_size", 1);
+  const int64_t pp = megatron_int_arg(args, "pipeline_model_parallel_size", 1, dir_);
+  const int64_t ep = megatron_int_arg(args, "expert_model_parallel_size", 1, dir_);
   const std::string layout = "mp_rank_TT" + std::string(pp > 1 ? "_PPP" : "") + (ep > 1 ? "_EEE" : "");
   for (const std::string& name : ranks) {
     if (name.size() != layout.size()) {
@@ -86,12 +82,12 @@ void MegatronCheckpoint::open_legacy() {
     }
   }
   const int64_t tp = int64_t(ranks.size()) / (pp * ep);
-  if (const int64_t saved = int_arg(args, "tensor_model_parallel_size", tp); saved * pp * ep != int64_t(ranks.size())) {
+  if (const int64_t saved = megatron_int_arg(args, "tensor_model_parallel_size", tp, dir_); saved * pp * ep != int64_t(ranks.size())) {
     throw UserError(dir_ + ": " + std::to_string(ranks.size()) + " mp_rank_* directories, but the run saved " + std::to_string(saved) +
                     " tensor-parallel ranks" + (pp > 1 ? " x " + std::to_string(pp) + " pipeline stages" : "") +
                     (ep > 1 ? " x " + std::to_string(ep) + " expert-parallel ranks" : ""));
   }
-  const int64_t experts = int_arg(args, "num_experts", 0);
+  const int64_t experts = megatron_int_arg(args, "num_experts", 0, dir_);
   if (experts > 0 && tp > 1) {
     throw UserError(dir_ + ": a legacy mixture-of-experts checkpoint saved under tensor parallelism (" + std::to_string(tp) +
                     " ranks), which is not read yet: save it with --ckpt-format torch_dist (the default)");
@@ -145,7 +141,7 @@ void MegatronCheckpoint::open_legacy() {
       layers += count;
     }
   }
-  if (const int64_t saved = int_arg(args, "num_layers", layers); saved != layers) {
+  if (const int64_t saved = megatron_int_arg(args, "num_layers", layers, dir_); saved != layers) {
     throw UserError(dir_ + ": the stages' files hold " + std::to_string(layers) + " layers, the run's args say " + std::to_string(saved));
   }
   // With tied embeddings, the last stage keeps a copy of the word embeddings as its output layer.

@@ -46,7 +46,8 @@ const char* kHelp =
     "                             model's shape (dense, MoE, MLA, MTP) comes from the arguments saved\n"
     "                             with it. Written at the run's iteration with the samples it consumed:\n"
     "                             `train --load DST --no-load-optim --no-load-rng` goes on with that\n"
-    "                             run (its data order and schedule), `--finetune` starts over\n"
+    "                             run's data order (a fresh optimizer and learning-rate schedule, as\n"
+    "                             Megatron's --no-load-optim), `--finetune` starts over at 0\n"
     "  --from native --to hf      the latest checkpoint under SRC -> config.json, safetensors\n"
     "                             shards + index, tokenizer files\n"
     "  --target-tensor-parallel-size T     split for T tensor-parallel ranks (-> native; default 1)\n"
@@ -210,10 +211,7 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
   // (its iteration, the samples it consumed: the same next batches and learning rate).
   TrainingProgress progress;
   progress.iteration = checkpoint.iteration();
-  auto count = [&](const char* name) {
-    const pickle::Value* v = args.get(name);
-    return v != nullptr && v->kind == pickle::Value::Kind::Int ? v->integer : int64_t(0);
-  };
+  auto count = [&](const char* name) { return megatron_int_arg(&args, name, 0, checkpoint.directory()); };
   progress.consumed_train_samples = count("consumed_train_samples");
   progress.consumed_valid_samples = count("consumed_valid_samples");
   progress.skipped_train_samples = count("skipped_train_samples");
@@ -254,7 +252,7 @@ void megatron_to_native(const std::string& load, const std::string& save, int tp
               static_cast<long long>(checkpoint.iteration()), save.c_str(), tp, pp, experts.c_str(), m.padded_vocab_size,
               bf16 ? "bf16" : "as stored");
   std::printf("convert: train --load %s --no-load-optim --no-load-rng goes on from iteration %lld (%lld samples consumed; "
-              "a fresh optimizer), --finetune starts over at 0\n",
+              "a fresh optimizer and learning-rate schedule, as Megatron's --no-load-optim), --finetune starts over at 0\n",
               save.c_str(), static_cast<long long>(progress.iteration), static_cast<long long>(progress.consumed_train_samples));
 }
 

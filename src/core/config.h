@@ -260,6 +260,10 @@ struct ParallelConfig {
 
 struct DataConfig {
   std::vector<std::string> data_path;   // prefixes of .bin/.idx (optionally weighted)
+  // Megatron's --train-data-path / --valid-data-path / --test-data-path: each split from its own
+  // prefixes (optionally weighted), each whole, instead of --data-path cut by --split.
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  bool per_split_data() const { return !train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty(); }
   std::string split = "969, 30, 1";
   bool mock_data = false;
   bool sft = false;                     // --data-path is a packed SFT dataset (preprocess --sft)
@@ -381,6 +385,13 @@ struct TrainConfig {
   int64_t save_interval = 0;
   int64_t exit_interval = 0;
   bool no_load_optim = false;
+  // Resuming with the optimizer, Megatron checks the schedule the flags give (peak and minimum
+  // learning rate, warm-up and decay lengths, decay style, weight-decay schedule) against the one
+  // the checkpoint was saved with and refuses a difference. --override-opt-param-scheduler
+  // takes the flags' schedule at the run's position, --use-checkpoint-opt-param-scheduler the
+  // checkpoint's.
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
   // Megatron's --ckpt-step: load iteration N under --load, not the one its tracker names (-1).
   int64_t ckpt_step = -1;
   // Megatron's --exit-on-missing-checkpoint: nothing to load under --load is an error, not a

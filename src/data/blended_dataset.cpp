@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -36,8 +37,8 @@ std::string format_double(double x) {
 
 }  // namespace
 
-DataBlend parse_data_path(const std::vector<std::string>& data_path) {
-  if (data_path.empty()) throw UserError("--data-path: no dataset given");
+DataBlend parse_data_path(const std::vector<std::string>& data_path, const std::string& flag) {
+  if (data_path.empty()) throw UserError(flag + ": no dataset given");
   DataBlend blend;
   if (data_path.size() % 2 == 0) {
     std::vector<double> weights;
@@ -54,7 +55,7 @@ DataBlend parse_data_path(const std::vector<std::string>& data_path) {
       for (size_t i = 1; i < data_path.size(); i += 2) blend.prefixes.push_back(strip_whitespace(data_path[i]));
       for (size_t i = 0; i < weights.size(); ++i) {
         if (!(weights[i] > 0) || !std::isfinite(weights[i])) {
-          throw UserError("--data-path: weight '" + data_path[2 * i] + "' of " + blend.prefixes[i] +
+          throw UserError(flag + ": weight '" + data_path[2 * i] + "' of " + blend.prefixes[i] +
                           " must be a positive number");
         }
       }
@@ -198,18 +199,21 @@ std::string BlendedDataset::describe() const {
   return d.str();
 }
 
-std::shared_ptr<SequenceDataset> build_gpt_split_dataset(const std::vector<std::string>& data_path,
-                                                         const std::string& split_string, Split split,
-                                                         int64_t num_samples, const GPTDatasetConfig& config) {
-  const DataBlend blend = parse_data_path(data_path);
-  const SplitMatrix matrix = parse_split_matrix(split_string);
-  if (!matrix[static_cast<size_t>(split)]) return nullptr;
+namespace {
+
+// What BlendedMegatronDatasetBuilder builds for one split from `blend`: a GPTDataset when
+// `one_dataset` (one prefix: unweighted under --data-path, weighted or not per split), else a
+// BlendedDataset. `range_of` gives each indexed dataset's sequence range for the split; `flag`
+// names where the prefixes came from, for errors.
+std::shared_ptr<SequenceDataset> build_split_blend(const DataBlend& blend, bool one_dataset, Split split, int64_t num_samples,
+                                                   const GPTDatasetConfig& config, const std::string& flag,
+                                                   const std::function<std::pair<int64_t, int64_t>(const IndexedDataset&)>& range_of) {
   auto open = [&](const std::string& prefix) {
     auto ds = std::make_shared<const IndexedDataset>(prefix);
-    auto range = *split_sequence_range(matrix, split, static_cast<int64_t>(ds->num_sequences()));
+    const auto range = range_of(*ds);
     return std::make_pair(ds, range);
   };
-  if (blend.prefixes.size() == 1 && !blend.weights) {
+  if (one_dataset) {
     auto [ds, range] = open(blend.prefixes[0]);
     return std::make_shared<GPTDataset>(ds, split, range, num_samples, config);
   }
@@ -233,9 +237,10 @@ std::shared_ptr<SequenceDataset> build_gpt_split_dataset(const std::vector<std::
       parts.push_back(std::make_shared<GPTDataset>(ds, split, range, std::nullopt, config));
       if (parts.back()->size() == 0) {
         // Megatron asserts here (a blend weight must be positive); say why instead.
-        throw UserError("--data-path " + prefix + ": its " + split_name(split) +
-                        " split is shorter than one sample, so it cannot be weighted by its size in an "
-                        "unweighted blend; give weights, use more data or change --split");
+        throw UserError(flag + " " + prefix + ": its " + split_name(split) +
+                        " data is shorter than one sample, so it cannot be weighted by its size in an "
+                        "unweighted blend; give weights or use more data" +
+                        (flag == "--data-path" ? " or change --split" : ""));
       }
       weights.push_back(static_cast<double>(parts.back()->size()));
       total += parts.back()->size();
@@ -245,6 +250,33 @@ std::shared_ptr<SequenceDataset> build_gpt_split_dataset(const std::vector<std::
   // Megatron caches blends only under an explicit --data-cache-path.
   const std::string blend_cache = config.use_cache ? config.cache_dir : std::string();
   return std::make_shared<BlendedDataset>(std::move(parts), weights, size, blend_cache);
+}
+
+}  // namespace
+
+std::shared_ptr<SequenceDataset> build_gpt_split_dataset(const std::vector<std::string>& data_path,
+                                                         const std::string& split_string, Split split,
+                                                         int64_t num_samples, const GPTDatasetConfig& config) {
+  const DataBlend blend = parse_data_path(data_path, "--data-path");
+  const SplitMatrix matrix = parse_split_matrix(split_string);
+  if (!matrix[static_cast<size_t>(split)]) return nullptr;
+  const bool one_dataset = blend.prefixes.size() == 1 && !blend.weights;
+  return build_split_blend(blend, one_dataset, split, num_samples, config, "--data-path", [&](const IndexedDataset& ds) {
+    return *split_sequence_range(matrix, split, static_cast<int64_t>(ds.num_sequences()));
+  });
+}
+
+std::shared_ptr<SequenceDataset> build_gpt_own_split_dataset(const std::vector<std::string>& split_data_path, Split split,
+                                                             int64_t num_samples, const GPTDatasetConfig& config) {
+  if (split_data_path.empty()) return nullptr;
+  const std::string flag = std::string("--") + split_name(split) + "-data-path";
+  const DataBlend blend = parse_data_path(split_data_path, flag);
+  // Megatron takes a lone prefix as it is here, weighted or not (a --data-path weight makes a
+  // one-dataset blend).
+  const bool one_dataset = blend.prefixes.size() == 1;
+  return build_split_blend(blend, one_dataset, split, num_samples, config, flag, [](const IndexedDataset& ds) {
+    return std::make_pair(int64_t{0}, static_cast<int64_t>(ds.num_sequences()));
+  });
 }
 
 }  // namespace megatron

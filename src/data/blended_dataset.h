@@ -22,12 +22,12 @@ namespace megatron {
 
 // Megatron's get_blend_from_list: an even-length list whose every other item parses as a number
 // is (weight, prefix) pairs; anything else is a list of prefixes. Throws UserError for an empty
-// list or a weight that is not positive and finite.
+// list or a weight that is not positive and finite, naming `flag`.
 struct DataBlend {
   std::vector<std::string> prefixes;
   std::optional<std::vector<double>> weights;  // as given, not normalised
 };
-DataBlend parse_data_path(const std::vector<std::string>& data_path);
+DataBlend parse_data_path(const std::vector<std::string>& data_path, const std::string& flag = "--data-path");
 
 // Samples each split must supply, as Megatron-LM's training loop asks for them:
 // train_iters * gbs, (train_iters / eval_interval + 1) * eval_iters * gbs, eval_iters * gbs.
@@ -80,5 +80,12 @@ class BlendedDataset : public SequenceDataset {
 std::shared_ptr<SequenceDataset> build_gpt_split_dataset(const std::vector<std::string>& data_path,
                                                          const std::string& split_string, Split split,
                                                          int64_t num_samples, const GPTDatasetConfig& config);
+
+// What Megatron builds for a split given its own prefixes (--train-data-path, --valid-data-path,
+// --test-data-path: its blend_per_split): every dataset whole, a lone prefix (weighted or not) a
+// GPTDataset, several a BlendedDataset sized as under --data-path; nullptr when `split_data_path`
+// is empty (that split has no data).
+std::shared_ptr<SequenceDataset> build_gpt_own_split_dataset(const std::vector<std::string>& split_data_path, Split split,
+                                                             int64_t num_samples, const GPTDatasetConfig& config);
 
 }  // namespace megatron

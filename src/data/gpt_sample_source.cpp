@@ -6,6 +6,7 @@ namespace megatron {
 GPTDataOptions gpt_data_options(const Config& c, const std::string& data_cache_path) {
   GPTDataOptions o;
   o.data_path = c.data.data_path;
+  o.split_data_path = {c.data.train_data_path, c.data.valid_data_path, c.data.test_data_path};
   o.split = c.data.split;
   o.seq_length = c.model.seq_length;
   o.seed = c.train.seed;
@@ -27,7 +28,10 @@ std::unique_ptr<SampleSource> make_gpt_sample_source(const GPTDataOptions& o, Sp
   config.seq_length = o.seq_length;
   config.seed = o.seed;
   config.cache_dir = o.data_cache_path;
-  auto dataset = build_gpt_split_dataset(o.data_path, o.split, split, sizes[static_cast<size_t>(split)], config);
+  const int64_t num_samples = sizes[static_cast<size_t>(split)];
+  auto dataset = o.data_path.empty()
+                     ? build_gpt_own_split_dataset(o.split_data_path[static_cast<size_t>(split)], split, num_samples, config)
+                     : build_gpt_split_dataset(o.data_path, o.split, split, num_samples, config);
   if (!dataset || dataset->size() == 0) return nullptr;
   return std::make_unique<GPTSampleSource>(std::move(dataset));
 }

@@ -1,8 +1,9 @@
-// The trainer's view of Megatron's GPT data: a SampleSource over one split of `--data-path`
-// (GPTDataset or a blend), so the trainer reads Megatron's exact sample order through the same
-// interface as the mock and plain-stream sources.
+// The trainer's view of Megatron's GPT data: a SampleSource over one split of `--data-path`, or
+// over a split's own `--train-data-path` etc. (GPTDataset or a blend), so the trainer reads
+// Megatron's exact sample order through the same interface as the mock and plain-stream sources.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -15,6 +16,8 @@ namespace megatron {
 // What the split datasets are built from; the trainer fills it from its flags.
 struct GPTDataOptions {
   std::vector<std::string> data_path;  // --data-path, optionally weighted
+  // --train-data-path, --valid-data-path, --test-data-path: each split's own (data_path empty)
+  std::array<std::vector<std::string>, 3> split_data_path;
   std::string split = "969, 30, 1";    // --split
   int64_t seq_length = 0;              // --seq-length
   int64_t seed = 1234;                 // --seed

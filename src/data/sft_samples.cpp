@@ -54,15 +54,23 @@ class SftSamples : public SampleSource {
 }  // namespace
 
 std::unique_ptr<SampleSource> make_sft_sample_source(const Config& c, Split split) {
-  if (c.data.data_path.size() != 1) {
-    throw UserError("--sft: pass one --data-path, the --output-prefix given to `megatron preprocess --sft`");
+  static const char* names[] = {"train", "valid", "test"};
+  // Per-split paths (Pai-Megatron-Patch's --train-data-path / --valid-data-path): each split is
+  // its own packed dataset, whole.
+  const std::vector<std::string>* own[] = {&c.data.train_data_path, &c.data.valid_data_path, &c.data.test_data_path};
+  const std::vector<std::string>& paths = c.data.per_split_data() ? *own[static_cast<int>(split)] : c.data.data_path;
+  const std::string flag = c.data.per_split_data() ? std::string("--") + names[static_cast<int>(split)] + "-data-path" : "--data-path";
+  if (paths.empty()) return nullptr;
+  if (paths.size() != 1) {
+    throw UserError("--sft: pass one " + flag + ", the --output-prefix given to `megatron preprocess --sft` (blends of packed "
+                    "datasets are not supported)");
   }
-  const std::string& prefix = c.data.data_path[0];
+  const std::string& prefix = paths[0];
   auto dataset = std::make_shared<SftDataset>(prefix, c.model.seq_length, c.data.eod_id);
   const int64_t packs = static_cast<int64_t>(dataset->size());
-  const auto range = split_sequence_range(parse_split_matrix(c.data.split), split, packs);
+  const auto range = c.data.per_split_data() ? std::make_optional(std::make_pair(int64_t{0}, packs))
+                                             : split_sequence_range(parse_split_matrix(c.data.split), split, packs);
   if (!range || range->second <= range->first) return nullptr;
-  static const char* names[] = {"train", "valid", "test"};
   std::ostringstream d;
   d << prefix << " (packed SFT, " << names[static_cast<int>(split)] << ": packs " << range->first << ".." << range->second
     << " of " << packs << ")";

@@ -42,6 +42,9 @@ Config model_for_plan(const std::vector<std::string>& train_args) {
     throw UserError("plan needs the vocabulary's size: give --vocab-size N (the tokenizer's ids) or the tokenizer (--tokenizer-type, --tokenizer-model)");
   }
   d.data_path.clear();
+  d.train_data_path.clear();
+  d.valid_data_path.clear();
+  d.test_data_path.clear();
   d.sft = false;
   d.mock_data = true;
   // What a run needs and a plan does not read.

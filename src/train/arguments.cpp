@@ -24,6 +24,9 @@ namespace megatron {
 namespace {
 
 const TrainFlag* find_flag(const std::vector<TrainFlag>& flags, std::string name) {
+  for (const auto& f : flags) {
+    if (f.name == name) return &f;  // Megatron's own underscored spellings (--override-opt_param-scheduler)
+  }
   for (auto& ch : name) {
     if (ch == '_') ch = '-';  // recipes may spell keys with underscores
   }
@@ -217,7 +220,7 @@ Config parse_train_arguments(const std::vector<std::string>& args) {
   std::vector<std::string> problems;
   auto take = [&](const std::string& name, const std::string& where, std::vector<std::string> values, bool from_recipe) {
     const TrainFlag* f = find_flag(flags, name);
-    if (f != nullptr && (from_recipe || name.find('_') == std::string::npos)) {
+    if (f != nullptr && (from_recipe || name.find('_') == std::string::npos || f->name == name)) {
       if ((f->kind == FlagKind::Bool || f->kind == FlagKind::NegatedBool || f->kind == FlagKind::Preset) && values.empty()) values = {"true"};
       assign(*f, where, values);
       config.explicit_flags.insert(f->name);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/errors.h"
 #include "train/batch_schedule.h"
@@ -330,10 +331,26 @@ void finalize_config(Config& c, int world_size) {
   if (m.init_method_std < 0.0) throw UserError("--init-method-std must be >= 0");
 
   // Data and vocabulary.
-  if (d.mock_data && !d.data_path.empty()) {
-    throw UserError("--mock-data and --data-path contradict each other: pass one of them");
+  // One source of data, as Megatron's "a single data source must be provided".
+  std::vector<std::string> sources;
+  if (d.mock_data) sources.push_back("--mock-data");
+  if (!d.data_path.empty()) sources.push_back("--data-path");
+  if (d.per_split_data()) sources.push_back("per-split paths");
+  if (sources.size() > 1) {
+    std::string given = sources[0];
+    for (size_t i = 1; i < sources.size(); ++i) given += ", " + sources[i];
+    throw UserError("--mock-data, --data-path and --train-data-path/--valid-data-path/--test-data-path are three sources of "
+                    "data: pass one of them (given: " + given + ")");
   }
-  if (!d.mock_data && d.data_path.empty()) throw UserError("pass --data-path PREFIX or --mock-data");
+  if (sources.empty()) throw UserError("pass --data-path PREFIX, --train-data-path PREFIX or --mock-data");
+  if (d.per_split_data() && c.explicit_flags.count("split")) {
+    throw UserError("--split cuts --data-path into splits; with --train-data-path/--valid-data-path/--test-data-path each "
+                    "split is its own data, taken whole (Megatron refuses both too): drop --split");
+  }
+  if (c.train.override_opt_param_scheduler && c.train.use_checkpoint_opt_param_scheduler) {
+    throw UserError("--override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler contradict each other (the "
+                    "flags' schedule or the checkpoint's): pass one of them");
+  }
   if (d.sft && d.mock_data) throw UserError("--sft trains on a packed dataset: pass --data-path, not --mock-data");
   apply_patch_tokenizer(c);
   if (d.tokenizer_type.empty() && !d.vocab_file.empty() && !d.merge_file.empty()) {

@@ -32,6 +32,23 @@ std::vector<GPTModel*> Trainer::chunks() const {
   return out;
 }
 
+void Trainer::set_up_schedule() {
+  const OptParamSchedulerState from_flags = opt_param_scheduler_state(t_);
+  if (progress_.schedule && prints_setup()) {
+    const char* how = t_.override_opt_param_scheduler        ? "the flags' (--override-opt-param-scheduler)"
+                      : t_.use_checkpoint_opt_param_scheduler ? "the checkpoint's (--use-checkpoint-opt-param-scheduler)"
+                                                              : "the checkpoint's, which the flags match";
+    std::printf("> learning-rate schedule: %s, at sample %lld of it\n", how, static_cast<long long>(scheduled_samples()));
+  } else if (progress_.schedule_start_samples > 0 && prints_setup()) {
+    std::printf("> learning-rate schedule: starts over at iteration %lld (--no-load-optim: Megatron's scheduler is optimizer "
+                "state)\n", static_cast<long long>(progress_.iteration));
+  }
+  if (!progress_.schedule) progress_.schedule = from_flags;
+  schedule_ = LearningRateSchedule(t_, *progress_.schedule);
+  decoupled_schedule_ = decoupled_lr_schedule(t_, *progress_.schedule);
+  weight_decay_schedule_ = WeightDecaySchedule(*progress_.schedule);
+}
+
 int Trainer::run() {
   const ModelConfig& m = c_.model;
   at::set_num_threads(cpu_threads(t_));
@@ -109,7 +126,8 @@ int Trainer::run() {
   train_data_ = make_sample_source(c_, Split::Train);
   valid_data_ = make_sample_source(c_, Split::Valid);
   if (!train_data_ && mode_ == RunMode::Train) {
-    throw UserError("no training samples: --split " + c_.data.split + " leaves the training split empty");
+    throw UserError(c_.data.per_split_data() ? std::string("no training samples: pass --train-data-path")
+                                             : "no training samples: --split " + c_.data.split + " leaves the training split empty");
   }
   train_batches_ = std::make_unique<BatchPrefetcher>(
       [this, dp_offset](int64_t first) {
@@ -163,7 +181,7 @@ int Trainer::run() {
                   "back in the backward%s\n",
                   m.cpu_offloading_num_layers - 1, device_.is_cuda() ? "" : " (on the CPU they are only copied: no memory is saved)");
     }
-    std::printf("> training data: %s\n", train_data_ ? train_data_->describe().c_str() : "none (--split leaves it empty)");
+    std::printf("> training data: %s\n", train_data_ ? train_data_->describe().c_str() : "none");
   }
 
   checkpointer_ = std::make_unique<Checkpointer>(c_, ps_, device_);
@@ -189,6 +207,7 @@ int Trainer::run() {
   }
 
   if (mode_ == RunMode::Evaluate) return evaluate_splits();
+  set_up_schedule();
 
   const GlobalBatchSchedule batches(t_, m.seq_length);
   if (t_.cuda_graph_impl == "local") {

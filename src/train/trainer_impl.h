@@ -104,7 +104,13 @@ class Trainer {
   bool prints_setup() const { return ps_.rank == 0; }
   // The samples the learning-rate schedule has counted: all consumed but, under --fp16, those of
   // skipped iterations (Megatron steps its scheduler on applied updates only).
-  int64_t scheduled_samples() const { return progress_.consumed_train_samples - progress_.skipped_train_samples; }
+  // A --no-load-optim resume starts the schedule over (TrainingProgress::schedule_start_samples).
+  int64_t scheduled_samples() const {
+    return progress_.consumed_train_samples - progress_.skipped_train_samples - progress_.schedule_start_samples;
+  }
+  // The schedule the run goes on with (the flags', or what a resume decided) into schedule_,
+  // decoupled_schedule_ and weight_decay_schedule_, and into progress_ for the checkpoints.
+  void set_up_schedule();
 
   const Config& c_;
   const TrainConfig& t_;

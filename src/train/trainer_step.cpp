@@ -223,7 +223,7 @@ int Trainer::evaluate_splits() {
   std::unique_ptr<SampleSource> test_data = make_sample_source(c_, Split::Test);
   if (!valid_data_ && !test_data) {
     throw UserError("megatron eval: no validation or test data; give --mock-data, or --data-path with a --split that "
-                    "leaves samples to the validation or test split (e.g. 98,2,0)");
+                    "leaves samples to the validation or test split (e.g. 98,2,0), or --valid-data-path / --test-data-path");
   }
   const std::pair<SampleSource*, const char*> splits[] = {{valid_data_.get(), "val"}, {test_data.get(), "test"}};
   for (const auto& [source, name] : splits) {

@@ -6,6 +6,8 @@ Usage: megatron_reference_indices.py SPEC OUT_DIR
 SPEC is a text file, one case per line, fields separated by " | ":
   gpt | NAME | DATA_PATH (space separated) | SPLIT | TRAIN VALID TEST | SEQ_LENGTH | SEED | EOD |
       RESET_POSITION_IDS RESET_ATTENTION_MASK EOD_MASK_LOSS | NUM_GET
+SPLIT "per_split" makes DATA_PATH three blends separated by ";", one per split ("-" for none),
+built as blend_per_split (Megatron's --train-data-path, --valid-data-path, --test-data-path).
   numpy | NAME | SEEDS (space separated) | LENGTHS | MAXES
 For a gpt case the datasets are built with BlendedMegatronDatasetBuilder + GPTDatasetConfig on
 CPU (no cache directory for blends, which megatron-core only writes under torch.distributed),
@@ -50,10 +52,17 @@ def gpt_case(fields, out_dir):
             self.vocab_size = 65536
             self.unique_identifiers = OrderedDict(cls="ReferenceStubTokenizer", eod=eod)
 
+    if split == "per_split":
+        # Each split's own blend (--train-data-path etc.), "-" for none, split by ";".
+        own = [b.split() for b in data_path.split(";")]
+        blend, blend_per_split, split = None, [None if b == ["-"] else get_blend_from_list(b) for b in own], None
+    else:
+        blend, blend_per_split = get_blend_from_list(data_path.split()), None
     config = GPTDatasetConfig(
         random_seed=int(seed),
         sequence_length=int(seq_length),
-        blend=get_blend_from_list(data_path.split()),
+        blend=blend,
+        blend_per_split=blend_per_split,
         split=split,
         path_to_cache=None,
         tokenizer=Tokenizer(int(eod)),

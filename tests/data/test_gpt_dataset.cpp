@@ -2,6 +2,7 @@
 // datasets, megatron_reference_indices.py builds Megatron's datasets over them in the venv, and
 // every index is compared element by element (and the cached .npy files byte by byte), then the
 // first samples' tokens, labels, loss masks, position ids and attention masks.
+#include <array>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -77,6 +78,10 @@ class MegatronReferenceTest : public ::testing::Test {
         {"blend3", {"2", "A", "1", "B", "1.5", "C"}, "80,15,5", {500, 60, 20}, 24, 99, true, true, false, 30},
         {"blend_unweighted", {"A", "B"}, "80,15,5", {200, 20, 5}, 32, 11},
         {"weighted_single", {"1.0", "B"}, "969,30,1", {100, 10, 3}, 16, 3},
+        // Each split its own data (--train-data-path etc.): every dataset whole; a lone weighted
+        // prefix is a plain GPTDataset here, unlike under --data-path.
+        {"per_split_single", {"A", ";", "0.5", "B", ";", "-"}, "per_split", {200, 30, 0}, 32, 5},
+        {"per_split_blends", {"0.3", "A", "0.7", "B", ";", "C", "D", ";", "D"}, "per_split", {300, 40, 10}, 24, 17},
     };
     std::ofstream spec(dir_ + "/spec.txt");
     for (const Case& c : cases_) {
@@ -99,6 +104,18 @@ class MegatronReferenceTest : public ::testing::Test {
   static std::vector<std::string> paths(const Case& c) {
     std::vector<std::string> out;
     for (const auto& p : c.data_path) out.push_back(std::isalpha(static_cast<unsigned char>(p[0])) ? dir_ + "/" + p : p);
+    return out;
+  }
+
+  // A per_split case's three lists ("-": none), as --train-data-path, --valid-data-path and
+  // --test-data-path give them.
+  static std::array<std::vector<std::string>, 3> own_split_paths(const Case& c) {
+    std::array<std::vector<std::string>, 3> out;
+    size_t i = 0;
+    for (const auto& p : paths(c)) {
+      if (p == ";") ++i;
+      else if (p != "-") out.at(i).push_back(p);
+    }
     return out;
   }
 
@@ -140,7 +157,10 @@ class MegatronReferenceTest : public ::testing::Test {
     for (int i = 0; i < 3; ++i) {
       SCOPED_TRACE(std::string(c.name) + " split " + std::to_string(i));
       const std::string split_ref = ref + "split" + std::to_string(i);
-      auto ds = build_gpt_split_dataset(paths(c), c.split, static_cast<Split>(i), c.sizes[static_cast<size_t>(i)], config);
+      auto ds = c.split == "per_split"
+                    ? build_gpt_own_split_dataset(own_split_paths(c)[static_cast<size_t>(i)], static_cast<Split>(i),
+                                                  c.sizes[static_cast<size_t>(i)], config)
+                    : build_gpt_split_dataset(paths(c), c.split, static_cast<Split>(i), c.sizes[static_cast<size_t>(i)], config);
       if (!reference::path_exists(split_ref + "-meta.txt")) {
         EXPECT_EQ(ds, nullptr) << "Megatron builds no dataset for this split";
         continue;
@@ -250,6 +270,8 @@ TEST_F(MegatronReferenceTest, BlendOfTwo) { check_case("blend2"); }
 TEST_F(MegatronReferenceTest, BlendOfThreeWithResets) { check_case("blend3"); }
 TEST_F(MegatronReferenceTest, UnweightedBlendWeightsBySize) { check_case("blend_unweighted"); }
 TEST_F(MegatronReferenceTest, WeightedSinglePrefixIsABlend) { check_case("weighted_single"); }
+TEST_F(MegatronReferenceTest, PerSplitPathsTakeEachDatasetWhole) { check_case("per_split_single"); }
+TEST_F(MegatronReferenceTest, PerSplitBlendsWeightedUnweightedAndSingle) { check_case("per_split_blends"); }
 
 }  // namespace
 }  // namespace megatron

@@ -40,6 +40,23 @@ TEST(SftTraining, PreprocessThenTrainOnPackedConversations) {
   ASSERT_EQ(losses.size(), 3u) << train.output;
   EXPECT_LT(losses.back(), losses.front() - 1.0) << train.output;
   EXPECT_NE(train.output.find("validation loss at iteration 30"), std::string::npos) << train.output;
+
+  // Pai-Megatron-Patch's way: each split its own packed dataset, taken whole.
+  auto own = test::run_megatron({"train", "--sft", "--train-data-path", dir / "chat", "--valid-data-path", dir / "chat",
+                                 "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer, "--model-family",
+                                 "qwen3", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                                 "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "64", "--micro-batch-size",
+                                 "2", "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-2", "--eval-interval", "2",
+                                 "--eval-iters", "1", "--device", "cpu", "--cpu-threads", "1"});
+  ASSERT_EQ(own.status, 0) << own.output;
+  const std::smatch packs = [&] {
+    std::smatch m;
+    std::regex_search(own.output, m, std::regex(R"(packed SFT, train: packs 0\.\.(\d+) of (\d+)\))"));
+    return m;
+  }();
+  ASSERT_EQ(packs.size(), 3u) << own.output;
+  EXPECT_EQ(packs[1].str(), packs[2].str()) << "the whole dataset trains\n" << own.output;
+  EXPECT_NE(own.output.find("validation loss at iteration 2"), std::string::npos) << own.output;
 }
 
 }  // namespace
