@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/adopt_architecture.h"
 #include "checkpoint/hf_config_check.h"
 #include "checkpoint/safetensors.h"
 #include "core/errors.h"
@@ -290,77 +291,13 @@ std::vector<std::pair<std::string, at::Tensor>> hf_tensors_from_megatron(const s
 void adopt_hf_architecture(Config& config) {
   const std::string& dir = config.train.load_hf;
   const ModelConfig hf = model_config_from_hf(dir, config.model.family);
-  ModelConfig& m = config.model;
   auto given = [&](const char* flag) { return config.explicit_flags.count(flag) > 0; };
-  auto check = [&](const char* flag, const std::string& ours, const std::string& theirs) {
-    if (given(flag) && ours != theirs) {
-      throw UserError("--" + std::string(flag) + " " + ours + " contradicts " + dir + "/config.json (" + theirs +
-                      "); with --load-hf the architecture comes from the checkpoint: drop the flag");
-    }
-  };
-  auto str = [](auto v) {
-    if constexpr (std::is_same_v<decltype(v), bool>) return std::string(v ? "true" : "false");
-    else if constexpr (std::is_same_v<decltype(v), std::string>) return v;
-    else return c10::str(v);
-  };
-  check("num-layers", str(m.num_layers), str(hf.num_layers));
-  check("hidden-size", str(m.hidden_size), str(hf.hidden_size));
-  check("ffn-hidden-size", str(m.ffn_hidden_size), str(hf.ffn_hidden_size));
-  check("num-attention-heads", str(m.num_attention_heads), str(hf.num_attention_heads));
-  check("num-query-groups", str(m.num_query_groups), str(hf.num_query_groups));
-  check("group-query-attention", str(m.group_query_attention), str(hf.group_query_attention));
-  check("kv-channels", str(m.kv_channels), str(hf.kv_channels));
-  check("normalization", m.normalization, hf.normalization);
-  check("norm-epsilon", str(m.norm_epsilon), str(hf.norm_epsilon));
-  check("swiglu", str(m.swiglu), str(hf.swiglu));
-  check("disable-bias-linear", str(!m.add_bias_linear), str(!hf.add_bias_linear));
-  check("add-qkv-bias", str(m.add_qkv_bias), str(hf.add_qkv_bias));
-  check("qk-layernorm", str(m.qk_layernorm), str(hf.qk_layernorm));
-  check("position-embedding-type", m.position_embedding_type, hf.position_embedding_type);
-  check("rotary-base", str(m.rotary_base), str(hf.rotary_base));
-  check("use-rope-scaling", str(m.use_rope_scaling), str(hf.use_rope_scaling));
-  check("rope-scaling-factor", str(m.rope_scaling_factor), str(hf.rope_scaling_factor));
-  check("rotary-seq-len-interpolation-factor", str(m.rotary_seq_len_interpolation_factor), str(hf.rotary_seq_len_interpolation_factor));
-  check("untie-embeddings-and-output-weights", str(m.untie_embeddings_and_output_weights),
-        str(hf.untie_embeddings_and_output_weights));
-  check("max-position-embeddings", str(m.max_position_embeddings), str(hf.max_position_embeddings));
-
-  const ModelConfig user = m;
-  m = hf;
+  const ModelConfig user = adopt_architecture(config, hf, dir + "/config.json", "--load-hf");
+  ModelConfig& m = config.model;
   m.hf_vocab_size = hf.vocab_size;
   m.vocab_size = user.vocab_size;  // the tokenizer's, settled by finalize_config
-  m.make_vocab_size_divisible_by = user.make_vocab_size_divisible_by;
-  m.init_method_std = user.init_method_std;
   // How the norms' weights are stored is the run's choice; the conversion shifts them.
   m.layernorm_zero_centered_gamma = user.layernorm_zero_centered_gamma;
-  m.extra_vocab_size = user.extra_vocab_size;
-  m.padded_vocab_size_flag = user.padded_vocab_size_flag;
-  if (given("seq-length")) m.seq_length = user.seq_length;
-  if (given("hidden-dropout")) m.hidden_dropout = user.hidden_dropout;
-  if (given("attention-dropout")) m.attention_dropout = user.attention_dropout;
-  m.moe_router_bias_update_rate = user.moe_router_bias_update_rate;
-  // What config.json does not describe stays the run's own choice: fused kernels, activation
-  // recomputation, and how the MoE layers route, balance, drop and dispatch.
-  m.apply_rope_fusion = user.apply_rope_fusion;
-  m.bias_swiglu_fusion = user.bias_swiglu_fusion;
-  m.cross_entropy_loss_fusion = user.cross_entropy_loss_fusion;
-  m.bias_dropout_fusion = user.bias_dropout_fusion;
-  m.recompute_granularity = user.recompute_granularity;
-  m.recompute_method = user.recompute_method;
-  m.recompute_num_layers = user.recompute_num_layers;
-  m.recompute_activations = user.recompute_activations;
-  m.moe_router_dtype = user.moe_router_dtype;
-  m.moe_router_force_load_balancing = user.moe_router_force_load_balancing;
-  m.moe_router_load_balancing_type = user.moe_router_load_balancing_type;
-  m.moe_aux_loss_coeff = user.moe_aux_loss_coeff;
-  m.moe_z_loss_coeff = user.moe_z_loss_coeff;
-  m.moe_expert_capacity_factor = user.moe_expert_capacity_factor;
-  m.moe_token_drop_policy = user.moe_token_drop_policy;
-  m.moe_pad_expert_input_to_capacity = user.moe_pad_expert_input_to_capacity;
-  m.moe_grouped_gemm = user.moe_grouped_gemm;
-  m.moe_token_dispatcher_type = user.moe_token_dispatcher_type;
-  m.moe_permute_fusion = user.moe_permute_fusion;
-  m.moe_shared_expert_overlap = user.moe_shared_expert_overlap;
   m.mtp_num_layers = user.mtp_num_layers;  // HF keeps no MTP depths: building one is the run's choice
   m.mtp_loss_scaling_factor = user.mtp_loss_scaling_factor;
   DataConfig& d = config.data;

@@ -1,10 +1,12 @@
 // `megatron train` and `megatron eval`: the two ways into the trainer. Both take train's flags;
-// eval builds the model and loads the weights as a run would, then scores the validation and
-// test splits instead of training (the first --eval-iters global batches of each, so every
-// checkpoint is measured on the same batches). Both run under `megatron launch`.
+// eval (and train --skip-train, Megatron's way of asking for it) builds the model and loads the
+// weights as a run would, then scores the validation and test splits instead of training (the
+// first --eval-iters global batches of each, so every checkpoint is measured on the same
+// batches). Both run under `megatron launch`.
 #include <algorithm>
 #include <cstdio>
 
+#include "checkpoint/adopt_architecture.h"
 #include "checkpoint/hf_mapping.h"
 #include "cli/commands.h"
 #include "train/arguments.h"
@@ -21,9 +23,11 @@ bool asks_for_help(const Args& args) {
   return false;
 }
 
-// The parsed flags, with the architecture of a --load-hf model, finalized for this launch.
+// The parsed flags, with the architecture of a --load-hf model or (--use-checkpoint-args) of the
+// --load checkpoint, finalized for this launch.
 int run_trainer(Config config, RunMode mode, const ModelFamily* family = nullptr) {
   if (family != nullptr) config.model.family = family;
+  if (config.train.use_checkpoint_args) adopt_checkpoint_args(config);
   if (!config.train.load_hf.empty()) adopt_hf_architecture(config);
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   finalize_config(config, env.world_size);  // may add notices of its own
@@ -31,6 +35,33 @@ int run_trainer(Config config, RunMode mode, const ModelFamily* family = nullptr
     for (const auto& notice : config.flag_notices) std::printf("> note: %s\n", notice.c_str());
   }
   return run_training(config, env, mode);
+}
+
+// `megatron eval`, and `megatron train --skip-train` (`who`): the checkpoint's validation and
+// test loss, nothing trained or saved.
+int evaluate(Config config, const std::string& who, const ModelFamily* family = nullptr) {
+  if (config.train.load.empty() && config.train.load_hf.empty()) {
+    throw UserError(who + " needs the weights to evaluate: --load DIR (a megatron.cpp checkpoint) or "
+                          "--load-hf DIR (a Hugging Face model)");
+  }
+  // No optimizer is built: a run's recipe may give --lr, a bare HF model need not, and only the
+  // weights are read (a converted, weights-only checkpoint loads as a full one does).
+  if (config.train.lr <= 0.0) config.train.lr = 1.0;
+  config.train.no_load_optim = true;
+  config.train.no_load_rng = true;
+  return run_trainer(std::move(config), RunMode::Evaluate, family);
+}
+
+// A training run, or under Megatron's --skip-train the evaluation it would end with.
+int train_or_evaluate(Config config, const ModelFamily* family = nullptr) {
+  if (!config.train.skip_train) return run_trainer(std::move(config), RunMode::Train, family);
+  if (!config.train.save.empty() || !config.train.save_hf.empty()) {
+    // Megatron too saves nothing when it skips training.
+    config.flag_notices.push_back("--skip-train: nothing is trained, so --save / --save-hf write nothing");
+    config.train.save.clear();
+    config.train.save_hf.clear();
+  }
+  return evaluate(std::move(config), "--skip-train", family);
 }
 
 }  // namespace
@@ -48,12 +79,12 @@ int train(const Args& args) {
                stderr);
     return 2;
   }
-  return run_trainer(parse_train_arguments(args), RunMode::Train);
+  return train_or_evaluate(parse_train_arguments(args));
 }
 
 int train_as(const ModelFamily& family, const Args& args) {
   if (asks_for_help(args)) return train(args);
-  return run_trainer(parse_train_arguments(args), RunMode::Train, &family);
+  return train_or_evaluate(parse_train_arguments(args), &family);
 }
 
 int eval(const Args& args) {
@@ -71,19 +102,10 @@ int eval(const Args& args) {
     return 0;
   }
   Config config = parse_train_arguments(args);
-  if (config.train.load.empty() && config.train.load_hf.empty()) {
-    throw UserError("megatron eval needs the weights to evaluate: --load DIR (a megatron.cpp checkpoint) or "
-                    "--load-hf DIR (a Hugging Face model)");
-  }
   if (!config.train.save.empty() || !config.train.save_hf.empty()) {
     throw UserError("megatron eval trains nothing and saves nothing: drop --save / --save-hf");
   }
-  // No optimizer is built: a run's recipe may give --lr, a bare HF model need not, and only the
-  // weights are read (a converted, weights-only checkpoint loads as a full one does).
-  if (config.train.lr <= 0.0) config.train.lr = 1.0;
-  config.train.no_load_optim = true;
-  config.train.no_load_rng = true;
-  return run_trainer(std::move(config), RunMode::Evaluate);
+  return evaluate(std::move(config), "megatron eval");
 }
 
 }  // namespace megatron::cli

@@ -300,6 +300,9 @@ struct TrainConfig {
   int64_t lr_wsd_decay_samples = 0;
   double lr_warmup_fraction = -1.0;  // >= 0: warm-up over this fraction of the decay (iterations or samples)
   double exit_duration_in_mins = 0;  // > 0: save and stop once the run is this old
+  // Megatron's --exit-signal: a signal that saves and stops the run as SIGTERM and SIGINT do
+  // (SIGUSR1 for SLURM's --signal=USR1@120); `megatron launch` passes SIGUSR1/2 on to the ranks.
+  std::string exit_signal = "SIGTERM";
   bool log_throughput = false;       // Megatron's TFLOP/s field in the log line
   // --calculate-per-token-loss: the gradient is the sum over every loss token of the global batch
   // divided by their count (not the mean of per-micro-batch means).
@@ -403,7 +406,9 @@ struct TrainConfig {
   bool async_save = false;       // write checkpoints on a thread from host copies while training goes on
   int64_t keep_last_n = 0;       // keep only the newest N checkpoints under --save (0: all)
   bool finetune = false;         // load weights only: iteration 0, fresh optimizer and generators
+  bool skip_train = false;       // Megatron's --skip-train: evaluate the loaded weights instead (`megatron eval`)
   std::string load_hf;           // start from this Hugging Face model directory
+  bool use_checkpoint_args = false;  // Megatron's: the model (and tokenizer) recorded by the --load checkpoint
   std::string save_hf;           // export the trained model there as a Hugging Face model
 
   int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never

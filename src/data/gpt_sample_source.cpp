@@ -16,6 +16,7 @@ GPTDataOptions gpt_data_options(const Config& c, const std::string& data_cache_p
   o.global_batch_size = c.train.global_batch_size;
   o.eval_interval = c.train.eval_interval;
   o.eval_iters = c.train.eval_iters;
+  o.skip_train = c.train.skip_train;
   return o;
 }
 
@@ -24,6 +25,7 @@ std::unique_ptr<SampleSource> make_gpt_sample_source(const GPTDataOptions& o, Sp
   // As Megatron's get_train_valid_test_num_samples: --train-samples sizes the training split
   // itself (the shuffle depends on it), not iterations x global batch.
   if (o.train_samples > 0) sizes[0] = o.train_samples;
+  if (o.skip_train) sizes[1] = o.eval_iters * o.global_batch_size;
   GPTDatasetConfig config;
   config.seq_length = o.seq_length;
   config.seed = o.seed;

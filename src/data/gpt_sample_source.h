@@ -27,6 +27,9 @@ struct GPTDataOptions {
   int64_t global_batch_size = 0;
   int64_t eval_interval = 1000;        // --eval-interval
   int64_t eval_iters = 100;            // --eval-iters
+  // --skip-train: Megatron sizes the validation split for one evaluation (--eval-iters global
+  // batches), not for every evaluation of a run, which changes its shuffle.
+  bool skip_train = false;
 };
 
 GPTDataOptions gpt_data_options(const Config& config, const std::string& data_cache_path);

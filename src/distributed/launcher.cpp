@@ -122,7 +122,7 @@ class Supervisor {
   void emit(Child& child, const Stream& stream, const std::string& line);
   void reap();
   void on_launcher_signal(int sig);
-  void stop_all(int sig);
+  void stop_all(int sig);  // `sig` to every rank's process group (not only stop signals)
   void drain_heartbeat(Child& child);
   void check_heartbeats(Clock::time_point now);
   void report_failure() const;
@@ -135,11 +135,15 @@ class Supervisor {
   int interrupted_by_ = 0;                  // signal the launcher received, if any
   std::optional<Clock::time_point> kill_at_;  // when stopping ranks get SIGKILL
   std::optional<Clock::time_point> drain_until_;
-  struct sigaction old_actions_[4]{};
+  struct sigaction old_actions_[6]{};
   int master_listen_fd_ = -1;  // --master-port 0: rank 0's listening socket until rank 0 holds it
 };
 
-constexpr int kHandled[4] = {SIGCHLD, SIGINT, SIGTERM, SIGPIPE};
+// SIGCHLD wakes the loop; SIGINT and SIGTERM stop the job; SIGUSR1 and SIGUSR2 are passed on to
+// every rank untouched (a run started with --exit-signal SIGUSR1 saves and stops on it, as under
+// SLURM's --signal); SIGPIPE, last, is ignored.
+constexpr int kHandled[6] = {SIGCHLD, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE};
+constexpr int kCaught = 5;  // the first five run on_signal
 
 Supervisor::~Supervisor() {
   for (auto& c : children_) {
@@ -155,7 +159,7 @@ Supervisor::~Supervisor() {
     if (c.log != nullptr) std::fclose(c.log);
   }
   if (master_listen_fd_ >= 0) ::close(master_listen_fd_);
-  for (int i = 0; i < 4; ++i) ::sigaction(kHandled[i], &old_actions_[i], nullptr);
+  for (int i = 0; i < 6; ++i) ::sigaction(kHandled[i], &old_actions_[i], nullptr);
   for (int& fd : g_signal_pipe) {
     if (fd >= 0) ::close(fd);
     fd = -1;
@@ -170,13 +174,13 @@ void Supervisor::install_signal_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int i = 0; i < 3; ++i) ::sigaction(kHandled[i], &sa, &old_actions_[i]);
+  for (int i = 0; i < kCaught; ++i) ::sigaction(kHandled[i], &sa, &old_actions_[i]);
   // A closed stdout (`megatron launch ... | head`) must not kill the launcher while it still
   // has ranks to stop.
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
-  ::sigaction(SIGPIPE, &ignore, &old_actions_[3]);
+  ::sigaction(SIGPIPE, &ignore, &old_actions_[kCaught]);
 }
 
 std::vector<std::string> Supervisor::child_environment(const Child& child, int master_port) const {
@@ -390,6 +394,12 @@ void Supervisor::reap() {
 }
 
 void Supervisor::on_launcher_signal(int sig) {
+  if (sig == SIGUSR1 || sig == SIGUSR2) {
+    // Not a stop: what the ranks do with it is theirs (--exit-signal), the job goes on.
+    std::fprintf(stderr, "launch: received %s; passing it to all ranks\n", signal_name(sig).c_str());
+    stop_all(sig);
+    return;
+  }
   if (interrupted_by_ != 0) {
     // A second Ctrl-C means "now": do not wait out the grace period.
     std::fprintf(stderr, "launch: received %s again; killing all ranks\n", signal_name(sig).c_str());

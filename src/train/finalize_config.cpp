@@ -17,6 +17,7 @@
 #include "train/arguments.h"
 #include "train/precision.h"
 #include "train/rank_resources.h"
+#include "train/stop_signal.h"
 
 namespace megatron {
 namespace {
@@ -346,6 +347,11 @@ void finalize_config(Config& c, int world_size) {
   if (d.per_split_data() && c.explicit_flags.count("split")) {
     throw UserError("--split cuts --data-path into splits; with --train-data-path/--valid-data-path/--test-data-path each "
                     "split is its own data, taken whole (Megatron refuses both too): drop --split");
+  }
+  if (exit_signal_number(c.train.exit_signal) < 0) {
+    throw UserError("--exit-signal " + c.train.exit_signal +
+                    ": not a signal the run can stop on; give one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, "
+                    "SIGALRM, SIGXCPU");
   }
   if (c.train.override_opt_param_scheduler && c.train.use_checkpoint_opt_param_scheduler) {
     throw UserError("--override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler contradict each other (the "

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <utility>
 
 #include "core/streams.h"
 
@@ -17,11 +18,22 @@ extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
 
 }  // namespace
 
+int exit_signal_number(const std::string& name) {
+  static const std::pair<const char*, int> names[] = {{"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT},
+                                                      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM},
+                                                      {"SIGTERM", SIGTERM}, {"SIGXCPU", SIGXCPU}};
+  for (const auto& [n, number] : names) {
+    if (name == n) return number;
+  }
+  return -1;
+}
+
 StopSignal::StopSignal(const dist::ParallelState& ps, const at::Device& device, double exit_after_minutes,
-                       std::chrono::steady_clock::time_point started)
+                       std::chrono::steady_clock::time_point started, int exit_signal)
     : ps_(ps), device_(device), exit_after_minutes_(exit_after_minutes), started_(started) {
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
+  std::signal(exit_signal, on_stop_signal);
 }
 
 int StopSignal::signal() const { return seen_ != 0 ? seen_ : g_stop_signal.load(); }

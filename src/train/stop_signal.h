@@ -1,5 +1,6 @@
-// SIGTERM / SIGINT during training, or the run's time running out (--exit-duration-in-mins): the
-// run stops after an iteration that every rank agrees on (and the caller saves a checkpoint first). One process reads the signal directly; several
+// SIGTERM / SIGINT (or --exit-signal's) during training, or the run's time running out
+// (--exit-duration-in-mins): the run stops after an iteration that every rank agrees on (and the
+// caller saves a checkpoint first). One process reads the signal directly; several
 // all-reduce it each iteration and act on the result of an earlier iteration, so the read never
 // stalls the host on the step in flight.
 #pragma once
@@ -10,19 +11,25 @@
 #include <chrono>
 #include <deque>
 #include <optional>
+#include <string>
 
 #include "distributed/parallel_state.h"
 
 namespace megatron {
 
+// The number of a signal --exit-signal may name (Megatron takes signal.Signals' names: SIGTERM,
+// SIGUSR1, ...), -1 for any other name.
+int exit_signal_number(const std::string& name);
+
 class StopSignal {
  public:
   // What signal() reports when the time given to the constructor has run out.
   static constexpr int kOutOfTime = 1000;
-  // Installs the handlers for SIGTERM and SIGINT. With `exit_after_minutes` > 0 the run also
-  // stops once that long has passed since `started` (Megatron's --exit-duration-in-mins).
+  // Installs the handlers for SIGTERM, SIGINT and `exit_signal` (Megatron's --exit-signal, e.g.
+  // SIGUSR1). With `exit_after_minutes` > 0 the run also stops once that long has passed since
+  // `started` (Megatron's --exit-duration-in-mins).
   StopSignal(const dist::ParallelState& ps, const at::Device& device, double exit_after_minutes = 0,
-             std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now());
+             std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), int exit_signal = 15);
   // Each iteration, inside the step on multi-rank runs: this rank's signal all-reduced (max)
   // over the world, copied to host memory without waiting.
   void launch_poll();

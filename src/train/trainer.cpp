@@ -197,7 +197,7 @@ int Trainer::run() {
   logged_terms.insert(logged_terms.end(), model_terms_.names().begin(), model_terms_.names().end());
   metrics_ = std::make_unique<TrainingMetrics>(c_, ps_, device_, flops_per_token_, logged_terms);
 
-  stop_ = std::make_unique<StopSignal>(ps_, device_, t_.exit_duration_in_mins, started_);
+  stop_ = std::make_unique<StopSignal>(ps_, device_, t_.exit_duration_in_mins, started_, exit_signal_number(t_.exit_signal));
   // As Megatron: under a dynamic loss scale an overflowing step is the scaler's signal.
   const bool dynamic_scale = scaler_ && scaler_->dynamic();
   divergence_ = std::make_unique<DivergenceCheck>(t_.check_for_nan_in_loss_and_grad && !dynamic_scale, device_);

@@ -1,12 +1,19 @@
 // What the `megatron convert --from megatron` tests share: megatron-core's fixture
-// (make_megatron_checkpoint.py) written once per suite, and the loss of a converted checkpoint on
+// (make_megatron_checkpoint.py) written once for all tests, and the loss of a converted checkpoint on
 // the batch megatron-core scored.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,11 +25,33 @@
 
 namespace megatron::test {
 
-// Runs make_megatron_checkpoint.py with `flags` into `out`; its reference.json.
+// make_megatron_checkpoint.py's output for `flags` at `out` (a link), its reference.json. ctest runs
+// each test in a process of its own, so every test of a suite would write the suite's fixtures
+// again (5-15 s each): they are kept under $TMPDIR/megatron-test-fixtures, keyed by the script's
+// text, the flags and the venv (megatron-core's version), written whole under a temporary name
+// and renamed into place, so tests running at once never read a half-written one.
 inline nlohmann::json make_megatron_fixture(const std::string& out, const std::string& flags) {
-  auto made = run_command(shell_quote(venv_python()) + " " + shell_quote(source_dir() + "/tests/checkpoint/make_megatron_checkpoint.py") +
-                          " --out " + shell_quote(out) + " " + flags);
-  if (made.status != 0) throw std::runtime_error("make_megatron_checkpoint.py " + flags + " failed:\n" + made.output);
+  const std::string script = source_dir() + "/tests/checkpoint/make_megatron_checkpoint.py";
+  std::ifstream in(script, std::ios::binary);
+  const std::string key_text = std::string(std::istreambuf_iterator<char>(in), {}) + "\n" + flags + "\n" + venv_python();
+  uint64_t key = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : key_text) key = (key ^ c) * 1099511628211ull;
+  const char* tmp = std::getenv("TMPDIR");
+  const std::filesystem::path root = std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "megatron-test-fixtures";
+  char name[17];
+  std::snprintf(name, sizeof(name), "%016llx", static_cast<unsigned long long>(key));
+  const std::filesystem::path cached = root / name;
+  if (!std::filesystem::exists(cached / "reference.json")) {
+    std::filesystem::create_directories(root);
+    const std::filesystem::path staging = root / (std::string(name) + ".tmp." + std::to_string(::getpid()));
+    std::filesystem::remove_all(staging);
+    auto made = run_command(shell_quote(venv_python()) + " " + shell_quote(script) + " --out " + shell_quote(staging.string()) + " " + flags);
+    if (made.status != 0) throw std::runtime_error("make_megatron_checkpoint.py " + flags + " failed:\n" + made.output);
+    std::error_code raced;  // another test wrote the same fixture first: use that one
+    std::filesystem::rename(staging, cached, raced);
+    if (raced) std::filesystem::remove_all(staging);
+  }
+  std::filesystem::create_directory_symlink(cached, out);
   return nlohmann::json::parse(std::ifstream(out + "/reference.json"));
 }
 

@@ -210,6 +210,25 @@ TEST_F(GPTDatasetCacheTest, SampleSourceWrapsAroundAndSkipsEmptySplits) {
   EXPECT_EQ(a, b);
 }
 
+TEST_F(GPTDatasetCacheTest, SkipTrainSizesTheValidationSplitForOneEvaluation) {
+  GPTDataOptions o;
+  o.data_path = {dir_ + "/data"};
+  o.split = "50,50,0";
+  o.seq_length = 16;
+  o.data_cache_path = dir_ + "/cache";
+  o.train_iters = 10;
+  o.global_batch_size = 4;
+  o.eval_interval = 5;
+  o.eval_iters = 2;
+  auto requested = [&] {
+    auto valid = make_gpt_sample_source(o, Split::Valid);
+    return dynamic_cast<const GPTDataset&>(static_cast<const GPTSampleSource&>(*valid).dataset()).num_samples_requested();
+  };
+  EXPECT_EQ(requested(), (10 / 5 + 1) * 2 * 4);  // a run evaluates 3 times
+  o.skip_train = true;
+  EXPECT_EQ(requested(), 2 * 4);  // Megatron's get_train_valid_test_num_samples under --skip-train
+}
+
 TEST(GPTDatasetParsing, SplitMatrixAndRanges) {
   const SplitMatrix m = parse_split_matrix("969, 30, 1");
   ASSERT_TRUE(m[0] && m[1] && m[2]);

@@ -2,7 +2,8 @@
 // the training run's first evaluation used (so the two print the same loss), also scores the
 // test split, reads weights-only (converted) checkpoints, scores a dataset whose --split leaves
 // no training samples (training on it is a clear error), gives the same figure under data
-// parallelism, and refuses to run without weights or with a save directory.
+// parallelism, and refuses to run without weights or with a save directory. `train --skip-train`
+// (Megatron's flag) is the same evaluation.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -55,6 +56,16 @@ TEST(EvalCommand, ScoresACheckpointOnTheTrainingRunsFirstValidationBatches) {
   // Scoring again gives the same figures: no state advances between runs.
   auto again = test::run_megatron(tiny("eval", {"--load", dir / "ckpt"}));
   EXPECT_EQ(printed_loss(again.output, "for test data"), test_loss);
+
+  // Megatron's way of asking for it: train --skip-train, whose --save writes nothing.
+  auto skipped = test::run_megatron(tiny("train", {"--load", dir / "ckpt", "--skip-train", "--save", dir / "unused"}));
+  ASSERT_EQ(skipped.status, 0) << skipped.output;
+  EXPECT_EQ(printed_loss(skipped.output, "validation loss at iteration 4 for val data"), in_training) << skipped.output;
+  EXPECT_EQ(printed_loss(skipped.output, "for test data"), test_loss) << skipped.output;
+  EXPECT_NE(skipped.output.find("--skip-train: nothing is trained, so --save / --save-hf write nothing"), std::string::npos)
+      << skipped.output;
+  EXPECT_EQ(skipped.output.find("consumed samples"), std::string::npos) << skipped.output;
+  EXPECT_FALSE(std::ifstream(dir / "unused/latest_checkpointed_iteration.txt").good()) << skipped.output;
 }
 
 TEST(EvalCommand, ScoresAWeightsOnlyCheckpointConvertedFromHuggingFace) {

@@ -147,6 +147,28 @@ TEST(TrainingRuns, SigtermToOneRankStopsEveryRankAtTheSameIteration) {
   EXPECT_EQ(file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt"), iterations[0] + "\n") << output;
 }
 
+TEST(TrainingRuns, ExitSignalPassedOnByTheLauncherSavesAndExitsZero) {
+  // SLURM's --signal=USR1@120 reaches the launcher: it passes SIGUSR1 on, and a run started with
+  // --exit-signal SIGUSR1 stops after the step as on SIGTERM, saving first.
+  test::TempDir dir;
+  std::string command = test::shell_quote(test::megatron_binary()) + " launch --nproc-per-node 1 --master-port 0";
+  for (const auto& a : tiny({"--train-iters", "100000", "--log-interval", "1", "--save", dir / "ckpt", "--exit-signal", "SIGUSR1"})) {
+    command += " " + test::shell_quote(a);
+  }
+  const std::string log = dir / "log";
+  auto r = test::run_command("(" + command + " > " + log + " 2>&1 & pid=$!; for i in $(seq 600); do grep -q 'iteration' " +
+                             log + " && break; sleep 0.1; done; kill -USR1 $pid; wait $pid; echo status=$?)");
+  const std::string output = file_bytes(log);
+  EXPECT_NE(r.output.find("status=0"), std::string::npos) << r.output << output;
+  EXPECT_NE(output.find("launch: received SIGUSR1; passing it to all ranks"), std::string::npos) << output;
+  std::smatch stopped;
+  ASSERT_TRUE(std::regex_search(output, stopped, std::regex(R"(received signal 10: stopping after iteration (\d+))"))) << output;
+  EXPECT_EQ(file_bytes(dir / "ckpt/latest_checkpointed_iteration.txt"), stopped[1].str() + "\n") << output;
+  const auto bad = test::run_megatron(tiny({"--exit-signal", "SIGFOO"}));
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.output.find("--exit-signal SIGFOO: not a signal the run can stop on"), std::string::npos) << bad.output;
+}
+
 // --grad-reduce-in-bf16 over Gloo: DP=2 with the distributed optimizer, overlapped reduce-scatters
 // of small buckets, two micro-batches accumulated per rank. The bf16 gradients must change the
 // run (the log names them, the losses are not bit-identical) and stay within bf16 noise of the
