@@ -300,6 +300,9 @@ struct TrainConfig {
   int64_t lr_wsd_decay_samples = 0;
   double lr_warmup_fraction = -1.0;  // >= 0: warm-up over this fraction of the decay (iterations or samples)
   double exit_duration_in_mins = 0;  // > 0: save and stop once the run is this old
+  // Megatron's --iterations-to-skip: these iterations consume their global batch without
+  // training on it (the way past a batch that spikes the loss); the learning rate does not move.
+  std::vector<int> iterations_to_skip;
   // Megatron's --exit-signal: a signal that saves and stops the run as SIGTERM and SIGINT do
   // (SIGUSR1 for SLURM's --signal=USR1@120); `megatron launch` passes SIGUSR1/2 on to the ranks.
   std::string exit_signal = "SIGTERM";

@@ -54,12 +54,11 @@ class SftSamples : public SampleSource {
 }  // namespace
 
 std::unique_ptr<SampleSource> make_sft_sample_source(const Config& c, Split split) {
-  static const char* names[] = {"train", "valid", "test"};
   // Per-split paths (Pai-Megatron-Patch's --train-data-path / --valid-data-path): each split is
   // its own packed dataset, whole.
   const std::vector<std::string>* own[] = {&c.data.train_data_path, &c.data.valid_data_path, &c.data.test_data_path};
   const std::vector<std::string>& paths = c.data.per_split_data() ? *own[static_cast<int>(split)] : c.data.data_path;
-  const std::string flag = c.data.per_split_data() ? std::string("--") + names[static_cast<int>(split)] + "-data-path" : "--data-path";
+  const std::string flag = c.data.per_split_data() ? std::string("--") + split_name(split) + "-data-path" : "--data-path";
   if (paths.empty()) return nullptr;
   if (paths.size() != 1) {
     throw UserError("--sft: pass one " + flag + ", the --output-prefix given to `megatron preprocess --sft` (blends of packed "
@@ -72,7 +71,7 @@ std::unique_ptr<SampleSource> make_sft_sample_source(const Config& c, Split spli
                                              : split_sequence_range(parse_split_matrix(c.data.split), split, packs);
   if (!range || range->second <= range->first) return nullptr;
   std::ostringstream d;
-  d << prefix << " (packed SFT, " << names[static_cast<int>(split)] << ": packs " << range->first << ".." << range->second
+  d << prefix << " (packed SFT, " << split_name(split) << ": packs " << range->first << ".." << range->second
     << " of " << packs << ")";
   return std::make_unique<SftSamples>(dataset, range->first, range->second, c.train.seed, d.str());
 }

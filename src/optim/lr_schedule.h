@@ -31,8 +31,9 @@ OptParamSchedulerState opt_param_scheduler_state(const TrainConfig& config);
 // flags' (`from_flags`), under --use-checkpoint-opt-param-scheduler the checkpoint's (`saved`),
 // else the two must agree: UserError naming `checkpoint_dir`, each differing field with its flags
 // and both values, and the two ways out. Fields that cannot change the schedule (the decay length
-// of a constant learning rate, the increment length of a constant weight decay) are not compared,
-// where Megatron refuses them too.
+// of a constant learning rate, the increment length of a constant weight decay) are not compared;
+// Megatron compares them too, and so refuses any longer --train-iters under the default constant
+// weight decay.
 OptParamSchedulerState resume_opt_param_scheduler(const OptParamSchedulerState& from_flags, const OptParamSchedulerState& saved,
                                                   const TrainConfig& config, const std::string& checkpoint_dir);
 

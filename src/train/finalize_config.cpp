@@ -331,6 +331,17 @@ void finalize_config(Config& c, int world_size) {
   }
   if (m.init_method_std < 0.0) throw UserError("--init-method-std must be >= 0");
 
+  // Stopping and resuming.
+  if (exit_signal_number(c.train.exit_signal) < 0) {
+    throw UserError("--exit-signal " + c.train.exit_signal +
+                    ": not a signal the run can stop on; give one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, "
+                    "SIGALRM, SIGXCPU");
+  }
+  if (c.train.override_opt_param_scheduler && c.train.use_checkpoint_opt_param_scheduler) {
+    throw UserError("--override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler contradict each other (the "
+                    "flags' schedule or the checkpoint's): pass one of them");
+  }
+
   // Data and vocabulary.
   // One source of data, as Megatron's "a single data source must be provided".
   std::vector<std::string> sources;
@@ -347,15 +358,6 @@ void finalize_config(Config& c, int world_size) {
   if (d.per_split_data() && c.explicit_flags.count("split")) {
     throw UserError("--split cuts --data-path into splits; with --train-data-path/--valid-data-path/--test-data-path each "
                     "split is its own data, taken whole (Megatron refuses both too): drop --split");
-  }
-  if (exit_signal_number(c.train.exit_signal) < 0) {
-    throw UserError("--exit-signal " + c.train.exit_signal +
-                    ": not a signal the run can stop on; give one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, "
-                    "SIGALRM, SIGXCPU");
-  }
-  if (c.train.override_opt_param_scheduler && c.train.use_checkpoint_opt_param_scheduler) {
-    throw UserError("--override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler contradict each other (the "
-                    "flags' schedule or the checkpoint's): pass one of them");
   }
   if (d.sft && d.mock_data) throw UserError("--sft trains on a packed dataset: pass --data-path, not --mock-data");
   apply_patch_tokenizer(c);

@@ -342,7 +342,6 @@ const std::vector<MegatronFlag>& megatron_flags() {
     {"intermediate-size", Arity::One, nullptr, nullptr, Fate::NotYet, "use --ffn-hidden-size", Origin::Pai},
     {"is-hybrid-model", Arity::None, "false", "true", Fate::NotYet, nullptr, Origin::MegatronLm},
     {"iter-per-epoch", Arity::One, "1250", nullptr, Fate::Ignored, kOtherScript, Origin::MegatronLm},
-    {"iterations-to-skip", Arity::OneOrMore, "", nullptr, Fate::NotYet, nullptr, Origin::MegatronLm},
     {"keep-fp8-transpose-cache", Arity::None, "false", "true", Fate::Ignored, kKernel, Origin::MegatronLm},
     {"keep-last", Arity::None, "false", "true", Fate::NotYet, nullptr, Origin::Pai},
     {"kitchen-attention-backend", Arity::One, "sdpa", nullptr, Fate::Ignored, kKernel, Origin::MegatronLm},

@@ -233,6 +233,8 @@ std::vector<TrainFlag> train_flags(Config& c) {
       {"save-interval", FlagKind::Int64, &t.save_interval, "iterations between checkpoints"},
       {"persistent-save-interval", FlagKind::Int64, &t.save_interval, "the same as --save-interval"},
       {"exit-interval", FlagKind::Int64, &t.exit_interval, "stop after an iteration divisible by this (saving first)"},
+      {"iterations-to-skip", FlagKind::IntList, &t.iterations_to_skip,
+       "iterations whose global batch is passed over untrained (past a batch that spikes the loss)"},
       {"exit-signal", FlagKind::String, &t.exit_signal, "a signal that saves and stops the run as SIGTERM does, e.g. SIGUSR1"},
       {"exit-duration-in-mins", FlagKind::Double, &t.exit_duration_in_mins, "save and stop after the first iteration that ends this many minutes into the run"},
       {"check-weight-hash-across-dp-replicas-interval", FlagKind::Int64, &t.check_weight_hash_across_dp_replicas_interval,

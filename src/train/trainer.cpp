@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -223,11 +224,23 @@ int Trainer::run() {
   profiler_ = std::make_unique<StepProfiler>(t_, ps_.rank, device_);
   metrics_->start_interval();
   std::fflush(stdout);
-  const int64_t first_iteration = progress_.iteration + 1;
+  int64_t first_iteration = progress_.iteration + 1;  // logged whatever the interval
   while (progress_.iteration < t_.train_iters) {
     profiler_->before_iteration(progress_.iteration);
     for (ParamAndGradBuffer* b : buffers()) b->zero_grad();
     const int64_t consumed = progress_.consumed_train_samples, global_batch = batches.at(consumed);
+    if (std::count(t_.iterations_to_skip.begin(), t_.iterations_to_skip.end(), progress_.iteration + 1) > 0) {
+      // As Megatron: the batch is consumed and counted as skipped (the schedule stays), nothing
+      // else happens: no step, log line, evaluation or save at this iteration.
+      progress_.consumed_train_samples += global_batch;
+      progress_.skipped_train_samples += global_batch;
+      if (++progress_.iteration == first_iteration) ++first_iteration;
+      if (prints_setup()) {
+        std::printf("skipped iteration %lld (--iterations-to-skip): its %lld samples pass untrained\n",
+                    static_cast<long long>(progress_.iteration), static_cast<long long>(global_batch));
+      }
+      continue;
+    }
     const int64_t micro_batches = global_batch / dp_block;
     const int64_t scheduled = scheduled_samples();
     optimizer_->set_learning_rate(schedule_.at_samples(scheduled), decoupled_schedule_ ? decoupled_schedule_->at_samples(scheduled) : 0.0);

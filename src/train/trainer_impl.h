@@ -102,9 +102,10 @@ class Trainer {
   void check_divergence(bool all);
   void check_weight_hash();
   bool prints_setup() const { return ps_.rank == 0; }
-  // The samples the learning-rate schedule has counted: all consumed but, under --fp16, those of
-  // skipped iterations (Megatron steps its scheduler on applied updates only).
-  // A --no-load-optim resume starts the schedule over (TrainingProgress::schedule_start_samples).
+  // The samples the learning-rate schedule has counted: all consumed but those of skipped
+  // iterations (--fp16's overflows, --iterations-to-skip: Megatron steps its scheduler on applied
+  // updates only), counted from where a --no-load-optim resume started it over
+  // (TrainingProgress::schedule_start_samples).
   int64_t scheduled_samples() const {
     return progress_.consumed_train_samples - progress_.skipped_train_samples - progress_.schedule_start_samples;
   }

@@ -42,6 +42,20 @@ class GPTDatasetCacheTest : public ::testing::Test {
     b.finalize();
   }
 
+  // The trainer's options over data/: 10 iterations of 4 samples, evaluated every 5 for 2.
+  GPTDataOptions options(const std::string& split) const {
+    GPTDataOptions o;
+    o.data_path = {dir_ + "/data"};
+    o.split = split;
+    o.seq_length = 16;
+    o.data_cache_path = dir_ + "/cache";
+    o.train_iters = 10;
+    o.global_batch_size = 4;
+    o.eval_interval = 5;
+    o.eval_iters = 2;
+    return o;
+  }
+
   GPTDatasetConfig config() const {
     GPTDatasetConfig c;
     c.seq_length = 16;
@@ -190,15 +204,7 @@ TEST_F(GPTDatasetCacheTest, EmptySplitIsAUserError) {
 }
 
 TEST_F(GPTDatasetCacheTest, SampleSourceWrapsAroundAndSkipsEmptySplits) {
-  GPTDataOptions o;
-  o.data_path = {dir_ + "/data"};
-  o.split = "100,0,0";
-  o.seq_length = 16;
-  o.data_cache_path = dir_ + "/cache";
-  o.train_iters = 10;
-  o.global_batch_size = 4;
-  o.eval_interval = 5;
-  o.eval_iters = 2;
+  const GPTDataOptions o = options("100,0,0");
   auto train = make_gpt_sample_source(o, Split::Train);
   ASSERT_NE(train, nullptr);
   EXPECT_EQ(make_gpt_sample_source(o, Split::Valid), nullptr);
@@ -211,15 +217,7 @@ TEST_F(GPTDatasetCacheTest, SampleSourceWrapsAroundAndSkipsEmptySplits) {
 }
 
 TEST_F(GPTDatasetCacheTest, SkipTrainSizesTheValidationSplitForOneEvaluation) {
-  GPTDataOptions o;
-  o.data_path = {dir_ + "/data"};
-  o.split = "50,50,0";
-  o.seq_length = 16;
-  o.data_cache_path = dir_ + "/cache";
-  o.train_iters = 10;
-  o.global_batch_size = 4;
-  o.eval_interval = 5;
-  o.eval_iters = 2;
+  GPTDataOptions o = options("50,50,0");
   auto requested = [&] {
     auto valid = make_gpt_sample_source(o, Split::Valid);
     return dynamic_cast<const GPTDataset&>(static_cast<const GPTSampleSource&>(*valid).dataset()).num_samples_requested();

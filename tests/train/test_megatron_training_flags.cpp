@@ -163,6 +163,34 @@ TEST(MegatronTrainingFlags, SampleScheduleAndWarmupFractionEqualTheIterationSche
             std::string::npos);
 }
 
+TEST(MegatronTrainingFlags, IterationsToSkipConsumeTheirBatchUntrainedAndHoldTheSchedule) {
+  test::TempDir dir;
+  auto lines = [&](const std::string& name, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--train-iters", "5", "--lr-warmup-iters", "1", "--log-interval", "1", "--metrics-jsonl", dir / (name + ".jsonl")});
+    const auto r = test::run_megatron(tiny(extra));
+    EXPECT_EQ(r.status, 0) << r.output;
+    return std::make_pair(r.output, test::file_lines(dir / (name + ".jsonl")));
+  };
+  const auto [straight_log, straight] = lines("straight", {});
+  const auto [skipped_log, skipped] = lines("skipped", {"--iterations-to-skip", "1", "3"});
+  ASSERT_EQ(straight.size(), 5u);
+  ASSERT_EQ(skipped.size(), 3u) << skipped_log;
+  EXPECT_NE(skipped_log.find("skipped iteration 3 (--iterations-to-skip): its 8 samples pass untrained"), std::string::npos) << skipped_log;
+  auto field = [](const std::string& line, const std::string& key) {
+    const size_t at = line.find("\"" + key + "\": ");
+    return line.substr(at, line.find(',', at) - at);
+  };
+  // Iterations 2, 4, 5 train; the learning rate stands where two skipped batches left it.
+  EXPECT_EQ(field(skipped[0], "iteration"), "\"iteration\": 2");
+  EXPECT_EQ(field(skipped[1], "iteration"), "\"iteration\": 4");
+  EXPECT_EQ(field(skipped[0], "lr"), field(straight[0], "lr"));
+  EXPECT_EQ(field(skipped[1], "lr"), field(straight[1], "lr"));
+  EXPECT_EQ(field(skipped[2], "lr"), field(straight[2], "lr"));
+  // The first trained iteration's batch is the second one, so its loss is not the first's.
+  EXPECT_NE(field(skipped[0], "lm_loss"), field(straight[0], "lm_loss"));
+  EXPECT_NE(skipped_log.find(" iteration        5/       5 | consumed samples:           40 |"), std::string::npos) << skipped_log;
+}
+
 TEST(MegatronTrainingFlags, ExitDurationSavesAndStopsOnceTheTimeRunsOut) {
   test::TempDir dir;
   // Far less than one iteration takes: the run stops after its first.
