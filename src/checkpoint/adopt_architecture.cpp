@@ -4,7 +4,6 @@
 #include <c10/util/StringUtil.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <type_traits>
 
 #include "checkpoint/checkpoint.h"
@@ -94,8 +93,8 @@ void adopt_checkpoint_args(Config& config) {
   if (!t.load_hf.empty()) {
     throw UserError("--use-checkpoint-args and --load-hf both name where the model comes from: pass one of them");
   }
-  const std::string dir = t.ckpt_step >= 0 ? iteration_directory(t.load, t.ckpt_step) : latest_checkpoint_directory(t.load);
-  if (dir.empty() || !std::filesystem::is_directory(dir)) {
+  const std::string dir = checkpoint_directory_to_load(t.load, t.ckpt_step);
+  if (dir.empty()) {
     config.flag_notices.push_back("--use-checkpoint-args: no checkpoint under --load " + t.load + ", so the model comes from the flags");
     return;
   }

@@ -66,6 +66,10 @@ std::string iteration_directory(const std::string& save_dir, int64_t iteration);
 
 // The iteration directory latest_checkpointed_iteration.txt names, or "" without a tracker.
 std::string latest_checkpoint_directory(const std::string& load_dir);
+// The iteration directory a load under `load_dir` reads: Megatron's --ckpt-step's when
+// `ckpt_step` >= 0 (UserError naming the iterations saved there when it does not exist), else
+// the tracker's ("" without one).
+std::string checkpoint_directory_to_load(const std::string& load_dir, int64_t ckpt_step);
 // state.json of an iteration directory (format version checked).
 nlohmann::json read_checkpoint_state(const std::string& iteration_dir);
 // The model `state` (read_checkpoint_state(iteration_dir)) records, checked field by field

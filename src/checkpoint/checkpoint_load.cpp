@@ -129,7 +129,8 @@ void load_model_weights(const std::string& dir, GPTModel& model, const dist::Par
 
 namespace {
 
-TrainingProgress progress_of(const nlohmann::json& state) {
+// The progress `state` (dir/state.json) records; UserError naming the file when damaged.
+TrainingProgress progress_of(const nlohmann::json& state, const std::string& dir) {
   TrainingProgress progress;
   progress.iteration = state.at("iteration").get<int64_t>();
   progress.consumed_train_samples = state.at("consumed_train_samples").get<int64_t>();
@@ -141,7 +142,7 @@ TrainingProgress progress_of(const nlohmann::json& state) {
     const nlohmann::json& g = state["grad_scaler"];
     auto number = [&](const char* key) {
       if (!g.is_object() || !g.contains(key) || !g[key].is_number()) {
-        throw UserError("state.json: \"grad_scaler\" needs a number \"" + std::string(key) + "\"; the checkpoint is damaged");
+        throw UserError(dir + "/state.json: \"grad_scaler\" needs a number \"" + std::string(key) + "\"; the checkpoint is damaged");
       }
       return g[key].get<double>();
     };
@@ -151,7 +152,7 @@ TrainingProgress progress_of(const nlohmann::json& state) {
     const nlohmann::json& j = state["opt_param_scheduler"];
     auto field = [&](const char* key) -> const nlohmann::json& {
       if (!j.is_object() || !j.contains(key)) {
-        throw UserError("state.json: \"opt_param_scheduler\" has no \"" + std::string(key) + "\"; the checkpoint is damaged");
+        throw UserError(dir + "/state.json: \"opt_param_scheduler\" has no \"" + std::string(key) + "\"; the checkpoint is damaged");
       }
       return j[key];
     };
@@ -166,13 +167,13 @@ TrainingProgress progress_of(const nlohmann::json& state) {
       s.end_wd = field("end_wd").get<double>();
       s.wd_incr_steps = field("wd_incr_steps").get<double>();
       s.wd_incr_style = field("wd_incr_style").get<std::string>();
-      s.num_steps = field("num_steps").get<int64_t>();
       progress.schedule = s;
+      const int64_t num_steps = field("num_steps").get<int64_t>();  // where the schedule stands
+      progress.schedule_start_samples = progress.consumed_train_samples - progress.skipped_train_samples - num_steps;
     } catch (const nlohmann::json::exception& e) {
-      throw UserError(std::string("state.json: \"opt_param_scheduler\" holds a value of the wrong type (") + e.what() +
+      throw UserError(dir + "/state.json: \"opt_param_scheduler\" holds a value of the wrong type (" + e.what() +
                       "); the checkpoint is damaged");
     }
-    progress.schedule_start_samples = progress.consumed_train_samples - progress.skipped_train_samples - progress.schedule->num_steps;
   }
   return progress;
 }
@@ -181,7 +182,7 @@ TrainingProgress progress_of(const nlohmann::json& state) {
 // --no-load-optim starts over (Megatron's scheduler is part of the optimizer state it skips) and
 // a resume with the optimizer checks against the flags (resume_opt_param_scheduler).
 TrainingProgress resumed_progress(const nlohmann::json& state, const Config& config, const std::string& dir) {
-  TrainingProgress progress = progress_of(state);
+  TrainingProgress progress = progress_of(state, dir);
   if (config.train.no_load_optim) {
     progress.schedule.reset();
     progress.schedule_start_samples = progress.consumed_train_samples - progress.skipped_train_samples;
@@ -317,28 +318,27 @@ TrainingProgress load_checkpoint_directory(const std::string& dir, const nlohman
 
 }  // namespace
 
+std::string checkpoint_directory_to_load(const std::string& load_dir, int64_t ckpt_step) {
+  if (ckpt_step < 0) return latest_checkpoint_directory(load_dir);
+  const std::string dir = iteration_directory(load_dir, ckpt_step);  // that iteration, whatever the tracker says
+  if (fs::is_directory(dir)) return dir;
+  std::string saved;
+  if (fs::is_directory(load_dir)) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(load_dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("iter_", 0) == 0 && name.find(".tmp") == std::string::npos) names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& name : names) saved += (saved.empty() ? "" : ", ") + name;
+  }
+  throw UserError("--ckpt-step " + std::to_string(ckpt_step) + ": " + dir + " does not exist (saved under --load: " +
+                  (saved.empty() ? std::string("none") : saved) + ")");
+}
+
 std::optional<TrainingProgress> load_checkpoint(const std::string& load_dir, const std::vector<GPTModel*>& chunks,
                                                 AdamW* optimizer, const Config& config, const dist::ParallelState& ps) {
-  std::string dir;
-  if (config.train.ckpt_step >= 0) {  // --ckpt-step: that iteration, whatever the tracker says
-    dir = iteration_directory(load_dir, config.train.ckpt_step);
-    if (!fs::is_directory(dir)) {
-      std::string saved;
-      if (fs::is_directory(load_dir)) {
-        std::vector<std::string> names;
-        for (const auto& entry : fs::directory_iterator(load_dir)) {
-          const std::string name = entry.path().filename().string();
-          if (name.rfind("iter_", 0) == 0 && name.find(".tmp") == std::string::npos) names.push_back(name);
-        }
-        std::sort(names.begin(), names.end());
-        for (const std::string& name : names) saved += (saved.empty() ? "" : ", ") + name;
-      }
-      throw UserError("--ckpt-step " + std::to_string(config.train.ckpt_step) + ": " + dir + " does not exist (saved under --load: " +
-                      (saved.empty() ? std::string("none") : saved) + ")");
-    }
-  } else {
-    dir = latest_checkpoint_directory(load_dir);
-  }
+  const std::string dir = checkpoint_directory_to_load(load_dir, config.train.ckpt_step);
   if (dir.empty()) {
     // `--save D --load D` resumes whatever is there, and starts from scratch the first time; any
     // other --load must exist: a typo must not restart a run from scratch.

@@ -127,8 +127,7 @@ std::string number(double x) {
 
 OptParamSchedulerState resume_opt_param_scheduler(const OptParamSchedulerState& flags, const OptParamSchedulerState& saved,
                                                   const TrainConfig& config, const std::string& checkpoint_dir) {
-  OptParamSchedulerState out = config.use_checkpoint_opt_param_scheduler ? saved : flags;
-  out.num_steps = saved.num_steps;
+  const OptParamSchedulerState out = config.use_checkpoint_opt_param_scheduler ? saved : flags;
   if (config.override_opt_param_scheduler || config.use_checkpoint_opt_param_scheduler) return out;
   const bool constant_lr = flags.lr_decay_style == "constant" && saved.lr_decay_style == "constant";
   const bool constant_wd = flags.wd_incr_style == "constant" && saved.wd_incr_style == "constant";

@@ -12,18 +12,18 @@
 
 namespace megatron {
 
-// Megatron's OptimizerParamScheduler state, its state_dict's fields (steps count samples): what a
-// checkpoint records and a resume checks the flags against.
+// Megatron's OptimizerParamScheduler state, its state_dict's fields but the position (steps
+// count samples): what a checkpoint records and a resume checks the flags against. Where the
+// schedule stands (state_dict's num_steps) is TrainingProgress's to say.
 struct OptParamSchedulerState {
   double max_lr = 0, min_lr = 0;
   double lr_warmup_steps = 0, lr_decay_steps = 0;
   std::string lr_decay_style;
   double start_wd = 0, end_wd = 0, wd_incr_steps = 0;
   std::string wd_incr_style;
-  int64_t num_steps = 0;  // the samples the schedule has advanced over
 };
 
-// The schedule the flags give (num_steps 0).
+// The schedule the flags give.
 OptParamSchedulerState opt_param_scheduler_state(const TrainConfig& config);
 
 // The schedule a resume with the optimizer's state goes on with, as Megatron's
